@@ -1,0 +1,1 @@
+// Filled by the config work (issue 2).

@@ -1,0 +1,101 @@
+// The model config: the published K3 config's field names (MODEL.md §1, §8), loaded from JSON and
+// validated at the boundary. Every validation error names the field and the rule it broke.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/core/status.h"
+
+namespace k3 {
+
+enum class LayerKind { Kda, Mla };
+
+struct KdaConfig {            // linear_attn_config
+  int num_heads = 0;          // H_k
+  int head_dim = 0;           // D
+  int short_conv_kernel_size = 4;
+  float gate_lower_bound = -5.f;
+  bool use_full_rank_gate = true;
+  std::vector<int> kda_layers;        // 1-based
+  std::vector<int> full_attn_layers;  // 1-based
+};
+
+struct ModelConfig {
+  std::string model_type = "kimi_k3";
+  int hidden_size = 0;            // d
+  int num_hidden_layers = 0;      // L
+  int vocab_size = 0;
+  float rms_norm_eps = 1e-5f;
+  bool tie_word_embeddings = false;
+  int64_t max_position_embeddings = 0;
+  int bos_token_id = -1;
+  std::vector<int> eos_token_ids;  // "eos_token_id": int or list
+
+  KdaConfig kda;
+
+  // MLA
+  int num_attention_heads = 0;    // H
+  int num_key_value_heads = 0;
+  int q_lora_rank = 0;
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  bool mla_use_nope = true;
+  bool mla_use_output_gate = true;
+
+  // MoE
+  int num_experts = 0;
+  int num_experts_per_token = 0;
+  int num_shared_experts = 0;
+  int moe_intermediate_size = 0;        // f_e
+  int routed_expert_hidden_size = 0;    // d_lat
+  bool latent_moe_use_norm = true;
+  int first_k_dense_replace = 1;
+  int moe_layer_freq = 1;
+  int intermediate_size = 0;            // f_0 (dense layers)
+  std::string moe_router_activation_func = "sigmoid";
+  bool moe_renormalize = true;
+  float routed_scaling_factor = 1.f;
+  bool use_grouped_topk = true;
+  int num_expert_group = 1;
+  int topk_group = 1;
+
+  std::string hidden_act = "situ";
+  float activation_situ_beta = 4.f;
+  float activation_situ_linear_beta = 25.f;
+  int attn_res_block_size = 0;          // S
+  int num_nextn_predict_layers = 0;
+
+  // Derived helpers (valid after validate()).
+  LayerKind layer_kind(int layer) const;   // 0-based
+  bool is_dense_ffn(int layer) const { return layer < first_k_dense_replace; }
+  int kda_proj_dim() const { return kda.num_heads * kda.head_dim; }          // P
+  int mla_qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  int mla_cache_width() const { return kv_lora_rank + qk_rope_head_dim; }    // 576 for K3
+  int num_kda_layers() const;
+  int num_mla_layers() const;
+  // AttnRes: does layer l start a new block (append P to the bank before its attention)?
+  bool starts_block(int layer) const { return layer % attn_res_block_size == 0; }
+  int num_blocks() const { return (num_hidden_layers + attn_res_block_size - 1) / attn_res_block_size; }
+};
+
+// The K3 layer rule for our presets: layer l is MLA iff (l+1) % 4 == 0 or l == L-1.
+void fill_k3_layer_pattern(ModelConfig& cfg);
+
+// Checks every rule; the message names the field (e.g. "linear_attn_config.head_dim") and the rule.
+Status validate(const ModelConfig& cfg);
+
+// JSON text <-> config. Accepts a top-level object or one wrapped in "text_config".
+// Unknown fields are errors (named), so a typo never silently falls back to a default.
+Result<ModelConfig> parse_model_config(const std::string& json_text);
+std::string model_config_to_json(const ModelConfig& cfg);
+Result<ModelConfig> load_model_config(const std::string& path);
+
+// Presets: "k3-tiny", "k3-tiny-93", "k3-small", "k3". vocab_size of the tiny presets is set by the
+// caller from the tokenizer it generates (preset value is a placeholder until then).
+Result<ModelConfig> preset_config(const std::string& name);
+std::vector<std::string> preset_names();
+
+}  // namespace k3

@@ -1,0 +1,63 @@
+// A backend runs the ops of kernels/ops.h on its device. Model code holds a Backend& and never
+// branches on which one it is. Ask supports() before dispatch; run() of an unsupported shape
+// throws k3::Error naming the op and the reason.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "kernels/ops.h"
+
+namespace k3 {
+
+enum class BackendKind { Cpu, Cuda };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  virtual const char* name() const = 0;
+  // The dtype this backend keeps activations and weights in (CPU: F32, CUDA: BF16).
+  virtual DType compute_dtype() const = 0;
+
+  // Allocates zeroed memory on the backend's device.
+  virtual Tensor alloc(const Shape& shape, DType dtype) = 0;
+  // Copies to a host tensor (F32 stays F32, BF16 becomes F32 when to_f32) and back.
+  virtual Tensor to_host(const Tensor& t) = 0;
+  virtual Tensor from_host(const Tensor& host, DType dtype) = 0;
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;   // same device, same bytes
+  virtual void synchronize() {}
+
+  // Empty string: supported; otherwise the reason it is not.
+  virtual std::string supports(const std::string& op, const Shape& shape) const { return {}; }
+
+  virtual void gemm(const ops::GemmParams& p) = 0;
+  virtual void rmsnorm(const ops::RmsNormParams& p) = 0;
+  virtual void l2norm(const ops::L2NormParams& p) = 0;
+  virtual void short_conv(const ops::ShortConvParams& p) = 0;
+  virtual void kda_gate(const ops::KdaGateParams& p) = 0;
+  virtual void kda_chunk(const ops::KdaParams& p) = 0;       // chunkwise WY form (MODEL.md §2.4)
+  virtual void kda_recurrent(const ops::KdaParams& p) = 0;   // token recurrence (§2.3), the oracle
+  virtual void kda_decode(const ops::KdaDecodeParams& p) = 0;
+  virtual void mla_prefill(const ops::MlaPrefillParams& p) = 0;
+  virtual void mla_decode(const ops::MlaDecodeParams& p) = 0;
+  virtual void lse_merge(const ops::LseMergeParams& p) = 0;
+  virtual void attnres_mix(const ops::AttnResMixParams& p) = 0;
+  virtual void situ(const ops::SituParams& p) = 0;
+  virtual void router_topk(const ops::RouterTopkParams& p) = 0;
+  virtual void moe_experts(const ops::MoeExpertsParams& p) = 0;
+  virtual void add(const ops::AddParams& p) = 0;
+  virtual void sigmoid_mul(const ops::SigmoidMulParams& p) = 0;
+  virtual void sigmoid(const Tensor& x, Tensor& y) = 0;      // element-wise, any shape
+  virtual void embedding(const ops::EmbeddingParams& p) = 0;
+  virtual void sample(const ops::SampleParams& p) = 0;
+};
+
+struct CpuBackendOptions {
+  int threads = 0;  // 0: hardware concurrency (or K3_THREADS)
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& opts = {});
+// Returns null with a reason when the build has no CUDA backend or no GPU is visible.
+std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why_not);
+
+}  // namespace k3

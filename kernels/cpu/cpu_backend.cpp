@@ -1,0 +1,1 @@
+// Filled by the CPU backend work (issue 2).
