@@ -50,6 +50,11 @@ class Backend {
   virtual void sigmoid(const Tensor& x, Tensor& y) = 0;      // element-wise, any shape
   virtual void embedding(const ops::EmbeddingParams& p) = 0;
   virtual void sample(const ops::SampleParams& p) = 0;
+
+  // Data movement with host implementations (kernels/backend.cpp); device backends override.
+  virtual void copy_cols(const ops::CopyColsParams& p);
+  virtual void scatter_rows(const ops::ScatterRowsParams& p);
+  virtual void head_gemm(const ops::HeadGemmParams& p);
 };
 
 struct CpuBackendOptions {

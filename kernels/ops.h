@@ -175,6 +175,31 @@ struct AddParams { Tensor a, b, y; };                 // y = a + b, all [M, D] (
 struct SigmoidMulParams { Tensor x, gate, y; };       // y = x * sigmoid(gate), all [M, D]
 struct EmbeddingParams { Tensor table, ids, y; };     // table [V, D], ids [M] I32, y [M, D]
 
+// Data movement the model composes (host defaults in kernels/backend.cpp; device backends override).
+// dst[r, dst_col + j] = src[r / src_row_repeat, src_col + j] for j < ncols (ncols -1: all src columns
+// from src_col). src_row_repeat broadcasts one src row to consecutive dst rows (e.g. MLA's shared k^R
+// to every head). Same dtype both sides.
+struct CopyColsParams {
+  Tensor src;  // [Ms, Ns]
+  Tensor dst;  // [Ms * src_row_repeat, Nd]
+  int64_t src_col = 0;
+  int64_t dst_col = 0;
+  int64_t ncols = -1;
+  int src_row_repeat = 1;
+};
+// dst[ids[r]] = src[r] (rows); used to write new MLA cache rows into pages (ids = page*page_size + offset).
+struct ScatterRowsParams {
+  Tensor src;  // [R, W]
+  Tensor ids;  // [R] I32, distinct, < dst rows
+  Tensor dst;  // [N, W] in/out
+};
+// Per-head GEMM: y[m, h, :] = x[m, h, :] @ w[h]^T. MLA absorb (q^N -> latent) and un-absorb (latent -> v).
+struct HeadGemmParams {
+  Tensor x;  // [M, H, K]
+  Tensor w;  // [H, N, K]
+  Tensor y;  // [M, H, N] output
+};
+
 // Sampling, one row per request. temperature 0 = greedy (argmax, lowest id on ties).
 // Otherwise: logits/temperature -> top_k (0 = off) -> top_p (1 = off) -> draw with the row's RNG.
 struct SamplingRow {

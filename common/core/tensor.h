@@ -36,7 +36,7 @@ class Tensor {
   static Tensor view(void* data, Shape shape, DType dtype, Device device = Device::Cpu,
                      std::shared_ptr<void> owner = nullptr);
 
-  bool defined() const { return data_ != nullptr || numel() == 0 && !shape_.empty(); }
+  bool defined() const { return data_ != nullptr; }
   bool empty() const { return data_ == nullptr; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }

@@ -1,0 +1,141 @@
+#include "common/model/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace k3 {
+
+Result<std::unique_ptr<Engine>> Engine::create(Backend& backend, const ModelConfig& cfg, const WeightStore& weights,
+                                               const EngineOptions& opts) {
+  if (opts.prefill_chunk < 0) return invalid_argument("prefill_chunk must be >= 0");
+  std::unique_ptr<Engine> e(new Engine());
+  e->opts_ = opts;
+  K3_ASSIGN_OR_RETURN(e->model_, Model::create(backend, cfg, weights));
+  e->caches_ = std::make_unique<CachePools>(backend, cfg, 0, cfg.num_hidden_layers, opts.cache);
+  return e;
+}
+
+Result<SeqCache> Engine::open() { return caches_->open(); }
+
+Result<Tensor> Engine::feed(std::span<SeqCache* const> seqs, std::span<const std::vector<int32_t>> tokens) {
+  if (seqs.size() != tokens.size() || seqs.empty()) return invalid_argument("feed: one token list per sequence required");
+  std::vector<BatchItem> batch;
+  std::vector<int32_t> all, last_rows;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (tokens[i].empty()) return invalid_argument("feed: sequence " + std::to_string(i) + " has no new tokens");
+    const int64_t limit = model_->config().max_position_embeddings;
+    if (limit > 0 && seqs[i]->num_tokens + static_cast<int64_t>(tokens[i].size()) > limit)
+      return Status(Code::OutOfRange, "sequence would exceed max_position_embeddings (" + std::to_string(limit) + ")");
+    K3_TRY(caches_->reserve(*seqs[i], static_cast<int64_t>(tokens[i].size())));
+    batch.push_back({.seq = seqs[i], .num_new = static_cast<int64_t>(tokens[i].size())});
+    all.insert(all.end(), tokens[i].begin(), tokens[i].end());
+    last_rows.push_back(static_cast<int32_t>(all.size()) - 1);
+  }
+  Activations act = model_->embed(all);
+  model_->forward(batch, act, *caches_);
+  Tensor logits = model_->logits(act, last_rows);
+  for (const BatchItem& it : batch) it.seq->num_tokens += it.num_new;
+  return logits;
+}
+
+Result<Tensor> Engine::prefill(SeqCache& seq, std::span<const int32_t> tokens) {
+  if (tokens.empty()) return invalid_argument("prefill: empty prompt");
+  const size_t chunk = opts_.prefill_chunk > 0 ? static_cast<size_t>(opts_.prefill_chunk) : tokens.size();
+  Tensor logits;
+  for (size_t at = 0; at < tokens.size(); at += chunk) {
+    std::vector<int32_t> piece(tokens.begin() + at, tokens.begin() + std::min(tokens.size(), at + chunk));
+    SeqCache* s = &seq;
+    K3_ASSIGN_OR_RETURN(logits, feed(std::span<SeqCache* const>(&s, 1), std::span<const std::vector<int32_t>>(&piece, 1)));
+  }
+  return logits;
+}
+
+std::vector<std::pair<int32_t, float>> top_logits(const float* row, int64_t vocab, int n) {
+  std::vector<int32_t> idx(vocab);
+  for (int64_t i = 0; i < vocab; ++i) idx[i] = static_cast<int32_t>(i);
+  n = static_cast<int>(std::min<int64_t>(n, vocab));
+  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                    [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  std::vector<std::pair<int32_t, float>> out;
+  for (int i = 0; i < n; ++i) out.emplace_back(idx[i], row[idx[i]]);
+  return out;
+}
+
+Result<std::vector<GenerateResult>> Engine::generate(std::span<const GenerateRequest> requests) {
+  using Clock = std::chrono::steady_clock;
+  struct Live {
+    SeqCache seq;
+    GenerateResult result;
+    int32_t next = -1;
+    bool done = false;
+  };
+  std::vector<Live> live(requests.size());
+  auto close_all = [&] {
+    for (Live& l : live) caches_->close(l.seq);
+  };
+  const int64_t vocab = model_->config().vocab_size;
+  Backend& be = model_->backend();
+
+  auto emit = [&](size_t i, const float* row) {
+    Live& l = live[i];
+    const GenerateRequest& rq = requests[i];
+    std::vector<int32_t> token;
+    ops::SamplingRow srow = rq.sampling;
+    srow.step = l.result.tokens.size();
+    Tensor one = Tensor::from_f32({1, vocab}, std::span<const float>(row, vocab));
+    be.sample({.logits = one, .rows = {srow}, .out = &token});
+    l.next = token.at(0);
+    l.result.tokens.push_back(l.next);
+    if (opts_.top_logits > 0) l.result.top.push_back(top_logits(row, vocab, opts_.top_logits));
+    if (std::find(rq.stop_ids.begin(), rq.stop_ids.end(), l.next) != rq.stop_ids.end()) {
+      l.done = true;
+      l.result.finish_reason = "stop";
+    } else if (static_cast<int>(l.result.tokens.size()) >= rq.max_tokens) {
+      l.done = true;
+      l.result.finish_reason = "length";
+    }
+  };
+
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerateRequest& rq = requests[i];
+    if (rq.prompt.empty()) { close_all(); return invalid_argument("request " + std::to_string(i) + ": empty prompt"); }
+    if (rq.max_tokens < 1) { close_all(); return invalid_argument("request " + std::to_string(i) + ": max_tokens must be >= 1"); }
+    auto seq = caches_->open();
+    if (!seq.is_ok()) { close_all(); return seq.status(); }
+    live[i].seq = std::move(seq).value();
+    live[i].result.prompt_tokens = static_cast<int64_t>(rq.prompt.size());
+    auto t0 = Clock::now();
+    auto logits = prefill(live[i].seq, rq.prompt);
+    if (!logits.is_ok()) { close_all(); return logits.status(); }
+    live[i].result.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    emit(i, logits->f32());
+  }
+
+  // Continuous decode: every running request advances one token per batched step.
+  for (;;) {
+    std::vector<SeqCache*> seqs;
+    std::vector<std::vector<int32_t>> toks;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < live.size(); ++i)
+      if (!live[i].done) {
+        seqs.push_back(&live[i].seq);
+        toks.push_back({live[i].next});
+        which.push_back(i);
+      }
+    if (seqs.empty()) break;
+    auto t0 = Clock::now();
+    auto logits = feed(seqs, toks);
+    if (!logits.is_ok()) { close_all(); return logits.status(); }
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    for (size_t j = 0; j < which.size(); ++j) {
+      live[which[j]].result.decode_seconds += dt;
+      emit(which[j], logits->f32() + j * vocab);
+    }
+  }
+  std::vector<GenerateResult> out;
+  for (Live& l : live) out.push_back(std::move(l.result));
+  close_all();
+  return out;
+}
+
+}  // namespace k3

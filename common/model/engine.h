@@ -1,0 +1,65 @@
+// The monolithic engine: the whole model in one process, chunked prefill then batched decode with
+// sampling. It is the reference every distributed topology must reproduce token for token.
+#pragma once
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/model/model.h"
+
+namespace k3 {
+
+struct EngineOptions {
+  CacheOptions cache;
+  int prefill_chunk = 0;   // tokens per prefill forward; 0 = whole prompt at once
+  int top_logits = 5;      // per-step top (id, logit) pairs recorded in results (0 = none)
+};
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;
+  int max_tokens = 16;
+  ops::SamplingRow sampling;          // temperature 0 = greedy
+  std::vector<int32_t> stop_ids;      // generation ends after emitting one of these
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;                                  // generated ids (stop id included)
+  std::string finish_reason;                                    // "stop" | "length"
+  std::vector<std::vector<std::pair<int32_t, float>>> top;      // per generated token: top logits
+  int64_t prompt_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> create(Backend& backend, const ModelConfig& cfg, const WeightStore& weights,
+                                                const EngineOptions& opts);
+
+  // Low level: open sequences, feed them new tokens together (one forward), read last-row logits.
+  Result<SeqCache> open();
+  void close(SeqCache& seq) { caches_->close(seq); }
+  // Returns [n, vocab] F32 host logits of each sequence's last new token; advances num_tokens.
+  Result<Tensor> feed(std::span<SeqCache* const> seqs, std::span<const std::vector<int32_t>> tokens);
+  // Prefill in chunks of opts.prefill_chunk (all tokens at once when 0); returns the last logits [1, vocab].
+  Result<Tensor> prefill(SeqCache& seq, std::span<const int32_t> tokens);
+
+  // Runs several requests to completion with continuous decode batching.
+  Result<std::vector<GenerateResult>> generate(std::span<const GenerateRequest> requests);
+
+  const ModelConfig& config() const { return model_->config(); }
+  Backend& backend() { return model_->backend(); }
+  CachePools& caches() { return *caches_; }
+
+ private:
+  Engine() = default;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<CachePools> caches_;
+  EngineOptions opts_;
+};
+
+// Top-n (id, logit) of one row, largest first, lowest id on ties.
+std::vector<std::pair<int32_t, float>> top_logits(const float* row, int64_t vocab, int n);
+
+}  // namespace k3

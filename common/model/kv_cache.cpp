@@ -1,0 +1,88 @@
+#include "common/model/kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace k3 {
+
+IdAllocator::IdAllocator(int count) : capacity_(count), in_use_(count, 0) {
+  for (int i = count - 1; i >= 0; --i) free_.push_back(i);
+}
+
+std::optional<int> IdAllocator::alloc() {
+  if (free_.empty()) return std::nullopt;
+  int id = free_.back();
+  free_.pop_back();
+  in_use_[id] = 1;
+  return id;
+}
+
+void IdAllocator::free(int id) {
+  K3_CHECK(id >= 0 && id < capacity_ && in_use_[id], "IdAllocator::free of id " + std::to_string(id) + " not in use");
+  in_use_[id] = 0;
+  free_.push_back(id);
+}
+
+CachePools::CachePools(Backend& backend, const ModelConfig& cfg, int layer_begin, int layer_end, const CacheOptions& opts)
+    : backend_(backend), cfg_(cfg), opts_(opts), slots_(opts.max_seqs), pages_(opts.num_pages) {
+  const int p = cfg.kda_proj_dim(), w = cfg.kda.short_conv_kernel_size, h = cfg.kda.num_heads, d = cfg.kda.head_dim;
+  for (int l = layer_begin; l < layer_end; ++l) {
+    if (cfg.layer_kind(l) == LayerKind::Kda) {
+      kda_conv_[l] = backend.alloc({opts.max_seqs, w - 1, 3 * p}, backend.compute_dtype());
+      kda_state_[l] = backend.alloc({opts.max_seqs, h, d, d}, DType::F32);
+    } else {
+      mla_kv_[l] = backend.alloc({opts.num_pages, opts.page_size, cfg.mla_cache_width()}, backend.compute_dtype());
+    }
+  }
+}
+
+Tensor& CachePools::kda_conv(int layer) {
+  auto it = kda_conv_.find(layer);
+  K3_CHECK(it != kda_conv_.end(), "no KDA pools for layer " + std::to_string(layer));
+  return it->second;
+}
+Tensor& CachePools::kda_state(int layer) {
+  auto it = kda_state_.find(layer);
+  K3_CHECK(it != kda_state_.end(), "no KDA pools for layer " + std::to_string(layer));
+  return it->second;
+}
+Tensor& CachePools::mla_kv(int layer) {
+  auto it = mla_kv_.find(layer);
+  K3_CHECK(it != mla_kv_.end(), "no MLA pool for layer " + std::to_string(layer));
+  return it->second;
+}
+
+Result<SeqCache> CachePools::open() {
+  auto slot = slots_.alloc();
+  if (!slot) return Status(Code::ResourceExhausted, "no free sequence slot (max_seqs=" + std::to_string(opts_.max_seqs) + ")");
+  SeqCache seq;
+  seq.slot = *slot;
+  // A reused slot must start from zeros: state and conv cache of every KDA layer.
+  for (auto* pools : {&kda_conv_, &kda_state_})
+    for (auto& [layer, t] : *pools) {
+      Tensor row = t.slice_rows(seq.slot, seq.slot + 1);
+      Tensor zero = backend_.alloc(row.shape(), row.dtype());
+      backend_.copy(zero, row);
+    }
+  return seq;
+}
+
+Status CachePools::reserve(SeqCache& seq, int64_t extra) {
+  const int64_t need_tokens = seq.num_tokens + extra;
+  const int64_t need_pages = (need_tokens + opts_.page_size - 1) / opts_.page_size;
+  const int64_t more = need_pages - static_cast<int64_t>(seq.pages.size());
+  if (more <= 0) return Status::ok();
+  if (more > pages_.free_count())
+    return Status(Code::ResourceExhausted, "out of MLA pages: need " + std::to_string(more) + ", free " +
+                                               std::to_string(pages_.free_count()));
+  for (int64_t i = 0; i < more; ++i) seq.pages.push_back(*pages_.alloc());
+  return Status::ok();
+}
+
+void CachePools::close(SeqCache& seq) {
+  if (seq.slot >= 0) slots_.free(seq.slot);
+  for (int32_t page : seq.pages) pages_.free(page);
+  seq = SeqCache{};
+}
+
+}  // namespace k3

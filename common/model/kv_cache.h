@@ -1,0 +1,75 @@
+// Per-request model state for a range of layers: KDA conv cache + recurrent state slots and the paged
+// MLA latent cache. One slot id indexes every KDA layer's pools; one page table indexes every MLA
+// layer's pool (all MLA layers hold the same tokens).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "common/core/tensor.h"
+#include "common/model/config.h"
+#include "kernels/backend.h"
+
+namespace k3 {
+
+struct CacheOptions {
+  int max_seqs = 8;         // KDA state slots
+  int page_size = 16;       // tokens per MLA page
+  int num_pages = 256;      // per MLA layer
+};
+
+// Hands out small integer ids (slots, pages) from a fixed range; double free is a bug (checked).
+class IdAllocator {
+ public:
+  explicit IdAllocator(int count);
+  std::optional<int> alloc();
+  void free(int id);
+  int free_count() const { return static_cast<int>(free_.size()); }
+  int capacity() const { return capacity_; }
+
+ private:
+  int capacity_;
+  std::vector<int> free_;        // stack, lowest id on top
+  std::vector<uint8_t> in_use_;
+};
+
+// One request's place in the pools.
+struct SeqCache {
+  int slot = -1;
+  std::vector<int32_t> pages;
+  int64_t num_tokens = 0;        // tokens already in the caches
+};
+
+class CachePools {
+ public:
+  CachePools(Backend& backend, const ModelConfig& cfg, int layer_begin, int layer_end, const CacheOptions& opts);
+
+  const CacheOptions& options() const { return opts_; }
+  // Pools of a global layer id in this range.
+  Tensor& kda_conv(int layer);    // [max_seqs, W-1, 3P]
+  Tensor& kda_state(int layer);   // [max_seqs, H, D, D] F32
+  Tensor& mla_kv(int layer);      // [num_pages, page_size, r_kv + d_r]
+
+  // Starts a sequence: takes a KDA slot and zeroes its state (no pages yet). Fails when full.
+  Result<SeqCache> open();
+  // Makes room for `extra` more tokens (allocates pages). Fails without side effects when out of pages.
+  Status reserve(SeqCache& seq, int64_t extra);
+  // Returns the slot and pages; idempotent (the SeqCache is emptied).
+  void close(SeqCache& seq);
+
+  int free_pages() const { return pages_.free_count(); }
+  int free_slots() const { return slots_.free_count(); }
+  bool has_kda() const { return !kda_conv_.empty(); }
+  bool has_mla() const { return !mla_kv_.empty(); }
+
+ private:
+  Backend& backend_;
+  ModelConfig cfg_;
+  CacheOptions opts_;
+  IdAllocator slots_;
+  IdAllocator pages_;
+  std::map<int, Tensor> kda_conv_, kda_state_, mla_kv_;
+};
+
+}  // namespace k3

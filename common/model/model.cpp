@@ -1,0 +1,284 @@
+#include "common/model/model.h"
+
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "common/model/model_weights.h"
+
+namespace k3 {
+namespace {
+
+// Row offsets of each item in the concatenated activations.
+std::vector<int32_t> cu_seqlens(std::span<const BatchItem> batch) {
+  std::vector<int32_t> cu{0};
+  for (const BatchItem& it : batch) cu.push_back(cu.back() + static_cast<int32_t>(it.num_new));
+  return cu;
+}
+
+bool all_single_token_decode(std::span<const BatchItem> batch) {
+  for (const BatchItem& it : batch)
+    if (it.num_new != 1 || it.seq->num_tokens == 0) return false;
+  return !batch.empty();
+}
+
+// Flat cache row ids (page * page_size + offset) of positions [from, to) of a sequence.
+std::vector<int32_t> cache_rows(const SeqCache& seq, int64_t from, int64_t to, int page_size) {
+  std::vector<int32_t> ids;
+  ids.reserve(to - from);
+  for (int64_t pos = from; pos < to; ++pos) {
+    const size_t page = static_cast<size_t>(pos / page_size);
+    K3_CHECK(page < seq.pages.size(), "MLA cache has no page for position " + std::to_string(pos) +
+                                          " (CachePools::reserve was not called)");
+    ids.push_back(seq.pages[page] * page_size + static_cast<int32_t>(pos % page_size));
+  }
+  return ids;
+}
+
+}  // namespace
+
+Model::Model(Backend& backend, const ModelConfig& cfg, int begin, int end)
+    : backend_(backend), cfg_(cfg), begin_(begin), end_(end) {}
+
+Model::~Model() = default;
+
+Result<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelConfig& cfg, const WeightStore& weights,
+                                             int layer_begin, int layer_end) {
+  K3_TRY(validate(cfg));
+  if (layer_end < 0) layer_end = cfg.num_hidden_layers;
+  if (layer_begin < 0 || layer_begin >= layer_end || layer_end > cfg.num_hidden_layers)
+    return invalid_argument("layer range [" + std::to_string(layer_begin) + ", " + std::to_string(layer_end) +
+                            ") is not inside [0, " + std::to_string(cfg.num_hidden_layers) + ")");
+  std::unique_ptr<Model> m(new Model(backend, cfg, layer_begin, layer_end));
+  K3_ASSIGN_OR_RETURN(m->w_, upload_weights(backend, cfg, weights, layer_begin, layer_end));
+  return m;
+}
+
+Tensor Model::alloc(Shape shape, DType dtype) { return backend_.alloc(shape, dtype); }
+Tensor Model::alloc(Shape shape) { return backend_.alloc(shape, backend_.compute_dtype()); }
+
+Tensor Model::gemm(const Tensor& x, const Tensor& w) {
+  Tensor y = alloc({x.dim(0), w.dim(0)});
+  backend_.gemm({.x = x, .w = w, .y = y});
+  return y;
+}
+
+Tensor Model::rmsnorm(const Tensor& x, const Tensor& w, float eps) {
+  Tensor y = alloc(x.shape());
+  backend_.rmsnorm({.x = x, .w = w, .y = y, .eps = eps});
+  return y;
+}
+
+Tensor Model::attn_res_mix(const Tensor& query, const Activations& act) {
+  std::vector<Tensor> cands = act.bank;
+  cands.push_back(act.partial);
+  Tensor y = alloc(act.partial.shape());
+  backend_.attnres_mix({.candidates = cands, .query = query, .y = y, .eps = cfg_.rms_norm_eps});
+  return y;
+}
+
+Activations Model::embed(std::span<const int32_t> token_ids) {
+  K3_CHECK(begin_ == 0, "embed() on a model range that does not start at layer 0");
+  const int64_t n = static_cast<int64_t>(token_ids.size());
+  for (int32_t id : token_ids)
+    K3_CHECK(id >= 0 && id < cfg_.vocab_size, "token id " + std::to_string(id) + " outside the vocabulary [0, " +
+                                                  std::to_string(cfg_.vocab_size) + ")");
+  Tensor ids = backend_.from_host(Tensor::from_i32({n}, token_ids), DType::I32);
+  Activations act;
+  act.partial = alloc({n, cfg_.hidden_size});
+  backend_.embedding({.table = w_->embed, .ids = ids, .y = act.partial});
+  return act;
+}
+
+void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePools& caches) {
+  int64_t rows = 0;
+  for (const BatchItem& it : batch) rows += it.num_new;
+  K3_CHECK(rows == act.rows(), "forward: batch has " + std::to_string(rows) + " new tokens but the activations " +
+                                   std::to_string(act.rows()) + " rows");
+  const float eps = cfg_.rms_norm_eps;
+  for (int l = begin_; l < end_; ++l) {
+    const LayerWeights& lw = w_->layers[l - begin_];
+    // AttnRes (MODEL.md §4.2): mix before this layer's attention, then snapshot at block starts.
+    Tensor h = act.bank.empty() ? act.partial : attn_res_mix(lw.att_query, act);
+    const bool new_block = cfg_.starts_block(l);
+    if (new_block) act.bank.push_back(act.partial);
+    Tensor x = rmsnorm(h, lw.in_norm, eps);
+    Tensor y = alloc({rows, cfg_.hidden_size});
+    if (cfg_.layer_kind(l) == LayerKind::Kda) kda_layer(l, batch, x, y, caches);
+    else mla_layer(l, batch, x, y, caches);
+    if (new_block) {
+      act.partial = y;
+    } else {
+      backend_.add({.a = act.partial, .b = y, .y = act.partial});
+    }
+    Tensor h2 = attn_res_mix(lw.mlp_query, act);
+    Tensor x2 = rmsnorm(h2, lw.post_norm, eps);
+    Tensor f = alloc({rows, cfg_.hidden_size});
+    ffn_layer(l, x2, f);
+    backend_.add({.a = act.partial, .b = f, .y = act.partial});
+  }
+}
+
+void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, Tensor& out, CachePools& caches) {
+  const LayerWeights& lw = w_->layers[l - begin_];
+  const int64_t R = x.dim(0), H = cfg_.kda.num_heads, D = cfg_.kda.head_dim, P = H * D;
+  const int n = static_cast<int>(batch.size());
+  Tensor qkv = gemm(x, lw.w_qkv);                    // [R, 3P]
+  Tensor f = gemm(gemm(x, lw.w_fa), lw.w_fb);        // [R, P]
+  Tensor blog = gemm(x, lw.w_b);                     // [R, H]
+  Tensor o = alloc({R, H, D});
+  std::vector<int32_t> slot_ids;
+  for (const BatchItem& it : batch) slot_ids.push_back(it.seq->slot);
+  Tensor slots = backend_.from_host(Tensor::from_i32({n}, slot_ids), DType::I32);
+
+  if (all_single_token_decode(batch)) {
+    backend_.kda_decode({.qkv = qkv, .conv_w = lw.conv_w, .conv_cache = caches.kda_conv(l), .f = f,
+                         .a_log = lw.a_log, .dt_bias = lw.dt_bias, .b = blog, .state = caches.kda_state(l),
+                         .slots = slots, .o = o, .heads = static_cast<int>(H), .g_min = cfg_.kda.gate_lower_bound});
+  } else {
+    auto cu_host = cu_seqlens(batch);
+    Tensor cu = backend_.from_host(Tensor::from_i32({n + 1}, cu_host), DType::I32);
+    Tensor conv = alloc({R, 3 * P});
+    backend_.short_conv({.x = qkv, .w = lw.conv_w, .cache = caches.kda_conv(l), .slots = slots, .cu_seqlens = cu, .y = conv});
+    Tensor q = alloc({R, P}), k = alloc({R, P}), v = alloc({R, P});
+    backend_.copy_cols({.src = conv, .dst = q, .src_col = 0, .ncols = P});
+    backend_.copy_cols({.src = conv, .dst = k, .src_col = P, .ncols = P});
+    backend_.copy_cols({.src = conv, .dst = v, .src_col = 2 * P, .ncols = P});
+    Tensor qh = q.reshape({R * H, D}), kh = k.reshape({R * H, D});
+    backend_.l2norm({.x = qh, .y = qh, .eps = 1e-6f, .scale = 1.f / std::sqrt(static_cast<float>(D))});
+    backend_.l2norm({.x = kh, .y = kh, .eps = 1e-6f, .scale = 1.f});
+    Tensor g = alloc({R, H, D}, DType::F32);
+    backend_.kda_gate({.f = f, .a_log = lw.a_log, .dt_bias = lw.dt_bias, .g = g, .heads = static_cast<int>(H),
+                       .g_min = cfg_.kda.gate_lower_bound});
+    Tensor beta = alloc({R, H}, DType::F32);
+    backend_.sigmoid(blog, beta);
+    backend_.kda_chunk({.q = q.reshape({R, H, D}), .k = k.reshape({R, H, D}), .v = v.reshape({R, H, D}), .g = g,
+                        .beta = beta, .state = caches.kda_state(l), .slots = slots, .cu_seqlens = cu, .o = o,
+                        .chunk_size = 64});
+  }
+  // Gated RMSNorm per head (shared o_norm weight), then the output projection.
+  Tensor on = rmsnorm(o.reshape({R * H, D}), lw.o_norm, cfg_.rms_norm_eps).reshape({R, P});
+  Tensor z = gemm(x, lw.w_g);
+  Tensor gated = alloc({R, P});
+  backend_.sigmoid_mul({.x = on, .gate = z, .y = gated});
+  backend_.gemm({.x = gated, .w = lw.w_o, .y = out});
+}
+
+void Model::mla_layer(int l, std::span<const BatchItem> batch, const Tensor& x, Tensor& out, CachePools& caches) {
+  const LayerWeights& lw = w_->layers[l - begin_];
+  const int64_t R = x.dim(0), H = cfg_.num_attention_heads, dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim,
+                dv = cfg_.v_head_dim, r = cfg_.kv_lora_rank, dqk = dn + dr, W = r + dr;
+  const float scale = 1.f / std::sqrt(static_cast<float>(dqk));
+  const int page_size = caches.options().page_size;
+
+  Tensor q = gemm(rmsnorm(gemm(x, lw.w_qa), lw.qa_norm, 1e-6f), lw.w_qb);   // [R, H*dqk]
+  Tensor a = gemm(x, lw.w_kva);                                              // [R, r + dr] = [c | k^R]
+  Tensor c = alloc({R, r});
+  backend_.copy_cols({.src = a, .dst = c, .src_col = 0, .ncols = r});
+  Tensor cn = rmsnorm(c, lw.kva_norm, 1e-6f);
+  backend_.copy_cols({.src = cn, .dst = a, .dst_col = 0});
+
+  // Append the new rows to the paged cache.
+  Tensor& pool = caches.mla_kv(l);
+  Tensor pool_rows = pool.reshape({pool.dim(0) * pool.dim(1), W});
+  std::vector<int32_t> new_ids;
+  for (const BatchItem& it : batch) {
+    auto ids = cache_rows(*it.seq, it.seq->num_tokens, it.seq->num_tokens + it.num_new, page_size);
+    new_ids.insert(new_ids.end(), ids.begin(), ids.end());
+  }
+  backend_.scatter_rows({.src = a, .ids = backend_.from_host(Tensor::from_i32({R}, new_ids), DType::I32), .dst = pool_rows});
+
+  Tensor o = alloc({R, H, dv});
+  if (all_single_token_decode(batch)) {
+    const int64_t B = R;
+    size_t max_pages = 0;
+    for (const BatchItem& it : batch) max_pages = std::max(max_pages, it.seq->pages.size());
+    std::vector<int32_t> table(B * max_pages, 0), lens;
+    for (int64_t b = 0; b < B; ++b) {
+      const SeqCache& s = *batch[b].seq;
+      std::copy(s.pages.begin(), s.pages.end(), table.begin() + b * max_pages);
+      lens.push_back(static_cast<int32_t>(s.num_tokens + 1));
+    }
+    Tensor qv = q.reshape({B * H, dqk});
+    Tensor qn = alloc({B * H, dn}), qr = alloc({B * H, dr});
+    backend_.copy_cols({.src = qv, .dst = qn, .src_col = 0, .ncols = dn});
+    backend_.copy_cols({.src = qv, .dst = qr, .src_col = dn, .ncols = dr});
+    Tensor qlat = alloc({B, H, r});
+    backend_.head_gemm({.x = qn.reshape({B, H, dn}), .w = lw.w_uk_t, .y = qlat});
+    Tensor olat = alloc({B, H, r});
+    Tensor lse = alloc({B, H}, DType::F32);
+    backend_.mla_decode({.q_lat = qlat, .q_rope = qr.reshape({B, H, dr}), .kv_cache = pool,
+                         .block_table = backend_.from_host(Tensor::from_i32({B, static_cast<int64_t>(max_pages)}, table), DType::I32),
+                         .seq_lens = backend_.from_host(Tensor::from_i32({B}, lens), DType::I32), .o = olat, .lse = lse,
+                         .scale = scale});
+    backend_.head_gemm({.x = olat, .w = lw.w_uv, .y = o});
+  } else {
+    int64_t r0 = 0;
+    for (const BatchItem& it : batch) {
+      const int64_t T = it.num_new, N = it.seq->num_tokens, S = N + T;
+      auto ids = cache_rows(*it.seq, 0, S, page_size);
+      Tensor rows = alloc({S, W});
+      backend_.embedding({.table = pool_rows, .ids = backend_.from_host(Tensor::from_i32({S}, ids), DType::I32), .y = rows});
+      Tensor cs = alloc({S, r});
+      backend_.copy_cols({.src = rows, .dst = cs, .src_col = 0, .ncols = r});
+      Tensor kvb = gemm(cs, lw.w_kvb).reshape({S * H, dn + dv});
+      Tensor k = alloc({S * H, dqk}), v = alloc({S * H, dv});
+      backend_.copy_cols({.src = kvb, .dst = k, .src_col = 0, .dst_col = 0, .ncols = dn});
+      backend_.copy_cols({.src = rows, .dst = k, .src_col = r, .dst_col = dn, .ncols = dr, .src_row_repeat = static_cast<int>(H)});
+      backend_.copy_cols({.src = kvb, .dst = v, .src_col = dn, .ncols = dv});
+      backend_.mla_prefill({.q = q.slice_rows(r0, r0 + T).reshape({T, H, dqk}), .k = k.reshape({S, H, dqk}),
+                            .v = v.reshape({S, H, dv}), .o = o.slice_rows(r0, r0 + T), .lse = Tensor(), .past = N,
+                            .scale = scale});
+      r0 += T;
+    }
+  }
+  Tensor gz = gemm(x, lw.w_g);
+  Tensor gated = alloc({R, H * dv});
+  backend_.sigmoid_mul({.x = o.reshape({R, H * dv}), .gate = gz, .y = gated});
+  backend_.gemm({.x = gated, .w = lw.w_o, .y = out});
+}
+
+void Model::ffn_layer(int l, const Tensor& x, Tensor& out) {
+  const LayerWeights& lw = w_->layers[l - begin_];
+  const float beta = cfg_.activation_situ_beta, beta_l = cfg_.activation_situ_linear_beta;
+  auto situ_mlp = [&](const Tensor& wg, const Tensor& wu, const Tensor& wd, Tensor& y) {
+    Tensor g = gemm(x, wg), u = gemm(x, wu);
+    backend_.situ({.g = g, .u = u, .y = g, .beta = beta, .beta_linear = beta_l});
+    backend_.gemm({.x = g, .w = wd, .y = y});
+  };
+  if (cfg_.is_dense_ffn(l)) {
+    situ_mlp(lw.dense_gate, lw.dense_up, lw.dense_down, out);
+    return;
+  }
+  const int64_t R = x.dim(0), E = cfg_.num_experts, k = cfg_.num_experts_per_token;
+  Tensor logits = alloc({R, E}, DType::F32);
+  backend_.gemm({.x = x, .w = lw.router, .y = logits});
+  Tensor ids = alloc({R, k}, DType::I32), weights = alloc({R, k}, DType::F32);
+  backend_.router_topk({.logits = logits, .bias = lw.router_bias, .ids = ids, .weights = weights,
+                        .k = static_cast<int>(k), .scale = cfg_.routed_scaling_factor});
+  Tensor z = gemm(x, lw.lat_down);
+  Tensor y = alloc({R, cfg_.routed_expert_hidden_size});
+  backend_.moe_experts({.z = z, .ids = ids, .weights = weights, .w1 = lw.w1, .w3 = lw.w3, .w2 = lw.w2, .y = y,
+                        .beta = beta, .beta_linear = beta_l});
+  Tensor yn = rmsnorm(y, lw.lat_norm, cfg_.rms_norm_eps);
+  backend_.gemm({.x = yn, .w = lw.lat_up, .y = out});
+  if (cfg_.num_shared_experts > 0) {
+    Tensor ys = alloc(out.shape());
+    situ_mlp(lw.shared_gate, lw.shared_up, lw.shared_down, ys);
+    backend_.add({.a = out, .b = ys, .y = out});
+  }
+}
+
+Tensor Model::logits(const Activations& act, std::span<const int32_t> rows) {
+  K3_CHECK(end_ == cfg_.num_hidden_layers, "logits() on a model range that does not end at the last layer");
+  Tensor h = attn_res_mix(w_->out_query, act);
+  const int64_t n = static_cast<int64_t>(rows.size());
+  Tensor sel = alloc({n, cfg_.hidden_size});
+  backend_.embedding({.table = h, .ids = backend_.from_host(Tensor::from_i32({n}, rows), DType::I32), .y = sel});
+  Tensor hn = rmsnorm(sel, w_->final_norm, cfg_.rms_norm_eps);
+  Tensor lg = alloc({n, cfg_.vocab_size}, DType::F32);
+  backend_.gemm({.x = hn, .w = w_->lm_head, .y = lg});
+  return backend_.to_host(lg);
+}
+
+}  // namespace k3

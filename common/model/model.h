@@ -1,0 +1,71 @@
+// The K3 forward pass (MODEL.md §8) over any contiguous layer range, for a batch of requests that each
+// bring their own number of new tokens. Composes kernels/ ops; never branches on the backend.
+//
+// Layer range [begin, end): a PP stage runs its own range; the monolithic engine runs [0, L).
+// Activations crossing a stage boundary are the running partial sum P and the AttnRes bank (one row
+// set per completed block), both [rows, d] in the backend's compute dtype.
+#pragma once
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/model/config.h"
+#include "common/model/kv_cache.h"
+#include "common/model/weights.h"
+#include "kernels/backend.h"
+
+namespace k3 {
+
+struct Activations {
+  Tensor partial;              // P [rows, d]
+  std::vector<Tensor> bank;    // completed block snapshots, each [rows, d]
+  int64_t rows() const { return partial.empty() ? 0 : partial.dim(0); }
+};
+
+// One request's slice of a forward batch.
+struct BatchItem {
+  SeqCache* seq = nullptr;          // caches of this request (num_tokens = tokens already cached)
+  int64_t num_new = 0;              // new tokens this step (rows in the activations)
+};
+
+class Model {
+ public:
+  // Uploads the weights of layers [begin, end) (plus embedding/head when the range includes them).
+  static Result<std::unique_ptr<Model>> create(Backend& backend, const ModelConfig& cfg, const WeightStore& weights,
+                                               int layer_begin = 0, int layer_end = -1);
+  ~Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  int layer_begin() const { return begin_; }
+  int layer_end() const { return end_; }
+  Backend& backend() { return backend_; }
+
+  // Stage 0 only: embeddings of the new tokens of every item, concatenated.
+  Activations embed(std::span<const int32_t> token_ids);
+  // Runs this model's layers over the batch; caches of every item are read and updated, and
+  // seq->num_tokens is NOT advanced (the caller does it once every stage has run).
+  // The caches must have room (CachePools::reserve) for num_tokens + num_new tokens.
+  void forward(std::span<const BatchItem> batch, Activations& act, CachePools& caches);
+  // Last stage only: logits of the given rows (e.g. each item's last row) -> [rows.size(), vocab] F32 host.
+  Tensor logits(const Activations& act, std::span<const int32_t> rows);
+
+  struct Weights;
+
+ private:
+  Model(Backend& backend, const ModelConfig& cfg, int begin, int end);
+  void kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, Tensor& out, CachePools& caches);
+  void mla_layer(int l, std::span<const BatchItem> batch, const Tensor& x, Tensor& out, CachePools& caches);
+  void ffn_layer(int l, const Tensor& x, Tensor& out);
+  Tensor attn_res_mix(const Tensor& query, const Activations& act);
+  Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps);
+  Tensor gemm(const Tensor& x, const Tensor& w);
+  Tensor alloc(Shape shape, DType dtype);
+  Tensor alloc(Shape shape);
+
+  Backend& backend_;
+  ModelConfig cfg_;
+  int begin_, end_;
+  std::unique_ptr<Weights> w_;
+};
+
+}  // namespace k3

@@ -1,0 +1,142 @@
+#include "common/model/model_weights.h"
+
+#include <cstring>
+#include <string>
+
+namespace k3 {
+namespace {
+
+// Host-side preparation in F32; the backend converts to its compute dtype on upload.
+class Uploader {
+ public:
+  Uploader(Backend& b, const WeightStore& s) : b_(b), s_(s) {}
+
+  Tensor host(const std::string& name) const { return s_.get(name).to_f32(); }
+  Tensor up(const Tensor& host_f32) { return b_.from_host(host_f32, b_.compute_dtype()); }
+  Tensor up_f32(const Tensor& host_f32) { return b_.from_host(host_f32, DType::F32); }
+  Tensor get(const std::string& name) { return up(host(name)); }
+
+  // Concatenates host F32 tensors along dim 0.
+  static Tensor cat_rows(const std::vector<Tensor>& parts, Shape per_part_shape) {
+    Shape out = per_part_shape;
+    out[0] *= static_cast<int64_t>(parts.size());
+    Tensor t = Tensor::zeros(out, DType::F32);
+    size_t off = 0;
+    for (const Tensor& p : parts) {
+      std::memcpy(t.f32() + off, p.f32(), p.nbytes());
+      off += p.numel();
+    }
+    return t;
+  }
+
+  // w ⊙ γ as an F32 [d] vector.
+  Tensor query(const std::string& proj, const std::string& norm) {
+    Tensor w = host(proj), g = host(norm);
+    Tensor q = Tensor::zeros({g.numel()}, DType::F32);
+    for (int64_t i = 0; i < g.numel(); ++i) q.f32()[i] = w.f32()[i] * g.f32()[i];
+    return up_f32(q);
+  }
+
+ private:
+  Backend& b_;
+  const WeightStore& s_;
+};
+
+void load_kda(Uploader& u, const ModelConfig& cfg, const std::string& p, LayerWeights& lw) {
+  const int64_t P = cfg.kda_proj_dim(), W = cfg.kda.short_conv_kernel_size, d = cfg.hidden_size, H = cfg.kda.num_heads;
+  lw.w_qkv = u.up(Uploader::cat_rows({u.host(p + "q_proj.weight"), u.host(p + "k_proj.weight"), u.host(p + "v_proj.weight")}, {P, d}));
+  lw.conv_w = u.up(Uploader::cat_rows({u.host(p + "q_conv1d.weight").reshape({P, W}), u.host(p + "k_conv1d.weight").reshape({P, W}),
+                                       u.host(p + "v_conv1d.weight").reshape({P, W})}, {P, W}));
+  lw.w_fa = u.get(p + "f_a_proj.weight");
+  lw.w_fb = u.get(p + "f_b_proj.weight");
+  Tensor a_log = u.host(p + "A_log");
+  lw.a_log = u.up_f32(a_log.reshape({a_log.numel()}).slice_rows(0, H).clone());
+  lw.dt_bias = u.up_f32(u.host(p + "dt_bias"));
+  lw.w_b = u.get(p + "b_proj.weight");
+  lw.w_g = u.get(p + "g_proj.weight");
+  lw.o_norm = u.get(p + "o_norm.weight");
+  lw.w_o = u.get(p + "o_proj.weight");
+}
+
+void load_mla(Uploader& u, const ModelConfig& cfg, const std::string& p, LayerWeights& lw) {
+  const int64_t H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim, dv = cfg.v_head_dim, r = cfg.kv_lora_rank;
+  lw.w_qa = u.get(p + "q_a_proj.weight");
+  lw.qa_norm = u.get(p + "q_a_layernorm.weight");
+  lw.w_qb = u.get(p + "q_b_proj.weight");
+  lw.w_kva = u.get(p + "kv_a_proj_with_mqa.weight");
+  lw.kva_norm = u.get(p + "kv_a_layernorm.weight");
+  Tensor kvb = u.host(p + "kv_b_proj.weight");   // [H*(dn+dv), r]
+  lw.w_kvb = u.up(kvb);
+  Tensor uk_t = Tensor::zeros({H, r, dn}), uv = Tensor::zeros({H, dv, r});
+  const float* src = kvb.f32();
+  for (int64_t h = 0; h < H; ++h) {
+    const float* head = src + h * (dn + dv) * r;
+    for (int64_t i = 0; i < dn; ++i)
+      for (int64_t j = 0; j < r; ++j) uk_t.f32()[(h * r + j) * dn + i] = head[i * r + j];
+    std::memcpy(uv.f32() + h * dv * r, head + dn * r, dv * r * sizeof(float));
+  }
+  lw.w_uk_t = u.up(uk_t);
+  lw.w_uv = u.up(uv);
+  lw.w_g = u.get(p + "g_proj.weight");
+  lw.w_o = u.get(p + "o_proj.weight");
+}
+
+void load_ffn(Uploader& u, const ModelConfig& cfg, int l, const std::string& p, LayerWeights& lw) {
+  if (cfg.is_dense_ffn(l)) {
+    lw.dense_gate = u.get(p + "gate_proj.weight");
+    lw.dense_up = u.get(p + "up_proj.weight");
+    lw.dense_down = u.get(p + "down_proj.weight");
+    return;
+  }
+  const int64_t E = cfg.num_experts, f = cfg.moe_intermediate_size, dl = cfg.routed_expert_hidden_size;
+  lw.router = u.up_f32(u.host(p + "gate.weight"));
+  lw.router_bias = u.up_f32(u.host(p + "gate.e_score_correction_bias"));
+  lw.lat_down = u.get(p + "routed_expert_down_proj.weight");
+  lw.lat_norm = u.get(p + "routed_expert_norm.weight");
+  lw.lat_up = u.get(p + "routed_expert_up_proj.weight");
+  std::vector<Tensor> w1, w3, w2;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string ep = p + "experts." + std::to_string(e) + ".";
+    w1.push_back(u.host(ep + "w1.weight"));
+    w3.push_back(u.host(ep + "w3.weight"));
+    w2.push_back(u.host(ep + "w2.weight"));
+  }
+  lw.w1 = u.up(Uploader::cat_rows(w1, {f, dl}).reshape({E, f, dl}));
+  lw.w3 = u.up(Uploader::cat_rows(w3, {f, dl}).reshape({E, f, dl}));
+  lw.w2 = u.up(Uploader::cat_rows(w2, {dl, f}).reshape({E, dl, f}));
+  if (cfg.num_shared_experts > 0) {
+    lw.shared_gate = u.get(p + "shared_experts.gate_proj.weight");
+    lw.shared_up = u.get(p + "shared_experts.up_proj.weight");
+    lw.shared_down = u.get(p + "shared_experts.down_proj.weight");
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model::Weights>> upload_weights(Backend& backend, const ModelConfig& cfg,
+                                                       const WeightStore& store, int begin, int end) {
+  // Names were validated by load_weights; a miss here is a caller bug and throws with the name.
+  Uploader u(backend, store);
+  auto w = std::make_unique<Model::Weights>();
+  if (begin == 0) w->embed = u.get("model.embed_tokens.weight");
+  if (end == cfg.num_hidden_layers) {
+    w->final_norm = u.get("model.norm.weight");
+    w->lm_head = u.get("lm_head.weight");
+    w->out_query = u.query("model.output_attn_res_proj.weight", "model.output_attn_res_norm.weight");
+  }
+  for (int l = begin; l < end; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerWeights lw;
+    lw.in_norm = u.get(p + "input_layernorm.weight");
+    lw.post_norm = u.get(p + "post_attention_layernorm.weight");
+    lw.att_query = u.query(p + "self_attention_res_proj.weight", p + "self_attention_res_norm.weight");
+    lw.mlp_query = u.query(p + "mlp_res_proj.weight", p + "mlp_res_norm.weight");
+    if (cfg.layer_kind(l) == LayerKind::Kda) load_kda(u, cfg, p + "self_attn.", lw);
+    else load_mla(u, cfg, p + "self_attn.", lw);
+    load_ffn(u, cfg, l, p + "mlp.", lw);
+    w->layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+}  // namespace k3

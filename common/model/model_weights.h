@@ -1,0 +1,48 @@
+// The model's weights on the backend, reshaped once at load for the ops that read them:
+// q/k/v projections and conv taps fused (3P), experts stacked [E, ...], MLA's W^UK transposed and
+// W^UV split per head for absorbed decode, AttnRes queries premultiplied (w ⊙ γ, F32).
+#pragma once
+#include <vector>
+
+#include "common/model/model.h"
+
+namespace k3 {
+
+struct LayerWeights {
+  Tensor in_norm, post_norm;          // [d]
+  Tensor att_query, mlp_query;        // [d] F32, w ⊙ γ
+  // KDA
+  Tensor w_qkv;                       // [3P, d]
+  Tensor conv_w;                      // [3P, W]
+  Tensor w_fa, w_fb;                  // [D, d], [P, D]
+  Tensor a_log, dt_bias;              // [H] F32, [P] F32
+  Tensor w_b;                         // [H, d]
+  Tensor w_g;                         // [P, d] (KDA) or [H*dv, d] (MLA)
+  Tensor o_norm;                      // [D]
+  Tensor w_o;                         // [d, P] or [d, H*dv]
+  // MLA
+  Tensor w_qa, qa_norm, w_qb;         // [r_q, d], [r_q], [H*dqk, r_q]
+  Tensor w_kva, kva_norm, w_kvb;      // [r_kv+dr, d], [r_kv], [H*(dn+dv), r_kv]
+  Tensor w_uk_t;                      // [H, r_kv, dn]
+  Tensor w_uv;                        // [H, dv, r_kv]
+  // FFN
+  Tensor dense_gate, dense_up, dense_down;
+  Tensor router, router_bias;         // [E, d] F32, [E] F32
+  Tensor lat_down, lat_norm, lat_up;  // [dl, d], [dl], [d, dl]
+  Tensor w1, w3, w2;                  // [E, f, dl], [E, f, dl], [E, dl, f]
+  Tensor shared_gate, shared_up, shared_down;
+};
+
+struct Model::Weights {
+  Tensor embed;                       // [V, d]
+  Tensor final_norm;                  // [d]
+  Tensor lm_head;                     // [V, d]
+  Tensor out_query;                   // [d] F32
+  std::vector<LayerWeights> layers;   // index l - begin
+};
+
+// Builds the backend-side weights for layers [begin, end).
+Result<std::unique_ptr<Model::Weights>> upload_weights(Backend& backend, const ModelConfig& cfg,
+                                                       const WeightStore& store, int begin, int end);
+
+}  // namespace k3

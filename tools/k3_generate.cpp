@@ -1,0 +1,172 @@
+// k3-generate: the monolithic engine from the command line (whole model, one process, no transfer).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "common/model/config.h"
+#include "common/model/engine.h"
+#include "common/model/weights.h"
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
+
+using namespace k3;
+
+namespace {
+
+Result<std::vector<int32_t>> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      long v = std::stol(item, &used);
+      if (used != item.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(item);
+      ids.push_back(static_cast<int32_t>(v));
+    } catch (const std::exception&) {
+      return invalid_argument("--prompt-ids: '" + item + "' is not a non-negative integer");
+    }
+  }
+  if (ids.empty()) return invalid_argument("--prompt-ids: no ids given");
+  return ids;
+}
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return io_error("cannot read " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "k3-generate: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"k3-generate: run the K3 model monolithically (the reference engine) and print the generated tokens.\n"
+               "Exactly one of --prompt, --prompt-ids, --messages is required."};
+  std::string model_dir, prompt, prompt_ids, messages_file;
+  int max_tokens = 16, threads = 0, top_k = 0, chunk = 0, top_n = 5;
+  float temperature = 0.f, top_p = 1.f;
+  uint64_t seed = 0;
+  bool json = false, raw = false, ignore_eos = false;
+  app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tiktoken.model)")->required();
+  auto* o_prompt = app.add_option("--prompt", prompt, "prompt text (rendered through the chat template unless --raw)");
+  auto* o_ids = app.add_option("--prompt-ids", prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
+  auto* o_msgs = app.add_option("--messages", messages_file, "JSON file with an OpenAI-style messages array");
+  o_prompt->excludes(o_ids)->excludes(o_msgs);
+  o_ids->excludes(o_msgs);
+  app.add_flag("--raw", raw, "tokenize --prompt as-is, without the chat template");
+  app.add_option("--max-tokens", max_tokens, "tokens to generate (>= 1)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--temperature", temperature, "0 = greedy (default)")->check(CLI::Range(0.f, 100.f));
+  app.add_option("--top-k", top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", top_p, "nucleus sampling mass (1 = off)")->check(CLI::Range(0.f, 1.f));
+  app.add_option("--seed", seed, "sampling seed (draws depend only on seed, step and logits)");
+  app.add_option("--threads", threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
+  app.add_option("--prefill-chunk", chunk, "prefill chunk size in tokens (0 = whole prompt)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-logits", top_n, "top logits recorded per step in --json output")->check(CLI::Range(0, 100));
+  app.add_flag("--ignore-eos", ignore_eos, "do not stop at the tokenizer's end-of-sequence tokens");
+  app.add_flag("--json", json, "print one JSON object: tokens, text, per-step top logits, tokens/s");
+  CLI11_PARSE(app, argc, argv);
+  if (prompt.empty() && prompt_ids.empty() && messages_file.empty())
+    return fail(invalid_argument("one of --prompt, --prompt-ids, --messages is required"));
+
+  try {
+    auto cfg = load_model_config(model_dir + "/config.json");
+    if (!cfg.is_ok()) return fail(cfg.status());
+    auto tok = Tokenizer::load(model_dir);
+    if (!tok.is_ok()) return fail(tok.status());
+
+    std::vector<int32_t> ids;
+    if (!prompt_ids.empty()) {
+      auto r = parse_ids(prompt_ids);
+      if (!r.is_ok()) return fail(r.status());
+      ids = *r;
+    } else {
+      std::string text = prompt;
+      bool special = false;
+      if (!messages_file.empty() || !raw) {
+        std::vector<ChatMessage> msgs;
+        if (!messages_file.empty()) {
+          auto body = read_file(messages_file);
+          if (!body.is_ok()) return fail(body.status());
+          auto parsed = parse_chat_messages(*body);
+          if (!parsed.is_ok()) return fail(parsed.status());
+          msgs = *parsed;
+        } else {
+          msgs = {{.role = "user", .content = prompt, .name = ""}};
+        }
+        auto rendered = render_chat(msgs);
+        if (!rendered.is_ok()) return fail(rendered.status());
+        text = *rendered;
+        special = true;
+      }
+      ids = tok->encode(text, special);
+    }
+    for (int32_t id : ids)
+      if (id >= cfg->vocab_size) return fail(invalid_argument("prompt token id " + std::to_string(id) + " >= vocab_size " + std::to_string(cfg->vocab_size)));
+
+    auto weights = load_weights(model_dir, *cfg);
+    if (!weights.is_ok()) return fail(weights.status());
+    auto backend = make_cpu_backend({.threads = threads});
+    EngineOptions eo;
+    eo.prefill_chunk = chunk;
+    eo.top_logits = top_n;
+    eo.cache.max_seqs = 1;
+    eo.cache.page_size = 16;
+    eo.cache.num_pages = static_cast<int>((ids.size() + max_tokens) / eo.cache.page_size + 2);
+    auto engine = Engine::create(*backend, *cfg, *weights, eo);
+    if (!engine.is_ok()) return fail(engine.status());
+
+    GenerateRequest rq;
+    rq.prompt = ids;
+    rq.max_tokens = max_tokens;
+    rq.sampling = {.temperature = temperature, .top_k = top_k, .top_p = top_p, .seed = seed};
+    if (!ignore_eos) rq.stop_ids = tok->eos_ids();
+    auto results = (*engine)->generate(std::span<const GenerateRequest>(&rq, 1));
+    if (!results.is_ok()) return fail(results.status());
+    const GenerateResult& r = results->at(0);
+    auto text = tok->decode(r.tokens);
+    if (!text.is_ok()) return fail(text.status());
+    const double prefill_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0;
+    const double decode_steps = r.tokens.size() > 1 ? static_cast<double>(r.tokens.size() - 1) : 0;
+    const double decode_tps = r.decode_seconds > 0 ? decode_steps / r.decode_seconds : 0;
+    if (json) {
+      nlohmann::json j;
+      j["prompt_tokens"] = ids;
+      j["tokens"] = r.tokens;
+      j["text"] = *text;
+      j["finish_reason"] = r.finish_reason;
+      nlohmann::json steps = nlohmann::json::array();
+      for (const auto& step : r.top) {
+        nlohmann::json s = nlohmann::json::array();
+        for (auto [id, logit] : step) s.push_back({{"id", id}, {"logit", logit}});
+        steps.push_back(s);
+      }
+      j["top_logits"] = steps;
+      j["prefill_tokens_per_s"] = prefill_tps;
+      j["decode_tokens_per_s"] = decode_tps;
+      j["prefill_seconds"] = r.prefill_seconds;
+      j["decode_seconds"] = r.decode_seconds;
+      std::cout << j.dump() << "\n";
+    } else {
+      std::cout << "tokens:";
+      for (int32_t t : r.tokens) std::cout << ' ' << t;
+      std::cout << "\ntext: " << *text << "\n";
+      std::fprintf(stderr, "prompt %lld tokens, prefill %.1f tok/s, decode %.1f tok/s, finish %s\n",
+                   static_cast<long long>(r.prompt_tokens), prefill_tps, decode_tps, r.finish_reason.c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "k3-generate: %s\n", e.what());
+    return 1;
+  }
+}
