@@ -46,6 +46,7 @@ class CachePools {
   CachePools(Backend& backend, const ModelConfig& cfg, int layer_begin, int layer_end, const CacheOptions& opts);
 
   const CacheOptions& options() const { return opts_; }
+  const ModelConfig& config() const { return cfg_; }
   // Pools of a global layer id in this range.
   Tensor& kda_conv(int layer);    // [max_seqs, W-1, 3P]
   Tensor& kda_state(int layer);   // [max_seqs, H, D, D] F32

@@ -1,0 +1,93 @@
+#include "common/model/cache_io.h"
+
+#include <cstring>
+
+namespace k3 {
+namespace {
+
+// Walks the packed layout, calling `mla(layer, pool_rows_view, offset)` / `kda(layer, conv_row, state_row, offset)`.
+template <class MlaFn, class KdaFn>
+uint64_t walk(const ModelConfig& cfg, CachePools& pools, int begin, int end, int64_t num_tokens, MlaFn mla, KdaFn kda) {
+  uint64_t off = 0;
+  for (int l = begin; l < end; ++l) {
+    if (cfg.layer_kind(l) == LayerKind::Mla) {
+      Tensor& pool = pools.mla_kv(l);
+      const uint64_t row = pool.nbytes() / (pool.dim(0) * pool.dim(1));
+      mla(l, pool, off);
+      off += row * num_tokens;
+    } else {
+      Tensor& conv = pools.kda_conv(l);
+      Tensor& state = pools.kda_state(l);
+      const uint64_t conv_bytes = conv.nbytes() / conv.dim(0), state_bytes = state.nbytes() / state.dim(0);
+      kda(l, conv, state, off, conv_bytes, state_bytes);
+      off += conv_bytes + state_bytes;
+    }
+  }
+  return off;
+}
+
+std::vector<int32_t> rows_of(const SeqCache& seq, int64_t n, int page_size) {
+  std::vector<int32_t> ids;
+  for (int64_t p = 0; p < n; ++p) ids.push_back(seq.pages.at(p / page_size) * page_size + static_cast<int32_t>(p % page_size));
+  return ids;
+}
+
+}  // namespace
+
+uint64_t packed_cache_bytes(const ModelConfig& cfg, const CachePools& pools, int begin, int end, int64_t num_tokens) {
+  auto& p = const_cast<CachePools&>(pools);
+  return walk(cfg, p, begin, end, num_tokens, [](int, Tensor&, uint64_t) {},
+              [](int, Tensor&, Tensor&, uint64_t, uint64_t, uint64_t) {});
+}
+
+void export_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end, std::vector<uint8_t>& out) {
+  const ModelConfig& cfg = pools.config();
+  const int ps = pools.options().page_size;
+  out.resize(packed_cache_bytes(cfg, pools, begin, end, seq.num_tokens));
+  const auto ids = rows_of(seq, seq.num_tokens, ps);
+  walk(cfg, pools, begin, end, seq.num_tokens,
+       [&](int, Tensor& pool, uint64_t off) {
+         const int64_t w = pool.dim(2), n = static_cast<int64_t>(ids.size());
+         if (n == 0) return;
+         Tensor rows = backend.alloc({n, w}, pool.dtype());
+         backend.embedding({.table = pool.reshape({pool.dim(0) * pool.dim(1), w}),
+                            .ids = backend.from_host(Tensor::from_i32({n}, ids), DType::I32), .y = rows});
+         Tensor host = backend.to_host(rows);
+         std::memcpy(out.data() + off, host.data(), host.nbytes());
+       },
+       [&](int, Tensor& conv, Tensor& state, uint64_t off, uint64_t cb, uint64_t sb) {
+         Tensor c = backend.to_host(conv.slice_rows(seq.slot, seq.slot + 1));
+         Tensor s = backend.to_host(state.slice_rows(seq.slot, seq.slot + 1));
+         std::memcpy(out.data() + off, c.data(), cb);
+         std::memcpy(out.data() + off + cb, s.data(), sb);
+       });
+}
+
+Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end,
+                     int64_t num_tokens, const uint8_t* data, uint64_t size) {
+  const ModelConfig& cfg = pools.config();
+  const uint64_t need = packed_cache_bytes(cfg, pools, begin, end, num_tokens);
+  if (size != need)
+    return invalid_argument("cache image has " + std::to_string(size) + " bytes, expected " + std::to_string(need));
+  const int ps = pools.options().page_size;
+  if (static_cast<int64_t>(seq.pages.size()) * ps < num_tokens) return invalid_argument("sequence has too few pages");
+  const auto ids = rows_of(seq, num_tokens, ps);
+  walk(cfg, pools, begin, end, num_tokens,
+       [&](int, Tensor& pool, uint64_t off) {
+         const int64_t w = pool.dim(2);
+         Tensor rows = Tensor::view(const_cast<uint8_t*>(data + off), {num_tokens, w}, pool.dtype());
+         Tensor dev_rows = backend.from_host(rows, pool.dtype());
+         Tensor flat = pool.reshape({pool.dim(0) * pool.dim(1), w});
+         backend.scatter_rows({.src = dev_rows, .ids = backend.from_host(Tensor::from_i32({num_tokens}, ids), DType::I32), .dst = flat});
+       },
+       [&](int, Tensor& conv, Tensor& state, uint64_t off, uint64_t cb, uint64_t sb) {
+         Tensor c_dst = conv.slice_rows(seq.slot, seq.slot + 1), s_dst = state.slice_rows(seq.slot, seq.slot + 1);
+         Tensor c = Tensor::view(const_cast<uint8_t*>(data + off), c_dst.shape(), c_dst.dtype());
+         Tensor s = Tensor::view(const_cast<uint8_t*>(data + off + cb), s_dst.shape(), s_dst.dtype());
+         backend.copy(backend.from_host(c, c.dtype()), c_dst);
+         backend.copy(backend.from_host(s, s.dtype()), s_dst);
+       });
+  return Status::ok();
+}
+
+}  // namespace k3
