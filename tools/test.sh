@@ -3,6 +3,14 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/tools/build.sh"
-cd "${K3_BUILD_DIR:-$ROOT/build}"
+BUILD="${K3_BUILD_DIR:-$ROOT/build}"
+# Test-only Python tools (oracles and the official OpenAI client) in a venv on PATH for the tests.
+VENV="$BUILD/venv"
+if [[ ! -x "$VENV/bin/python3" ]]; then python3 -m venv "$VENV"; fi
+if ! "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -r "$ROOT/tests/requirements.txt"; then
+  echo "test.sh: could not install tests/requirements.txt (PyPI unreachable?); tests that need them will say so" >&2
+fi
+export PATH="$VENV/bin:$PATH"
+cd "$BUILD"
 # Multi-process tests pick their own ports; run two at a time on the 2-core machines.
 ctest --output-on-failure -j "${K3_TEST_JOBS:-2}" --timeout 900 "$@"
