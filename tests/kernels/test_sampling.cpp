@@ -1,0 +1,99 @@
+// Sampling: greedy ties, top-k/top-p edge cases, reproducible counter-based draws independent of the
+// batch, and the empirical distribution of many draws against the intended distribution.
+#include <catch2/catch.hpp>
+#include <set>
+
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace k3;
+using namespace k3::test;
+
+namespace {
+std::vector<int32_t> run(Backend& be, const Tensor& logits, const std::vector<ops::SamplingRow>& rows) {
+  std::vector<int32_t> out;
+  be.sample({.logits = logits, .rows = rows, .out = &out});
+  return out;
+}
+
+// Chi-square statistic of `counts` against probabilities `p` (cells with p = 0 must have no counts).
+double chi_square(const std::vector<int>& counts, const std::vector<double>& p, int n) {
+  double chi = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] == 0) {
+      REQUIRE(counts[i] == 0);
+      continue;
+    }
+    const double e = n * p[i];
+    chi += (counts[i] - e) * (counts[i] - e) / e;
+  }
+  return chi;
+}
+}  // namespace
+
+TEST_CASE("greedy is argmax with ties to the lowest id; top_k = 1 and tiny top_p equal greedy") {
+  auto be = cpu_backend(2);
+  Tensor logits = Tensor::from_f32({3, 5}, std::vector<float>{0, 3, 1, 3, 2, -1, -1, -1, -1, -1, 5, 0, 0, 7, 7});
+  auto greedy = run(*be, logits, {{}, {}, {}});
+  CHECK(greedy == std::vector<int32_t>{1, 0, 3});
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    ops::SamplingRow k1{.temperature = 1.3f, .top_k = 1, .seed = seed, .step = seed * 7};
+    ops::SamplingRow p0{.temperature = 0.8f, .top_p = 1e-4f, .seed = seed, .step = 3};
+    CHECK(run(*be, logits, {k1, k1, k1}) == greedy);
+    CHECK(run(*be, logits, {p0, p0, p0}) == greedy);
+  }
+}
+
+TEST_CASE("seeded draws are reproducible and do not depend on the other rows of the batch") {
+  std::mt19937 rng(41);
+  auto be = cpu_backend(3);
+  Tensor logits = randn({4, 50}, rng);
+  std::vector<ops::SamplingRow> rows;
+  for (int b = 0; b < 4; ++b) rows.push_back({.temperature = 1.f, .top_k = 20, .top_p = 0.9f, .seed = 100u + b, .step = 5});
+  auto a = run(*be, logits, rows), again = run(*be, logits, rows);
+  CHECK(a == again);
+  for (int b = 0; b < 4; ++b) CHECK(run(*be, logits.slice_rows(b, b + 1), {rows[b]})[0] == a[b]);
+  // Different steps draw different numbers: over 64 steps a flat row must not repeat one token.
+  Tensor flat = Tensor::zeros({1, 50});
+  std::set<int32_t> seen;
+  for (uint64_t step = 0; step < 64; ++step) seen.insert(run(*be, flat, {{.temperature = 1.f, .seed = 9, .step = step}})[0]);
+  CHECK(seen.size() > 20);
+}
+
+TEST_CASE("empirical distribution of draws matches softmax(logits / T), after top_k and top_p") {
+  auto be = cpu_backend(2);
+  const std::vector<float> lv = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, -3.0f};
+  Tensor logits = Tensor::from_f32({1, 6}, lv);
+  const int n = 20000;
+  auto draw = [&](ops::SamplingRow row) {
+    std::vector<int> counts(6, 0);
+    for (int s = 0; s < n; ++s) {
+      row.step = s;
+      counts[run(*be, logits, {row})[0]]++;
+    }
+    return counts;
+  };
+  auto softmax_over = [&](float t, std::vector<int> keep) {
+    std::vector<double> p(6, 0.0);
+    double z = 0;
+    for (int i : keep) z += p[i] = std::exp(lv[i] / t);
+    for (double& x : p) x /= z;
+    return p;
+  };
+  // chi-square, 5 (resp. 2, 1) degrees of freedom: 99.99th percentiles are about 25.7 (18.4, 15.1).
+  CHECK(chi_square(draw({.temperature = 0.7f, .seed = 1}), softmax_over(0.7f, {0, 1, 2, 3, 4, 5}), n) < 25.7);
+  CHECK(chi_square(draw({.temperature = 1.5f, .top_k = 3, .seed = 2}), softmax_over(1.5f, {3, 0, 1}), n) < 18.4);
+  // T = 1: p = {.209, .094, .047, .569, .077, .0038}: sorted 3, 0, 1, ...; prefix masses .569, .778,
+  // .872, so top_p 0.8 keeps {3, 0, 1} and top_p 0.7 keeps {3, 0}.
+  CHECK(chi_square(draw({.temperature = 1.f, .top_p = 0.8f, .seed = 3}), softmax_over(1.f, {3, 0, 1}), n) < 18.4);
+  CHECK(chi_square(draw({.temperature = 1.f, .top_p = 0.7f, .seed = 4}), softmax_over(1.f, {3, 0}), n) < 15.1);
+}
+
+TEST_CASE("sample validates its rows") {
+  auto be = cpu_backend(1);
+  Tensor logits = Tensor::zeros({2, 3});
+  std::vector<int32_t> out;
+  CHECK_THROWS_WITH(be->sample({.logits = logits, .rows = {{}}, .out = &out}),
+                    Catch::Contains("sample") && Catch::Contains("rows: expected 2"));
+  CHECK_THROWS_WITH(be->sample({.logits = logits, .rows = {{}, {.temperature = 1.f, .top_p = 0.f}}, .out = &out}),
+                    Catch::Contains("rows[1].top_p"));
+}
