@@ -1,0 +1,287 @@
+#include "router/api_handlers.h"
+
+#include <atomic>
+#include <ctime>
+#include <random>
+
+#include "router/api_error.h"
+#include "router/openai_format.h"
+#include "router/request_stream.h"
+
+namespace k3::router {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string new_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};  // uniqueness only; not state anything depends on
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s-%016llx%04llx", prefix, static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(counter.fetch_add(1) & 0xffff));
+  return buf;
+}
+
+HttpResponse json_response(int status, const json& j) {
+  HttpResponse r;
+  r.status = status;
+  r.body = dump_json(j);
+  return r;
+}
+
+// Latency bookkeeping shared by the streamed and the non-streamed path.
+struct Timing {
+  Clock::time_point start = Clock::now(), last;
+  bool any = false;
+  void token(RouterMetrics& m) {
+    const auto now = Clock::now();
+    if (!any) m.ttft().observe(std::chrono::duration<double>(now - start).count());
+    else m.itl().observe(std::chrono::duration<double>(now - last).count());
+    any = true;
+    last = now;
+  }
+};
+
+// The state behind one SSE response; the generator lambda owns it.
+struct StreamState {
+  std::unique_ptr<RequestStream> stream;
+  CompletionRequest rq;
+  ResponseIds ids;
+  RouterMetrics* metrics = nullptr;
+  const Tokenizer* tok = nullptr;
+  std::chrono::milliseconds keepalive{2000};
+  Timing timing;
+  int64_t prompt_tokens = 0, text_offset = 0;
+  enum class Phase { Role, Tokens, Usage, Done, Over } phase = Phase::Tokens;
+  int64_t completion_tokens = 0;
+  std::string outcome;  // set when generation ended
+
+  ~StreamState() {
+    if (outcome.empty()) metrics->count_finish("cancelled");
+  }
+
+  bool next(std::string& chunk) {
+    switch (phase) {
+      case Phase::Role:
+        phase = Phase::Tokens;
+        chunk = sse_data(chunk_object(rq, ids, {}, "", /*role=*/true, *tok));
+        return true;
+      case Phase::Tokens: return next_tokens(chunk);
+      case Phase::Usage:
+        phase = Phase::Done;
+        chunk = sse_data(usage_chunk(rq, ids, prompt_tokens, completion_tokens));
+        return true;
+      case Phase::Done:
+        phase = Phase::Over;
+        chunk = kSseDone;
+        return true;
+      case Phase::Over: return false;
+    }
+    return false;
+  }
+
+  bool next_tokens(std::string& chunk) {
+    for (;;) {
+      auto ev = stream->next(keepalive);
+      if (!ev) {
+        chunk = ": keep-alive\n\n";  // an SSE comment; lets the server notice a client that left
+        return true;
+      }
+      if (ev->kind == GenerationEvent::Kind::Failed) {
+        outcome = "error";
+        metrics->count_finish(outcome);
+        const ApiError e = api_error_from_status(ev->error);
+        chunk = "data: " + error_body(e.status(), e.what(), e.type(), e.param(), e.code()) + "\n\n";
+        phase = Phase::Done;
+        return true;
+      }
+      ChoiceText piece{.text = std::move(ev->text), .token_ids = std::move(ev->token_ids),
+                       .logprobs = std::move(ev->logprobs), .text_offset = text_offset};
+      text_offset += static_cast<int64_t>(piece.text.size());
+      if (ev->kind == GenerationEvent::Kind::Finished) {
+        outcome = ev->finish_reason;
+        completion_tokens = ev->completion_tokens;
+        metrics->count_finish(outcome);
+        metrics->add_tokens(ev->prompt_tokens, ev->completion_tokens);
+        metrics->e2e().observe(seconds_since(timing.start));
+        chunk = sse_data(chunk_object(rq, ids, piece, outcome, false, *tok));
+        phase = rq.include_usage ? Phase::Usage : Phase::Done;
+        return true;
+      }
+      for (size_t i = 0; i < piece.token_ids.size(); ++i) timing.token(*metrics);
+      // Text held back (stop-string prefix, partial UTF-8) yields no chunk unless ids/logprobs are asked for.
+      if (piece.text.empty() && !(rq.return_token_ids || rq.logprobs >= 0)) continue;
+      chunk = sse_data(chunk_object(rq, ids, piece, "", false, *tok));
+      return true;
+    }
+  }
+};
+
+}  // namespace
+
+ApiHandlers::ApiHandlers(GenerationService& service, std::shared_ptr<const Tokenizer> tokenizer, const ModelConfig& cfg,
+                         ApiOptions opts)
+    : service_(service), tokenizer_(std::move(tokenizer)), opts_(std::move(opts)) {
+  limits_ = {.served_model = opts_.served_model, .context = cfg.max_position_embeddings, .vocab = cfg.vocab_size,
+             .default_max_tokens = opts_.default_max_tokens};
+  eos_ids_ = tokenizer_->eos_ids();
+  for (int id : cfg.eos_token_ids)
+    if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
+  created_ = static_cast<int64_t>(std::time(nullptr));
+}
+
+HttpResponse ApiHandlers::handle(const HttpRequest& rq) noexcept {
+  std::string endpoint = "other";
+  HttpResponse resp;
+  try {
+    resp = route(rq, endpoint);
+  } catch (const ApiError& e) {
+    resp = error_response(e);
+  } catch (const std::exception& e) {
+    resp = error_response(ApiError(500, std::string("internal error: ") + e.what(), "", "internal_error"));
+  } catch (...) {
+    resp = error_response(ApiError(500, "internal error", "", "internal_error"));
+  }
+  try {
+    metrics_.count_request(endpoint, resp.status);
+  } catch (...) {
+  }
+  return resp;
+}
+
+bool ApiHandlers::authorized(const HttpRequest& rq) const {
+  if (opts_.api_key.empty()) return true;
+  const std::string want = "Bearer " + opts_.api_key;
+  const std::string got = rq.header("authorization");
+  // Length-independent comparison: no early exit on the first differing byte.
+  unsigned diff = got.size() != want.size();
+  for (size_t i = 0; i < want.size(); ++i) diff |= static_cast<unsigned char>(want[i]) ^ static_cast<unsigned char>(i < got.size() ? got[i] : 0);
+  return diff == 0;
+}
+
+HttpResponse ApiHandlers::route(const HttpRequest& rq, std::string& endpoint) {
+  const std::string path = rq.target.substr(0, rq.target.find('?'));
+  struct Route {
+    const char* path;
+    const char* method;
+    const char* label;
+  };
+  static constexpr Route kRoutes[] = {{"/v1/chat/completions", "POST", "chat"},
+                                      {"/v1/completions", "POST", "completions"},
+                                      {"/v1/models", "GET", "models"},
+                                      {"/health", "GET", "health"},
+                                      {"/metrics", "GET", "metrics"}};
+  const Route* route = nullptr;
+  for (const Route& r : kRoutes)
+    if (path == r.path) route = &r;
+  const bool model_by_id = path.rfind("/v1/models/", 0) == 0 && path.size() > 11;
+  if (!route && !model_by_id) throw ApiError(404, "Unknown route: " + rq.method + " " + path, "", "not_found");
+  endpoint = route ? route->label : "models";
+  const char* method = route ? route->method : "GET";
+  if (rq.method != method && !(std::string(method) == "GET" && rq.method == "HEAD")) {
+    ApiError e(405, "Method " + rq.method + " is not allowed for " + path + " (use " + method + ")", "", "method_not_allowed");
+    HttpResponse r = error_response(e);
+    r.headers.emplace_back("Allow", method);
+    return r;
+  }
+  if (endpoint == "health") {
+    if (!service_.ready()) throw ApiError(503, "the generation service is not ready", "", "service_unavailable");
+    return json_response(200, {{"status", "ok"}, {"model", opts_.served_model}});
+  }
+  if (endpoint == "metrics") {
+    HttpResponse r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = metrics_.prometheus_text(service_.stats(), service_.ready());
+    return r;
+  }
+  if (!authorized(rq)) throw ApiError(401, "Incorrect or missing API key (send 'Authorization: Bearer <key>')", "", "invalid_api_key");
+  if (model_by_id) {
+    if (path.substr(11) != opts_.served_model)
+      throw ApiError(404, "The model '" + path.substr(11) + "' does not exist", "model", "model_not_found");
+    return json_response(200, model_card());
+  }
+  if (endpoint == "models") return models();
+  return completions(rq, endpoint == "chat" ? Endpoint::Chat : Endpoint::Completions);
+}
+
+nlohmann::json ApiHandlers::model_card() const {
+  return {{"id", opts_.served_model},
+          {"object", "model"},
+          {"created", created_},
+          {"owned_by", "k3serve"},
+          {"max_model_len", limits_.context}};
+}
+
+HttpResponse ApiHandlers::models() const {
+  return json_response(200, {{"object", "list"}, {"data", json::array({model_card()})}});
+}
+
+HttpResponse ApiHandlers::completions(const HttpRequest& http, Endpoint endpoint) {
+  const std::string ctype = http.header("content-type");
+  if (!ctype.empty() && ctype.find("json") == std::string::npos)
+    throw ApiError(400, "Content-Type must be application/json, got '" + ctype + "'", "", "invalid_content_type");
+  CompletionRequest rq = parse_completion_request(http.body, endpoint, limits_);
+  std::vector<int32_t> prompt = prompt_tokens(rq, *tokenizer_);
+  GenerationParams params = generation_params(rq, prompt, limits_, eos_ids_);
+  if (!service_.ready()) throw ApiError(503, "the generation service is not ready", "", "service_unavailable");
+
+  auto state = std::make_shared<StreamState>();
+  state->timing.start = Clock::now();
+  auto stream = RequestStream::start(service_, std::move(params));
+  if (!stream.is_ok()) {
+    state->outcome = "rejected";  // never started: not a cancellation
+    throw api_error_from_status(stream.status());
+  }
+  state->stream = std::move(stream).value();
+  state->rq = rq;
+  state->ids = {.id = new_id(endpoint == Endpoint::Chat ? "chatcmpl" : "cmpl"),
+                .created = static_cast<int64_t>(std::time(nullptr)), .model = opts_.served_model};
+  state->metrics = &metrics_;
+  state->tok = tokenizer_.get();
+  state->keepalive = opts_.sse_keepalive;
+  state->prompt_tokens = static_cast<int64_t>(prompt.size());
+
+  if (rq.stream) {
+    state->phase = endpoint == Endpoint::Chat ? StreamState::Phase::Role : StreamState::Phase::Tokens;
+    HttpResponse r;
+    r.content_type = "text/event-stream";
+    r.headers.emplace_back("Cache-Control", "no-cache");
+    r.sse = [state](std::string& chunk) { return state->next(chunk); };
+    return r;
+  }
+
+  // Not streamed: collect to the end (the RequestStream cancels if this thread unwinds, e.g. when
+  // the client left: there is nobody to answer then).
+  ChoiceText all;
+  auto last_check = Clock::now();
+  for (;;) {
+    auto ev = state->stream->next(std::chrono::milliseconds(100));
+    if (http.client_gone && Clock::now() - last_check >= std::chrono::milliseconds(100)) {
+      last_check = Clock::now();
+      if (http.client_gone()) throw ApiError(499, "client closed the connection", "", "client_closed");
+    }
+    if (!ev) continue;
+    if (ev->kind == GenerationEvent::Kind::Failed) {
+      state->outcome = "error";
+      metrics_.count_finish("error");
+      throw api_error_from_status(ev->error);
+    }
+    for (size_t i = 0; i < ev->token_ids.size(); ++i) state->timing.token(metrics_);
+    all.text += ev->text;
+    all.token_ids.insert(all.token_ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+    for (auto& lp : ev->logprobs) all.logprobs.push_back(std::move(lp));
+    if (ev->kind == GenerationEvent::Kind::Finished) {
+      state->outcome = ev->finish_reason;
+      metrics_.count_finish(ev->finish_reason);
+      metrics_.add_tokens(ev->prompt_tokens, ev->completion_tokens);
+      metrics_.e2e().observe(seconds_since(state->timing.start));
+      return json_response(200, completion_object(rq, state->ids, all, ev->finish_reason, prompt, ev->completion_tokens,
+                                                  *tokenizer_));
+    }
+  }
+}
+
+}  // namespace k3::router

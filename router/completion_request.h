@@ -1,0 +1,56 @@
+// Parsing and validation of POST /v1/chat/completions and /v1/completions bodies. Every problem is an
+// ApiError naming the parameter (400), except an unknown model (404 model_not_found). Unknown fields
+// are ignored as OpenAI does; known ones are type- and range-checked.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
+#include "router/generation_service.h"
+
+namespace k3::router {
+
+enum class Endpoint { Chat, Completions };
+
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::Chat;
+  std::string model;
+  std::vector<ChatMessage> messages;         // chat
+  std::optional<std::string> prompt_text;    // completions: string prompt (raw, no chat template)
+  std::vector<int32_t> prompt_ids;           // completions: token-id prompt
+  std::optional<int64_t> max_tokens;         // max_tokens or max_completion_tokens
+  float temperature = 1.f;
+  float top_p = 1.f;
+  int top_k = 0;                             // 0 or -1: off
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;             // at most 4
+  std::vector<int32_t> stop_token_ids;       // extension (vLLM)
+  bool ignore_eos = false;                   // extension (vLLM)
+  int logprobs = -1;                         // -1: off; else number of alternatives
+  bool stream = false;
+  bool include_usage = false;
+  bool return_token_ids = false;             // extension: choices[].token_ids (and prompt_token_ids)
+};
+
+struct ModelLimits {
+  std::string served_model;   // the only model id accepted
+  int64_t context = 0;        // max_position_embeddings
+  int vocab = 0;
+  int default_max_tokens = 256;
+};
+
+// Rejects nesting deeper than this before parsing (a recursive parser must not meet hostile depth).
+inline constexpr int kMaxJsonDepth = 64;
+bool json_depth_ok(const std::string& body, int max_depth);
+
+CompletionRequest parse_completion_request(const std::string& body, Endpoint endpoint, const ModelLimits& limits);
+// The prompt's token ids: chat via the template (special tokens allowed), string prompts as plain text.
+std::vector<int32_t> prompt_tokens(const CompletionRequest& rq, const Tokenizer& tok);
+// Resolves max_tokens against the context, checks ids, adds EOS ids; throws ApiError.
+GenerationParams generation_params(const CompletionRequest& rq, std::vector<int32_t> prompt, const ModelLimits& limits,
+                                   const std::vector<int32_t>& eos_ids);
+
+}  // namespace k3::router

@@ -1,0 +1,73 @@
+// The generation side of the router, as an interface: the HTTP layer submits token-level requests and
+// receives tokens/text through a callback. LocalEngineService runs the monolithic engine in-process;
+// a ClusterService (ZeroMQ to prefill/decode nodes) implements the same contract later.
+//
+// Contract (every implementation keeps it):
+//  - submit() never blocks on generation; it fails fast with ResourceExhausted (queue full) or
+//    Unavailable (not ready / shutting down) and then never calls the sink.
+//  - The sink is called from the service's own thread, never concurrently for one request, and must
+//    not block. Zero or more Tokens events, then exactly one Finished or Failed event, unless cancelled.
+//  - cancel(h) is idempotent and safe for finished handles; once it returns, the sink of h is never
+//    called again; the request's engine/node resources are freed before the next generation step.
+//  - shutdown() fails every queued and running request with a Failed event and refuses new ones.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/core/status.h"
+#include "kernels/ops.h"
+
+namespace k3::router {
+
+using RequestHandle = uint64_t;
+
+struct GenerationParams {
+  std::vector<int32_t> prompt;           // token ids, non-empty
+  int max_tokens = 16;                   // >= 1
+  ops::SamplingRow sampling;             // step is filled in by the service per token
+  std::vector<int32_t> stop_ids;         // generation ends after one of these (EOS ids included by the caller)
+  std::vector<std::string> stop_strings; // on detokenized text; the stop string itself is not returned
+  int logprobs = -1;                     // -1: none; else the sampled token's logprob plus this many alternatives
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;                                  // log-softmax of the raw logits
+  std::vector<std::pair<int32_t, float>> top;         // alternatives, most likely first
+};
+
+struct GenerationEvent {
+  enum class Kind { Tokens, Finished, Failed };
+  Kind kind = Kind::Tokens;
+  std::vector<int32_t> token_ids;          // Tokens: ids sampled in this step (may be 0 or 1 here)
+  std::string text;                        // Tokens/Finished: new text safe to show (valid UTF-8)
+  std::vector<TokenLogprob> logprobs;      // Tokens: one per token id when requested
+  std::string finish_reason;               // Finished: "stop" | "length"
+  int64_t prompt_tokens = 0;               // Finished
+  int64_t completion_tokens = 0;           // Finished
+  Status error;                            // Failed: Unavailable (shutdown/node lost) or Internal
+};
+
+using EventSink = std::function<void(GenerationEvent&&)>;
+
+struct ServiceStats {
+  int64_t waiting = 0;      // submitted, not yet admitted
+  int64_t running = 0;      // holding engine state (prefilling or decoding)
+  int64_t free_slots = 0;   // sequences that could still be admitted
+  int64_t free_pages = 0;   // KV pages free (-1 when not applicable)
+};
+
+class GenerationService {
+ public:
+  virtual ~GenerationService() = default;
+  virtual Result<RequestHandle> submit(GenerationParams params, EventSink sink) = 0;
+  virtual void cancel(RequestHandle handle) = 0;
+  virtual bool ready() const = 0;
+  virtual ServiceStats stats() const = 0;
+  virtual void shutdown() = 0;
+};
+
+}  // namespace k3::router

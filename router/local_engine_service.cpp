@@ -1,0 +1,306 @@
+#include "router/local_engine_service.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "router/text_stream.h"
+
+namespace k3::router {
+
+struct LocalEngineService::Running {
+  RequestHandle id = 0;
+  GenerationParams params;
+  EventSink sink;
+  SeqCache seq;
+  size_t prefilled = 0;              // prompt tokens already fed
+  std::vector<int32_t> generated;
+  std::unique_ptr<TextStream> text;
+  bool done = false;
+};
+
+double log_sum_exp(const float* row, int64_t n) {
+  double m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(row[i]));
+  if (!std::isfinite(m)) return m;
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(row[i]) - m);
+  return m + std::log(s);
+}
+
+Result<std::unique_ptr<LocalEngineService>> LocalEngineService::open(const std::string& model_dir,
+                                                                     const LocalEngineOptions& opts) {
+  K3_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(model_dir + "/config.json"));
+  K3_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(model_dir));
+  K3_ASSIGN_OR_RETURN(WeightStore weights, load_weights(model_dir, cfg));
+  return create(cfg, std::move(weights), std::make_shared<const Tokenizer>(std::move(tok)), opts);
+}
+
+Result<std::unique_ptr<LocalEngineService>> LocalEngineService::create(const ModelConfig& cfg, WeightStore weights,
+                                                                       std::shared_ptr<const Tokenizer> tokenizer,
+                                                                       const LocalEngineOptions& opts) {
+  if (opts.max_running < 1) return invalid_argument("max_running must be >= 1");
+  if (opts.max_queue < 0) return invalid_argument("max_queue must be >= 0");
+  if (opts.prefill_chunk < 0) return invalid_argument("prefill_chunk must be >= 0");
+  if (opts.page_size < 1) return invalid_argument("page_size must be >= 1");
+  if (!tokenizer) return invalid_argument("tokenizer is required");
+  std::unique_ptr<LocalEngineService> s(new LocalEngineService());
+  s->cfg_ = cfg;
+  s->opts_ = opts;
+  s->tokenizer_ = std::move(tokenizer);
+  s->weights_ = std::move(weights);
+  s->backend_ = make_cpu_backend({.threads = opts.threads});
+  EngineOptions eo;
+  eo.prefill_chunk = opts.prefill_chunk;
+  eo.top_logits = 0;
+  eo.cache.max_seqs = opts.max_running;
+  eo.cache.page_size = opts.page_size;
+  // Enough pages for every slot at full context, so a reserve inside a step never fails mid-batch.
+  const int64_t per_seq = (cfg.max_position_embeddings + opts.page_size - 1) / opts.page_size + 1;
+  eo.cache.num_pages = static_cast<int>(per_seq * opts.max_running);
+  K3_ASSIGN_OR_RETURN(s->engine_, Engine::create(*s->backend_, s->cfg_, s->weights_, eo));
+  s->free_slots_ = s->engine_->caches().free_slots();
+  s->free_pages_ = s->engine_->caches().free_pages();
+  s->worker_ = std::thread([p = s.get()] { p->worker_loop(); });
+  return s;
+}
+
+LocalEngineService::~LocalEngineService() {
+  shutdown();
+  if (worker_.joinable()) worker_.join();
+}
+
+Result<RequestHandle> LocalEngineService::submit(GenerationParams params, EventSink sink) {
+  if (params.prompt.empty()) return invalid_argument("prompt: empty");
+  if (params.max_tokens < 1) return invalid_argument("max_tokens: must be >= 1");
+  for (int32_t id : params.prompt)
+    if (id < 0 || id >= cfg_.vocab_size)
+      return invalid_argument("prompt: token id " + std::to_string(id) + " outside [0, " + std::to_string(cfg_.vocab_size) + ")");
+  const int64_t limit = cfg_.max_position_embeddings;
+  if (static_cast<int64_t>(params.prompt.size()) + params.max_tokens > limit)
+    return invalid_argument("prompt (" + std::to_string(params.prompt.size()) + " tokens) + max_tokens (" +
+                            std::to_string(params.max_tokens) + ") exceeds the context limit " + std::to_string(limit));
+  if (!sink) return invalid_argument("sink is required");
+  std::lock_guard lk(mu_);
+  if (stopping_) return Status(Code::Unavailable, "the engine is shutting down");
+  // Free engine slots take requests at once, so they count as room too (max_queue 0 = no waiting).
+  if (static_cast<int64_t>(waiting_.size()) >= opts_.max_queue + std::max<int64_t>(0, free_slots_.load()))
+    return Status(Code::ResourceExhausted, "the request queue is full (" + std::to_string(opts_.max_queue) + " waiting)");
+  const RequestHandle id = next_id_++;
+  waiting_.push_back({.id = id, .params = std::move(params), .sink = std::move(sink)});
+  live_.insert(id);
+  cv_.notify_all();
+  return id;
+}
+
+void LocalEngineService::cancel(RequestHandle handle) {
+  {
+    std::lock_guard lk(mu_);
+    if (!live_.count(handle)) return;
+    auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const Waiting& w) { return w.id == handle; });
+    if (it != waiting_.end()) {
+      waiting_.erase(it);
+      live_.erase(handle);
+      return;
+    }
+    cancelled_.insert(handle);
+    cv_.notify_all();
+  }
+  // Wait out a callback that may be running right now; later ones see the cancelled mark.
+  std::lock_guard sink_lk(sink_mu_);
+}
+
+ServiceStats LocalEngineService::stats() const {
+  std::lock_guard lk(mu_);
+  return {.waiting = static_cast<int64_t>(waiting_.size()), .running = running_count_.load(),
+          .free_slots = free_slots_.load(), .free_pages = free_pages_.load()};
+}
+
+void LocalEngineService::shutdown() {
+  std::lock_guard lk(mu_);
+  stopping_ = true;
+  cv_.notify_all();
+}
+
+void LocalEngineService::finish(Running& r, GenerationEvent&& ev) {
+  r.done = true;
+  {
+    std::lock_guard sink_lk(sink_mu_);
+    bool cancelled;
+    {
+      std::lock_guard lk(mu_);
+      cancelled = cancelled_.count(r.id) != 0;
+    }
+    if (!cancelled) r.sink(std::move(ev));
+  }
+  std::lock_guard lk(mu_);
+  live_.erase(r.id);
+  cancelled_.erase(r.id);
+}
+
+void LocalEngineService::emit_token(Running& r, const float* row) {
+  const int64_t vocab = cfg_.vocab_size;
+  ops::SamplingRow srow = r.params.sampling;
+  srow.step = r.generated.size();
+  std::vector<int32_t> out;
+  Tensor one = Tensor::from_f32({1, vocab}, std::span<const float>(row, vocab));
+  backend_->sample({.logits = one, .rows = {srow}, .out = &out});
+  const int32_t id = out.at(0);
+  r.generated.push_back(id);
+
+  GenerationEvent ev;
+  ev.kind = GenerationEvent::Kind::Tokens;
+  ev.token_ids = {id};
+  if (r.params.logprobs >= 0) {
+    const double lse = log_sum_exp(row, vocab);
+    TokenLogprob lp{.id = id, .logprob = static_cast<float>(row[id] - lse), .top = {}};
+    for (auto [alt, logit] : top_logits(row, vocab, r.params.logprobs))
+      lp.top.emplace_back(alt, static_cast<float>(logit - lse));
+    ev.logprobs.push_back(std::move(lp));
+  }
+  auto text = r.text->push(id);
+  if (!text.is_ok()) {
+    finish(r, {.kind = GenerationEvent::Kind::Failed, .error = text.status()});
+    return;
+  }
+  ev.text = std::move(text).value();
+
+  std::string reason;
+  const auto& stops = r.params.stop_ids;
+  if (std::find(stops.begin(), stops.end(), id) != stops.end() || r.text->stopped()) reason = "stop";
+  else if (static_cast<int>(r.generated.size()) >= r.params.max_tokens) reason = "length";
+  if (!reason.empty()) ev.text += r.text->flush();
+  {
+    std::lock_guard sink_lk(sink_mu_);
+    bool cancelled;
+    {
+      std::lock_guard lk(mu_);
+      cancelled = cancelled_.count(r.id) != 0;
+    }
+    if (!cancelled) r.sink(std::move(ev));
+  }
+  if (!reason.empty())
+    finish(r, {.kind = GenerationEvent::Kind::Finished, .finish_reason = reason,
+               .prompt_tokens = static_cast<int64_t>(r.params.prompt.size()),
+               .completion_tokens = static_cast<int64_t>(r.generated.size())});
+}
+
+void LocalEngineService::publish_stats(const std::vector<std::unique_ptr<Running>>& running) {
+  running_count_ = static_cast<int64_t>(running.size());
+  free_slots_ = engine_->caches().free_slots();
+  free_pages_ = engine_->caches().free_pages();
+}
+
+void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
+  // 1. Drop cancelled requests (their caches go back now), 2. admit waiting ones into free slots.
+  {
+    std::lock_guard lk(mu_);
+    for (auto& r : running)
+      if (cancelled_.count(r->id)) {
+        engine_->close(r->seq);
+        live_.erase(r->id);
+        cancelled_.erase(r->id);
+        r.reset();
+      }
+    std::erase(running, nullptr);
+    while (!waiting_.empty() && static_cast<int>(running.size()) < opts_.max_running &&
+           engine_->caches().free_slots() > 0) {
+      auto seq = engine_->open();
+      if (!seq.is_ok()) break;
+      auto r = std::make_unique<Running>();
+      r->id = waiting_.front().id;
+      r->params = std::move(waiting_.front().params);
+      r->sink = std::move(waiting_.front().sink);
+      r->seq = std::move(seq).value();
+      waiting_.pop_front();
+      std::shared_ptr<const Tokenizer> tok = tokenizer_;
+      const std::vector<int32_t> stop_ids = r->params.stop_ids;
+      r->text = std::make_unique<TextStream>(
+          [tok](int32_t id) { return tok->decode_bytes(std::span<const int32_t>(&id, 1)); }, r->params.stop_strings,
+          [tok, stop_ids](int32_t id) {
+            return tok->is_special(id) || std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
+          });
+      running.push_back(std::move(r));
+    }
+  }
+  publish_stats(running);
+
+  auto fail = [&](Running& r, const Status& s) { finish(r, {.kind = GenerationEvent::Kind::Failed, .error = s}); };
+  try {
+    // 3. One prefill chunk per prefilling request.
+    for (auto& r : running) {
+      const auto& prompt = r->params.prompt;
+      if (r->done || r->prefilled >= prompt.size()) continue;
+      const size_t chunk = opts_.prefill_chunk > 0 ? static_cast<size_t>(opts_.prefill_chunk) : prompt.size();
+      const size_t end = std::min(prompt.size(), r->prefilled + chunk);
+      std::vector<int32_t> piece(prompt.begin() + r->prefilled, prompt.begin() + end);
+      SeqCache* s = &r->seq;
+      auto logits = engine_->feed(std::span<SeqCache* const>(&s, 1), std::span<const std::vector<int32_t>>(&piece, 1));
+      if (!logits.is_ok()) { fail(*r, logits.status()); continue; }
+      r->prefilled = end;
+      if (end == prompt.size()) emit_token(*r, logits->f32());
+    }
+    // 4. One batched decode step over every request that has a token to feed.
+    std::vector<SeqCache*> seqs;
+    std::vector<std::vector<int32_t>> toks;
+    std::vector<Running*> which;
+    for (auto& r : running)
+      // Each decode feeds the last sampled token (a request whose prompt finished this step included).
+      if (!r->done && r->prefilled == r->params.prompt.size() && !r->generated.empty()) {
+        seqs.push_back(&r->seq);
+        toks.push_back({r->generated.back()});
+        which.push_back(r.get());
+      }
+    if (!seqs.empty()) {
+      auto logits = engine_->feed(seqs, toks);
+      if (!logits.is_ok()) {
+        for (Running* r : which) fail(*r, logits.status());
+      } else {
+        for (size_t j = 0; j < which.size(); ++j) emit_token(*which[j], logits->f32() + j * cfg_.vocab_size);
+      }
+    }
+  } catch (const std::exception& e) {
+    for (auto& r : running)
+      if (!r->done) fail(*r, internal_error(std::string("engine step failed: ") + e.what()));
+  }
+  for (auto& r : running)
+    if (r->done) {
+      engine_->close(r->seq);
+      r.reset();
+    }
+  std::erase(running, nullptr);
+  publish_stats(running);
+}
+
+void LocalEngineService::worker_loop() {
+  std::vector<std::unique_ptr<Running>> running;
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stopping_.load() || !waiting_.empty() || !running.empty() || !cancelled_.empty(); });
+      if (stopping_) break;
+      // Cancellations of ids that are no longer running need no engine work.
+      if (running.empty() && waiting_.empty()) cancelled_.clear();
+    }
+    step(running);
+  }
+  const Status bye(Code::Unavailable, "the server is shutting down");
+  for (auto& r : running) {
+    finish(*r, {.kind = GenerationEvent::Kind::Failed, .error = bye});
+    engine_->close(r->seq);
+  }
+  running.clear();
+  std::deque<Waiting> waiting;
+  {
+    std::lock_guard lk(mu_);
+    waiting.swap(waiting_);
+  }
+  for (Waiting& w : waiting) {
+    Running r;
+    r.id = w.id;
+    r.sink = std::move(w.sink);
+    finish(r, {.kind = GenerationEvent::Kind::Failed, .error = bye});
+  }
+  publish_stats(running);
+}
+
+}  // namespace k3::router

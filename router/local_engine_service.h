@@ -1,0 +1,90 @@
+// GenerationService over the monolithic engine (common/model/engine.h) in this process. One worker
+// thread owns the Engine; each step it (1) drops cancelled requests and closes their caches, (2) admits
+// waiting requests while KV slots are free, (3) advances each prefilling request by one prefill chunk
+// (sampling its first token when the prompt is done), (4) runs one batched decode step over every
+// decoding request. Sampling is per request with (seed, step), so a request's tokens do not depend on
+// what it is batched with.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+
+#include "common/model/config.h"
+#include "common/model/engine.h"
+#include "common/model/weights.h"
+#include "common/tokenizer/tokenizer.h"
+#include "router/generation_service.h"
+
+namespace k3::router {
+
+struct LocalEngineOptions {
+  int max_running = 8;       // concurrent sequences (KV slots)
+  int max_queue = 64;        // waiting requests (beyond free slots) before submit() says ResourceExhausted
+  int prefill_chunk = 256;   // tokens per prefill forward (0 = whole prompt)
+  int threads = 0;           // CPU backend threads (0 = all cores)
+  int page_size = 16;
+};
+
+class LocalEngineService final : public GenerationService {
+ public:
+  // Loads config.json, model.safetensors and the tokenizer from a generated model dir.
+  static Result<std::unique_ptr<LocalEngineService>> open(const std::string& model_dir, const LocalEngineOptions& opts);
+  // From parts already in memory (tests): the service keeps its own copies / ownership.
+  static Result<std::unique_ptr<LocalEngineService>> create(const ModelConfig& cfg, WeightStore weights,
+                                                            std::shared_ptr<const Tokenizer> tokenizer,
+                                                            const LocalEngineOptions& opts);
+  ~LocalEngineService() override;
+
+  Result<RequestHandle> submit(GenerationParams params, EventSink sink) override;
+  void cancel(RequestHandle handle) override;
+  bool ready() const override { return !stopping_.load(); }
+  ServiceStats stats() const override;
+  void shutdown() override;
+
+  const ModelConfig& config() const { return cfg_; }
+  std::shared_ptr<const Tokenizer> tokenizer() const { return tokenizer_; }
+
+  struct Running;  // a request holding engine state (local_engine_service.cpp)
+
+ private:
+  struct Waiting {
+    RequestHandle id;
+    GenerationParams params;
+    EventSink sink;
+  };
+  LocalEngineService() = default;
+  void worker_loop();
+  // One scheduling step; runs on the worker thread only.
+  void step(std::vector<std::unique_ptr<Running>>& running);
+  void finish(Running& r, GenerationEvent&& ev);
+  void emit_token(Running& r, const float* logits_row);
+  void publish_stats(const std::vector<std::unique_ptr<Running>>& running);
+
+  ModelConfig cfg_;
+  LocalEngineOptions opts_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  WeightStore weights_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Engine> engine_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Waiting> waiting_;
+  std::unordered_set<RequestHandle> cancelled_;   // running ids to drop at the next step
+  std::unordered_set<RequestHandle> live_;        // waiting or running ids (cancel of others is a no-op)
+  RequestHandle next_id_ = 1;
+  // The worker holds this while it calls sinks, so cancel() can wait out an in-progress callback.
+  std::mutex sink_mu_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> running_count_{0}, free_slots_{0}, free_pages_{0};
+  std::thread worker_;
+};
+
+// log-softmax helpers for logprobs: log-sum-exp of a row, in double.
+double log_sum_exp(const float* row, int64_t n);
+
+}  // namespace k3::router

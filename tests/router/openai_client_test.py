@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""The official openai client against k3-router (started by run_openai_client_test.py).
+
+Checks chat and completions, streamed and not: content, finish_reason, usage, the raw SSE framing,
+errors as openai exceptions, and the equivalence contract: greedy tokens through the API equal
+`k3-generate --json` tokens for the same prompt.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import urllib.request
+
+import openai
+
+BASE = os.environ["K3_BASE_URL"]
+MODEL_DIR = os.environ["K3_MODEL_DIR"]
+BIN = os.environ["K3_BIN_DIR"]
+MODEL = "k3-tiny"
+client = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=120)
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def extra(obj, name):
+    v = getattr(obj, name, None)
+    if v is None and getattr(obj, "model_extra", None):
+        v = obj.model_extra.get(name)
+    return v
+
+
+def k3_generate(args, max_tokens):
+    out = subprocess.run([os.path.join(BIN, "k3-generate"), "--model", MODEL_DIR, "--json", "--threads", "2",
+                          "--prefill-chunk", "256", "--max-tokens", str(max_tokens)] + args,
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def test_models():
+    ids = [m.id for m in client.models.list().data]
+    check(ids == [MODEL], f"models.list() == [{MODEL}] (got {ids})")
+
+
+def test_chat():
+    msgs = [{"role": "user", "content": "Say something"}]
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    c = r.choices[0]
+    check(r.object == "chat.completion", "chat object")
+    check(c.message.role == "assistant", "chat role")
+    check(isinstance(c.message.content, str) and len(c.message.content) > 0, f"chat content non-empty: {c.message.content!r}")
+    check(c.finish_reason == "length", f"chat finish_reason length (got {c.finish_reason})")
+    check(r.usage.completion_tokens == 8, f"chat usage.completion_tokens == 8 (got {r.usage.completion_tokens})")
+    check(r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + 8, "chat usage totals")
+
+    stream = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    check(chunks[0].choices[0].delta.role == "assistant", "stream: first delta has the role")
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    check(text == c.message.content, "stream: content equals the non-streamed greedy content")
+    check(finishes == ["length"], f"stream: one finish_reason length (got {finishes})")
+    check(not chunks[-1].choices and chunks[-1].usage is not None, "stream: last chunk carries usage, no choices")
+    check(chunks[-1].usage.completion_tokens == 8, "stream: usage.completion_tokens == 8")
+    check(all(ch.usage is None for ch in chunks[:-1]), "stream: usage null before the final chunk")
+
+
+def test_completions():
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    c = r.choices[0]
+    check(r.object == "text_completion", "completion object")
+    check(len(c.text) > 0, f"completion text non-empty: {c.text!r}")
+    check(c.finish_reason == "length", "completion finish_reason")
+    check(r.usage.completion_tokens == 6, "completion usage")
+    stream = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    check("".join(ch.choices[0].text for ch in chunks) == c.text, "completion stream text equals non-streamed")
+    check(chunks[-1].choices[0].finish_reason == "length", "completion stream finish_reason")
+    r = client.completions.create(model=MODEL, prompt="abc", max_tokens=3, logprobs=2, temperature=0)
+    lp = r.choices[0].logprobs
+    check(lp is not None and len(lp.token_logprobs) == len(lp.tokens) >= 1, "completion logprobs present")
+
+
+def test_sse_framing():
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}, "extra": "ignored field"}
+    req = urllib.request.Request(BASE + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=120) as r:
+        check(r.status == 200, "raw SSE status 200")
+        check(r.headers["content-type"].startswith("text/event-stream"), "raw SSE content type")
+        raw = r.read().decode()
+    events = [e for e in raw.split("\n\n") if e]
+    data = [e for e in events if not e.startswith(":")]
+    check(raw.endswith("data: [DONE]\n\n"), "raw SSE ends with data: [DONE] and a blank line")
+    check(all(e.startswith("data: ") and "\n" not in e for e in data), "raw SSE: every event is one data: line")
+    parsed = [json.loads(e[6:]) for e in data[:-1]]
+    check(all(p["object"] == "chat.completion.chunk" for p in parsed), "raw SSE: chunk objects")
+    check(len({p["id"] for p in parsed}) == 1, "raw SSE: one id for the whole stream")
+
+
+def test_errors():
+    try:
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+        check(False, "unknown model raises")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404 and e.body["code"] == "model_not_found", "unknown model -> NotFoundError 404")
+    try:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=2)
+        check(False, "n=2 raises")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.body["param"] == "n", "n=2 -> BadRequestError naming n")
+    try:
+        client.chat.completions.create(model=MODEL, messages=[])
+        check(False, "empty messages raises")
+    except openai.BadRequestError as e:
+        check(e.body["param"] == "messages", "empty messages -> 400 naming messages")
+
+
+def test_equivalence():
+    n = 12
+    # Chat: the same single user message through the chat template.
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello there"}],
+                                       max_tokens=n, temperature=0, extra_body={"return_token_ids": True})
+    ref = k3_generate(["--prompt", "Hello there"], n)
+    got = extra(r.choices[0], "token_ids")
+    check(got == ref["tokens"], f"chat greedy tokens == k3-generate ({got} vs {ref['tokens']})")
+    check(extra(r, "prompt_token_ids") == ref["prompt_tokens"], "chat prompt tokens == k3-generate")
+    # Completions: raw text and token-id prompts.
+    r = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=n, temperature=0,
+                                  extra_body={"return_token_ids": True})
+    ref = k3_generate(["--raw", "--prompt", "The quick brown fox"], n)
+    check(extra(r.choices[0], "token_ids") == ref["tokens"], "completion (text) greedy tokens == k3-generate")
+    ids = [5, 17, 99, 3, 42, 7]
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=n, temperature=0,
+                                  extra_body={"return_token_ids": True})
+    ref = k3_generate(["--prompt-ids", ",".join(map(str, ids))], n)
+    check(extra(r.choices[0], "token_ids") == ref["tokens"], "completion (ids) greedy tokens == k3-generate")
+    check(r.usage.completion_tokens == len(ref["tokens"]), "usage.completion_tokens == k3-generate token count")
+
+
+def test_health_after():
+    with urllib.request.urlopen(BASE.rsplit("/v1", 1)[0] + "/health", timeout=30) as r:
+        check(r.status == 200 and json.loads(r.read())["status"] == "ok", "health OK at the end")
+
+
+for t in (test_models, test_chat, test_completions, test_sse_framing, test_errors, test_equivalence, test_health_after):
+    try:
+        t()
+    except Exception as e:  # noqa: BLE001 - report and continue with the other checks
+        check(False, f"{t.__name__} raised {type(e).__name__}: {e}")
+print(f"{len(failures)} failure(s)")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""CTest driver for the official `openai` Python client against a real k3-router.
+
+Makes a venv under the build dir (K3_VENV) and installs `openai` from PyPI into it (skips, exit 77,
+only when PyPI cannot be reached), generates a k3-tiny model with k3-genweights, starts k3-router on
+a free port, runs openai_client_test.py with the venv's python, and always stops the router.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.environ["K3_BIN_DIR"]
+VENV = os.environ["K3_VENV"]
+SKIP = 77
+
+
+def pypi_reachable():
+    try:
+        with urllib.request.urlopen("https://pypi.org/simple/openai/", timeout=15) as r:
+            return r.status == 200
+    except Exception as e:  # noqa: BLE001 - any failure means unreachable here
+        print(f"PyPI check failed: {e}")
+        return False
+
+
+def ensure_venv():
+    py = os.path.join(VENV, "bin", "python")
+    if os.path.exists(py):
+        ok = subprocess.run([py, "-c", "import openai"], capture_output=True).returncode == 0
+        if ok:
+            return py
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+    r = subprocess.run([py, "-m", "pip", "install", "--quiet", "openai"], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stdout, r.stderr)
+        if not pypi_reachable():
+            print("SKIP: PyPI is unreachable, the openai package cannot be installed")
+            sys.exit(SKIP)
+        sys.exit("pip install openai failed although PyPI is reachable")
+    return py
+
+
+def start_router(model_dir):
+    proc = subprocess.Popen([os.path.join(BIN, "k3-router"), "--model", model_dir, "--port", "0",
+                             "--served-model-name", "k3-tiny", "--threads", "2"],
+                            stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                sys.exit(f"k3-router exited early with {proc.returncode}")
+            continue
+        if line.startswith("listening on "):
+            return proc, line.split("listening on ", 1)[1].strip()
+    proc.kill()
+    sys.exit("k3-router did not print its endpoint within 120 s")
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def main():
+    for tool in ("k3-router", "k3-genweights", "k3-generate"):
+        if not os.path.exists(os.path.join(BIN, tool)):
+            sys.exit(f"{tool} is not built in {BIN}")
+    py = ensure_venv()
+    with tempfile.TemporaryDirectory(prefix="k3-openai-test-") as tmp:
+        model = os.path.join(tmp, "k3-tiny")
+        subprocess.run([os.path.join(BIN, "k3-genweights"), "--preset", "k3-tiny", "--out", model, "--seed", "0"],
+                       check=True, stdout=subprocess.DEVNULL)
+        proc, url = start_router(model)
+        try:
+            env = dict(os.environ, K3_BASE_URL=url + "/v1", K3_MODEL_DIR=model, K3_BIN_DIR=BIN)
+            rc = subprocess.run([py, os.path.join(HERE, "openai_client_test.py")], env=env).returncode
+        finally:
+            code = stop(proc)
+        if rc == 0 and code != 0:
+            sys.exit(f"k3-router exited with {code} on SIGTERM")
+        sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
