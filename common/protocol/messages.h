@@ -1,0 +1,244 @@
+// Control-plane messages shared by router, prefill and decode (one definition, STYLE habit 8).
+// The byte encoding lives in frame.h; this header is only the typed contents.
+//
+// Conventions:
+//  - request ids are u64, unique per router lifetime;
+//  - `timeout_ms` fields are budgets relative to receipt (each receiver sets its own local deadline =
+//    now + timeout_ms on its own steady clock), so no clock synchronisation between hosts is needed;
+//  - ranks are global decode ranks (DP group g of size N owns ranks g*N .. g*N+N-1, DCP order);
+//  - `stage` is a prefill pipeline stage index 0..num_stages-1.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/core/tensor.h"
+
+namespace k3::protocol {
+
+// Wire values are fixed: append new values, never renumber. Decoders reject values past the last.
+enum class MsgType : uint8_t {
+  Register = 1,
+  RegisterAck = 2,
+  Heartbeat = 3,
+  Claim = 4,
+  Prefill = 5,
+  ComputeDone = 6,
+  Addrs = 7,
+  TransferDone = 8,
+  Tokens = 9,
+  Abort = 10,
+  AbortAck = 11,   // "this stage has no write in flight for the request any more" (deferred release)
+  Failed = 12,     // a party reports a request failed (to the router), with the cause
+};
+inline constexpr uint8_t kMaxMsgType = 12;
+
+enum class Role : uint8_t { Router = 0, Prefill = 1, Decode = 2 };
+inline constexpr uint8_t kMaxRole = 2;
+
+// What one ADDRS entry / one transfer region holds.
+enum class EntryKind : uint8_t { MlaKv = 0, KdaConv = 1, KdaState = 2, DraftKv = 3 };
+inline constexpr uint8_t kMaxEntryKind = 3;
+
+enum class FinishReason : uint8_t { None = 0, Stop = 1, Length = 2, Aborted = 3 };
+inline constexpr uint8_t kMaxFinishReason = 3;
+
+// Why a request was aborted / failed. Also the label of the failures-by-cause metric.
+enum class AbortReason : uint8_t {
+  ClientCancelled = 0,   // client disconnected or cancelled
+  Deadline = 1,          // a protocol wait expired
+  PeerDead = 2,          // heartbeats of a peer stopped
+  AllocFailed = 3,       // decode pool exhausted
+  TransferFailed = 4,    // a UCX write or flush failed
+  PlanFailed = 5,        // ADDRS did not match the model/layout (missing layer, bounds)
+  Rejected = 6,          // a party refused the request (e.g. unknown / duplicate id)
+  Shutdown = 7,          // a node is draining
+  Internal = 8,
+};
+inline constexpr uint8_t kMaxAbortReason = 8;
+
+const char* msg_type_name(MsgType t);
+const char* role_name(Role r);
+const char* entry_kind_name(EntryKind k);
+const char* finish_reason_name(FinishReason r);
+const char* abort_reason_name(AbortReason r);
+
+// Parallel layout of one instance. Prefill: dp_size = dcp_size = 1 and pp_partition = layers per stage
+// (sum = number of main layers). Decode: pp_partition empty, dcp_size = N (1 = plain DP).
+struct ParallelLayout {
+  uint32_t dp_size = 1;
+  uint32_t dcp_size = 1;
+  std::vector<uint32_t> pp_partition;
+  bool operator==(const ParallelLayout&) const = default;
+};
+
+// The components of the compatibility hash, carried individually so a refusal can name the field.
+struct CompatInfo {
+  uint64_t model_hash = 0;         // hash of the model config (shapes, layer kinds), see compat.h
+  DType kv_dtype = DType::BF16;    // MLA cache dtype
+  DType state_dtype = DType::F32;  // KDA recurrent state dtype
+  uint32_t page_size = 0;          // tokens per MLA page
+  ParallelLayout layout;
+  bool operator==(const CompatInfo&) const = default;
+};
+
+// One registered memory region of the sender (decode pools; prefill staging buffers).
+struct MemoryRegion {
+  uint32_t region_id = 0;
+  uint64_t base = 0;               // remote virtual address of byte 0
+  uint64_t length = 0;
+  std::vector<uint8_t> packed_rkey;  // ucp_rkey_pack output; empty when the region is not remotely writable
+  bool operator==(const MemoryRegion&) const = default;
+};
+
+struct Register {
+  Role role = Role::Router;
+  std::string instance_id;
+  uint32_t rank = 0;               // decode: global rank; prefill: 0
+  uint32_t stage = 0;              // prefill: PP stage; others 0
+  CompatInfo compat;
+  uint64_t compat_hash = 0;        // must equal compat_hash(compat); checked by the receiver
+  std::vector<uint32_t> layer_ids; // global layer ids this process owns
+  std::vector<MemoryRegion> regions;
+  std::vector<uint8_t> worker_address;  // ucp_worker_get_address blob
+  std::string control_endpoint;    // where to reach this process's control socket, e.g. "tcp://127.0.0.1:5601"
+  bool operator==(const Register&) const = default;
+};
+
+struct RegisterAck {
+  bool ok = false;
+  std::string reason;              // empty when ok; otherwise names the differing field
+  bool operator==(const RegisterAck&) const = default;
+};
+
+struct Heartbeat {
+  Role role = Role::Router;
+  std::string instance_id;
+  uint32_t rank = 0;
+  uint32_t stage = 0;
+  uint64_t seq = 0;
+  uint64_t free_bytes = 0;         // decode pool free bytes (load hint for the router)
+  uint32_t num_running = 0;
+  bool operator==(const Heartbeat&) const = default;
+};
+
+// Router -> decode: record the request, take no memory yet.
+struct Claim {
+  uint64_t request_id = 0;
+  uint32_t prompt_len = 0;
+  std::vector<uint32_t> decode_ranks;   // the DP group's ranks, DCP order (rank index i holds tokens p%N==i)
+  std::string prefill_instance;
+  uint32_t num_prefill_stages = 1;
+  uint64_t timeout_ms = 0;              // 0 = the decode side's configured default
+  bool operator==(const Claim&) const = default;
+};
+
+struct SamplingParams {
+  float temperature = 0.f;        // 0 = greedy
+  float top_p = 1.f;
+  int32_t top_k = 0;              // 0 = off
+  uint64_t seed = 0;
+  uint32_t max_tokens = 0;
+  std::vector<int32_t> stop_token_ids;
+  bool operator==(const SamplingParams&) const = default;
+};
+
+// Router -> prefill (stage 0; forwarded down the pipeline by the prefill node).
+struct Prefill {
+  uint64_t request_id = 0;
+  std::vector<int32_t> token_ids;
+  SamplingParams sampling;
+  std::string decode_instance;
+  std::vector<uint32_t> decode_ranks;
+  uint64_t timeout_ms = 0;
+  bool operator==(const Prefill&) const = default;
+};
+
+// Prefill stage -> decode: this stage's layers are final. Only the last stage knows the first token.
+struct ComputeDone {
+  uint64_t request_id = 0;
+  uint32_t stage = 0;
+  uint32_t prompt_len = 0;
+  bool has_first_token = false;
+  int32_t first_token = 0;        // valid iff has_first_token
+  bool operator==(const ComputeDone&) const = default;
+};
+
+// One destination of the decode side. For MLA_KV / DRAFT_KV: `remote_addr` is row 0 of page 0 of the
+// layer's page array on `dest_rank` (page p, row j at remote_addr + (p*page_size + j)*row_bytes, page
+// ids from the rank's PageTable) and `length` bounds that array. For KDA_CONV / KDA_STATE: the
+// request's slot for that layer on that rank, exactly `length` bytes.
+struct AddrEntry {
+  uint32_t layer_id = 0;          // global layer id: the pairing key, never list position
+  EntryKind kind = EntryKind::MlaKv;
+  uint32_t dest_rank = 0;
+  uint64_t remote_addr = 0;
+  uint64_t length = 0;
+  uint32_t region_id = 0;         // which registered region (rkey) of dest_rank
+  bool operator==(const AddrEntry&) const = default;
+};
+
+// Pages of one request on one rank, shared by every MLA/draft layer (one page-id space, see pool.h).
+struct PageTable {
+  uint32_t rank = 0;
+  uint32_t page_size = 0;
+  std::vector<uint32_t> page_ids;  // local row q lives in page page_ids[q / page_size]
+  bool operator==(const PageTable&) const = default;
+};
+
+// Decode -> every prefill stage: where to write. Each stage picks the entries of its own layers.
+struct Addrs {
+  uint64_t request_id = 0;
+  std::vector<AddrEntry> entries;
+  std::vector<PageTable> page_tables;
+  bool operator==(const Addrs&) const = default;
+};
+
+// Prefill stage -> decode: all of this stage's writes are flushed (complete) at the destination.
+struct TransferDone {
+  uint64_t request_id = 0;
+  uint32_t stage = 0;
+  uint64_t bytes = 0;
+  bool operator==(const TransferDone&) const = default;
+};
+
+// Decode -> router: generated tokens (streamed; finish != None on the last message).
+struct Tokens {
+  uint64_t request_id = 0;
+  std::vector<int32_t> token_ids;
+  FinishReason finish = FinishReason::None;
+  bool operator==(const Tokens&) const = default;
+};
+
+// Any party -> any party. A prefill stage sends ABORT only when it has no write in flight.
+struct Abort {
+  uint64_t request_id = 0;
+  AbortReason reason = AbortReason::Internal;
+  Role origin_role = Role::Router;
+  std::string origin_instance;
+  uint32_t origin_stage = 0;      // prefill origin: its stage; otherwise 0
+  bool operator==(const Abort&) const = default;
+};
+
+// Prefill stage -> decode, answering ABORT: the stage issued no write it has not flushed, and issues none.
+struct AbortAck {
+  uint64_t request_id = 0;
+  uint32_t stage = 0;
+  bool operator==(const AbortAck&) const = default;
+};
+
+// Any node -> router: the request failed here (a terminal notification; router then aborts others).
+struct Failed {
+  uint64_t request_id = 0;
+  AbortReason cause = AbortReason::Internal;
+  std::string detail;
+  bool operator==(const Failed&) const = default;
+};
+
+using Message = std::variant<Register, RegisterAck, Heartbeat, Claim, Prefill, ComputeDone, Addrs,
+                             TransferDone, Tokens, Abort, AbortAck, Failed>;
+
+MsgType type_of(const Message& m);
+
+}  // namespace k3::protocol

@@ -1,0 +1,78 @@
+// Prefill side of the lazy-alloc protocol, for one PP stage of one prefill instance.
+//
+//   PREFILL          -> PREFILLING (the stage computes; its source KV/state is held from now on).
+//   on_stage_computed-> send COMPUTE_DONE (with the first token on the last stage) to decode;
+//                       COMPUTE_DONE, deadline addrs_wait.
+//   ADDRS            -> plan this stage's writes (pairing by global layer id); StartWrites; TRANSFERRING.
+//                       A plan error fails the request (ABORT to decode with PlanFailed, FAILED to router).
+//   on_writes_flushed-> ok: send TRANSFER_DONE, FINISHED, source released. Error: FAILED, ABORT(TransferFailed)
+//                       to decode (a stage sends ABORT only once nothing is in flight), FAILED to router.
+//   ABORT            -> ABORTED at once; writes posted: CancelWrites, and the rest waits for
+//                       on_writes_flushed. Once nothing is in flight decode hears from this stage:
+//                       ABORT_ACK when decode sent the ABORT (and COMPUTE_DONE had gone out), otherwise this
+//                       stage's own ABORT (so a router ABORT that reaches the stage first still tells decode
+//                       that the stage can no longer write). The source KV is released (ReleasedAction).
+//   deadline (ADDRS wait) / router death -> EXPIRED / FAILED the same way, FAILED sent to the router
+//                       (not to a dead one); decode death -> FAILED, nothing sent to decode.
+#pragma once
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/protocol/metrics.h"
+#include "transfer/lazy_alloc.h"
+
+namespace k3::transfer {
+
+struct PrefillSideConfig {
+  std::string instance_id;
+  uint32_t stage = 0;
+  TransferModelLayout model;
+  PrefillLayout prefill;
+  bool decode_kda_head_sliced = true;   // must match the decode instance's layout
+  ProtocolTimeouts timeouts;
+};
+
+class PrefillSide {
+ public:
+  PrefillSide(PrefillSideConfig config, protocol::MetricsRegistry* metrics);  // metrics may be nullptr
+  ~PrefillSide();
+  PrefillSide(const PrefillSide&) = delete;
+  PrefillSide& operator=(const PrefillSide&) = delete;
+
+  Actions on_prefill(const protocol::Prefill& m, Millis now);
+  // This stage's layers of the request are final; `source` says where they are (stage == config.stage,
+  // layers == this stage's layers). The last stage passes the sampled first token.
+  Actions on_stage_computed(uint64_t request_id, StageSource source, std::optional<int32_t> first_token,
+                            Millis now);
+  Actions on_addrs(const protocol::Addrs& m, Millis now);
+  Actions on_abort(const protocol::Abort& m, Millis now);
+  // Dispatches Prefill / Addrs / Abort; others give an Ignored action.
+  Actions on_message(const protocol::Message& m, Millis now);
+  // Every write posted for the request has completed (ok) or failed; nothing is in flight any more.
+  Actions on_writes_flushed(uint64_t request_id, const Status& result, Millis now);
+  Actions on_peer_dead(const Peer& peer, Millis now);
+  Actions tick(Millis now);
+
+  std::optional<RequestState> state(uint64_t request_id) const;
+  bool writes_in_flight(uint64_t request_id) const;
+  size_t num_live() const;
+
+ private:
+  struct Record;
+  void set_state(Record& r, RequestState to);
+  // tell_decode_abort: decode gets this stage's ABORT (else ABORT_ACK if it may have sent ADDRS).
+  Actions end_request(Record& r, RequestState terminal, AbortReason cause, bool notify_router,
+                      bool tell_decode_abort, Millis now);
+  void finish_release(Record& r, Actions& out);
+  Record* find(uint64_t id, const char* what, Actions& out);
+  Peer decode_peer(const Record& r) const;
+
+  PrefillSideConfig cfg_;
+  protocol::MetricsRegistry* metrics_;
+  std::map<uint64_t, std::unique_ptr<Record>> records_;
+  std::map<uint64_t, std::pair<RequestState, Millis>> tombstones_;
+};
+
+}  // namespace k3::transfer
