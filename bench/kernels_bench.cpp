@@ -1,0 +1,374 @@
+// `k3-bench kernels` (see kernels_bench.h). Method (../shared/design/ANCHORS.md): ceilings
+// measured in the same run; floor = max(bytes / copy BW, FLOPs / GEMM rate); decode-size kernels
+// are CUDA-graph replays timed one by one with events (median of >= 200), rotating over input
+// sets larger than the 60 MB L2; prefill-size kernels are eager calls, median of 10 after warm-up.
+#include "bench/kernels_bench.h"
+
+#include <cstdio>
+#include <memory>
+
+void k3::bench::add_kernels_options(CLI::App& app, KernelsBenchOptions& o) {
+  app.add_option("--device", o.device, "CUDA device");
+  app.add_option("--ref", o.ref_json, "reference timings from bench/fla_reference.py");
+  app.add_option("--json", o.out_json, "write our numbers here");
+  app.add_flag("--quick", o.quick, "fewer repetitions");
+}
+
+void k3::bench::add_kernels_command(CLI::App& app) {
+  auto opts = std::make_shared<KernelsBenchOptions>();
+  auto* cmd = app.add_subcommand("kernels", "H200 kernel table: ceilings, KDA prefill/decode, MLA decode, LSE merge");
+  add_kernels_options(*cmd, *opts);
+  cmd->callback([opts] {
+    const int rc = run_kernels_bench(*opts);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+#ifndef K3_HAVE_CUDA
+int k3::bench::run_kernels_bench(const KernelsBenchOptions&) {
+  std::fprintf(stderr, "k3-bench kernels: this build has no CUDA backend\n");
+  return 2;
+}
+#else
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace k3::bench {
+
+namespace {
+
+// Random device inputs without a device RNG: a 4 Mi-element host pattern (seeded), copied over the
+// buffer at a seed-dependent rotation. Never zeros (they hide bugs and run faster than real data).
+void fill_uniform(void* p, int64_t n, bool bf16, float lo, float hi, uint64_t seed, cudaStream_t s) {
+  constexpr int64_t kPattern = int64_t(1) << 22;
+  const int64_t m = std::min(n, kPattern);
+  if (m == 0) return;
+  std::mt19937 rng{static_cast<uint32_t>(seed)};
+  std::uniform_real_distribution<float> ud(lo, hi);
+  std::vector<float> f(static_cast<size_t>(m));
+  for (auto& v : f) v = ud(rng);
+  std::vector<uint16_t> h;
+  const void* src = f.data();
+  const size_t esz = bf16 ? 2 : 4;
+  if (bf16) {
+    h.resize(f.size());
+    for (size_t i = 0; i < f.size(); ++i) h[i] = f32_to_bf16(f[i]);
+    src = h.data();
+  }
+  for (int64_t off = 0; off < n; off += m) {
+    const int64_t len = std::min(m, n - off);
+    K3_CUDA_OK(cudaMemcpyAsync(static_cast<char*>(p) + off * esz, src, size_t(len) * esz, cudaMemcpyHostToDevice, s));
+  }
+  K3_CUDA_OK(cudaStreamSynchronize(s));  // host pattern dies at return
+}
+
+using cuda::CudaBackend;
+
+struct Line {
+  std::string name;     // key shared with bench/fla_reference.py
+  double us = 0, bytes = 0, flops = 0;
+  double floor_us = 0;
+  std::string ref_name;
+  double ref_us = 0;
+};
+
+struct Ceilings {
+  double copy_bytes_per_us = 0;  // read + write
+  double gemm_flops_per_us = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+class Events {
+ public:
+  Events() {
+    K3_CUDA_OK(cudaEventCreate(&a_));
+    K3_CUDA_OK(cudaEventCreate(&b_));
+  }
+  ~Events() {
+    cudaEventDestroy(a_);
+    cudaEventDestroy(b_);
+  }
+  // Microseconds of device time taken by what `f` enqueues on `s`.
+  double time(cudaStream_t s, const std::function<void()>& f) {
+    K3_CUDA_OK(cudaEventRecord(a_, s));
+    f();
+    K3_CUDA_OK(cudaEventRecord(b_, s));
+    K3_CUDA_OK(cudaEventSynchronize(b_));
+    float ms = 0;
+    K3_CUDA_OK(cudaEventElapsedTime(&ms, a_, b_));
+    return ms * 1e3;
+  }
+
+ private:
+  cudaEvent_t a_ = nullptr, b_ = nullptr;
+};
+
+double time_eager(cudaStream_t s, int warm, int iters, const std::function<void()>& f) {
+  Events ev;
+  for (int i = 0; i < warm; ++i) f();
+  K3_CUDA_OK(cudaStreamSynchronize(s));
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) t.push_back(ev.time(s, f));
+  return median(t);
+}
+
+class Graph {
+ public:
+  Graph(cudaStream_t s, const std::function<void()>& f) {
+    K3_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    f();
+    cudaGraph_t g = nullptr;
+    K3_CUDA_OK(cudaStreamEndCapture(s, &g));
+    K3_CUDA_OK(cudaGraphInstantiate(&exec_, g, 0));
+    cudaGraphDestroy(g);
+  }
+  ~Graph() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+  }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void launch(cudaStream_t s) { K3_CUDA_OK(cudaGraphLaunch(exec_, s)); }
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+// Each variant is run once eagerly (sizing workspaces), captured, then replayed round robin.
+double time_graphs(cudaStream_t s, int replays, const std::vector<std::function<void()>>& variants) {
+  for (auto& v : variants) v();
+  K3_CUDA_OK(cudaStreamSynchronize(s));
+  std::vector<std::unique_ptr<Graph>> graphs;
+  for (auto& v : variants) graphs.push_back(std::make_unique<Graph>(s, v));
+  for (auto& g : graphs) g->launch(s);  // warm
+  K3_CUDA_OK(cudaStreamSynchronize(s));
+  Events ev;
+  std::vector<double> t;
+  for (int i = 0; i < replays; ++i) t.push_back(ev.time(s, [&] { graphs[i % graphs.size()]->launch(s); }));
+  return median(t);
+}
+
+Tensor dev_ints(CudaBackend& be, const std::vector<int32_t>& v) {
+  return be.from_host(Tensor::from_i32({int64_t(v.size())}, v), DType::I32);
+}
+void fill(CudaBackend& be, const Tensor& t, float lo, float hi, uint64_t seed) {
+  fill_uniform(t.data(), t.numel(), t.dtype() == DType::BF16, lo, hi, seed, be.stream());
+}
+
+Ceilings measure_ceilings(CudaBackend& be, bool quick, std::vector<Line>& lines) {
+  Ceilings c;
+  const cudaStream_t s = be.stream();
+  {
+    const int64_t n = int64_t(1) << 30;  // 1 GiB each way
+    Tensor a = be.alloc({n}, DType::U8), b = be.alloc({n}, DType::U8);
+    fill_uniform(a.data(), n / 4, false, -1.f, 1.f, 1, s);
+    const double us = time_eager(s, 2, quick ? 3 : 10, [&] {
+      K3_CUDA_OK(cudaMemcpyAsync(b.data(), a.data(), size_t(n), cudaMemcpyDeviceToDevice, s));
+    });
+    c.copy_bytes_per_us = 2.0 * double(n) / us;
+    lines.push_back({.name = "ceiling_copy_1GiB", .us = us, .bytes = 2.0 * double(n)});
+  }
+  {
+    const int64_t n = 8192;
+    Tensor x = be.alloc({n, n}, DType::BF16), w = be.alloc({n, n}, DType::BF16), y = be.alloc({n, n}, DType::BF16);
+    fill(be, x, -1.f, 1.f, 2);
+    fill(be, w, -1.f, 1.f, 3);
+    const double us = time_eager(s, 3, quick ? 3 : 10, [&] { be.gemm({.x = x, .w = w, .y = y}); });
+    c.gemm_flops_per_us = 2.0 * double(n) * n * n / us;
+    lines.push_back({.name = "ceiling_gemm_bf16_8192", .us = us, .flops = 2.0 * double(n) * n * n});
+  }
+  return c;
+}
+
+void kda_chunk_case(CudaBackend& be, int64_t T, int64_t H, bool quick, std::vector<Line>& lines) {
+  const int64_t D = 128;
+  Tensor q = be.alloc({T, H, D}, DType::BF16), k = be.alloc({T, H, D}, DType::BF16), v = be.alloc({T, H, D}, DType::BF16);
+  Tensor g = be.alloc({T, H, D}, DType::F32), beta = be.alloc({T, H}, DType::F32);
+  Tensor state = be.alloc({1, H, D, D}, DType::F32), o = be.alloc({T, H, D}, DType::BF16);
+  fill(be, q, -1.f, 1.f, 10);
+  fill(be, k, -1.f, 1.f, 11);
+  fill(be, v, -1.f, 1.f, 12);
+  fill(be, g, -5.f, -0.01f, 13);
+  fill(be, beta, 0.f, 1.f, 14);
+  fill(be, state, -0.1f, 0.1f, 15);
+  Tensor q2 = q.reshape({T * H, D}), k2 = k.reshape({T * H, D});
+  be.l2norm({.x = q2, .y = q2, .eps = 1e-6f, .scale = 1.f / std::sqrt(float(D))});
+  be.l2norm({.x = k2, .y = k2, .eps = 1e-6f});
+  Tensor slots = dev_ints(be, {0}), cu = dev_ints(be, {0, int32_t(T)});
+  ops::KdaParams p{.q = q, .k = k, .v = v, .g = g, .beta = beta, .state = state, .slots = slots, .cu_seqlens = cu, .o = o};
+  const double us = time_eager(be.stream(), 2, quick ? 3 : 10, [&] { be.kda_chunk(p); });
+  const double C = 64, chunks = std::ceil(double(T) / 64);
+  Line l{.name = "kda_chunk_T" + std::to_string(T) + "_H" + std::to_string(H), .us = us};
+  l.bytes = double(T) * H * D * (2 + 2 + 2 + 4 + 2) + double(T) * H * 4 + 2.0 * H * D * D * 4;
+  l.flops = chunks * H * 2.0 * (5 * C * C * D + 3 * C * D * D);
+  l.ref_name = "fla chunk_kda";
+  lines.push_back(l);
+}
+
+void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vector<Line>& lines) {
+  const int64_t D = 128, W = 4, P = H * D;
+  const double state_bytes = double(B) * H * D * D * 4;
+  const int64_t R = std::max<int64_t>(1, int64_t(std::ceil(256.0 * (1 << 20) / state_bytes)));  // rotate past L2
+  const int64_t slots_n = B * R;
+  Tensor state = be.alloc({slots_n, H, D, D}, DType::F32), cache = be.alloc({slots_n, W - 1, 3 * P}, DType::BF16);
+  Tensor qkv = be.alloc({B, 3 * P}, DType::BF16), conv_w = be.alloc({3 * P, W}, DType::F32);
+  Tensor f = be.alloc({B, P}, DType::BF16), b = be.alloc({B, H}, DType::BF16), o = be.alloc({B, H, D}, DType::BF16);
+  Tensor a_log = be.alloc({H}, DType::F32), dt = be.alloc({P}, DType::F32);
+  fill(be, state, -0.1f, 0.1f, 20);
+  fill(be, cache, -1.f, 1.f, 21);
+  fill(be, qkv, -1.f, 1.f, 22);
+  fill(be, conv_w, -0.5f, 0.5f, 23);
+  fill(be, f, -2.f, 2.f, 24);
+  fill(be, b, -2.f, 2.f, 25);
+  fill(be, a_log, -0.5f, 0.5f, 26);
+  fill(be, dt, -0.5f, 0.5f, 27);
+  std::vector<Tensor> slot_sets;
+  std::vector<std::function<void()>> variants;
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<int32_t> ids(B);
+    std::iota(ids.begin(), ids.end(), int32_t(r * B));
+    slot_sets.push_back(dev_ints(be, ids));
+  }
+  for (int64_t r = 0; r < R; ++r)
+    variants.push_back([&, r] {
+      be.kda_decode({.qkv = qkv, .conv_w = conv_w, .conv_cache = cache, .f = f, .a_log = a_log, .dt_bias = dt, .b = b,
+                     .state = state, .slots = slot_sets[r], .o = o, .heads = int(H)});
+    });
+  const double us = time_graphs(be.stream(), quick ? 50 : 300, variants);
+  Line l{.name = "kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H), .us = us};
+  l.bytes = 2 * state_bytes + double(B) * 3 * P * 2 * (1 + 2 * (W - 1)) + double(B) * P * 2 * 2 + 3.0 * P * W * 4 +
+            P * 4.0;
+  l.flops = double(B) * H * 8.0 * D * D;
+  l.ref_name = "fla fused_recurrent_kda";
+  lines.push_back(l);
+}
+
+void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool quick, std::vector<Line>& lines) {
+  const int64_t R = 512, Dr = 64, page = 64, pages_per = ctx / page, num_pages = B * pages_per;
+  Tensor kv = be.alloc({num_pages, page, R + Dr}, DType::BF16);
+  Tensor q_lat = be.alloc({B, H, R}, DType::BF16), q_rope = be.alloc({B, H, Dr}, DType::BF16);
+  Tensor o = be.alloc({B, H, R}, DType::BF16), lse = be.alloc({B, H}, DType::F32);
+  fill(be, kv, -1.f, 1.f, 30);
+  fill(be, q_lat, -0.2f, 0.2f, 31);
+  fill(be, q_rope, -0.2f, 0.2f, 32);
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(33));
+  Tensor table = be.from_host(Tensor::from_i32({B, pages_per}, perm), DType::I32);
+  Tensor lens = dev_ints(be, std::vector<int32_t>(B, int32_t(ctx)));
+  const float scale = 1.f / std::sqrt(192.f);
+  const double us = time_graphs(be.stream(), quick ? 50 : 200, {[&] {
+    be.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = table, .seq_lens = lens, .o = o,
+                   .lse = lse, .scale = scale});
+  }});
+  Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx), .us = us};
+  l.bytes = double(B) * ctx * (R + Dr) * 2 + double(B) * H * (R + Dr) * 2 + double(B) * H * R * 2 + double(B) * H * 4;
+  l.flops = 2.0 * B * H * ctx * (R + Dr + R);
+  l.ref_name = "torch einsum+softmax";
+  lines.push_back(l);
+}
+
+void lse_merge_case(CudaBackend& be, int64_t N, int64_t B, int64_t H, int64_t D, bool quick, std::vector<Line>& lines) {
+  Tensor parts = be.alloc({N, B, H, D}, DType::F32), lse = be.alloc({N, B, H}, DType::F32);
+  Tensor o = be.alloc({B, H, D}, DType::BF16), ol = be.alloc({B, H}, DType::F32);
+  fill(be, parts, -1.f, 1.f, 40);
+  fill(be, lse, -3.f, 3.f, 41);
+  const double us = time_graphs(be.stream(), quick ? 50 : 200, {[&] {
+    be.lse_merge({.o_parts = parts, .lse_parts = lse, .o = o, .lse = ol});
+  }});
+  Line l{.name = "lse_merge_N" + std::to_string(N) + "_B" + std::to_string(B) + "_H" + std::to_string(H) + "_D" +
+                 std::to_string(D),
+         .us = us};
+  l.bytes = double(N) * B * H * (D * 4 + 4) + double(B) * H * (D * 2 + 4);
+  l.flops = 3.0 * N * B * H * D;
+  l.ref_name = "torch";
+  lines.push_back(l);
+}
+
+std::string today() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+int run_kernels_bench(const KernelsBenchOptions& opts) {
+  std::string why;
+  auto owned = make_cuda_backend(opts.device, &why);
+  if (!owned) {
+    std::fprintf(stderr, "k3-bench kernels: no CUDA backend: %s\n", why.c_str());
+    return 2;
+  }
+  auto& be = static_cast<CudaBackend&>(*owned);
+  std::vector<Line> lines;
+  const Ceilings c = measure_ceilings(be, opts.quick, lines);
+  for (auto [T, H] : std::vector<std::pair<int64_t, int64_t>>{{8192, 96}, {32768, 32}}) kda_chunk_case(be, T, H, opts.quick, lines);
+  for (int64_t B : {1, 32, 256}) kda_decode_case(be, B, 96, opts.quick, lines);
+  for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{{96, 32, 4096}, {96, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}})
+    mla_decode_case(be, B, H, ctx, opts.quick, lines);
+  lse_merge_case(be, 8, 128, 96, 512, opts.quick, lines);
+
+  nlohmann::json ref = nlohmann::json::object();
+  if (!opts.ref_json.empty()) {
+    std::ifstream in(opts.ref_json);
+    if (in) {
+      try {
+        in >> ref;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "k3-bench kernels: cannot parse %s: %s\n", opts.ref_json.c_str(), e.what());
+      }
+    } else {
+      std::fprintf(stderr, "k3-bench kernels: no reference file %s\n", opts.ref_json.c_str());
+    }
+  }
+  for (Line& l : lines) {
+    l.floor_us = std::max(l.bytes / c.copy_bytes_per_us, l.flops / c.gemm_flops_per_us);
+    if (ref.contains(l.name) && ref[l.name].is_number()) l.ref_us = ref[l.name].get<double>();
+  }
+
+  std::printf("\n## k3-bench kernels — %s, %d SMs, %s\n", be.device_name().c_str(), be.num_sms(), today().c_str());
+  std::printf("ceilings: copy %.0f GB/s (read+write), bf16 GEMM %.0f TFLOP/s\n\n", c.copy_bytes_per_us / 1e3,
+              c.gemm_flops_per_us / 1e6);
+  std::printf("| kernel | ours (us) | MB moved | GFLOP | floor (us) | floor/ours | achieved GB/s | reference | ref (us) | ref/ours |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|\n");
+  nlohmann::json out = nlohmann::json::object();
+  out["device"] = be.device_name();
+  out["date"] = today();
+  out["copy_GBps"] = c.copy_bytes_per_us / 1e3;
+  out["gemm_TFLOPs"] = c.gemm_flops_per_us / 1e6;
+  for (const Line& l : lines) {
+    const bool ceiling = l.name.rfind("ceiling", 0) == 0;
+    std::printf("| %s | %.1f | %.1f | %.2f | %s | %s | %.0f | %s | %s | %s |\n", l.name.c_str(), l.us, l.bytes / 1e6,
+                l.flops / 1e9, ceiling ? "-" : std::to_string(l.floor_us).substr(0, 7).c_str(),
+                ceiling ? "-" : std::to_string(l.floor_us / l.us).substr(0, 5).c_str(), l.bytes / l.us / 1e3,
+                l.ref_name.empty() ? "-" : l.ref_name.c_str(),
+                l.ref_us > 0 ? std::to_string(l.ref_us).substr(0, 7).c_str() : "-",
+                l.ref_us > 0 ? std::to_string(l.ref_us / l.us).substr(0, 5).c_str() : "-");
+    out["lines"].push_back({{"name", l.name}, {"us", l.us}, {"bytes", l.bytes}, {"flops", l.flops},
+                            {"floor_us", l.floor_us}, {"ref", l.ref_name}, {"ref_us", l.ref_us}});
+  }
+  if (!opts.out_json.empty()) std::ofstream(opts.out_json) << out.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace k3::bench
+#endif  // K3_HAVE_CUDA

@@ -1,0 +1,26 @@
+// `k3-bench kernels`: the H200 kernel table of docs/PERF.md in one run. Ceilings first (device
+// copy bandwidth, bf16 GEMM rate), then our KDA chunked prefill, KDA decode, MLA decode and LSE
+// merge, each with bytes, FLOPs, fraction of the floor and (when a reference JSON written by
+// bench/fla_reference.py is given) the ratio to fla / PyTorch measured on the same card.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+
+namespace k3::bench {
+
+struct KernelsBenchOptions {
+  int device = 0;
+  std::string ref_json;   // reference timings (bench/fla_reference.py --out); may be empty
+  std::string out_json;   // where to write our numbers; may be empty
+  bool quick = false;     // fewer repetitions (smoke runs)
+};
+
+// Returns a process exit code; prints the table on stdout. Without a CUDA build: prints why, returns 2.
+int run_kernels_bench(const KernelsBenchOptions& opts);
+
+// CLI wiring: the options on any app, and the `kernels` subcommand for k3-bench (bench/k3_bench.cpp
+// calls add_kernels_command(app) next to add_transfer_command).
+void add_kernels_options(CLI::App& app, KernelsBenchOptions& opts);
+void add_kernels_command(CLI::App& app);
+
+}  // namespace k3::bench

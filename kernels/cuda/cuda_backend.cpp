@@ -1,0 +1,600 @@
+// CudaBackend: validation at the host boundary (every error names the op and the field), then one
+// launcher per op (kernels/cuda/launch.h).
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
+
+namespace k3 {
+namespace cuda {
+namespace {
+
+std::string where(const char* op, const char* field) { return std::string(op) + ": " + field; }
+
+void need_device(const char* op, const char* field, const Tensor& t) {
+  if (t.device() != Device::Cuda && t.numel() > 0)
+    throw Error(where(op, field) + " must be a CUDA tensor (use Backend::alloc / from_host)");
+}
+// Float tensor (F32 or BF16) on the device with the given rank.
+FIn fin(const char* op, const char* field, const Tensor& t, int rank = -1) {
+  need_device(op, field, t);
+  if (t.dtype() != DType::F32 && t.dtype() != DType::BF16)
+    throw Error(where(op, field) + ": expected F32 or BF16, got " + dtype_name(t.dtype()));
+  if (rank >= 0 && t.ndim() != rank)
+    throw Error(where(op, field) + ": expected rank " + std::to_string(rank) + ", got " + shape_str(t.shape()));
+  return FIn{t.data(), t.dtype() == DType::BF16};
+}
+FOut fout(const char* op, const char* field, const Tensor& t, int rank = -1) {
+  const FIn f = fin(op, field, t, rank);
+  return FOut{const_cast<void*>(f.p), f.bf16};
+}
+float* f32(const char* op, const char* field, const Tensor& t) {
+  need_device(op, field, t);
+  if (t.dtype() != DType::F32) throw Error(where(op, field) + ": expected F32, got " + dtype_name(t.dtype()));
+  return t.ptr<float>();
+}
+const __nv_bfloat16* bf16(const char* op, const char* field, const Tensor& t) {
+  need_device(op, field, t);
+  if (t.dtype() != DType::BF16) throw Error(where(op, field) + ": expected BF16, got " + dtype_name(t.dtype()));
+  return t.ptr<const __nv_bfloat16>();
+}
+void need_shape(const char* op, const char* field, const Tensor& t, const Shape& want) {
+  if (t.shape() != want)
+    throw Error(where(op, field) + ": expected shape " + shape_str(want) + ", got " + shape_str(t.shape()));
+}
+void need_i32(const char* op, const char* field, const Tensor& t, int64_t n) {
+  if (t.dtype() != DType::I32) throw Error(where(op, field) + ": expected I32, got " + dtype_name(t.dtype()));
+  if (n >= 0 && t.numel() != n)
+    throw Error(where(op, field) + ": expected " + std::to_string(n) + " entries, got " + shape_str(t.shape()));
+}
+// Host copy of a small I32 tensor that may live on either side.
+std::vector<int32_t> host_ints(const Tensor& t, cudaStream_t s) {
+  std::vector<int32_t> v(size_t(t.numel()));
+  if (v.empty()) return v;
+  if (t.device() == Device::Cpu) {
+    std::memcpy(v.data(), t.data(), v.size() * 4);
+  } else {
+    K3_CUDA_OK(cudaMemcpyAsync(v.data(), t.data(), v.size() * 4, cudaMemcpyDeviceToHost, s));
+    K3_CUDA_OK(cudaStreamSynchronize(s));
+  }
+  return v;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  K3_CUDA_OK(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  K3_CUDA_OK(cudaGetDeviceProperties(&prop, device));
+  num_sms_ = prop.multiProcessorCount;
+  device_name_ = prop.name;
+  K3_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  gemm_ = std::make_unique<CublasLtGemm>();
+  host_ = make_cpu_backend({1});
+}
+
+CudaBackend::~CudaBackend() {
+  gemm_.reset();
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+Tensor CudaBackend::alloc(const Shape& shape, DType dtype) {
+  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  if (bytes == 0) return Tensor::view(nullptr, shape, dtype, Device::Cuda);
+  void* p = nullptr;
+  K3_CUDA_OK(cudaMalloc(&p, bytes));
+  std::shared_ptr<void> owner(p, [](void* q) { cudaFree(q); });
+  K3_CUDA_OK(cudaMemsetAsync(p, 0, bytes, stream_));
+  return Tensor::view(p, shape, dtype, Device::Cuda, owner);
+}
+
+Tensor CudaBackend::to_host(const Tensor& t) {
+  if (t.device() == Device::Cpu) return t.dtype() == DType::BF16 || t.dtype() == DType::F16 ? t.to_f32() : t.clone();
+  Tensor h = Tensor::zeros(t.shape(), t.dtype());
+  if (t.nbytes()) {
+    K3_CUDA_OK(cudaMemcpyAsync(h.data(), t.data(), t.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    K3_CUDA_OK(cudaStreamSynchronize(stream_));
+  }
+  return t.dtype() == DType::BF16 || t.dtype() == DType::F16 ? h.to_f32() : h;
+}
+
+Tensor CudaBackend::from_host(const Tensor& host, DType dtype) {
+  K3_CHECK(host.device() == Device::Cpu, "cuda backend from_host: tensor is not on the host");
+  Tensor staged;
+  if (host.dtype() == dtype) {
+    staged = host;
+  } else if (dtype == DType::BF16 && host.dtype() == DType::F32) {
+    staged = Tensor::zeros(host.shape(), DType::BF16);
+    const float* s = host.ptr<const float>();
+    uint16_t* d = staged.ptr<uint16_t>();
+    for (int64_t i = 0; i < host.numel(); ++i) d[i] = f32_to_bf16(s[i]);
+  } else if (dtype == DType::F32 && (host.dtype() == DType::BF16 || host.dtype() == DType::F16)) {
+    staged = host.to_f32();
+  } else {
+    throw Error(std::string("cuda backend from_host: cannot convert ") + dtype_name(host.dtype()) + " to " +
+                dtype_name(dtype));
+  }
+  Tensor d = alloc(host.shape(), dtype);
+  if (d.nbytes()) {
+    K3_CUDA_OK(cudaMemcpyAsync(d.data(), staged.data(), d.nbytes(), cudaMemcpyHostToDevice, stream_));
+    K3_CUDA_OK(cudaStreamSynchronize(stream_));  // `staged` dies at return
+  }
+  return d;
+}
+
+void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  K3_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(),
+           "cuda backend copy: src " + shape_str(src.shape()) + " " + dtype_name(src.dtype()) + " vs dst " +
+               shape_str(dst.shape()) + " " + dtype_name(dst.dtype()));
+  if (src.nbytes() == 0 || src.data() == dst.data()) return;
+  K3_CUDA_OK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDefault, stream_));
+}
+
+void CudaBackend::synchronize() { K3_CUDA_OK(cudaStreamSynchronize(stream_)); }
+
+std::string CudaBackend::supports(const std::string& op, const Shape& shape) const {
+  static const std::set<std::string> kOps = {
+      "gemm", "rmsnorm", "l2norm", "short_conv", "kda_gate", "kda_chunk", "kda_recurrent", "kda_decode",
+      "mla_prefill", "mla_decode", "lse_merge", "attnres_mix", "situ", "router_topk", "moe_experts", "add",
+      "sigmoid_mul", "sigmoid", "embedding", "sample", "copy_cols", "scatter_rows", "head_gemm"};
+  if (!kOps.count(op)) return "cuda backend: unknown op '" + op + "'";
+  if (op == "kda_decode" && !shape.empty() && shape.back() != 64 && shape.back() != 128)
+    return "cuda backend: kda_decode needs head dim 64 or 128";
+  return {};
+}
+
+std::vector<const int32_t*> CudaBackend::device_ints(std::initializer_list<const Tensor*> ts) {
+  std::vector<const int32_t*> out;
+  std::vector<int32_t> staged;
+  std::vector<std::pair<size_t, size_t>> where;  // (index in out, offset in staged)
+  for (const Tensor* t : ts) {
+    if (t->device() == Device::Cuda || t->numel() == 0) {
+      out.push_back(t->ptr<const int32_t>());
+    } else {
+      where.push_back({out.size(), staged.size()});
+      out.push_back(nullptr);
+      staged.insert(staged.end(), t->ptr<const int32_t>(), t->ptr<const int32_t>() + t->numel());
+    }
+  }
+  if (!staged.empty()) {
+    auto* d = static_cast<int32_t*>(ints_.ensure(staged.size() * 4));
+    K3_CUDA_OK(cudaMemcpyAsync(d, staged.data(), staged.size() * 4, cudaMemcpyHostToDevice, stream_));
+    K3_CUDA_OK(cudaStreamSynchronize(stream_));
+    for (auto [i, off] : where) out[i] = d + off;
+  }
+  return out;
+}
+
+void CudaBackend::gemm(const ops::GemmParams& p) {
+  const char* op = "gemm";
+  bf16(op, "x", p.x);
+  bf16(op, "w", p.w);
+  fin(op, "y", p.y, 2);
+  K3_CHECK(p.x.ndim() == 2 && p.w.ndim() == 2, "gemm: x and w must be 2-D");
+  const int64_t M = p.x.dim(0), K = p.x.dim(1), N = p.w.dim(0);
+  need_shape(op, "w", p.w, {N, K});
+  need_shape(op, "y", p.y, {M, N});
+  if (K == 0) {
+    K3_CHECK(p.beta == 0.f, "gemm: K = 0 with beta != 0 is not supported");
+    if (p.y.nbytes()) K3_CUDA_OK(cudaMemsetAsync(p.y.data(), 0, p.y.nbytes(), stream_));
+    return;
+  }
+  GemmShape s{.M = M, .N = N, .K = K, .ldx = K, .ldw = K, .ldy = N, .y_f32 = p.y.dtype() == DType::F32};
+  gemm_->run(s, p.x.data(), p.w.data(), p.y.data(), p.alpha, p.beta, stream_);
+}
+
+void CudaBackend::head_gemm(const ops::HeadGemmParams& p) {
+  const char* op = "head_gemm";
+  bf16(op, "x", p.x);
+  bf16(op, "w", p.w);
+  fin(op, "y", p.y, 3);
+  K3_CHECK(p.x.ndim() == 3 && p.w.ndim() == 3, "head_gemm: x and w must be 3-D");
+  const int64_t M = p.x.dim(0), H = p.x.dim(1), K = p.x.dim(2), N = p.w.dim(1);
+  need_shape(op, "w", p.w, {H, N, K});
+  need_shape(op, "y", p.y, {M, H, N});
+  GemmShape s{.M = M, .N = N, .K = K, .ldx = H * K, .ldw = K, .ldy = H * N, .batch = H, .stride_x = K,
+              .stride_w = N * K, .stride_y = N, .y_f32 = p.y.dtype() == DType::F32};
+  gemm_->run(s, p.x.data(), p.w.data(), p.y.data(), 1.f, 0.f, stream_);
+}
+
+void CudaBackend::rmsnorm(const ops::RmsNormParams& p) {
+  const char* op = "rmsnorm";
+  const FIn x = fin(op, "x", p.x, 2);
+  const int64_t M = p.x.dim(0), D = p.x.dim(1);
+  need_shape(op, "y", p.y, {M, D});
+  FIn w{};
+  if (!p.w.empty()) {
+    w = fin(op, "w", p.w);
+    need_shape(op, "w", p.w, {D});
+  }
+  launch_rmsnorm(x, w, fout(op, "y", p.y), M, int(D), p.eps, stream_);
+}
+
+void CudaBackend::l2norm(const ops::L2NormParams& p) {
+  const char* op = "l2norm";
+  const FIn x = fin(op, "x", p.x, 2);
+  need_shape(op, "y", p.y, p.x.shape());
+  launch_l2norm(x, fout(op, "y", p.y), p.x.dim(0), int(p.x.dim(1)), p.eps, p.scale, stream_);
+}
+
+void CudaBackend::short_conv(const ops::ShortConvParams& p) {
+  const char* op = "short_conv";
+  const FIn x = fin(op, "x", p.x, 2);
+  const int64_t T = p.x.dim(0), C = p.x.dim(1);
+  const FIn w = fin(op, "w", p.w, 2);
+  const int64_t W = p.w.dim(1);
+  need_shape(op, "w", p.w, {C, W});
+  const FOut cache = fout(op, "cache", p.cache, 3);
+  K3_CHECK(p.cache.dim(1) == W - 1 && p.cache.dim(2) == C,
+           "short_conv: cache: expected [slots, " + std::to_string(W - 1) + ", " + std::to_string(C) + "], got " +
+               shape_str(p.cache.shape()));
+  need_shape(op, "y", p.y, {T, C});
+  K3_CHECK(p.y.data() != p.x.data() || T == 0, "short_conv: y must not alias x");
+  const int64_t N = p.slots.numel();
+  need_i32(op, "slots", p.slots, N);
+  need_i32(op, "cu_seqlens", p.cu_seqlens, N + 1);
+  const auto ptrs = device_ints({&p.slots, &p.cu_seqlens});
+  launch_short_conv(x, w, cache, ptrs[0], ptrs[1], fout(op, "y", p.y), int(N), int(C), int(W), stream_);
+}
+
+void CudaBackend::kda_gate(const ops::KdaGateParams& p) {
+  const char* op = "kda_gate";
+  const FIn f = fin(op, "f", p.f, 2);
+  const int H = p.heads;
+  K3_CHECK(H > 0 && p.f.dim(1) % H == 0, "kda_gate: heads " + std::to_string(H) + " does not divide f width");
+  const int64_t T = p.f.dim(0), D = p.f.dim(1) / H;
+  K3_CHECK(p.a_log.numel() >= H, "kda_gate: a_log needs at least heads entries");
+  need_shape(op, "dt_bias", p.dt_bias, {H * D});
+  need_shape(op, "g", p.g, {T, H, D});
+  launch_kda_gate(f, f32(op, "a_log", p.a_log), f32(op, "dt_bias", p.dt_bias), f32(op, "g", p.g), T, H, int(D),
+                  p.g_min, stream_);
+}
+
+namespace {
+struct KdaCheck {
+  KdaArgs args;
+  int64_t T = 0, num_slots = 0;
+};
+KdaCheck check_kda(const char* op, const ops::KdaParams& p) {
+  KdaCheck c;
+  KdaArgs& a = c.args;
+  a.q = fin(op, "q", p.q, 3);
+  c.T = p.q.dim(0);
+  a.H = int(p.q.dim(1));
+  a.K = int(p.q.dim(2));
+  a.k = fin(op, "k", p.k, 3);
+  need_shape(op, "k", p.k, p.q.shape());
+  a.v = fin(op, "v", p.v, 3);
+  a.V = int(p.v.dim(2));
+  need_shape(op, "v", p.v, {c.T, a.H, a.V});
+  need_shape(op, "g", p.g, p.q.shape());
+  a.g = f32(op, "g", p.g);
+  need_shape(op, "beta", p.beta, {c.T, a.H});
+  a.beta = f32(op, "beta", p.beta);
+  a.state = f32(op, "state", p.state);
+  K3_CHECK(p.state.ndim() == 4 && p.state.dim(1) == a.H && p.state.dim(2) == a.V && p.state.dim(3) == a.K,
+           std::string(op) + ": state: expected [slots, H, V, K], got " + shape_str(p.state.shape()));
+  c.num_slots = p.state.dim(0);
+  a.o = fout(op, "o", p.o);
+  need_shape(op, "o", p.o, {c.T, a.H, a.V});
+  a.N = int(p.slots.numel());
+  need_i32(op, "slots", p.slots, a.N);
+  need_i32(op, "cu_seqlens", p.cu_seqlens, a.N + 1);
+  K3_CHECK(a.K <= 256 && a.V <= 1024, std::string(op) + ": K must be <= 256 and V <= 1024");
+  return c;
+}
+}  // namespace
+
+void CudaBackend::kda_recurrent(const ops::KdaParams& p) {
+  KdaCheck c = check_kda("kda_recurrent", p);
+  const auto ptrs = device_ints({&p.slots, &p.cu_seqlens});
+  c.args.slots = ptrs[0];
+  c.args.cu_seqlens = ptrs[1];
+  launch_kda_recurrent(c.args, stream_);
+}
+
+void CudaBackend::kda_chunk(const ops::KdaParams& p) {
+  KdaCheck c = check_kda("kda_chunk", p);
+  KdaArgs& a = c.args;
+  if (a.K != 128 || a.V != 128 || p.chunk_size != 64) {  // same function, token by token
+    kda_recurrent(p);
+    return;
+  }
+  const std::vector<int32_t> cu = host_ints(p.cu_seqlens, stream_);
+  K3_CHECK(!cu.empty() && cu.front() == 0 && cu.back() == c.T, "kda_chunk: cu_seqlens must run from 0 to T");
+  // Chunk table: (first token, length, sequence, index in sequence) and each sequence's first chunk.
+  std::vector<int32_t> table, seq0;
+  for (int n = 0; n < a.N; ++n) {
+    K3_CHECK(cu[n + 1] >= cu[n], "kda_chunk: cu_seqlens must be non-decreasing");
+    seq0.push_back(int32_t(table.size() / 4));
+    for (int32_t t = cu[n], i = 0; t < cu[n + 1]; t += 64, ++i) {
+      table.insert(table.end(), {t, std::min<int32_t>(64, cu[n + 1] - t), n, i});
+    }
+  }
+  seq0.push_back(int32_t(table.size() / 4));
+  const int num_chunks = int(table.size() / 4);
+  Tensor table_t = Tensor::from_i32({int64_t(table.size())}, table);
+  Tensor seq0_t = Tensor::from_i32({int64_t(seq0.size())}, seq0);
+  const auto ptrs = device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t});
+  a.slots = ptrs[0];
+  a.cu_seqlens = ptrs[1];
+  auto* work = static_cast<float*>(work_.ensure(size_t(kda_chunk_workspace_floats(num_chunks, a.H)) * 4 + 256));
+  launch_kda_chunk(a, ptrs[2], ptrs[3], num_chunks, work, stream_);
+}
+
+void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {
+  const char* op = "kda_decode";
+  KdaDecodeArgs a;
+  a.H = p.heads;
+  a.qkv = fin(op, "qkv", p.qkv, 2);
+  a.B = int(p.qkv.dim(0));
+  K3_CHECK(a.H > 0 && p.qkv.dim(1) % (3 * a.H) == 0, "kda_decode: qkv width must be 3*heads*D");
+  a.D = int(p.qkv.dim(1) / (3 * a.H));
+  K3_CHECK(a.D == 64 || a.D == 128, "kda_decode: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
+  const int64_t P = int64_t(a.H) * a.D;
+  a.conv_w = fin(op, "conv_w", p.conv_w, 2);
+  a.W = int(p.conv_w.dim(1));
+  need_shape(op, "conv_w", p.conv_w, {3 * P, a.W});
+  a.conv_cache = fout(op, "conv_cache", p.conv_cache, 3);
+  K3_CHECK(p.conv_cache.dim(1) == a.W - 1 && p.conv_cache.dim(2) == 3 * P,
+           "kda_decode: conv_cache: expected [slots, W-1, 3P], got " + shape_str(p.conv_cache.shape()));
+  a.f = fin(op, "f", p.f);
+  need_shape(op, "f", p.f, {a.B, P});
+  K3_CHECK(p.a_log.numel() >= a.H, "kda_decode: a_log needs at least heads entries");
+  a.a_log = f32(op, "a_log", p.a_log);
+  need_shape(op, "dt_bias", p.dt_bias, {P});
+  a.dt_bias = f32(op, "dt_bias", p.dt_bias);
+  a.b = fin(op, "b", p.b);
+  need_shape(op, "b", p.b, {a.B, a.H});
+  a.state = f32(op, "state", p.state);
+  K3_CHECK(p.state.ndim() == 4 && p.state.dim(0) == p.conv_cache.dim(0) && p.state.dim(1) == a.H &&
+               p.state.dim(2) == a.D && p.state.dim(3) == a.D,
+           "kda_decode: state: expected [slots, H, D, D] with the conv cache's slots, got " + shape_str(p.state.shape()));
+  need_i32(op, "slots", p.slots, a.B);
+  a.o = fout(op, "o", p.o);
+  need_shape(op, "o", p.o, {a.B, a.H, a.D});
+  a.g_min = p.g_min;
+  a.slots = device_ints({&p.slots})[0];
+  auto* work = static_cast<float*>(work_.ensure(size_t(kda_decode_workspace_floats(a.B, a.H, a.D)) * 4));
+  launch_kda_decode(a, work, stream_);
+}
+
+void CudaBackend::mla_prefill(const ops::MlaPrefillParams& p) {
+  const char* op = "mla_prefill";
+  MlaPrefillArgs a;
+  a.q = fin(op, "q", p.q, 3);
+  a.T = int(p.q.dim(0));
+  a.H = int(p.q.dim(1));
+  a.Dqk = int(p.q.dim(2));
+  a.k = fin(op, "k", p.k, 3);
+  a.S = int(p.k.dim(0));
+  need_shape(op, "k", p.k, {a.S, a.H, a.Dqk});
+  a.v = fin(op, "v", p.v, 3);
+  a.Dv = int(p.v.dim(2));
+  need_shape(op, "v", p.v, {a.S, a.H, a.Dv});
+  a.o = fout(op, "o", p.o);
+  need_shape(op, "o", p.o, {a.T, a.H, a.Dv});
+  if (!p.lse.empty()) {
+    need_shape(op, "lse", p.lse, {a.T, a.H});
+    a.lse = f32(op, "lse", p.lse);
+  }
+  K3_CHECK(p.past >= 0 && p.past + a.T <= a.S, "mla_prefill: past + T must be <= S");
+  a.past = p.past;
+  a.scale = p.scale != 0.f ? p.scale : 1.f / std::sqrt(float(a.Dqk));
+  launch_mla_prefill(a, stream_);
+}
+
+void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
+  const char* op = "mla_decode";
+  MlaDecodeArgs a;
+  a.q_lat = bf16(op, "q_lat", p.q_lat);
+  K3_CHECK(p.q_lat.ndim() == 3, "mla_decode: q_lat must be [B, H, R]");
+  a.B = int(p.q_lat.dim(0));
+  a.H = int(p.q_lat.dim(1));
+  a.R = int(p.q_lat.dim(2));
+  a.q_rope = bf16(op, "q_rope", p.q_rope);
+  K3_CHECK(p.q_rope.ndim() == 3 && p.q_rope.dim(0) == a.B && p.q_rope.dim(1) == a.H,
+           "mla_decode: q_rope: expected [B, H, Dr], got " + shape_str(p.q_rope.shape()));
+  a.Dr = int(p.q_rope.dim(2));
+  a.kv = bf16(op, "kv_cache", p.kv_cache);
+  K3_CHECK(p.kv_cache.ndim() == 3 && p.kv_cache.dim(2) == a.R + a.Dr,
+           "mla_decode: kv_cache: expected [pages, page_size, R+Dr], got " + shape_str(p.kv_cache.shape()));
+  a.page_size = int(p.kv_cache.dim(1));
+  K3_CHECK(p.block_table.ndim() == 2 && p.block_table.dim(0) == a.B,
+           "mla_decode: block_table: expected [B, max_pages], got " + shape_str(p.block_table.shape()));
+  need_i32(op, "block_table", p.block_table, -1);
+  a.max_pages = int(p.block_table.dim(1));
+  need_i32(op, "seq_lens", p.seq_lens, a.B);
+  a.o = fout(op, "o", p.o);
+  need_shape(op, "o", p.o, {a.B, a.H, a.R});
+  need_shape(op, "lse", p.lse, {a.B, a.H});
+  a.lse = f32(op, "lse", p.lse);
+  a.scale = p.scale;
+  const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
+  a.block_table = ptrs[0];
+  a.seq_lens = ptrs[1];
+  const MlaDecodePlan plan = plan_mla_decode(a.B, a.H, a.max_pages * a.page_size, num_sms_);
+  auto* work = static_cast<float*>(work_.ensure(size_t(mla_decode_workspace_floats(plan, a.B, a.H, a.R)) * 4 + 256));
+  launch_mla_decode(a, plan, work, stream_);
+}
+
+void CudaBackend::lse_merge(const ops::LseMergeParams& p) {
+  const char* op = "lse_merge";
+  const FIn parts = fin(op, "o_parts", p.o_parts, 4);
+  const int64_t N = p.o_parts.dim(0), B = p.o_parts.dim(1), H = p.o_parts.dim(2), D = p.o_parts.dim(3);
+  need_shape(op, "lse_parts", p.lse_parts, {N, B, H});
+  need_shape(op, "o", p.o, {B, H, D});
+  float* lse = nullptr;
+  if (!p.lse.empty()) {
+    need_shape(op, "lse", p.lse, {B, H});
+    lse = f32(op, "lse", p.lse);
+  }
+  launch_lse_merge(parts, f32(op, "lse_parts", p.lse_parts), fout(op, "o", p.o), lse, int(N), B * H, int(D), stream_);
+}
+
+void CudaBackend::attnres_mix(const ops::AttnResMixParams& p) {
+  const char* op = "attnres_mix";
+  K3_CHECK(!p.candidates.empty() && int(p.candidates.size()) <= kMaxAttnResCandidates,
+           "attnres_mix: candidates: expected 1.." + std::to_string(kMaxAttnResCandidates) + ", got " +
+               std::to_string(p.candidates.size()));
+  AttnResCandidates c;
+  c.m = int(p.candidates.size());
+  const Shape& shape = p.candidates[0].shape();
+  K3_CHECK(shape.size() == 2, "attnres_mix: candidates must be [M, D]");
+  for (int j = 0; j < c.m; ++j) {
+    c.c[j] = fin(op, "candidates[j]", p.candidates[j], 2);
+    need_shape(op, "candidates[j]", p.candidates[j], shape);
+  }
+  need_shape(op, "query", p.query, {shape[1]});
+  need_shape(op, "y", p.y, shape);
+  launch_attnres_mix(c, f32(op, "query", p.query), fout(op, "y", p.y), shape[0], int(shape[1]), p.eps, stream_);
+}
+
+void CudaBackend::situ(const ops::SituParams& p) {
+  const char* op = "situ";
+  need_shape(op, "u", p.u, p.g.shape());
+  need_shape(op, "y", p.y, p.g.shape());
+  launch_situ(fin(op, "g", p.g), fin(op, "u", p.u), fout(op, "y", p.y), p.g.numel(), p.beta, p.beta_linear, stream_);
+}
+
+void CudaBackend::router_topk(const ops::RouterTopkParams& p) {
+  const char* op = "router_topk";
+  K3_CHECK(p.logits.ndim() == 2, "router_topk: logits must be [M, E]");
+  const int64_t M = p.logits.dim(0), E = p.logits.dim(1);
+  K3_CHECK(p.k > 0 && p.k <= E && p.k <= 64, "router_topk: k must be in 1..min(E, 64)");
+  need_shape(op, "bias", p.bias, {E});
+  need_shape(op, "ids", p.ids, {M, p.k});
+  need_i32(op, "ids", p.ids, M * p.k);
+  need_device(op, "ids", p.ids);
+  need_shape(op, "weights", p.weights, {M, p.k});
+  launch_router_topk(f32(op, "logits", p.logits), f32(op, "bias", p.bias), p.ids.ptr<int32_t>(),
+                     f32(op, "weights", p.weights), M, int(E), p.k, p.scale, stream_);
+}
+
+void CudaBackend::moe_experts(const ops::MoeExpertsParams& p) {
+  const char* op = "moe_experts";
+  MoeArgs a;
+  a.z = fin(op, "z", p.z, 2);
+  a.M = int(p.z.dim(0));
+  a.Dl = int(p.z.dim(1));
+  K3_CHECK(p.ids.ndim() == 2 && p.ids.dim(0) == a.M, "moe_experts: ids must be [M, k]");
+  a.k = int(p.ids.dim(1));
+  need_i32(op, "ids", p.ids, int64_t(a.M) * a.k);
+  need_device(op, "ids", p.ids);
+  a.ids = p.ids.ptr<const int32_t>();
+  need_shape(op, "weights", p.weights, {a.M, a.k});
+  a.weights = f32(op, "weights", p.weights);
+  a.w1 = fin(op, "w1", p.w1, 3);
+  a.E = int(p.w1.dim(0));
+  a.F = int(p.w1.dim(1));
+  need_shape(op, "w1", p.w1, {a.E, a.F, a.Dl});
+  a.w3 = fin(op, "w3", p.w3);
+  need_shape(op, "w3", p.w3, {a.E, a.F, a.Dl});
+  a.w2 = fin(op, "w2", p.w2);
+  need_shape(op, "w2", p.w2, {a.E, a.Dl, a.F});
+  a.y = fout(op, "y", p.y);
+  need_shape(op, "y", p.y, {a.M, a.Dl});
+  a.beta = p.beta;
+  a.beta_linear = p.beta_linear;
+  launch_moe_experts(a, stream_);
+}
+
+void CudaBackend::add(const ops::AddParams& p) {
+  need_shape("add", "b", p.b, p.a.shape());
+  need_shape("add", "y", p.y, p.a.shape());
+  launch_add(fin("add", "a", p.a), fin("add", "b", p.b), fout("add", "y", p.y), p.a.numel(), stream_);
+}
+
+void CudaBackend::sigmoid_mul(const ops::SigmoidMulParams& p) {
+  const char* op = "sigmoid_mul";
+  need_shape(op, "gate", p.gate, p.x.shape());
+  need_shape(op, "y", p.y, p.x.shape());
+  launch_sigmoid_mul(fin(op, "x", p.x), fin(op, "gate", p.gate), fout(op, "y", p.y), p.x.numel(), stream_);
+}
+
+void CudaBackend::sigmoid(const Tensor& x, Tensor& y) {
+  K3_CHECK(x.numel() == y.numel(), "sigmoid: x and y sizes differ");
+  launch_sigmoid(fin("sigmoid", "x", x), fout("sigmoid", "y", y), x.numel(), stream_);
+}
+
+void CudaBackend::embedding(const ops::EmbeddingParams& p) {
+  const char* op = "embedding";
+  const FIn table = fin(op, "table", p.table, 2);
+  const int64_t M = p.ids.numel(), D = p.table.dim(1);
+  need_i32(op, "ids", p.ids, M);
+  need_shape(op, "y", p.y, {M, D});
+  if (p.ids.device() == Device::Cpu)
+    for (int64_t i = 0; i < M; ++i)
+      K3_CHECK(p.ids.ptr<const int32_t>()[i] >= 0 && p.ids.ptr<const int32_t>()[i] < p.table.dim(0),
+               "embedding: ids[" + std::to_string(i) + "] out of range");
+  const int32_t* ids = device_ints({&p.ids})[0];
+  launch_embedding(table, ids, fout(op, "y", p.y), M, D, p.table.dim(0), stream_);
+}
+
+void CudaBackend::sample(const ops::SampleParams& p) {
+  ops::SampleParams h = p;
+  if (p.logits.device() == Device::Cuda) h.logits = to_host(p.logits);
+  host_->sample(h);
+}
+
+void CudaBackend::copy_cols(const ops::CopyColsParams& p) {
+  const char* op = "copy_cols";
+  need_device(op, "src", p.src);
+  need_device(op, "dst", p.dst);
+  K3_CHECK(p.src.ndim() == 2 && p.dst.ndim() == 2, "copy_cols: src and dst must be 2-D");
+  K3_CHECK(p.src.dtype() == p.dst.dtype(), "copy_cols: src and dst dtypes differ");
+  const int64_t ns = p.src.dim(1), nd = p.dst.dim(1);
+  const int64_t n = p.ncols < 0 ? ns - p.src_col : p.ncols;
+  K3_CHECK(p.src_row_repeat >= 1 && p.dst.dim(0) == p.src.dim(0) * p.src_row_repeat,
+           "copy_cols: dst rows must equal src rows x repeat");
+  K3_CHECK(p.src_col >= 0 && p.src_col + n <= ns && p.dst_col >= 0 && p.dst_col + n <= nd,
+           "copy_cols: column range out of bounds");
+  const int elem = int(dtype_size(p.src.dtype()));
+  K3_CHECK(elem == 2 || elem == 4, "copy_cols: element size must be 2 or 4 bytes");
+  launch_copy_cols(p.src.data(), p.src.dim(0), ns, p.dst.data(), p.dst.dim(0), nd, p.src_col, p.dst_col, n,
+                   p.src_row_repeat, elem, stream_);
+}
+
+void CudaBackend::scatter_rows(const ops::ScatterRowsParams& p) {
+  const char* op = "scatter_rows";
+  need_device(op, "src", p.src);
+  need_device(op, "dst", p.dst);
+  K3_CHECK(p.src.ndim() == 2 && p.dst.ndim() == 2 && p.src.dim(1) == p.dst.dim(1) && p.src.dtype() == p.dst.dtype(),
+           "scatter_rows: src " + shape_str(p.src.shape()) + " and dst " + shape_str(p.dst.shape()) +
+               " must agree in width and dtype");
+  need_i32(op, "ids", p.ids, p.src.dim(0));
+  if (p.ids.device() == Device::Cpu)
+    for (int64_t r = 0; r < p.src.dim(0); ++r)
+      K3_CHECK(p.ids.ptr<const int32_t>()[r] >= 0 && p.ids.ptr<const int32_t>()[r] < p.dst.dim(0),
+               "scatter_rows: id " + std::to_string(p.ids.ptr<const int32_t>()[r]) + " out of range");
+  const int32_t* ids = device_ints({&p.ids})[0];
+  launch_scatter_rows(p.src.data(), ids, p.dst.data(), p.src.dim(0), int64_t(p.src.dim(1)) * dtype_size(p.src.dtype()),
+                      stream_);
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why_not) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    if (why_not) *why_not = std::string("no CUDA device visible: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return nullptr;
+  }
+  if (device < 0 || device >= count) {
+    if (why_not) *why_not = "CUDA device " + std::to_string(device) + " out of range (have " + std::to_string(count) + ")";
+    return nullptr;
+  }
+  try {
+    return std::make_unique<cuda::CudaBackend>(device);
+  } catch (const std::exception& ex) {
+    if (why_not) *why_not = ex.what();
+    return nullptr;
+  }
+}
+
+}  // namespace k3

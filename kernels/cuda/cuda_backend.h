@@ -1,0 +1,77 @@
+// The CUDA backend: BF16 activations and weights, F32 KDA state, gates, beta, softmax statistics
+// and router scores (kernels/ops.h). All work goes to one stream owned by the instance; ops never
+// allocate their outputs, and decode-size ops (kda_decode, mla_decode, lse_merge and the simple
+// kernels) only touch workspaces that were sized by an earlier call, so a decode step captures in
+// a CUDA graph once it has run eagerly once.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cublaslt_gemm.h"
+#include "kernels/cuda/device_buffer.h"
+
+namespace k3::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+
+  BackendKind kind() const override { return BackendKind::Cuda; }
+  const char* name() const override { return "cuda"; }
+  DType compute_dtype() const override { return DType::BF16; }
+
+  Tensor alloc(const Shape& shape, DType dtype) override;
+  Tensor to_host(const Tensor& t) override;
+  Tensor from_host(const Tensor& host, DType dtype) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void synchronize() override;
+  std::string supports(const std::string& op, const Shape& shape) const override;
+
+  void gemm(const ops::GemmParams& p) override;
+  void rmsnorm(const ops::RmsNormParams& p) override;
+  void l2norm(const ops::L2NormParams& p) override;
+  void short_conv(const ops::ShortConvParams& p) override;
+  void kda_gate(const ops::KdaGateParams& p) override;
+  void kda_chunk(const ops::KdaParams& p) override;
+  void kda_recurrent(const ops::KdaParams& p) override;
+  void kda_decode(const ops::KdaDecodeParams& p) override;
+  void mla_prefill(const ops::MlaPrefillParams& p) override;
+  void mla_decode(const ops::MlaDecodeParams& p) override;
+  void lse_merge(const ops::LseMergeParams& p) override;
+  void attnres_mix(const ops::AttnResMixParams& p) override;
+  void situ(const ops::SituParams& p) override;
+  void router_topk(const ops::RouterTopkParams& p) override;
+  void moe_experts(const ops::MoeExpertsParams& p) override;
+  void add(const ops::AddParams& p) override;
+  void sigmoid_mul(const ops::SigmoidMulParams& p) override;
+  void sigmoid(const Tensor& x, Tensor& y) override;
+  void embedding(const ops::EmbeddingParams& p) override;
+  void sample(const ops::SampleParams& p) override;
+  void copy_cols(const ops::CopyColsParams& p) override;
+  void scatter_rows(const ops::ScatterRowsParams& p) override;
+  void head_gemm(const ops::HeadGemmParams& p) override;
+
+  cudaStream_t stream() const { return stream_; }
+  int num_sms() const { return num_sms_; }
+  const std::string& device_name() const { return device_name_; }
+
+ private:
+  // Device pointers for I32 index tensors that may live on the host (staged through one upload).
+  std::vector<const int32_t*> device_ints(std::initializer_list<const Tensor*> ts);
+
+  int device_ = 0;
+  int num_sms_ = 0;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CublasLtGemm> gemm_;  // created after cudaSetDevice
+  DeviceBuffer work_;     // float workspaces (KDA chunk/decode, MLA split partials)
+  DeviceBuffer ints_;     // staged index arrays
+  std::unique_ptr<Backend> host_;  // sampling runs on the host reference
+};
+
+}  // namespace k3::cuda

@@ -1,0 +1,137 @@
+// Host-side launchers of the CUDA kernels: raw device pointers plus sizes, already validated by
+// CudaBackend (the host boundary). Shapes are written beside each pointer.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/any_ptr.h"
+
+namespace k3::cuda {
+
+// ---- simple row / element-wise kernels (elementwise.cu) ----
+void launch_rmsnorm(FIn x /*[M,D]*/, FIn w /*[D], p may be null*/, FOut y /*[M,D]*/, int64_t M, int D, float eps,
+                    cudaStream_t s);
+void launch_l2norm(FIn x, FOut y, int64_t M, int D, float eps, float scale, cudaStream_t s);
+void launch_situ(FIn g, FIn u, FOut y, int64_t n, float beta, float beta_linear, cudaStream_t s);
+void launch_add(FIn a, FIn b, FOut y, int64_t n, cudaStream_t s);
+void launch_sigmoid_mul(FIn x, FIn gate, FOut y, int64_t n, cudaStream_t s);
+void launch_sigmoid(FIn x, FOut y, int64_t n, cudaStream_t s);
+void launch_embedding(FIn table /*[V,D]*/, const int32_t* ids /*[M]*/, FOut y /*[M,D]*/, int64_t M, int64_t D,
+                      int64_t V, cudaStream_t s);
+// g[t,h,i] = g_min * sigmoid(exp(a_log[h]) * (f[t,h*D+i] + dt_bias[h*D+i])), fp32 out [T,H,D].
+void launch_kda_gate(FIn f, const float* a_log, const float* dt_bias, float* g, int64_t T, int H, int D, float g_min,
+                     cudaStream_t s);
+// dst[r, dst_col+j] = src[r / repeat, src_col+j], elements of `elem` bytes (2 or 4).
+void launch_copy_cols(const void* src, int64_t src_rows, int64_t src_cols, void* dst, int64_t dst_rows,
+                      int64_t dst_cols, int64_t src_col, int64_t dst_col, int64_t ncols, int repeat, int elem,
+                      cudaStream_t s);
+void launch_scatter_rows(const void* src /*[R,W]*/, const int32_t* ids /*[R]*/, void* dst /*[N,W]*/, int64_t R,
+                         int64_t row_bytes, cudaStream_t s);
+
+// ---- attnres_mix.cu ----
+constexpr int kMaxAttnResCandidates = 16;
+struct AttnResCandidates {
+  FIn c[kMaxAttnResCandidates];  // each [M, D]
+  int m = 0;
+};
+void launch_attnres_mix(const AttnResCandidates& c, const float* query /*[D]*/, FOut y /*[M,D]*/, int64_t M, int D,
+                        float eps, cudaStream_t s);
+
+// ---- router_topk.cu ----
+void launch_router_topk(const float* logits /*[M,E]*/, const float* bias /*[E]*/, int32_t* ids /*[M,k]*/,
+                        float* weights /*[M,k]*/, int64_t M, int E, int k, float scale, cudaStream_t s);
+
+// ---- short_conv.cu ----
+void launch_short_conv(FIn x /*[T,C]*/, FIn w /*[C,W]*/, FOut cache /*[slots,W-1,C]*/, const int32_t* slots /*[N]*/,
+                       const int32_t* cu_seqlens /*[N+1]*/, FOut y /*[T,C]*/, int N, int C, int W, cudaStream_t s);
+
+// ---- KDA (kda_recurrent.cu, kda_chunk.cu, kda_decode.cu) ----
+struct KdaArgs {
+  FIn q, k, v;                   // [T, H, K], [T, H, K], [T, H, V]
+  const float* g = nullptr;      // [T, H, K] log-decay
+  const float* beta = nullptr;   // [T, H]
+  float* state = nullptr;        // [slots, H, V, K] in/out
+  const int32_t* slots = nullptr;       // [N] device
+  const int32_t* cu_seqlens = nullptr;  // [N+1] device
+  FOut o;                        // [T, H, V]
+  int N = 0, H = 0, K = 0, V = 0;
+};
+void launch_kda_recurrent(const KdaArgs& a, cudaStream_t s);
+
+// Chunked form, K = V = 128, chunk 64. `chunk_table` [num_chunks, 4] I32 on device: (first token,
+// length, sequence, index of the chunk within its sequence); `seq_chunk0` [N+1] the first chunk of
+// each sequence. `work` holds kda_chunk_workspace_floats(num_chunks, H) floats.
+int64_t kda_chunk_workspace_floats(int64_t num_chunks, int H);
+void launch_kda_chunk(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, int num_chunks,
+                      float* work, cudaStream_t s);
+
+struct KdaDecodeArgs {
+  FIn qkv;                       // [B, 3*H*D]
+  FIn conv_w;                    // [3*H*D, W]
+  FOut conv_cache;               // [slots, W-1, 3*H*D] in/out
+  FIn f;                         // [B, H*D]
+  const float* a_log = nullptr;  // [>=H]
+  const float* dt_bias = nullptr;  // [H*D]
+  FIn b;                         // [B, H]
+  float* state = nullptr;        // [slots, H, D, D] in/out
+  const int32_t* slots = nullptr;  // [B]
+  FOut o;                        // [B, H, D]
+  int B = 0, H = 0, D = 0, W = 0;
+  float g_min = -5.f;
+};
+// `work` holds kda_decode_workspace_floats(B, H, D) floats.
+int64_t kda_decode_workspace_floats(int B, int H, int D);
+void launch_kda_decode(const KdaDecodeArgs& a, float* work, cudaStream_t s);
+
+// ---- MLA (mla_decode.cu, mla_prefill.cu) and the LSE merge (lse_merge.cu) ----
+struct MlaDecodeArgs {
+  const __nv_bfloat16* q_lat = nullptr;   // [B, H, R]
+  const __nv_bfloat16* q_rope = nullptr;  // [B, H, Dr]
+  const __nv_bfloat16* kv = nullptr;      // [pages, page_size, R+Dr]
+  const int32_t* block_table = nullptr;   // [B, max_pages]
+  const int32_t* seq_lens = nullptr;      // [B]
+  FOut o;                                 // [B, H, R]
+  float* lse = nullptr;                   // [B, H]
+  int B = 0, H = 0, R = 0, Dr = 0, page_size = 0, max_pages = 0;
+  float scale = 0.f;
+};
+// Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.
+struct MlaDecodePlan {
+  int splits = 1;
+  int tokens_per_split = 0;
+};
+MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms);
+int64_t mla_decode_workspace_floats(const MlaDecodePlan& plan, int B, int H, int R);
+void launch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* work, cudaStream_t s);
+
+struct MlaPrefillArgs {
+  FIn q;  // [T, H, Dqk]
+  FIn k;  // [S, H, Dqk]
+  FIn v;  // [S, H, Dv]
+  FOut o;  // [T, H, Dv]
+  float* lse = nullptr;  // [T, H] or null
+  int T = 0, S = 0, H = 0, Dqk = 0, Dv = 0;
+  int64_t past = 0;
+  float scale = 0.f;
+};
+void launch_mla_prefill(const MlaPrefillArgs& a, cudaStream_t s);
+
+// o[r, :] = merge over n of (o_parts[n, r, :], lse_parts[n, r]); rows r = B*H; lse may be null.
+void launch_lse_merge(FIn o_parts /*[N, rows, D]*/, const float* lse_parts /*[N, rows]*/, FOut o /*[rows, D]*/,
+                      float* lse /*[rows]*/, int N, int64_t rows, int D, cudaStream_t s);
+
+// ---- moe_experts.cu (simple reference-shaped kernel) ----
+struct MoeArgs {
+  FIn z;                        // [M, Dl]
+  const int32_t* ids = nullptr;      // [M, k]
+  const float* weights = nullptr;    // [M, k]
+  FIn w1, w3;                   // [E, F, Dl]
+  FIn w2;                       // [E, Dl, F]
+  FOut y;                       // [M, Dl]
+  int M = 0, k = 0, E = 0, F = 0, Dl = 0;
+  float beta = 4.f, beta_linear = 25.f;
+};
+void launch_moe_experts(const MoeArgs& a, cudaStream_t s);
+
+}  // namespace k3::cuda

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One call on the GPU host: unpack the offline kit, configure + build with only CUDA (+ NCCL) there,
+# run the CUDA-vs-CPU tests, the fla/PyTorch references and `k3-bench kernels`.
+#   tests/cuda/run_on_gpu_host.sh OUT_DIR [--no-ref] [--all]
+# Needs .kit/k3-offline-kit.tar.gz (deploy/offline-kit.sh pack) and, for the references, the
+# fla-core wheel in .whl/ (deploy/OFFLINE_KIT.md). Writes at most 7 files to OUT_DIR: build.log,
+# resources.txt, tests.log, ref.json, ref.log, ours.json, bench.md.
+set -uo pipefail
+OUT=${1:?output dir}
+shift
+REF=1 ALL=0
+for a in "$@"; do
+  case $a in --no-ref) REF=0 ;; --all) ALL=1 ;; esac
+done
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+deploy/offline-kit.sh unpack .kit/k3-offline-kit.tar.gz /tmp/k3kit >/dev/null || exit 1
+# shellcheck disable=SC1091
+source /tmp/k3kit/env.sh
+{ nvidia-smi -L; nvcc --version | tail -1; g++ --version | head -1; cmake --version | head -1; echo "NCCL_ROOT=${NCCL_ROOT:-none}"; } 2>&1 | tee "$OUT/build.log"
+B=build-gpu
+t0=$(date +%s)
+cmake -S . -B $B -G Ninja -DK3_CUDA=ON -DCMAKE_BUILD_TYPE=Release >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+TARGETS="cuda_test_cuda_ops cuda_test_cuda_attention k3-bench"
+[[ $ALL == 1 ]] && TARGETS=all
+ninja -C $B -j16 $TARGETS >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
+echo "configure+build: $(( $(date +%s) - t0 )) s"
+cuobjdump --dump-resource-usage $B/lib/libk3_kernels.a 2>/dev/null | grep -E "Function|REG" > "$OUT/resources.txt"
+for t in cuda_test_cuda_ops cuda_test_cuda_attention; do
+  $B/tests/$t 2>&1 | tee -a "$OUT/tests.log" | tail -25
+done
+if [[ $REF == 1 ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/fla_core-*.whl &&
+    PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site timeout "${REF_TIMEOUT:-240}" python3 bench/fla_reference.py --out "$OUT/ref.json" > "$OUT/ref.log" 2>&1
+  tail -5 "$OUT/ref.log"
+fi
+# REF_JSON: reuse reference timings of an earlier run (with --no-ref); default: this run's.
+$B/bin/k3-bench kernels --ref "${REF_JSON:-$OUT/ref.json}" --json "$OUT/ours.json" 2>&1 | tee "$OUT/bench.md"

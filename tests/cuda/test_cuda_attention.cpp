@@ -1,0 +1,214 @@
+// CUDA backend vs the CPU reference: short conv, KDA (gate, recurrence, chunked prefill, decode
+// step), MLA decode and prefill, LSE merge. Edge sizes: T = 1, T not a multiple of 64, sequences
+// of length 0, requests with no cached tokens, empty partitions. Unused cache pages hold NaN.
+#include <numeric>
+
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/tolerances.h"
+
+using namespace k3;
+using namespace k3::cudatest;
+
+namespace {
+
+void normalise_heads(Tensor& t, float scale) {
+  const int64_t D = t.dim(-1), rows = t.numel() / D;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = t.f32() + r * D;
+    double ss = 0;
+    for (int64_t i = 0; i < D; ++i) ss += double(p[i]) * p[i];
+    for (int64_t i = 0; i < D; ++i) p[i] = round_bf16(float(p[i] * scale / std::sqrt(ss + 1e-6)));
+  }
+}
+
+Tensor cu_of(const std::vector<int32_t>& lens) {
+  std::vector<int32_t> cu{0};
+  for (int32_t l : lens) cu.push_back(cu.back() + l);
+  return ints(cu);
+}
+
+}  // namespace
+
+TEST_CASE("cuda short_conv matches cpu (varlen, empty sequence, cache update)", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(21);
+  const std::vector<int32_t> lens = {5, 0, 70, 1, 2};
+  const int64_t T = std::accumulate(lens.begin(), lens.end(), 0), C = 96, W = 4, slots_n = 7;
+  Tensor x = randn({T, C}, rng), w = randn({C, W}, rng, 0.5f, false), cache = randn({slots_n, W - 1, C}, rng);
+  Tensor slots = ints({6, 0, 3, 2, 5}), cu = cu_of(lens);
+  Tensor gcache = g.from_host(cache, DType::BF16);
+  Tensor y = Tensor::zeros({T, C});
+  bk.cpu->short_conv({.x = x, .w = w, .cache = cache, .slots = slots, .cu_seqlens = cu, .y = y});
+  Tensor gy = poisoned(g, {T, C}, DType::BF16);
+  g.short_conv({.x = g.from_host(x, DType::BF16), .w = g.from_host(w, DType::F32), .cache = gcache,
+                .slots = g.from_host(slots, DType::I32), .cu_seqlens = g.from_host(cu, DType::I32), .y = gy});
+  expect_close(g, gy, y, tol("short_conv"), "short_conv y");
+  expect_close(g, gcache, cache, tol("short_conv"), "short_conv cache");
+}
+
+TEST_CASE("cuda kda_gate matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(22);
+  const int64_t T = 13, H = 3, D = 128;
+  Tensor f = randn({T, H * D}, rng, 2.f), a_log = randn({128}, rng, 0.5f, false), dt = randn({H * D}, rng, 0.5f, false);
+  Tensor out = Tensor::zeros({T, H, D});
+  bk.cpu->kda_gate({.f = f, .a_log = a_log, .dt_bias = dt, .g = out, .heads = int(H), .g_min = -5.f});
+  Tensor gout = poisoned(g, {T, H, D}, DType::F32);
+  g.kda_gate({.f = g.from_host(f, DType::BF16), .a_log = g.from_host(a_log, DType::F32),
+              .dt_bias = g.from_host(dt, DType::F32), .g = gout, .heads = int(H), .g_min = -5.f});
+  expect_close(g, gout, out, tol("f32_math"), "kda_gate");
+}
+
+TEST_CASE("cuda kda chunked and recurrent match the cpu recurrence", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(23);
+  const std::vector<std::vector<int32_t>> batches = {{1}, {64}, {100, 0, 129, 1}, {300}};
+  for (const auto& lens : batches) {
+    const int64_t T = std::accumulate(lens.begin(), lens.end(), 0), H = 2, D = 128;
+    const int64_t N = int64_t(lens.size()), num_slots = N + 2;
+    std::string tag = "lens=";
+    for (int32_t l : lens) tag += std::to_string(l) + ",";
+    Tensor q = randn({T, H, D}, rng), k = randn({T, H, D}, rng), v = randn({T, H, D}, rng);
+    normalise_heads(q, 1.f / std::sqrt(float(D)));
+    normalise_heads(k, 1.f);
+    Tensor gate = uniform({T, H, D}, rng, -5.f, -0.001f, false);
+    Tensor beta = uniform({T, H}, rng, 0.05f, 0.95f, false);
+    Tensor state0 = randn({num_slots, H, D, D}, rng, 0.1f, false);
+    std::vector<int32_t> slot_of(N);
+    for (int64_t n = 0; n < N; ++n) slot_of[n] = int32_t(num_slots - 1 - n);
+    Tensor slots = ints(slot_of), cu = cu_of(lens);
+    Tensor ref_state = state0.clone();
+    Tensor ref_o = Tensor::zeros({T, H, D});
+    bk.cpu->kda_recurrent({.q = q, .k = k, .v = v, .g = gate, .beta = beta, .state = ref_state, .slots = slots,
+                           .cu_seqlens = cu, .o = ref_o});
+    for (bool chunked : {false, true}) {
+      Tensor gstate = g.from_host(state0, DType::F32);
+      Tensor go = poisoned(g, {T, H, D}, DType::BF16);
+      ops::KdaParams p{.q = g.from_host(q, DType::BF16), .k = g.from_host(k, DType::BF16),
+                       .v = g.from_host(v, DType::BF16), .g = g.from_host(gate, DType::F32),
+                       .beta = g.from_host(beta, DType::F32), .state = gstate,
+                       .slots = g.from_host(slots, DType::I32), .cu_seqlens = g.from_host(cu, DType::I32), .o = go};
+      if (chunked) g.kda_chunk(p);
+      else g.kda_recurrent(p);
+      const std::string name = std::string(chunked ? "kda_chunk " : "kda_recurrent ") + tag;
+      expect_close(g, go, ref_o, tol(chunked ? "kda_out" : "kda_recurrent"), name + " o");
+      expect_close(g, gstate, ref_state, tol(chunked ? "kda_state" : "kda_recurrent"), name + " state");
+    }
+  }
+}
+
+TEST_CASE("cuda kda_decode matches cpu (conv + gate + delta rule, per-request slots)", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(24);
+  for (int64_t D : {64, 128}) {
+    const int64_t B = 3, H = 2, W = 4, P = H * D, num_slots = 5;
+    Tensor qkv = randn({B, 3 * P}, rng), conv_w = randn({3 * P, W}, rng, 0.5f, false);
+    Tensor conv_cache = randn({num_slots, W - 1, 3 * P}, rng);
+    Tensor f = randn({B, P}, rng), a_log = randn({H}, rng, 0.3f, false), dt = randn({P}, rng, 0.3f, false);
+    Tensor b = randn({B, H}, rng);
+    Tensor state = randn({num_slots, H, D, D}, rng, 0.1f, false);
+    Tensor slots = ints({2, 0, 4});
+    Tensor gcache = g.from_host(conv_cache, DType::BF16), gstate = g.from_host(state, DType::F32);
+    Tensor o = Tensor::zeros({B, H, D});
+    bk.cpu->kda_decode({.qkv = qkv, .conv_w = conv_w, .conv_cache = conv_cache, .f = f, .a_log = a_log,
+                        .dt_bias = dt, .b = b, .state = state, .slots = slots, .o = o, .heads = int(H)});
+    Tensor go = poisoned(g, {B, H, D}, DType::BF16);
+    g.kda_decode({.qkv = g.from_host(qkv, DType::BF16), .conv_w = g.from_host(conv_w, DType::F32),
+                  .conv_cache = gcache, .f = g.from_host(f, DType::BF16), .a_log = g.from_host(a_log, DType::F32),
+                  .dt_bias = g.from_host(dt, DType::F32), .b = g.from_host(b, DType::BF16), .state = gstate,
+                  .slots = g.from_host(slots, DType::I32), .o = go, .heads = int(H)});
+    const std::string tag = " D=" + std::to_string(D);
+    expect_close(g, go, o, tol("kda_decode"), "kda_decode o" + tag);
+    expect_close(g, gstate, state, tol("kda_decode"), "kda_decode state" + tag);
+    expect_close(g, gcache, conv_cache, tol("kda_decode"), "kda_decode conv cache" + tag);
+  }
+}
+
+TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused pages)", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(25);
+  struct Case { int64_t H, R, Dr, page; std::vector<int32_t> lens; };
+  const std::vector<Case> cases = {{16, 512, 64, 64, {0, 1, 200, 1000}},
+                                   {20, 512, 64, 16, {37, 0, 3}},
+                                   {96, 512, 64, 64, {5000, 64}},
+                                   {4, 64, 16, 8, {9, 0, 30}}};
+  for (const auto& c : cases) {
+    const int64_t B = int64_t(c.lens.size());
+    int64_t max_pages = 0;
+    for (int32_t l : c.lens) max_pages = std::max<int64_t>(max_pages, (l + c.page - 1) / c.page);
+    max_pages += 1;
+    const int64_t num_pages = B * max_pages + 3;
+    Tensor kv = filled({num_pages, c.page, c.R + c.Dr}, std::numeric_limits<float>::quiet_NaN());
+    std::vector<int32_t> perm(num_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> table(B * max_pages, 0);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    int next = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < max_pages; ++j) {
+        const int32_t page = perm[next++];
+        table[b * max_pages + j] = page;
+        for (int64_t r = 0; r < c.page; ++r) {
+          if (j * c.page + r >= c.lens[b]) continue;  // stays NaN: must never be read
+          float* row = kv.f32() + (int64_t(page) * c.page + r) * (c.R + c.Dr);
+          for (int64_t i = 0; i < c.R + c.Dr; ++i) row[i] = round_bf16(nd(rng));
+        }
+      }
+    Tensor q_lat = randn({B, c.H, c.R}, rng, 0.3f), q_rope = randn({B, c.H, c.Dr}, rng, 0.3f);
+    Tensor bt = Tensor::from_i32({B, max_pages}, table), sl = ints(c.lens);
+    const float scale = 1.f / std::sqrt(192.f);
+    Tensor o = Tensor::zeros({B, c.H, c.R}), lse = Tensor::zeros({B, c.H});
+    bk.cpu->mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = bt, .seq_lens = sl, .o = o,
+                        .lse = lse, .scale = scale});
+    Tensor go = poisoned(g, {B, c.H, c.R}, DType::BF16), glse = poisoned(g, {B, c.H}, DType::F32);
+    g.mla_decode({.q_lat = g.from_host(q_lat, DType::BF16), .q_rope = g.from_host(q_rope, DType::BF16),
+                  .kv_cache = g.from_host(kv, DType::BF16), .block_table = g.from_host(bt, DType::I32),
+                  .seq_lens = g.from_host(sl, DType::I32), .o = go, .lse = glse, .scale = scale});
+    const std::string tag = " H=" + std::to_string(c.H) + " R=" + std::to_string(c.R);
+    expect_close(g, go, o, tol("mla_decode"), "mla_decode o" + tag);
+    expect_close(g, glse, lse, tol("mla_lse"), "mla_decode lse" + tag);
+  }
+}
+
+TEST_CASE("cuda mla_prefill matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(26);
+  for (auto [T, past] : std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {5, 7}, {70, 0}}) {
+    const int64_t H = 3, Dqk = 192, Dv = 128, S = past + T;
+    Tensor q = randn({T, H, Dqk}, rng, 0.3f), k = randn({S, H, Dqk}, rng, 0.3f), v = randn({S, H, Dv}, rng);
+    Tensor o = Tensor::zeros({T, H, Dv}), lse = Tensor::zeros({T, H});
+    const float scale = 1.f / std::sqrt(float(Dqk));
+    bk.cpu->mla_prefill({.q = q, .k = k, .v = v, .o = o, .lse = lse, .past = past, .scale = scale});
+    Tensor go = poisoned(g, {T, H, Dv}, DType::BF16), glse = poisoned(g, {T, H}, DType::F32);
+    g.mla_prefill({.q = g.from_host(q, DType::BF16), .k = g.from_host(k, DType::BF16),
+                   .v = g.from_host(v, DType::BF16), .o = go, .lse = glse, .past = past, .scale = scale});
+    const std::string tag = " T=" + std::to_string(T) + " past=" + std::to_string(past);
+    expect_close(g, go, o, tol("mla_prefill"), "mla_prefill o" + tag);
+    expect_close(g, glse, lse, tol("mla_lse"), "mla_prefill lse" + tag);
+  }
+}
+
+TEST_CASE("cuda lse_merge matches cpu (empty partitions, all-empty rows)", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(27);
+  const int64_t N = 4, B = 3, H = 5, D = 64;
+  Tensor parts = randn({N, B, H, D}, rng, 1.f, false), lse = randn({N, B, H}, rng, 3.f, false);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t h = 0; h < H; ++h) lse.f32()[(1 * B + 0) * H + h] = ninf;  // partition 1 empty for request 0
+  for (int64_t n = 0; n < N; ++n) lse.f32()[(n * B + 2) * H + 4] = ninf;  // request 2 head 4: no keys anywhere
+  Tensor o = Tensor::zeros({B, H, D}), ol = Tensor::zeros({B, H});
+  bk.cpu->lse_merge({.o_parts = parts, .lse_parts = lse, .o = o, .lse = ol});
+  Tensor go = poisoned(g, {B, H, D}, DType::F32), gl = poisoned(g, {B, H}, DType::F32);
+  g.lse_merge({.o_parts = g.from_host(parts, DType::F32), .lse_parts = g.from_host(lse, DType::F32), .o = go,
+               .lse = gl});
+  expect_close(g, go, o, tol("lse_merge"), "lse_merge o");
+  expect_close(g, gl, ol, tol("lse_merge"), "lse_merge lse");
+}

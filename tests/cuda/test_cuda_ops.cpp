@@ -1,0 +1,187 @@
+// CUDA backend vs the CPU reference: GEMM, norms, element-wise ops, routing, MoE, data movement.
+// Tolerances and their reasons: tests/cuda/tolerances.h.
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/tolerances.h"
+
+using namespace k3;
+using namespace k3::cudatest;
+
+TEST_CASE("cuda gemm matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  std::mt19937 rng(11);
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 64, 128}, {37, 96, 200}, {256, 512, 1024}};
+  for (auto [M, N, K] : shapes) {
+    for (bool f32_out : {false, true}) {
+      Tensor x = randn({M, K}, rng), w = randn({N, K}, rng, 0.05f);
+      Tensor y = Tensor::zeros({M, N});
+      bk.cpu->gemm({.x = x, .w = w, .y = y});
+      Tensor gy = poisoned(*bk.gpu, {M, N}, f32_out ? DType::F32 : DType::BF16);
+      bk.gpu->gemm({.x = bk.gpu->from_host(x, DType::BF16), .w = bk.gpu->from_host(w, DType::BF16), .y = gy});
+      expect_close(*bk.gpu, gy, y, tol(f32_out ? "gemm_f32" : "gemm"),
+                   "gemm M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+    }
+  }
+}
+
+TEST_CASE("cuda head_gemm matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  std::mt19937 rng(12);
+  const int64_t M = 3, H = 5, K = 64, N = 48;
+  Tensor x = randn({M, H, K}, rng), w = randn({H, N, K}, rng, 0.1f);
+  Tensor y = Tensor::zeros({M, H, N});
+  bk.cpu->head_gemm({.x = x, .w = w, .y = y});
+  Tensor gy = poisoned(*bk.gpu, {M, H, N}, DType::F32);
+  bk.gpu->head_gemm({.x = bk.gpu->from_host(x, DType::BF16), .w = bk.gpu->from_host(w, DType::BF16), .y = gy});
+  expect_close(*bk.gpu, gy, y, tol("gemm_f32"), "head_gemm");
+}
+
+TEST_CASE("cuda norms and element-wise ops match cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(13);
+  for (auto [M, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 128}, {33, 7168}, {5, 100}}) {
+    const std::string tag = " M=" + std::to_string(M) + " D=" + std::to_string(D);
+    Tensor x = randn({M, D}, rng, 2.f), w = randn({D}, rng), u = randn({M, D}, rng, 10.f);
+    {
+      Tensor y = Tensor::zeros({M, D});
+      bk.cpu->rmsnorm({.x = x, .w = w, .y = y, .eps = 1e-5f});
+      Tensor gy = poisoned(g, {M, D}, DType::BF16);
+      g.rmsnorm({.x = g.from_host(x, DType::BF16), .w = g.from_host(w, DType::F32), .y = gy, .eps = 1e-5f});
+      expect_close(g, gy, y, tol("rowwise_bf16"), "rmsnorm" + tag);
+    }
+    {
+      Tensor y = Tensor::zeros({M, D});
+      bk.cpu->l2norm({.x = x, .y = y, .eps = 1e-6f, .scale = 0.5f});
+      Tensor gy = poisoned(g, {M, D}, DType::BF16);
+      g.l2norm({.x = g.from_host(x, DType::BF16), .y = gy, .eps = 1e-6f, .scale = 0.5f});
+      expect_close(g, gy, y, tol("rowwise_bf16"), "l2norm" + tag);
+    }
+    {
+      Tensor y = Tensor::zeros({M, D});
+      bk.cpu->situ({.g = x, .u = u, .y = y});
+      Tensor gy = poisoned(g, {M, D}, DType::BF16);
+      g.situ({.g = g.from_host(x, DType::BF16), .u = g.from_host(u, DType::BF16), .y = gy});
+      expect_close(g, gy, y, tol("rowwise_bf16"), "situ" + tag);
+    }
+    {
+      Tensor y = Tensor::zeros({M, D});
+      bk.cpu->add({.a = x, .b = u, .y = y});
+      Tensor gy = poisoned(g, {M, D}, DType::BF16);
+      g.add({.a = g.from_host(x, DType::BF16), .b = g.from_host(u, DType::BF16), .y = gy});
+      expect_close(g, gy, y, tol("rowwise_bf16"), "add" + tag);
+    }
+    {
+      Tensor y = Tensor::zeros({M, D});
+      bk.cpu->sigmoid_mul({.x = x, .gate = u, .y = y});
+      Tensor gy = poisoned(g, {M, D}, DType::BF16);
+      g.sigmoid_mul({.x = g.from_host(x, DType::BF16), .gate = g.from_host(u, DType::BF16), .y = gy});
+      expect_close(g, gy, y, tol("rowwise_bf16"), "sigmoid_mul" + tag);
+    }
+    {
+      Tensor y = Tensor::zeros({M, D});
+      bk.cpu->sigmoid(x, y);
+      Tensor gy = poisoned(g, {M, D}, DType::F32);
+      Tensor gx = g.from_host(x, DType::BF16);
+      g.sigmoid(gx, gy);
+      expect_close(g, gy, y, tol("f32_math"), "sigmoid" + tag);
+    }
+  }
+}
+
+TEST_CASE("cuda embedding, copy_cols, scatter_rows are exact", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(14);
+  Tensor table = randn({50, 24}, rng);
+  Tensor ids = ints({3, 0, 49, 3, 17});
+  Tensor y = Tensor::zeros({5, 24});
+  bk.cpu->embedding({.table = table, .ids = ids, .y = y});
+  Tensor gy = poisoned(g, {5, 24}, DType::BF16);
+  g.embedding({.table = g.from_host(table, DType::BF16), .ids = g.from_host(ids, DType::I32), .y = gy});
+  expect_close(g, gy, y, tol("exact"), "embedding");
+
+  Tensor src = randn({4, 10}, rng);
+  Tensor dst = randn({8, 12}, rng);
+  Tensor gdst = g.from_host(dst, DType::BF16);
+  ops::CopyColsParams cc{.src = src, .dst = dst, .src_col = 2, .dst_col = 5, .ncols = 6, .src_row_repeat = 2};
+  bk.cpu->copy_cols(cc);
+  cc.src = g.from_host(src, DType::BF16);
+  cc.dst = gdst;
+  g.copy_cols(cc);
+  expect_close(g, gdst, dst, tol("exact"), "copy_cols");
+
+  Tensor rows = randn({3, 16}, rng);
+  Tensor pool = randn({10, 16}, rng);
+  Tensor gpool = g.from_host(pool, DType::BF16);
+  Tensor rid = ints({7, 0, 4});
+  bk.cpu->scatter_rows({.src = rows, .ids = rid, .dst = pool});
+  g.scatter_rows({.src = g.from_host(rows, DType::BF16), .ids = g.from_host(rid, DType::I32), .dst = gpool});
+  expect_close(g, gpool, pool, tol("exact"), "scatter_rows");
+}
+
+TEST_CASE("cuda attnres_mix matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(15);
+  for (int m : {1, 3, 9}) {
+    const int64_t M = 7, D = 256;
+    std::vector<Tensor> cands, gc;
+    for (int j = 0; j < m; ++j) {
+      cands.push_back(randn({M, D}, rng, 1.f + j));
+      gc.push_back(g.from_host(cands.back(), DType::BF16));
+    }
+    Tensor q = randn({D}, rng, 0.2f, false);
+    Tensor y = Tensor::zeros({M, D});
+    bk.cpu->attnres_mix({.candidates = cands, .query = q, .y = y});
+    Tensor gy = poisoned(g, {M, D}, DType::F32);
+    g.attnres_mix({.candidates = gc, .query = g.from_host(q, DType::F32), .y = gy});
+    expect_close(g, gy, y, 1e-4, "attnres_mix m=" + std::to_string(m));
+  }
+}
+
+TEST_CASE("cuda router_topk matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(16);
+  for (auto [M, E, k] : std::vector<std::array<int, 3>>{{1, 64, 8}, {9, 896, 16}}) {
+    Tensor logits = randn({M, E}, rng, 2.f, false), bias = randn({E}, rng, 0.1f, false);
+    Tensor ids = Tensor::zeros({M, k}, DType::I32), w = Tensor::zeros({M, k});
+    bk.cpu->router_topk({.logits = logits, .bias = bias, .ids = ids, .weights = w, .k = k, .scale = 2.5f});
+    Tensor gids = g.alloc({M, k}, DType::I32), gw = poisoned(g, {M, k}, DType::F32);
+    g.router_topk({.logits = g.from_host(logits, DType::F32), .bias = g.from_host(bias, DType::F32), .ids = gids,
+                   .weights = gw, .k = k, .scale = 2.5f});
+    Tensor hid = g.to_host(gids);
+    for (int64_t i = 0; i < ids.numel(); ++i) CHECK(hid.i32()[i] == ids.i32()[i]);
+    expect_close(g, gw, w, tol("f32_math"), "router weights E=" + std::to_string(E));
+  }
+}
+
+TEST_CASE("cuda moe_experts matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(17);
+  const int64_t M = 3, k = 2, E = 4, F = 64, Dl = 96;
+  Tensor z = randn({M, Dl}, rng), w1 = randn({E, F, Dl}, rng, 0.1f), w3 = randn({E, F, Dl}, rng, 0.1f),
+         w2 = randn({E, Dl, F}, rng, 0.1f);
+  Tensor ids = Tensor::from_i32({M, k}, std::vector<int32_t>{0, 3, 2, 1, 3, 0});
+  Tensor wt = uniform({M, k}, rng, 0.1f, 1.f, false);
+  Tensor y = Tensor::zeros({M, Dl});
+  bk.cpu->moe_experts({.z = z, .ids = ids, .weights = wt, .w1 = w1, .w3 = w3, .w2 = w2, .y = y});
+  Tensor gy = poisoned(g, {M, Dl}, DType::BF16);
+  g.moe_experts({.z = g.from_host(z, DType::BF16), .ids = g.from_host(ids, DType::I32),
+                 .weights = g.from_host(wt, DType::F32), .w1 = g.from_host(w1, DType::BF16),
+                 .w3 = g.from_host(w3, DType::BF16), .w2 = g.from_host(w2, DType::BF16), .y = gy});
+  expect_close(g, gy, y, tol("moe"), "moe_experts");
+}
+
+TEST_CASE("cuda sample (greedy) matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(18);
+  Tensor logits = randn({3, 1000}, rng, 1.f, false);
+  std::vector<int32_t> a, b;
+  std::vector<ops::SamplingRow> rows(3);
+  bk.cpu->sample({.logits = logits, .rows = rows, .out = &a});
+  g.sample({.logits = g.from_host(logits, DType::F32), .rows = rows, .out = &b});
+  CHECK(a == b);
+}
