@@ -24,11 +24,12 @@ K3_FIELDS(RegisterAck, v("ok", m.ok); v("reason", m.reason))
 K3_FIELDS(Heartbeat, v("role", m.role); v("instance_id", m.instance_id); v("rank", m.rank);
           v("stage", m.stage); v("seq", m.seq); v("free_bytes", m.free_bytes);
           v("num_running", m.num_running))
-K3_FIELDS(Claim, v("request_id", m.request_id); v("prompt_len", m.prompt_len);
-          v("decode_ranks", m.decode_ranks); v("prefill_instance", m.prefill_instance);
-          v("num_prefill_stages", m.num_prefill_stages); v("timeout_ms", m.timeout_ms))
 K3_FIELDS(SamplingParams, v("temperature", m.temperature); v("top_p", m.top_p); v("top_k", m.top_k);
           v("seed", m.seed); v("max_tokens", m.max_tokens); v("stop_token_ids", m.stop_token_ids))
+K3_FIELDS(Claim, v("request_id", m.request_id); v("prompt_len", m.prompt_len);
+          v("decode_ranks", m.decode_ranks); v("prefill_instance", m.prefill_instance);
+          v("num_prefill_stages", m.num_prefill_stages); v("timeout_ms", m.timeout_ms);
+          v("sampling", m.sampling))
 K3_FIELDS(Prefill, v("request_id", m.request_id); v("token_ids", m.token_ids);
           v("sampling", m.sampling); v("decode_instance", m.decode_instance);
           v("decode_ranks", m.decode_ranks); v("timeout_ms", m.timeout_ms))

@@ -123,17 +123,6 @@ struct Heartbeat {
   bool operator==(const Heartbeat&) const = default;
 };
 
-// Router -> decode: record the request, take no memory yet.
-struct Claim {
-  uint64_t request_id = 0;
-  uint32_t prompt_len = 0;
-  std::vector<uint32_t> decode_ranks;   // the DP group's ranks, DCP order (rank index i holds tokens p%N==i)
-  std::string prefill_instance;
-  uint32_t num_prefill_stages = 1;
-  uint64_t timeout_ms = 0;              // 0 = the decode side's configured default
-  bool operator==(const Claim&) const = default;
-};
-
 struct SamplingParams {
   float temperature = 0.f;        // 0 = greedy
   float top_p = 1.f;
@@ -143,6 +132,19 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   bool operator==(const SamplingParams&) const = default;
 };
+
+// Router -> decode: record the request, take no memory yet.
+struct Claim {
+  uint64_t request_id = 0;
+  uint32_t prompt_len = 0;
+  std::vector<uint32_t> decode_ranks;   // the DP group's ranks, DCP order (rank index i holds tokens p%N==i)
+  std::string prefill_instance;
+  uint32_t num_prefill_stages = 1;
+  uint64_t timeout_ms = 0;              // 0 = the decode side's configured default
+  SamplingParams sampling;              // how decode samples and stops (the first token is prefill's)
+  bool operator==(const Claim&) const = default;
+};
+
 
 // Router -> prefill (stage 0; forwarded down the pipeline by the prefill node).
 struct Prefill {

@@ -59,12 +59,14 @@ class RandomMessages {
   }
   Claim claim() {
     return {.request_id = u64(), .prompt_len = u32(), .decode_ranks = u32s(), .prefill_instance = str(),
-            .num_prefill_stages = u32(), .timeout_ms = u64()};
+            .num_prefill_stages = u32(), .timeout_ms = u64(), .sampling = sampling()};
+  }
+  SamplingParams sampling() {
+    return {.temperature = f32(), .top_p = f32(), .top_k = i32(), .seed = u64(), .max_tokens = u32(),
+            .stop_token_ids = i32s()};
   }
   Prefill prefill() {
-    return {.request_id = u64(), .token_ids = i32s(),
-            .sampling = {.temperature = f32(), .top_p = f32(), .top_k = i32(), .seed = u64(), .max_tokens = u32(),
-                         .stop_token_ids = i32s()},
+    return {.request_id = u64(), .token_ids = i32s(), .sampling = sampling(),
             .decode_instance = str(), .decode_ranks = u32s(), .timeout_ms = u64()};
   }
   ComputeDone compute_done() {
