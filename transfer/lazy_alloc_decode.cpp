@@ -317,6 +317,11 @@ std::optional<RequestState> DecodeSide::state(uint64_t request_id) const {
   return std::nullopt;
 }
 
+const protocol::Claim* DecodeSide::claim(uint64_t request_id) const {
+  auto it = records_.find(request_id);
+  return it == records_.end() || it->second->ended ? nullptr : &it->second->claim;
+}
+
 const std::vector<RankAllocation>* DecodeSide::allocation(uint64_t request_id) const {
   auto it = records_.find(request_id);
   return it == records_.end() || it->second->alloc.empty() ? nullptr : &it->second->alloc;

@@ -64,6 +64,8 @@ class DecodeSide {
   // The request's per-rank allocations (page tables, slots) while it holds memory; nullptr otherwise.
   const std::vector<RankAllocation>* allocation(uint64_t request_id) const;
   bool holds_memory(uint64_t request_id) const;
+  // The CLAIM of a live request (its sampling params tell decode how to sample and stop); nullptr otherwise.
+  const protocol::Claim* claim(uint64_t request_id) const;
   size_t num_live() const;            // records not yet ended, or ended but still holding memory
 
  private:

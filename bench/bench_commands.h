@@ -1,0 +1,11 @@
+// The subcommands of k3-bench. Each lives in its own bench/<name>_bench.cpp and adds itself to the app;
+// k3_bench.cpp calls every add_* below (add a line there when adding a bench).
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace k3::bench {
+
+// `k3-bench transfer`: ucx_perftest vs our UCX write path, plus the protocol round trip's fixed cost.
+void add_transfer_command(CLI::App& app);
+
+}  // namespace k3::bench

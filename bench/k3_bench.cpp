@@ -1,0 +1,15 @@
+// k3-bench: benchmarks, each a subcommand (transfer: bench/transfer_bench.cpp; kernels:
+// bench/kernels_bench.cpp).
+#include <CLI/CLI.hpp>
+
+#include "bench/bench_commands.h"
+#include "bench/kernels_bench.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"k3serve benchmarks"};
+  app.require_subcommand(1);
+  k3::bench::add_transfer_command(app);
+  k3::bench::add_kernels_command(app);
+  CLI11_PARSE(app, argc, argv);
+  return 0;
+}

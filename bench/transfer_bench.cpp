@@ -1,0 +1,369 @@
+// k3-bench transfer: in one run, over loopback,
+//  1. ucx_perftest -t ucp_put_bw (server + client started here) for each message size;
+//  2. our write path (UcxWriter: ucp_put_nbx + endpoint flush per write, i.e. one request's
+//     completion semantics) into a registered region of a child process, same sizes;
+//  3. the fixed cost of one request's protocol round trip through the real drivers:
+//     COMPUTE_DONE -> ADDRS -> puts (tiny model) + flush -> TRANSFER_DONE -> decode ready -> TOKENS.
+// Prints both bandwidths and their ratio per size, then the round-trip percentiles.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_commands.h"
+#include "transfer/ucx_decode_driver.h"
+#include "transfer/ucx_prefill_driver.h"
+#include "transfer/ucx_writer.h"
+
+namespace k3::bench {
+namespace {
+
+using namespace k3::transfer;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::vector<size_t> sizes;
+  size_t bytes_per_size = size_t{512} << 20;  // iterations = this / size, clamped
+  int rt_iters = 300;
+  std::string perftest = "ucx_perftest";
+  bool peer_errors = false;  // diagnostics: either one set drops puts to tcp (~1 GB/s) on UCX 1.13
+  bool wakeup = false;
+};
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+size_t iters_for(const Options& o, size_t size) {
+  return std::clamp<size_t>(o.bytes_per_size / size, 20, 5000);
+}
+
+// ucx_perftest put bandwidth in GB/s (1e9 B/s), or nullopt when it could not run.
+std::optional<double> perftest_put_bw(const Options& o, size_t size) {
+  const int port = free_port();
+  const std::string n = std::to_string(iters_for(o, size));
+  const std::string s = std::to_string(size), p = std::to_string(port);
+  std::fflush(nullptr);
+  pid_t server = ::fork();
+  if (server == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    std::freopen("/dev/null", "w", stdout);
+    std::freopen("/dev/null", "w", stderr);
+    ::execlp(o.perftest.c_str(), o.perftest.c_str(), "-t", "ucp_put_bw", "-s", s.c_str(), "-n", n.c_str(), "-p",
+             p.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::optional<double> bw;
+  for (int attempt = 0; attempt < 20 && !bw; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string cmd = o.perftest + " 127.0.0.1 -t ucp_put_bw -s " + s + " -n " + n + " -p " + p + " 2>/dev/null";
+    FILE* f = ::popen(cmd.c_str(), "r");
+    if (!f) break;
+    char line[1024];
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::strncmp(line, "Final:", 6) != 0) continue;
+      std::istringstream in(line + 6);
+      double iters, p50, avg, overall, bw_avg, bw_overall;
+      if (in >> iters >> p50 >> avg >> overall >> bw_avg >> bw_overall) bw = bw_overall * 1048576.0 / 1e9;
+    }
+    ::pclose(f);
+  }
+  ::kill(server, SIGKILL);
+  ::waitpid(server, nullptr, 0);
+  return bw;
+}
+
+// --- our path: a child process owns a registered region and sleeps on progress ----------------
+struct Target {
+  pid_t pid = -1;
+  std::vector<uint8_t> worker_address, rkey;
+  uint64_t base = 0, length = 0;
+};
+
+bool write_all(int fd, const void* p, size_t n) {
+  auto* b = static_cast<const uint8_t*>(p);
+  while (n) {
+    ssize_t w = ::write(fd, b, n);
+    if (w <= 0) return false;
+    b += w;
+    n -= w;
+  }
+  return true;
+}
+bool read_all(int fd, void* p, size_t n) {
+  auto* b = static_cast<uint8_t*>(p);
+  while (n) {
+    ssize_t r = ::read(fd, b, n);
+    if (r <= 0) return false;
+    b += r;
+    n -= r;
+  }
+  return true;
+}
+bool send_blob(int fd, const std::vector<uint8_t>& v) {
+  uint64_t n = v.size();
+  return write_all(fd, &n, 8) && write_all(fd, v.data(), v.size());
+}
+bool recv_blob(int fd, std::vector<uint8_t>& v) {
+  uint64_t n = 0;
+  if (!read_all(fd, &n, 8) || n > (1u << 20)) return false;
+  v.resize(n);
+  return read_all(fd, v.data(), n);
+}
+
+[[noreturn]] void run_target(int out_fd, size_t bytes, bool wakeup) {
+  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, wakeup).value();
+  auto worker = UcxWorker::create(ctx).value();
+  // The pool is allocated by UCX (shared-memory segment on one host), as the decode pools are.
+  auto mem = UcxMemory::allocate(ctx, bytes).value();
+  uint64_t base = reinterpret_cast<uint64_t>(mem->base()), len = mem->length();
+  if (!send_blob(out_fd, worker->address()) || !send_blob(out_fd, mem->packed_rkey().value()) ||
+      !write_all(out_fd, &base, 8) || !write_all(out_fd, &len, 8))
+    ::_exit(1);
+  // Serve (sleeping on the event fd) until the parent kills us; PR_SET_PDEATHSIG covers a parent crash.
+  for (;;) (void)worker->wait_until([] { return false; }, std::chrono::milliseconds(1000));
+}
+
+std::optional<Target> start_target(size_t bytes, bool wakeup) {
+  int fds[2];
+  if (::pipe(fds) != 0) return std::nullopt;
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::close(fds[0]);
+    run_target(fds[1], bytes, wakeup);
+  }
+  ::close(fds[1]);
+  Target t;
+  t.pid = pid;
+  bool ok = recv_blob(fds[0], t.worker_address) && recv_blob(fds[0], t.rkey) && read_all(fds[0], &t.base, 8) &&
+            read_all(fds[0], &t.length, 8);
+  ::close(fds[0]);
+  if (!ok) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return std::nullopt;
+  }
+  return t;
+}
+
+// --- protocol round trip -------------------------------------------------------------------
+TransferModelLayout tiny_model() {
+  TransferModelLayout m;
+  m.layers = {LayerCache::Kda, LayerCache::Mla};
+  m.mla_row_bytes = 64;
+  m.kda_heads = 8;
+  m.kda_conv_rows = 3;
+  m.kda_conv_head_bytes = 8;
+  m.kda_state_head_bytes = 64;
+  return m;
+}
+
+protocol::CompatInfo compat_for(std::vector<uint32_t> pp) {
+  protocol::CompatInfo c;
+  c.model_hash = 1;
+  c.page_size = 16;
+  c.layout.pp_partition = std::move(pp);
+  return c;
+}
+
+[[noreturn]] void run_decode_child(const std::string& router_endpoint, const std::string& bind_endpoint) {
+  DecodeDriverConfig cfg;
+  cfg.side = {.instance_id = "d", .model = tiny_model(), .kda_head_sliced = true, .timeouts = {}};
+  cfg.ranks = {0};
+  cfg.page_size = 16;
+  cfg.num_pages = 16;
+  cfg.num_slots = 2;
+  cfg.compat = compat_for({});
+  cfg.bind_endpoint = bind_endpoint;
+  cfg.router_endpoint = router_endpoint;
+  zmq::context_t zctx;
+  auto d = DecodeDriver::create(cfg, zctx, nullptr).value();
+  for (;;) {
+    auto actions = d->step(Millis(100));
+    if (!actions.is_ok()) ::_exit(1);
+    for (const Action& a : *actions) {
+      if (auto* r = std::get_if<ReadyAction>(&a)) {
+        (void)d->send_to_router(protocol::Tokens{.request_id = r->request_id, .token_ids = {r->first_token}});
+        d->apply([&](DecodeSide& s, Millis now) { return s.on_finished(r->request_id, now); });
+      }
+    }
+  }
+}
+
+// COMPUTE_DONE -> TOKENS of `iters` requests, in microseconds (sorted). The parent is the router and
+// the (single) prefill stage; the decode instance is a child process.
+std::optional<std::vector<double>> protocol_round_trip(int iters) {
+  zmq::context_t zctx;
+  ControlOptions ropt;
+  ropt.name = "router";
+  auto router = ControlServer::bind(zctx, "tcp://127.0.0.1:*", ropt).value();
+  const std::string decode_ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  std::fflush(nullptr);
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    run_decode_child(router->endpoint(), decode_ep);
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{child};
+
+  const auto model = tiny_model();
+  PrefillDriverConfig cfg;
+  cfg.side = {.instance_id = "p", .stage = 0, .model = model, .prefill = {.partition = {2}},
+              .decode_kda_head_sliced = true, .timeouts = {}};
+  cfg.compat = compat_for({2});
+  cfg.decode_instance = "d";
+  cfg.decode_endpoint = decode_ep;
+  auto prefill = PrefillDriver::create(cfg, zctx, nullptr).value();
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (!(prefill->decode_ready() && router->liveness().alive("decode/d"))) {
+    if (Clock::now() > deadline) return std::nullopt;
+    (void)prefill->step(Millis(10));
+    (void)router->poll(std::chrono::milliseconds(10));
+  }
+  std::vector<double> us;
+  const uint32_t tokens = 16;
+  for (int i = 0; i < iters + 10; ++i) {
+    const uint64_t id = 1 + i;
+    (void)router->send("decode/d", protocol::encode(protocol::Claim{.request_id = id, .prompt_len = tokens,
+                                                                    .decode_ranks = {0}, .prefill_instance = "p",
+                                                                    .num_prefill_stages = 1}));
+    // CLAIM is off the critical path (sent at routing time); give it a head start before the prefill.
+    const auto settle = Clock::now() + std::chrono::milliseconds(2);
+    while (Clock::now() < settle) (void)router->poll(std::chrono::milliseconds(1));
+    (void)prefill->side().on_prefill(protocol::Prefill{.request_id = id, .token_ids = std::vector<int32_t>(tokens, 1),
+                                                       .decode_instance = "d", .decode_ranks = {0}},
+                                     steady_now());
+    auto src = pack_stage_source(model, cfg.side.prefill, 0, tokens);
+    std::vector<uint8_t> bytes(src.total_bytes, 0x5A);
+    const auto t0 = Clock::now();
+    (void)prefill->stage_computed(id, src, std::move(bytes), 7);
+    bool got = false;
+    while (!got) {
+      if (Clock::now() > t0 + std::chrono::seconds(10)) return std::nullopt;
+      (void)prefill->step(Millis(0));  // spins only inside the measured window
+      auto ev = router->poll(std::chrono::milliseconds(0));
+      if (!ev.is_ok()) return std::nullopt;
+      for (auto& e : *ev) {
+        if (e.kind != ControlEventKind::Message) continue;
+        auto m = protocol::decode(e.payload);
+        if (m.is_ok())
+          if (auto* t = std::get_if<protocol::Tokens>(&m.value())) got |= t->request_id == id;
+      }
+    }
+    const double dt = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (i >= 10) us.push_back(dt);  // first requests warm the endpoints and caches
+  }
+  std::sort(us.begin(), us.end());
+  return us;
+}
+
+int run(const Options& o) {
+  const size_t max_size = *std::max_element(o.sizes.begin(), o.sizes.end());
+  auto target = start_target(max_size, true);  // the target sleeps on its event fd, like a decode rank
+  if (!target) {
+    std::fprintf(stderr, "transfer bench: could not start the target process\n");
+    return 1;
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{target->pid};
+  // The writer's data-plane context as the prefill driver makes it (ucx_prefill_driver.cpp): no
+  // WAKEUP feature and no peer error mode, so UCX keeps shared-memory RMA (docs/PERF.md).
+  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, o.wakeup).value();
+  auto worker = UcxWorker::create(ctx).value();
+  auto ep = worker->connect(target->worker_address, o.peer_errors).value();
+  auto rkey = RemoteKey::unpack(ep, target->rkey, target->base, target->length).value();
+  auto writer = UcxWriter::create(worker, std::make_shared<HostSourceReader>()).value();
+  std::vector<uint8_t> src(max_size, 0x3C);
+  // Register the source once too, as a prefill stage registers its KV pool.
+  auto src_mem = UcxMemory::map(ctx, src.data(), src.size()).value();
+
+  std::printf("%-10s %8s %14s %14s %8s\n", "size", "iters", "perftest GB/s", "k3 GB/s", "ratio");
+  for (size_t size : o.sizes) {
+    const size_t iters = iters_for(o, size);
+    auto ref = perftest_put_bw(o, size);
+    RemoteWrite w{src.data(), target->base, size};
+    for (int i = 0; i < 3; ++i) (void)writer->write(*rkey, std::span(&w, 1));
+    const auto t0 = Clock::now();
+    for (size_t i = 0; i < iters; ++i) {
+      if (Status s = writer->write(*rkey, std::span(&w, 1)); !s.is_ok()) {
+        std::fprintf(stderr, "write: %s\n", s.to_string().c_str());
+        return 1;
+      }
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double ours = double(size) * iters / secs / 1e9;
+    char name[32];
+    if (size >= (1u << 20)) std::snprintf(name, sizeof name, "%zu MiB", size >> 20);
+    else std::snprintf(name, sizeof name, "%zu KiB", size >> 10);
+    if (ref)
+      std::printf("%-10s %8zu %14.2f %14.2f %8.2f\n", name, iters, *ref, ours, ours / *ref);
+    else
+      std::printf("%-10s %8zu %14s %14.2f %8s\n", name, iters, "n/a", ours, "n/a");
+    std::fflush(stdout);
+  }
+  auto rt = protocol_round_trip(o.rt_iters);
+  if (!rt || rt->empty()) {
+    std::fprintf(stderr, "protocol round trip failed\n");
+    return 1;
+  }
+  auto pct = [&](double q) { return (*rt)[std::min(rt->size() - 1, size_t(q * rt->size()))]; };
+  std::printf("protocol round trip COMPUTE_DONE->ADDRS->puts+flush->TRANSFER_DONE->TOKENS (%zu requests): "
+              "p50 %.0f us, p90 %.0f us, p99 %.0f us\n",
+              rt->size(), pct(0.5), pct(0.9), pct(0.99));
+  return 0;
+}
+
+}  // namespace
+
+void add_transfer_command(CLI::App& app) {
+  auto opts = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("transfer", "ucx_perftest vs our UCX write path over loopback, and the "
+                                             "protocol round trip's fixed cost");
+  cmd->add_option("--sizes", opts->sizes, "message sizes in bytes (default 4 KiB .. 64 MiB, x4 steps)");
+  cmd->add_option("--bytes-per-size", opts->bytes_per_size, "bytes moved per size (sets iterations)");
+  cmd->add_option("--rt-iters", opts->rt_iters, "requests timed for the round trip");
+  cmd->add_option("--perftest", opts->perftest, "ucx_perftest binary");
+  cmd->add_flag("--wakeup", opts->wakeup, "writer context with UCP_FEATURE_WAKEUP (diagnostic)");
+  cmd->add_flag("--peer-errors", opts->peer_errors, "writer endpoint with UCP_ERR_HANDLING_MODE_PEER (diagnostic)");
+  cmd->callback([opts] {
+    if (opts->sizes.empty())
+      for (size_t s = size_t{4} << 10; s <= (size_t{64} << 20); s *= 4) opts->sizes.push_back(s);
+    const int rc = run(*opts);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace k3::bench

@@ -1,0 +1,180 @@
+// UCX data plane in one process: a writer worker puts into memory registered by a target worker
+// (driven by its own thread, as a decode rank's progress loop would be).
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "transfer/ucx_writer.h"
+
+using namespace k3::transfer;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A target rank: its own context/worker, a registered pool, a thread that sleeps on progress.
+struct Target {
+  std::shared_ptr<UcxContext> ctx = UcxContext::create().value();
+  std::shared_ptr<UcxWorker> worker = UcxWorker::create(ctx).value();
+  std::vector<uint8_t> pool;
+  std::unique_ptr<UcxMemory> mem;
+  std::atomic<bool> stop{false};
+  std::thread progress;
+  explicit Target(size_t bytes) : pool(bytes, 0xEE) {
+    mem = UcxMemory::map(ctx, pool.data(), pool.size()).value();
+    progress = std::thread([this] {
+      while (!stop.load()) (void)worker->wait_until([this] { return stop.load(); }, 20ms);
+    });
+  }
+  ~Target() {
+    stop = true;
+    progress.join();
+  }
+  uint64_t base() const { return reinterpret_cast<uint64_t>(pool.data()); }
+};
+
+struct Source {
+  std::shared_ptr<UcxContext> ctx = UcxContext::create().value();
+  std::shared_ptr<UcxWorker> worker = UcxWorker::create(ctx).value();
+};
+
+// Random disjoint runs covering part of the destination; source bytes are a pure function of the
+// source offset so a misplaced byte is caught.
+std::vector<RemoteWrite> random_runs(std::mt19937& rng, const std::vector<uint8_t>& src, uint64_t dst_base,
+                                     size_t dst_bytes, size_t max_run) {
+  std::vector<RemoteWrite> out;
+  size_t dst = 0;
+  std::uniform_int_distribution<size_t> gap(0, 64), len(1, max_run);
+  while (true) {
+    dst += gap(rng);
+    size_t n = len(rng);
+    if (dst + n > dst_bytes) break;
+    size_t s = std::uniform_int_distribution<size_t>(0, src.size() - n)(rng);
+    out.push_back({src.data() + s, dst_base + dst, n});
+    dst += n;
+  }
+  return out;
+}
+
+void check_runs(const std::vector<RemoteWrite>& runs, const std::vector<uint8_t>& pool, uint64_t base) {
+  std::vector<bool> written(pool.size(), false);
+  for (const auto& w : runs) {
+    const size_t off = w.remote_addr - base;
+    REQUIRE(std::memcmp(pool.data() + off, w.src, w.length) == 0);
+    for (size_t i = 0; i < w.length; ++i) written[off + i] = true;
+  }
+  for (size_t i = 0; i < pool.size(); ++i)
+    if (!written[i]) REQUIRE(pool[i] == 0xEE);  // nothing outside the runs was touched
+}
+
+std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 2654435761u + seed) >> 7);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("direct puts land every run and touch nothing else", "[ucx]") {
+  Target target(1 << 20);
+  Source source;
+  auto rkey_bytes = target.mem->packed_rkey().value();
+  auto ep = source.worker->connect(target.worker->address()).value();
+  auto rkey = RemoteKey::unpack(ep, rkey_bytes, target.base(), target.pool.size()).value();
+  auto writer = UcxWriter::create(source.worker, std::make_shared<HostSourceReader>()).value();
+  REQUIRE_FALSE(writer->staging());
+  std::mt19937 rng(7);
+  auto src = pattern(256 << 10, 1);
+  auto runs = random_runs(rng, src, target.base(), target.pool.size(), 8192);
+  REQUIRE(runs.size() > 50);
+  REQUIRE(writer->write(*rkey, runs).is_ok());
+  check_runs(runs, target.pool, target.base());
+  CHECK(writer->stats().puts == runs.size());
+}
+
+TEST_CASE("staging path (host memory through the bounce buffer) equals the direct path", "[ucx]") {
+  Target target(1 << 20);
+  Source source;
+  auto ep = source.worker->connect(target.worker->address()).value();
+  auto rkey = RemoteKey::unpack(ep, target.mem->packed_rkey().value(), target.base(), target.pool.size()).value();
+  WriterOptions opt;
+  opt.force_staging = true;
+  opt.staging_slot_bytes = 4096;  // runs span several slots, slots are reused many times
+  opt.staging_slots = 2;
+  auto writer = UcxWriter::create(source.worker, std::make_shared<HostSourceReader>(), opt).value();
+  REQUIRE(writer->staging());
+  std::mt19937 rng(11);
+  auto src = pattern(512 << 10, 2);
+  auto runs = random_runs(rng, src, target.base(), target.pool.size(), 20000);
+  REQUIRE(writer->write(*rkey, runs).is_ok());
+  check_runs(runs, target.pool, target.base());
+  size_t bytes = 0;
+  for (auto& r : runs) bytes += r.length;
+  CHECK(writer->stats().bytes == bytes);
+  CHECK(writer->stats().puts > runs.size());  // long runs were split at slot size
+}
+
+TEST_CASE("writes outside the registration are refused before any put", "[ucx]") {
+  Target target(4096);
+  Source source;
+  auto ep = source.worker->connect(target.worker->address()).value();
+  auto rkey = RemoteKey::unpack(ep, target.mem->packed_rkey().value(), target.base(), target.pool.size()).value();
+  auto writer = UcxWriter::create(source.worker, std::make_shared<HostSourceReader>()).value();
+  std::vector<uint8_t> src(64, 1);
+  std::vector<RemoteWrite> bad = {{src.data(), target.base(), 64}, {src.data(), target.base() + 4090, 64}};
+  auto s = writer->write(*rkey, bad);
+  REQUIRE(s.code() == k3::Code::OutOfRange);
+  CHECK(s.message().find("writes[1]") != std::string::npos);
+  CHECK(writer->stats().puts == 0);
+  for (auto b : target.pool) REQUIRE(b == 0xEE);
+  std::vector<RemoteWrite> empty_run = {{src.data(), target.base(), 0}};
+  CHECK(writer->write(*rkey, empty_run).code() == k3::Code::InvalidArgument);
+}
+
+TEST_CASE("cancel stops posting: later runs are never written", "[ucx]") {
+  Target target(1 << 16);
+  Source source;
+  auto ep = source.worker->connect(target.worker->address()).value();
+  auto rkey = RemoteKey::unpack(ep, target.mem->packed_rkey().value(), target.base(), target.pool.size()).value();
+  auto writer = UcxWriter::create(source.worker, std::make_shared<HostSourceReader>()).value();
+  std::vector<uint8_t> src(1024, 0x11);
+  std::vector<RemoteWrite> runs;
+  for (int i = 0; i < 32; ++i) runs.push_back({src.data(), target.base() + i * 1024u, 1024});
+  int checks = 0;
+  auto s = writer->write(*rkey, runs, [&] { return ++checks > 10; });
+  REQUIRE(s.code() == k3::Code::Aborted);
+  CHECK(writer->stats().puts == 10);
+  for (size_t i = 0; i < target.pool.size(); ++i) REQUIRE(target.pool[i] == (i < 10 * 1024 ? 0x11 : 0xEE));
+}
+
+TEST_CASE("production data-plane setup: UCX-allocated pool, writer without WAKEUP and peer errors", "[ucx]") {
+  // What the drivers use (docs/PERF.md): the pool is allocated by UCX, the writer's context has no
+  // event fd and waits with naps; the result must be byte-identical.
+  auto tctx = UcxContext::create().value();
+  auto tworker = UcxWorker::create(tctx).value();
+  auto pool = UcxMemory::allocate(tctx, 1 << 20).value();
+  REQUIRE(pool->length() == (1u << 20));
+  std::memset(pool->base(), 0xEE, pool->length());
+  std::atomic<bool> stop{false};
+  std::thread progress([&] {
+    while (!stop.load()) (void)tworker->wait_until([&] { return stop.load(); }, 20ms);
+  });
+  auto sctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, /*wakeup=*/false).value();
+  auto sworker = UcxWorker::create(sctx).value();
+  CHECK(sworker->event_fd() == -1);
+  CHECK_FALSE(sworker->arm().value());
+  auto ep = sworker->connect(tworker->address(), /*peer_error_handling=*/false).value();
+  const uint64_t base = reinterpret_cast<uint64_t>(pool->base());
+  auto rkey = RemoteKey::unpack(ep, pool->packed_rkey().value(), base, pool->length()).value();
+  auto writer = UcxWriter::create(sworker, std::make_shared<HostSourceReader>()).value();
+  std::mt19937 rng(3);
+  auto src = pattern(256 << 10, 9);
+  auto runs = random_runs(rng, src, base, pool->length(), 16384);
+  REQUIRE(writer->write(*rkey, runs).is_ok());
+  std::vector<uint8_t> image(pool->base(), pool->base() + pool->length());
+  check_runs(runs, image, base);
+  stop = true;
+  progress.join();
+}

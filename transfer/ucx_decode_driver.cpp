@@ -1,0 +1,197 @@
+#include "transfer/ucx_decode_driver.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+#include "common/protocol/compat.h"
+
+namespace k3::transfer {
+
+namespace {
+template <class... Ts> struct Overload : Ts... { using Ts::operator()...; };
+template <class... Ts> Overload(Ts...) -> Overload<Ts...>;
+
+uint64_t request_of(const Action& a) {
+  return std::visit(Overload{[](const SendAction& s) {
+                               return std::visit([](const auto& m) -> uint64_t {
+                                 if constexpr (requires { m.request_id; }) return m.request_id; else return 0;
+                               }, s.message);
+                             },
+                             [](const auto& x) -> uint64_t { return x.request_id; }},
+                    a);
+}
+}  // namespace
+
+Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cfg, zmq::context_t& zctx,
+                                                           protocol::MetricsRegistry* metrics) {
+  if (cfg.ranks.empty()) return invalid_argument("DecodeDriverConfig.ranks is empty");
+  std::unique_ptr<DecodeDriver> d(new DecodeDriver(std::move(cfg), metrics));
+  auto& c = d->cfg_;
+  K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG));
+  K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_));
+  const DecodeLayout layout{.ranks = c.ranks, .kda_head_sliced = c.side.kda_head_sliced};
+  K3_TRY(layout.validate(c.side.model));
+
+  d->reg_.role = Role::Decode;
+  d->reg_.instance_id = c.side.instance_id;
+  d->reg_.rank = c.ranks[0];
+  d->reg_.compat = c.compat;
+  d->reg_.compat_hash = protocol::compat_hash(c.compat);
+  for (uint32_t l = 0; l < c.side.model.layers.size(); ++l) d->reg_.layer_ids.push_back(l);
+  d->reg_.worker_address = d->worker_->address();
+
+  std::vector<RankPool*> pool_ptrs;
+  for (uint32_t i = 0; i < c.ranks.size(); ++i) {
+    const uint32_t rank = c.ranks[i];
+    // Size the region from a geometry at base 0, then place the real one at the buffer.
+    K3_ASSIGN_OR_RETURN(auto probe, RankPoolGeometry::for_rank(c.side.model, layout, i, rank, 0, c.page_size,
+                                                               c.num_pages, c.num_slots));
+    RankRegion& region = d->pools_[rank];
+    K3_ASSIGN_OR_RETURN(region.mem, UcxMemory::allocate(d->ctx_, probe.region_bytes()));
+    std::memset(region.mem->base(), c.poison, region.mem->length());
+    const uint64_t base = reinterpret_cast<uint64_t>(region.mem->base());
+    K3_ASSIGN_OR_RETURN(auto geo, RankPoolGeometry::for_rank(c.side.model, layout, i, rank, base, c.page_size,
+                                                             c.num_pages, c.num_slots));
+    K3_ASSIGN_OR_RETURN(region.pool, RankPool::create(geo));
+    K3_ASSIGN_OR_RETURN(auto rkey, region.mem->packed_rkey());
+    d->reg_.regions.push_back({.region_id = rank, .base = base, .length = region.mem->length(), .packed_rkey = rkey});
+    pool_ptrs.push_back(region.pool.get());
+  }
+  d->side_ = std::make_unique<DecodeSide>(c.side, pool_ptrs, metrics);
+
+  ControlOptions opt;
+  opt.name = control_name(Peer{.role = Role::Decode, .instance = c.side.instance_id});
+  opt.heartbeat = c.heartbeat;
+  K3_ASSIGN_OR_RETURN(d->server_, ControlServer::bind(zctx, c.bind_endpoint, opt));
+  d->reg_.control_endpoint = d->server_->endpoint();
+  if (!c.router_endpoint.empty()) {
+    ControlOptions ropt = opt;
+    ropt.incarnation = d->server_->incarnation();
+    K3_ASSIGN_OR_RETURN(d->router_, ControlClient::connect(zctx, c.router_endpoint, ropt));
+  }
+  return d;
+}
+
+DecodeDriver::~DecodeDriver() = default;
+
+void DecodeDriver::send_to(const Peer& p, const protocol::Message& m) {
+  const auto frame = protocol::encode(m);
+  Status s;
+  if (p.role == Role::Router) {
+    s = router_ ? router_->send(frame) : Status(Code::Unavailable, "no router connection");
+  } else {
+    s = server_->send(control_name(p), frame);
+  }
+  if (!s.is_ok())
+    spdlog::warn("decode {}: {} to {} not sent: {}", cfg_.side.instance_id, protocol::msg_type_name(protocol::type_of(m)),
+                 control_name(p), s.message());
+}
+
+Status DecodeDriver::send_to_router(const protocol::Message& m) {
+  if (!router_) return {Code::Unavailable, "no router connection"};
+  return router_->send(protocol::encode(m));
+}
+
+void DecodeDriver::note_states(const Actions& actions) {
+  std::set<uint64_t> ids;
+  for (const Action& a : actions) ids.insert(request_of(a));
+  for (uint64_t id : ids) note_request(id);
+}
+
+void DecodeDriver::note_request(uint64_t request_id) {
+  if (!cfg_.on_state) return;
+  auto st = side_->state(request_id);
+  if (!st) return;
+  auto it = seen_.find(request_id);
+  if (it != seen_.end() && it->second == *st) return;
+  seen_[request_id] = *st;
+  cfg_.on_state(request_id, *st);
+}
+
+void DecodeDriver::execute(const Actions& actions) {
+  for (const Action& a : actions) {
+    if (auto* s = std::get_if<SendAction>(&a)) send_to(s->to, s->message);
+    if (auto* i = std::get_if<IgnoredAction>(&a)) spdlog::debug("decode: request {} input ignored: {}", i->request_id, i->reason);
+  }
+}
+
+Actions DecodeDriver::apply(const std::function<Actions(DecodeSide&, Millis)>& input) {
+  Actions out = input(*side_, steady_now());
+  execute(out);
+  note_states(out);
+  return out;
+}
+
+void DecodeDriver::on_message(const ControlEvent& e, bool from_router, Actions& out) {
+  auto msg = decode_or_drop(e, metrics_);
+  if (!msg) return;
+  if (auto* r = std::get_if<protocol::Register>(&*msg)) {
+    Status ok = protocol::check_registration(cfg_.compat, *r, protocol::CompatScope::Cluster);
+    if (!ok.is_ok()) spdlog::warn("decode: registration of {} refused: {}", e.peer, ok.message());
+    const auto ack = protocol::encode(protocol::RegisterAck{ok.is_ok(), ok.is_ok() ? "" : ok.message()});
+    (void)server_->send(e.peer, ack);
+    if (ok.is_ok()) (void)server_->send(e.peer, protocol::encode(reg_));
+    return;
+  }
+  // Only the router may CLAIM; prefill stages speak for themselves only.
+  const bool router_type = std::holds_alternative<protocol::Claim>(*msg);
+  if (router_type && !from_router) {
+    spdlog::warn("decode: CLAIM from non-router {} dropped", e.peer);
+    return;
+  }
+  Actions a = side_->on_message(*msg, steady_now());
+  execute(a);
+  note_states(a);
+  if (auto* claim = std::get_if<protocol::Claim>(&*msg)) acknowledge_claim(*claim, a);
+  std::visit([&](const auto& m) {
+    if constexpr (requires { m.request_id; }) note_request(m.request_id);
+  }, *msg);
+  out.insert(out.end(), a.begin(), a.end());
+}
+
+// The router waits for this before it sends PREFILL (so no COMPUTE_DONE can overtake the CLAIM).
+// Sent here rather than from DecodeSide::on_claim so the side's action lists stay as they are.
+void DecodeDriver::acknowledge_claim(const protocol::Claim& claim, const Actions& actions) {
+  protocol::ClaimAck ack{.request_id = claim.request_id, .ok = false, .reason = {}};
+  for (const Action& a : actions)
+    if (auto* i = std::get_if<IgnoredAction>(&a)) ack.reason = i->reason;
+  ack.ok = ack.reason.empty() && side_->state(claim.request_id) == protocol::RequestState::Claimed;
+  if (!ack.ok && ack.reason.empty()) ack.reason = "CLAIM not recorded";
+  if (Status s = send_to_router(ack); !s.is_ok())
+    spdlog::warn("decode {}: CLAIM_ACK {} not sent: {}", cfg_.side.instance_id, claim.request_id, s.message());
+}
+
+Result<Actions> DecodeDriver::step(Millis max_wait) {
+  worker_->progress();
+  K3_ASSIGN_OR_RETURN(bool armed, worker_->arm());
+  const int efd = worker_->event_fd();
+  std::vector<ControlSocket*> socks{server_.get()};
+  if (router_) socks.push_back(router_.get());
+  K3_ASSIGN_OR_RETURN(auto events, ControlSocket::poll_all(socks, armed ? max_wait : Millis(0), std::span<const int>(&efd, 1)));
+  worker_->progress();
+  Actions out;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const bool from_router = i == 1;
+    for (const ControlEvent& e : events[i]) {
+      if (e.kind == ControlEventKind::Message) {
+        on_message(e, from_router, out);
+      } else if (e.kind == ControlEventKind::PeerDown) {
+        auto peer = from_router ? std::optional<Peer>(Peer{.role = Role::Router}) : parse_control_name(e.peer);
+        if (!peer) continue;
+        spdlog::info("decode {}: peer {} down ({})", cfg_.side.instance_id, e.peer, peer_down_reason_name(e.reason));
+        Actions a = side_->on_peer_dead(*peer, steady_now());
+        execute(a);
+        note_states(a);
+        out.insert(out.end(), a.begin(), a.end());
+      }
+    }
+  }
+  Actions t = side_->tick(steady_now());
+  execute(t);
+  note_states(t);
+  out.insert(out.end(), t.begin(), t.end());
+  return out;
+}
+
+}  // namespace k3::transfer

@@ -1,0 +1,90 @@
+// A decode instance's transfer endpoint: runs the lazy-alloc DecodeSide against real sockets and
+// memory. It owns one registered pool region per rank of its group (mapped once with ucp_mem_map,
+// published with packed rkeys in its REGISTER), a ControlServer for the prefill stages and a
+// ControlClient to the router, and executes the state machine's actions.
+//
+// Simplification (for now): one process holds the regions of every rank of the group and one UCX
+// worker receives all writes; rank processes that each own their region plug in by publishing their
+// own REGISTER (the prefill driver already keys rkeys by region id = global rank).
+// Pools are allocated by UCX (UcxMemory::allocate) so that writers on the same host reach them
+// through shared memory.
+#pragma once
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "transfer/lazy_alloc_decode.h"
+#include "transfer/ucx_driver_common.h"
+#include "transfer/ucx_memory.h"
+#include "transfer/zmq_channel.h"
+
+namespace k3::transfer {
+
+struct DecodeDriverConfig {
+  DecodeSideConfig side;                 // instance id, model layout, KDA slicing, timeouts
+  std::vector<uint32_t> ranks;           // global ranks of the group this process serves
+  uint32_t page_size = 16;
+  uint32_t num_pages = 64;               // per rank
+  uint32_t num_slots = 4;                // per rank
+  uint8_t poison = 0xEE;                 // fill of fresh pool memory (tests detect unwritten bytes)
+  protocol::CompatInfo compat;
+  std::string bind_endpoint = "tcp://127.0.0.1:*";
+  std::string router_endpoint;           // empty: no router connection (the host injects CLAIMs)
+  HeartbeatConfig heartbeat;
+  StateHook on_state;                    // may be empty
+};
+
+class DecodeDriver {
+ public:
+  static Result<std::unique_ptr<DecodeDriver>> create(DecodeDriverConfig cfg, zmq::context_t& zctx,
+                                                      protocol::MetricsRegistry* metrics);
+  ~DecodeDriver();
+
+  const std::string& endpoint() const { return server_->endpoint(); }
+  // One round of the event loop: sleeps up to `max_wait` on the sockets and the UCX event fd,
+  // applies what arrived and the timers. Returns every action the state machine emitted (already
+  // executed: messages sent, memory released by the pool handles).
+  Result<Actions> step(Millis max_wait);
+  // Applies a locally originated input (e.g. on_finished, an injected ABORT) and executes its actions.
+  Actions apply(const std::function<Actions(DecodeSide&, Millis)>& input);
+
+  // Sends a message to the router (e.g. TOKENS once a ready request produced its first token).
+  Status send_to_router(const protocol::Message& m);
+
+  DecodeSide& side() { return *side_; }
+  RankPool& pool(uint32_t rank) { return *pools_.at(rank).pool; }
+  // The rank's registered pool bytes (allocated by UCX: a shared-memory segment on one host).
+  std::span<uint8_t> memory(uint32_t rank) {
+    auto& m = *pools_.at(rank).mem;
+    return {m.base(), m.length()};
+  }
+  const std::vector<uint32_t>& ranks() const { return cfg_.ranks; }
+  const protocol::Register& registration() const { return reg_; }
+
+ private:
+  struct RankRegion {
+    std::unique_ptr<UcxMemory> mem;
+    std::unique_ptr<RankPool> pool;
+  };
+  DecodeDriver(DecodeDriverConfig cfg, protocol::MetricsRegistry* m) : cfg_(std::move(cfg)), metrics_(m) {}
+  void execute(const Actions& actions);
+  void on_message(const ControlEvent& e, bool from_router, Actions& out);
+  void note_states(const Actions& actions);
+  void note_request(uint64_t request_id);
+  void acknowledge_claim(const protocol::Claim& claim, const Actions& actions);
+  void send_to(const Peer& p, const protocol::Message& m);
+
+  DecodeDriverConfig cfg_;
+  protocol::MetricsRegistry* metrics_;
+  std::shared_ptr<UcxContext> ctx_;
+  std::shared_ptr<UcxWorker> worker_;
+  std::map<uint32_t, RankRegion> pools_;
+  std::unique_ptr<DecodeSide> side_;
+  std::unique_ptr<ControlServer> server_;
+  std::unique_ptr<ControlClient> router_;
+  protocol::Register reg_;
+  std::map<uint64_t, protocol::RequestState> seen_;  // last state reported to on_state
+};
+
+}  // namespace k3::transfer

@@ -1,0 +1,245 @@
+#include "transfer/ucx_prefill_driver.h"
+
+#include <spdlog/spdlog.h>
+
+#include "common/protocol/compat.h"
+
+namespace k3::transfer {
+
+namespace {
+template <class... Ts> struct Overload : Ts... { using Ts::operator()...; };
+template <class... Ts> Overload(Ts...) -> Overload<Ts...>;
+
+uint64_t request_of(const Action& a) {
+  return std::visit(Overload{[](const SendAction& s) {
+                               return std::visit([](const auto& m) -> uint64_t {
+                                 if constexpr (requires { m.request_id; }) return m.request_id; else return 0;
+                               }, s.message);
+                             },
+                             [](const auto& x) -> uint64_t { return x.request_id; }},
+                    a);
+}
+}  // namespace
+
+Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig cfg, zmq::context_t& zctx,
+                                                             protocol::MetricsRegistry* metrics) {
+  if (cfg.decode_endpoint.empty()) return invalid_argument("PrefillDriverConfig.decode_endpoint is empty");
+  if (cfg.decode_instance.empty()) return invalid_argument("PrefillDriverConfig.decode_instance is empty");
+  std::unique_ptr<PrefillDriver> d(new PrefillDriver(std::move(cfg), metrics));
+  auto& c = d->cfg_;
+  K3_TRY(c.side.prefill.validate(c.side.model));
+  // No WAKEUP feature and no peer error mode on the writer: with either, UCX 1.13 drops shared-memory
+  // RMA and puts go over tcp at ~1/20 of the bandwidth (docs/PERF.md). Liveness of decode comes from
+  // the control plane's heartbeats; writes are bounded by WriterOptions.timeout.
+  K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, /*wakeup=*/false));
+  K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_));
+  K3_ASSIGN_OR_RETURN(d->writer_, UcxWriter::create(d->worker_, std::make_shared<HostSourceReader>(), c.writer));
+  d->side_ = std::make_unique<PrefillSide>(c.side, metrics);
+
+  ControlOptions opt;
+  opt.name = control_name(Peer{.role = Role::Prefill, .instance = c.side.instance_id, .stage = c.side.stage});
+  opt.heartbeat = c.heartbeat;
+  K3_ASSIGN_OR_RETURN(d->decode_, ControlClient::connect(zctx, c.decode_endpoint, opt));
+  if (!c.router_endpoint.empty()) {
+    ControlOptions ropt = opt;
+    ropt.incarnation = d->decode_->incarnation();
+    K3_ASSIGN_OR_RETURN(d->router_, ControlClient::connect(zctx, c.router_endpoint, ropt));
+  }
+  return d;
+}
+
+PrefillDriver::~PrefillDriver() {
+  rkeys_.clear();  // rkeys (and through them the endpoint) go before the worker
+}
+
+void PrefillDriver::send_to(const Peer& p, const protocol::Message& m) {
+  const auto frame = protocol::encode(m);
+  Status s;
+  if (p.role == Role::Router) {
+    s = router_ ? router_->send(frame) : Status(Code::Unavailable, "no router connection");
+  } else if (p.role == Role::Decode && p.instance == cfg_.decode_instance) {
+    s = decode_->send(frame);
+  } else {
+    s = Status(Code::Unavailable, "not connected to " + control_name(p));
+  }
+  if (!s.is_ok())
+    spdlog::warn("prefill {}: {} to {} not sent: {}", cfg_.side.stage, protocol::msg_type_name(protocol::type_of(m)),
+                 control_name(p), s.message());
+}
+
+void PrefillDriver::note_states(const Actions& actions) {
+  std::set<uint64_t> ids;
+  for (const Action& a : actions) ids.insert(request_of(a));
+  for (uint64_t id : ids) note_request(id);
+}
+
+void PrefillDriver::note_request(uint64_t request_id) {
+  if (!cfg_.on_state || in_hook_) return;
+  auto st = side_->state(request_id);
+  if (!st) return;
+  auto it = seen_.find(request_id);
+  if (it != seen_.end() && it->second == *st) return;
+  seen_[request_id] = *st;
+  in_hook_ = true;
+  cfg_.on_state(request_id, *st);
+  in_hook_ = false;
+}
+
+Status PrefillDriver::run_writes(const StartWritesAction& w) {
+  auto src = sources_.find(w.request_id);
+  if (src == sources_.end()) return internal_error("no source bytes held for request " + std::to_string(w.request_id));
+  // One write list per destination region, in plan order (the plan already coalesced runs).
+  std::map<uint32_t, std::vector<RemoteWrite>> by_region;
+  for (const WriteOp& op : w.ops) {
+    if (op.src_offset > src->second.size() || op.length > src->second.size() - op.src_offset)
+      return {Code::OutOfRange, "write op source [" + std::to_string(op.src_offset) + ", +" +
+                                    std::to_string(op.length) + ") is outside the stage's source bytes"};
+    by_region[op.region_id].push_back({src->second.data() + op.src_offset, op.dst_addr, op.length});
+  }
+  for (auto& [region, runs] : by_region) {
+    auto rk = rkeys_.find(region);
+    if (rk == rkeys_.end()) return {Code::Unavailable, "no rkey for decode region " + std::to_string(region)};
+    K3_TRY(writer_->write(*rk->second, runs, [&] { return abort_requested_.count(w.request_id) != 0; }));
+  }
+  return Status::ok();
+}
+
+void PrefillDriver::execute(const Actions& actions, Actions& all) {
+  all.insert(all.end(), actions.begin(), actions.end());
+  note_states(actions);
+  for (const Action& a : actions) {
+    if (auto* s = std::get_if<SendAction>(&a)) {
+      send_to(s->to, s->message);
+    } else if (auto* w = std::get_if<StartWritesAction>(&a)) {
+      // The host may inject an abort at TRANSFERRING: then no write is posted at all.
+      Status st = abort_requested_.count(w->request_id) ? Status(Code::Aborted, "aborted before the first write")
+                                                        : run_writes(*w);
+      if (abort_requested_.count(w->request_id)) {
+        abort_requested_.erase(w->request_id);
+        execute(side_->on_abort(protocol::Abort{.request_id = w->request_id, .reason = AbortReason::ClientCancelled,
+                                                .origin_role = Role::Router},
+                                steady_now()),
+                all);
+        st = Status::ok();  // whatever was posted is flushed: nothing is in flight
+      }
+      execute(side_->on_writes_flushed(w->request_id, st, steady_now()), all);
+    } else if (auto* r = std::get_if<ReleasedAction>(&a)) {
+      sources_.erase(r->request_id);
+    } else if (auto* i = std::get_if<IgnoredAction>(&a)) {
+      spdlog::debug("prefill: request {} input ignored: {}", i->request_id, i->reason);
+    }
+  }
+}
+
+Actions PrefillDriver::inject_abort(uint64_t request_id, AbortReason reason) {
+  if (in_hook_ && side_->state(request_id) == protocol::RequestState::Transferring) {
+    abort_requested_.insert(request_id);  // applied by execute() around the writes
+    return {};
+  }
+  Actions all;
+  execute(side_->on_abort(protocol::Abort{.request_id = request_id, .reason = reason, .origin_role = Role::Router},
+                          steady_now()),
+          all);
+  return all;
+}
+
+Actions PrefillDriver::stage_computed(uint64_t request_id, StageSource source, std::vector<uint8_t> bytes,
+                                      std::optional<int32_t> first_token) {
+  Actions all;
+  // Hold the bytes only for a request still waiting for them (an aborted one would leak them).
+  if (side_->state(request_id) == protocol::RequestState::Prefilling) sources_[request_id] = std::move(bytes);
+  execute(side_->on_stage_computed(request_id, std::move(source), first_token, steady_now()), all);
+  note_request(request_id);
+  return all;
+}
+
+void PrefillDriver::forget_decode() { rkeys_.clear(); }
+
+void PrefillDriver::on_message(const ControlEvent& e, bool from_router, StepResult& out) {
+  auto msg = decode_or_drop(e, metrics_);
+  if (!msg) return;
+  if (!from_router) {
+    if (auto* ack = std::get_if<protocol::RegisterAck>(&*msg)) {
+      if (!ack->ok) spdlog::error("prefill {}: decode refused our registration: {}", cfg_.side.stage, ack->reason);
+      return;
+    }
+    if (auto* reg = std::get_if<protocol::Register>(&*msg)) {
+      Status ok = protocol::check_registration(cfg_.compat, *reg, protocol::CompatScope::Cluster);
+      if (!ok.is_ok()) {
+        spdlog::error("prefill {}: decode registration refused: {}", cfg_.side.stage, ok.message());
+        return;
+      }
+      rkeys_.clear();
+      auto ep = worker_->connect(reg->worker_address, /*peer_error_handling=*/false);
+      if (!ep.is_ok()) {
+        spdlog::error("prefill {}: endpoint to decode: {}", cfg_.side.stage, ep.status().message());
+        return;
+      }
+      for (const auto& region : reg->regions) {
+        auto rk = RemoteKey::unpack(*ep, region.packed_rkey, region.base, region.length);
+        if (!rk.is_ok()) {
+          spdlog::error("prefill {}: rkey of region {}: {}", cfg_.side.stage, region.region_id, rk.status().message());
+          rkeys_.clear();
+          return;
+        }
+        rkeys_[region.region_id] = std::move(rk).value();
+      }
+      return;
+    }
+  }
+  if (from_router != std::holds_alternative<protocol::Prefill>(*msg) &&
+      !std::holds_alternative<protocol::Abort>(*msg)) {
+    spdlog::warn("prefill {}: {} from {} dropped (wrong sender)", cfg_.side.stage,
+                 protocol::msg_type_name(protocol::type_of(*msg)), e.peer);
+    return;
+  }
+  Actions a = side_->on_message(*msg, steady_now());
+  if (auto* p = std::get_if<protocol::Prefill>(&*msg)) {
+    if (side_->state(p->request_id) == protocol::RequestState::Prefilling && !sources_.count(p->request_id))
+      out.accepted.push_back(*p);
+  }
+  execute(a, out.actions);
+  std::visit([&](const auto& m) {
+    if constexpr (requires { m.request_id; }) note_request(m.request_id);
+  }, *msg);
+}
+
+Result<PrefillDriver::StepResult> PrefillDriver::step(Millis max_wait) {
+  // The writer's worker has no event fd (see create); its operations complete inside write(), so
+  // between requests only the control sockets need to wake us.
+  worker_->progress();
+  std::vector<ControlSocket*> socks{decode_.get()};
+  if (router_) socks.push_back(router_.get());
+  K3_ASSIGN_OR_RETURN(auto events, ControlSocket::poll_all(socks, max_wait));
+  worker_->progress();
+  StepResult out;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const bool from_router = i == 1;
+    for (const ControlEvent& e : events[i]) {
+      if (e.kind == ControlEventKind::Message) {
+        on_message(e, from_router, out);
+      } else if (e.kind == ControlEventKind::PeerUp && !from_router) {
+        // (Re)introduce ourselves to a decode incarnation; its REGISTER answer brings the rkeys.
+        protocol::Register reg;
+        reg.role = Role::Prefill;
+        reg.instance_id = cfg_.side.instance_id;
+        reg.stage = cfg_.side.stage;
+        reg.compat = cfg_.compat;
+        reg.compat_hash = protocol::compat_hash(cfg_.compat);
+        reg.layer_ids = cfg_.side.prefill.stage_layers(cfg_.side.model, cfg_.side.stage);
+        reg.worker_address = worker_->address();
+        (void)decode_->send(protocol::encode(reg));
+      } else if (e.kind == ControlEventKind::PeerDown) {
+        const Peer peer = from_router ? Peer{.role = Role::Router}
+                                      : Peer{.role = Role::Decode, .instance = cfg_.decode_instance};
+        spdlog::info("prefill {}: peer {} down ({})", cfg_.side.stage, e.peer, peer_down_reason_name(e.reason));
+        if (!from_router) forget_decode();
+        execute(side_->on_peer_dead(peer, steady_now()), out.actions);
+      }
+    }
+  }
+  execute(side_->tick(steady_now()), out.actions);
+  return out;
+}
+
+}  // namespace k3::transfer

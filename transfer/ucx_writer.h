@@ -1,0 +1,93 @@
+// Executes a write list: one-sided puts into a peer's registered memory, completed by a flush.
+//
+// Guarantees (STYLE habit 10):
+// - write() returns Ok only after an endpoint flush: every byte is in remote memory, so the caller
+//   may send TRANSFER_DONE.
+// - Cancel (should_stop returns true) and timeout: no new puts are posted; puts already posted may
+//   still land; write() then waits for the posted ones (bounded by the timeout) before returning,
+//   and the destination must stay registered until the peer learns the writer is done or dead.
+// - Coalescing is the plan's job; each RemoteWrite is one contiguous run and becomes one put
+//   (or several staging-sized puts).
+//
+// Memory-type seam: a SourceReader says where the source bytes live. When UCX can read that memory
+// type directly the put is posted from it; otherwise chunks are copied into a registered host
+// bounce buffer (pinned staging) and put from there, double-buffered so the copy of chunk i+1
+// overlaps the put of chunk i.
+#pragma once
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "transfer/ucx_memory.h"
+
+namespace k3::transfer {
+
+// One contiguous run: `length` bytes from local `src` to `remote_addr` in the peer's registration.
+struct RemoteWrite {
+  const void* src = nullptr;
+  uint64_t remote_addr = 0;
+  size_t length = 0;
+};
+
+// Reads source bytes of one memory type into host memory (the CUDA reader lives with the kernels).
+class SourceReader {
+ public:
+  virtual ~SourceReader() = default;
+  virtual MemoryType type() const = 0;
+  virtual Status copy_to_host(void* host_dst, const void* src, size_t n) const = 0;
+};
+
+class HostSourceReader final : public SourceReader {
+ public:
+  MemoryType type() const override { return MemoryType::Host; }
+  Status copy_to_host(void* host_dst, const void* src, size_t n) const override;
+};
+
+struct WriterOptions {
+  size_t staging_slot_bytes = size_t{4} << 20;  // one bounce buffer slot
+  int staging_slots = 2;
+  bool force_staging = false;                    // tests: exercise the staging path with host memory
+  size_t max_outstanding_puts = 256;             // bounds UCX request memory for long write lists
+  std::chrono::milliseconds timeout{30000};      // for the whole write() incl. flush
+};
+
+struct WriteStats {
+  uint64_t bytes = 0;
+  uint64_t puts = 0;
+};
+
+class UcxWriter {
+ public:
+  static Result<std::unique_ptr<UcxWriter>> create(std::shared_ptr<UcxWorker> worker,
+                                                   std::shared_ptr<const SourceReader> reader,
+                                                   WriterOptions options = {});
+  ~UcxWriter();
+  UcxWriter(const UcxWriter&) = delete;
+  UcxWriter& operator=(const UcxWriter&) = delete;
+
+  // Writes every run into `dest` (bounds-checked against its registered range), then flushes.
+  Status write(const RemoteKey& dest, std::span<const RemoteWrite> writes,
+               const std::function<bool()>& should_stop = {});
+  bool staging() const { return staging_ != nullptr; }
+  const WriteStats& stats() const { return stats_; }
+
+ private:
+  struct Batch;
+  UcxWriter(std::shared_ptr<UcxWorker> w, std::shared_ptr<const SourceReader> r, WriterOptions o)
+      : worker_(std::move(w)), reader_(std::move(r)), opt_(o) {}
+  Status write_direct(const RemoteKey& dest, std::span<const RemoteWrite> writes, Batch& batch,
+                      const std::function<bool()>& should_stop, std::chrono::steady_clock::time_point deadline);
+  Status write_staged(const RemoteKey& dest, std::span<const RemoteWrite> writes, Batch& batch,
+                      const std::function<bool()>& should_stop, std::chrono::steady_clock::time_point deadline);
+  Status post_put(const RemoteKey& dest, const void* src, size_t n, uint64_t remote, Batch& batch, int slot);
+
+  std::shared_ptr<UcxWorker> worker_;
+  std::shared_ptr<const SourceReader> reader_;
+  WriterOptions opt_;
+  std::vector<uint8_t> staging_buf_;
+  std::unique_ptr<UcxMemory> staging_;
+  WriteStats stats_;
+};
+
+}  // namespace k3::transfer
