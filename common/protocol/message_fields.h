@@ -48,6 +48,7 @@ K3_FIELDS(Abort, v("request_id", m.request_id); v("reason", m.reason);
           v("origin_stage", m.origin_stage))
 K3_FIELDS(AbortAck, v("request_id", m.request_id); v("stage", m.stage))
 K3_FIELDS(Failed, v("request_id", m.request_id); v("cause", m.cause); v("detail", m.detail))
+K3_FIELDS(ClaimAck, v("request_id", m.request_id); v("ok", m.ok); v("reason", m.reason))
 
 #undef K3_FIELDS
 

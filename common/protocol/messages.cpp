@@ -16,6 +16,7 @@ const char* msg_type_name(MsgType t) {
     case MsgType::Abort: return "ABORT";
     case MsgType::AbortAck: return "ABORT_ACK";
     case MsgType::Failed: return "FAILED";
+    case MsgType::ClaimAck: return "CLAIM_ACK";
   }
   return "?";
 }

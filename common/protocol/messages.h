@@ -31,8 +31,9 @@ enum class MsgType : uint8_t {
   Abort = 10,
   AbortAck = 11,   // "this stage has no write in flight for the request any more" (deferred release)
   Failed = 12,     // a party reports a request failed (to the router), with the cause
+  ClaimAck = 13,   // decode -> router: the CLAIM is recorded (ok) or refused (reason); PREFILL may follow
 };
-inline constexpr uint8_t kMaxMsgType = 12;
+inline constexpr uint8_t kMaxMsgType = 13;
 
 enum class Role : uint8_t { Router = 0, Prefill = 1, Decode = 2 };
 inline constexpr uint8_t kMaxRole = 2;
@@ -238,8 +239,17 @@ struct Failed {
   bool operator==(const Failed&) const = default;
 };
 
+// Decode -> router, answering CLAIM. The router sends PREFILL only after ok: decode ignores a
+// COMPUTE_DONE for a request it has not recorded, and CLAIM and PREFILL travel on different sockets.
+struct ClaimAck {
+  uint64_t request_id = 0;
+  bool ok = false;
+  std::string reason;             // empty when ok; otherwise why the CLAIM was refused
+  bool operator==(const ClaimAck&) const = default;
+};
+
 using Message = std::variant<Register, RegisterAck, Heartbeat, Claim, Prefill, ComputeDone, Addrs,
-                             TransferDone, Tokens, Abort, AbortAck, Failed>;
+                             TransferDone, Tokens, Abort, AbortAck, Failed, ClaimAck>;
 
 MsgType type_of(const Message& m);
 

@@ -89,6 +89,7 @@ class RandomMessages {
   }
   AbortAck abort_ack() { return {.request_id = u64(), .stage = u32()}; }
   Failed failed() { return {.request_id = u64(), .cause = pick<AbortReason>(kMaxAbortReason), .detail = str()}; }
+  ClaimAck claim_ack() { return {.request_id = u64(), .ok = coin(), .reason = str()}; }
 
   // A random message of the given type.
   Message of(MsgType t) {
@@ -105,6 +106,7 @@ class RandomMessages {
       case MsgType::Abort: return abort();
       case MsgType::AbortAck: return abort_ack();
       case MsgType::Failed: return failed();
+      case MsgType::ClaimAck: return claim_ack();
     }
     return ack();
   }
