@@ -1,0 +1,191 @@
+#include "decode_node/decode_rank.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "common/model/cache_io.h"
+#include "common/protocol/compat.h"
+#include "decode_node/region_image.h"
+
+namespace k3::decode {
+
+using namespace std::chrono_literals;
+using transfer::Actions;
+using transfer::DecodeSide;
+using transfer::Millis;
+
+DecodeRank::~DecodeRank() {
+  for (auto& [id, r] : running_) engine_->close(r.seq);
+}
+
+Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& opts, Backend& backend,
+                                                       const ModelConfig& cfg, const WeightStore& weights,
+                                                       zmq::context_t& zctx) {
+  if (opts.max_tokens < 1) return invalid_argument("--max-tokens must be >= 1");
+  // A request holds its transfer slot until it finishes, so the running batch never exceeds num_slots.
+  if (opts.cache.max_seqs < static_cast<int>(opts.num_slots))
+    return invalid_argument("--max-requests (" + std::to_string(opts.cache.max_seqs) + ") must be >= --pool-slots (" +
+                            std::to_string(opts.num_slots) + ")");
+  if (backend.compute_dtype() != DType::F32)
+    return invalid_argument("k3-decode runs F32 caches only (the backend computes in another dtype)");
+  std::unique_ptr<DecodeRank> d(new DecodeRank(opts, backend));
+  d->cfg_ = cfg;
+  K3_ASSIGN_OR_RETURN(d->layout_, transfer::TransferModelLayout::from_config(cfg, 4, 4, 4));
+  EngineOptions eo;
+  eo.cache = opts.cache;
+  eo.top_logits = 0;
+  K3_ASSIGN_OR_RETURN(d->engine_, Engine::create(backend, cfg, weights, eo));
+
+  transfer::DecodeDriverConfig dc;
+  dc.side = {.instance_id = opts.instance_id, .model = d->layout_, .kda_head_sliced = true, .timeouts = opts.timeouts};
+  dc.ranks = {opts.rank};
+  dc.page_size = opts.page_size;
+  dc.num_pages = opts.num_pages;
+  dc.num_slots = opts.num_slots;
+  dc.compat.model_hash = protocol::model_config_hash(cfg);
+  dc.compat.kv_dtype = DType::F32;
+  dc.compat.state_dtype = DType::F32;
+  dc.compat.page_size = opts.page_size;
+  dc.compat.layout.dcp_size = 1;
+  dc.bind_endpoint = opts.bind_endpoint;
+  dc.router_endpoint = opts.router_endpoint;
+  dc.heartbeat = opts.heartbeat;
+  DecodeRank* self = d.get();
+  dc.on_state = [self](uint64_t id, protocol::RequestState st) {
+    // Called inside driver calls: note it; the rank reacts after the call returns.
+    if (self->opts_.on_state) self->opts_.on_state(id, st);
+    if (protocol::is_terminal(st)) self->pending_end_.push_back(id);
+  };
+  K3_ASSIGN_OR_RETURN(d->driver_, transfer::DecodeDriver::create(std::move(dc), zctx, &d->metrics_));
+  return d;
+}
+
+void DecodeRank::after_driver() {
+  for (uint64_t id : std::exchange(pending_end_, {})) drop(id);
+}
+
+void DecodeRank::drop(uint64_t id) {
+  auto it = running_.find(id);
+  if (it == running_.end()) return;  // not decoding here (yet, or any more)
+  engine_->close(it->second.seq);
+  finished_.push_back({.request_id = id, .tokens = std::move(it->second.tokens), .finish = protocol::FinishReason::Aborted});
+  running_.erase(it);
+}
+
+void DecodeRank::abort_local(uint64_t id, const std::string& why) {
+  spdlog::warn("decode rank {}: request {} aborted: {}", opts_.rank, id, why);
+  driver_->apply([&](DecodeSide& side, Millis now) {
+    return side.on_abort(protocol::Abort{.request_id = id, .reason = protocol::AbortReason::Internal,
+                                         .origin_role = protocol::Role::Decode, .origin_instance = opts_.instance_id},
+                         now);
+  });
+  after_driver();
+  drop(id);
+}
+
+void DecodeRank::finish(uint64_t id, protocol::FinishReason why) {
+  auto it = running_.find(id);
+  engine_->close(it->second.seq);
+  finished_.push_back({.request_id = id, .tokens = std::move(it->second.tokens), .finish = why});
+  running_.erase(it);
+  // Decoding ended normally: the state machine releases the transfer pool entries once.
+  driver_->apply([&](DecodeSide& side, Millis now) { return side.on_finished(id, now); });
+  after_driver();
+}
+
+bool DecodeRank::emit(Running& r, int32_t token) {
+  r.tokens.push_back(token);
+  protocol::FinishReason why = protocol::FinishReason::None;
+  if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end())
+    why = protocol::FinishReason::Stop;
+  else if (static_cast<int>(r.tokens.size()) >= r.max_tokens)
+    why = protocol::FinishReason::Length;
+  if (!opts_.router_endpoint.empty()) {
+    Status st = driver_->send_to_router(protocol::Tokens{.request_id = r.id, .token_ids = {token}, .finish = why});
+    if (!st.is_ok()) spdlog::warn("decode rank {}: TOKENS for {} not sent: {}", opts_.rank, r.id, st.to_string());
+  }
+  if (why == protocol::FinishReason::None) return false;
+  finish(r.id, why);
+  return true;
+}
+
+void DecodeRank::admit(const transfer::ReadyAction& ready) {
+  const uint64_t id = ready.request_id;
+  const auto* alloc = driver_->side().allocation(id);
+  if (!alloc) return abort_local(id, "ready but holds no transfer memory");
+  const transfer::RankAllocation* mine = nullptr;
+  for (const auto& a : *alloc)
+    if (a.rank == opts_.rank) mine = &a;
+  if (!mine || alloc->size() != 1)
+    return abort_local(id, "k3-decode serves plain DP (one rank per request); the CLAIM named " +
+                               std::to_string(alloc->size()) + " ranks");
+  auto image = packed_image_from_region(layout_, driver_->pool(opts_.rank).geometry(), *mine,
+                                        driver_->memory(opts_.rank), ready.prompt_len);
+  if (!image.is_ok()) return abort_local(id, image.status().to_string());
+  auto seq = engine_->open();
+  if (!seq.is_ok()) return abort_local(id, "no free decode cache slot: " + seq.status().to_string());
+  Running r{.id = id, .seq = std::move(seq).value()};
+  if (Status st = engine_->caches().reserve(r.seq, ready.prompt_len); !st.is_ok()) {
+    engine_->close(r.seq);
+    return abort_local(id, "no room in the decode caches: " + st.to_string());
+  }
+  Status st = import_caches(backend_, engine_->caches(), r.seq, 0, cfg_.num_hidden_layers, ready.prompt_len,
+                            image->data(), image->size());
+  if (!st.is_ok()) {
+    engine_->close(r.seq);
+    return abort_local(id, "import of the transferred caches failed: " + st.to_string());
+  }
+  r.seq.num_tokens = ready.prompt_len;
+  // The CLAIM's sampling params rule; a CLAIM without them (max_tokens 0) falls back to the flags.
+  r.sampling = opts_.sampling;
+  r.max_tokens = opts_.max_tokens;
+  r.stop_ids = opts_.stop_ids;
+  if (const protocol::Claim* c = driver_->side().claim(id); c && c->sampling.max_tokens > 0) {
+    const protocol::SamplingParams& sp = c->sampling;
+    r.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .seed = sp.seed};
+    r.max_tokens = static_cast<int>(sp.max_tokens);
+    r.stop_ids = sp.stop_token_ids;
+  }
+  auto [it, fresh] = running_.emplace(id, std::move(r));
+  if (!fresh) return;  // a Ready is emitted once per request; a duplicate would be a driver bug
+  emit(it->second, ready.first_token);
+}
+
+Status DecodeRank::decode_step() {
+  std::vector<uint64_t> ids;
+  std::vector<SeqCache*> seqs;
+  std::vector<std::vector<int32_t>> toks;
+  std::vector<ops::SamplingRow> rows;
+  for (auto& [id, r] : running_) {
+    ids.push_back(id);
+    seqs.push_back(&r.seq);
+    toks.push_back({r.tokens.back()});
+    ops::SamplingRow row = r.sampling;
+    row.step = r.tokens.size();
+    rows.push_back(row);
+  }
+  if (ids.empty()) return Status::ok();
+  auto logits = engine_->feed(seqs, toks);
+  if (!logits.is_ok()) {
+    for (uint64_t id : ids) abort_local(id, "decode step failed: " + logits.status().to_string());
+    return Status::ok();
+  }
+  std::vector<int32_t> next;
+  backend_.sample({.logits = *logits, .rows = rows, .out = &next});
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = running_.find(ids[i]);
+    if (it != running_.end()) emit(it->second, next.at(i));
+  }
+  return Status::ok();
+}
+
+Status DecodeRank::run_once(std::chrono::milliseconds idle_wait) {
+  K3_ASSIGN_OR_RETURN(Actions actions, driver_->step(running_.empty() ? idle_wait : 0ms));
+  after_driver();
+  for (const transfer::Action& a : actions)
+    if (const auto* ready = std::get_if<transfer::ReadyAction>(&a)) admit(*ready);
+  return decode_step();
+}
+
+}  // namespace k3::decode

@@ -1,0 +1,104 @@
+// One decode DP rank: the transfer DecodeDriver (its registered pool region, control server, router
+// connection), the full model (all layers) through an Engine, and the running batch.
+//
+//  - A request becomes ready when every prefill stage's TRANSFER_DONE arrived. Its bytes are read out of
+//    the region (its page table and slot, region_image.h) into the Engine's CachePools (import_caches);
+//    its first token (sampled by the last prefill stage) is emitted and it joins the running batch.
+//  - Its transfer pool entries stay held until decoding ends (on_finished releases them exactly once):
+//    the DecodeSide keeps the request in DECODING, so a router ABORT or a router death during decoding
+//    ends it through the state machine, which is how the rank learns to drop it. The pool is the
+//    admission budget of the rank.
+//  - Every step feeds all running requests in one batched forward (Engine::feed), samples per request
+//    (SamplingRow with its seed and step), stops on max_tokens or a stop id, and streams one TOKENS
+//    message per token to the router (finish set on the last one).
+//
+// Sampling and stop conditions of decode steps come from the CLAIM's SamplingParams; a CLAIM without them
+// (max_tokens 0) falls back to this rank's options. The first token uses the PREFILL's params (last stage).
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/model/engine.h"
+#include "transfer/ucx_decode_driver.h"
+
+namespace k3::decode {
+
+struct DecodeRankOptions {
+  std::string instance_id = "d";
+  uint32_t rank = 0;                   // global rank (the region id the prefill stages write to)
+  uint32_t page_size = 16;             // transfer pool: tokens per page (compat with prefill)
+  uint32_t num_pages = 256;            // transfer pool pages
+  uint32_t num_slots = 8;              // transfer pool KDA slots (requests transferring or decoding)
+  CacheOptions cache;                  // the Engine's caches (decode working set)
+  std::string bind_endpoint = "tcp://127.0.0.1:*";
+  std::string router_endpoint;         // empty: tokens are only reported through finished()
+  transfer::ProtocolTimeouts timeouts;
+  transfer::HeartbeatConfig heartbeat;
+  // Decode-step sampling when a CLAIM carries none (max_tokens 0).
+  int max_tokens = 16;                 // generated tokens including the first
+  std::vector<int32_t> stop_ids;
+  ops::SamplingRow sampling;           // step is set per request
+  std::function<void(uint64_t, protocol::RequestState)> on_state;  // every state the driver observed
+};
+
+struct FinishedRequest {
+  uint64_t request_id = 0;
+  std::vector<int32_t> tokens;
+  protocol::FinishReason finish = protocol::FinishReason::None;
+};
+
+class DecodeRank {
+ public:
+  static Result<std::unique_ptr<DecodeRank>> create(const DecodeRankOptions& opts, Backend& backend,
+                                                    const ModelConfig& cfg, const WeightStore& weights,
+                                                    zmq::context_t& zctx);
+  ~DecodeRank();
+
+  const std::string& endpoint() const { return driver_->endpoint(); }
+  // One loop iteration: driver events (sleeping up to `idle_wait` only when nothing runs), newly ready
+  // requests join, then one batched decode step.
+  Status run_once(std::chrono::milliseconds idle_wait);
+
+  size_t num_running() const { return running_.size(); }
+  // Requests that ended since the last call (normally, or aborted: finish Aborted).
+  std::vector<FinishedRequest> take_finished() { return std::exchange(finished_, {}); }
+  uint64_t pool_free_bytes() { return driver_->pool(opts_.rank).free_bytes(); }
+  uint64_t pool_capacity_bytes() { return driver_->pool(opts_.rank).capacity_bytes(); }
+  transfer::DecodeDriver& driver() { return *driver_; }
+
+ private:
+  struct Running {
+    uint64_t id = 0;
+    SeqCache seq;
+    std::vector<int32_t> tokens;
+    ops::SamplingRow sampling;
+    int max_tokens = 16;
+    std::vector<int32_t> stop_ids;
+  };
+  DecodeRank(const DecodeRankOptions& opts, Backend& backend) : opts_(opts), backend_(backend) {}
+
+  void after_driver();
+  void admit(const transfer::ReadyAction& ready);
+  // Records the token, streams it, and ends the request when a stop condition holds. Returns true when ended.
+  bool emit(Running& r, int32_t token);
+  void finish(uint64_t id, protocol::FinishReason why);
+  void abort_local(uint64_t id, const std::string& why);
+  void drop(uint64_t id);
+  Status decode_step();
+
+  DecodeRankOptions opts_;
+  Backend& backend_;
+  ModelConfig cfg_;
+  transfer::TransferModelLayout layout_;
+  std::unique_ptr<Engine> engine_;
+  protocol::MetricsRegistry metrics_;
+  std::unique_ptr<transfer::DecodeDriver> driver_;
+  std::map<uint64_t, Running> running_;
+  std::vector<uint64_t> pending_end_;   // terminal states seen by the driver's state hook
+  std::vector<FinishedRequest> finished_;
+};
+
+}  // namespace k3::decode

@@ -1,0 +1,149 @@
+// k3-decode: one decode DP rank (see decode_rank.h for the request flow).
+// stdout protocol (one line each, flushed; tests and the launcher read them):
+//   READY <endpoint>              the control endpoint prefill stages connect to (--decode-endpoint)
+//   STATE <id> <state>            every request state the transfer driver observed
+//   DONE <id> <finish> <ids>      a request ended here: finish stop|length|aborted, tokens comma-separated
+//   IDLE <free> <capacity>        transfer pool bytes, printed when the last live request ended
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <cstdio>
+#include <sstream>
+
+#include "common/model/config.h"
+#include "common/model/weights.h"
+#include "common/tokenizer/tokenizer.h"
+#include "decode_node/decode_rank.h"
+
+using namespace k3;
+
+namespace {
+
+std::atomic<bool> g_stop{false};  // set by SIGTERM/SIGINT; the only state a signal handler may touch
+void on_signal(int) { g_stop = true; }
+
+void say(const std::string& s) {
+  std::printf("%s\n", s.c_str());
+  std::fflush(stdout);
+}
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "k3-decode: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+Result<std::vector<int32_t>> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long v = -1;
+    try {
+      v = std::stol(item, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != item.size() || v < 0 || v > INT32_MAX) return invalid_argument("--stop-ids: '" + item + "' is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"k3-decode: one decode DP rank. Receives every request's KV/state from the prefill stages over UCX "
+               "(control over ZeroMQ), decodes all running requests as one batch per step and streams TOKENS to "
+               "the router."};
+  std::string model_dir, stop_text, log_level = "warn";
+  decode::DecodeRankOptions o;
+  int threads = 0, hb_ms = 1000, hb_misses = 3;
+  long compute_ms = 300000, transfer_ms = 300000;
+  bool ignore_eos = false;
+  app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tokenizer)")->required();
+  app.add_option("--rank", o.rank, "global decode rank (the id of the region prefill writes to; default 0)");
+  app.add_option("--instance", o.instance_id, "decode instance id (control name decode/<id>; default d)");
+  app.add_option("--bind", o.bind_endpoint, "control endpoint to bind (default tcp://127.0.0.1:*, port printed as READY)");
+  app.add_option("--router-endpoint", o.router_endpoint, "router control endpoint (CLAIM / ABORT in, TOKENS out)");
+  app.add_option("--page-size", o.page_size, "tokens per transfer pool page (= k3-prefill --transfer-page-size; default 16)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--pool-pages", o.num_pages, "transfer pool pages (default 256)")->check(CLI::PositiveNumber);
+  app.add_option("--pool-slots", o.num_slots, "transfer pool KDA slots = requests transferring or decoding (default 8)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-requests", o.cache.max_seqs, "decode cache slots (running batch limit, default 8)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--cache-pages", o.cache.num_pages, "decode MLA cache pages (default 256)")->check(CLI::PositiveNumber);
+  app.add_option("--cache-page-size", o.cache.page_size, "tokens per decode MLA cache page (default 16)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-tokens", o.max_tokens, "generated tokens per request, the first included (default 16)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--ignore-eos", ignore_eos, "do not stop at the tokenizer's end-of-sequence tokens");
+  app.add_option("--stop-ids", stop_text, "extra stop token ids, comma-separated");
+  app.add_option("--temperature", o.sampling.temperature, "decode-step temperature (0 = greedy, default)")
+      ->check(CLI::Range(0.f, 100.f));
+  app.add_option("--top-k", o.sampling.top_k, "decode-step top-k (0 = off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", o.sampling.top_p, "decode-step top-p (1 = off)")->check(CLI::Range(0.f, 1.f));
+  app.add_option("--seed", o.sampling.seed, "decode-step sampling seed (default 0; the router must give PREFILLs the same seed)");
+  app.add_option("--threads", threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
+  app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval (default 1000)")->check(CLI::PositiveNumber);
+  app.add_option("--heartbeat-misses", hb_misses, "missed heartbeats before a peer is dead (default 3)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--compute-timeout-ms", compute_ms, "CLAIM -> first COMPUTE_DONE wait (default 300000)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--transfer-timeout-ms", transfer_ms, "allocation -> every TRANSFER_DONE wait (default 300000)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--log-level", log_level, "spdlog level: trace, debug, info, warn (default), error");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  auto cfg = load_model_config(model_dir + "/config.json");
+  if (!cfg.is_ok()) return fail(cfg.status());
+  auto extra = parse_ids(stop_text);
+  if (!extra.is_ok()) return fail(extra.status());
+  o.stop_ids = *extra;
+  if (!ignore_eos) {
+    auto tok = Tokenizer::load(model_dir);
+    if (!tok.is_ok()) return fail(Status(tok.status().code(), "tokenizer (for EOS; or pass --ignore-eos): " + tok.status().message()));
+    for (int32_t id : tok->eos_ids()) o.stop_ids.push_back(id);
+  }
+  o.heartbeat = {std::chrono::milliseconds(hb_ms), hb_misses};
+  o.timeouts.compute_wait = transfer::Millis(compute_ms);
+  o.timeouts.transfer_wait = transfer::Millis(transfer_ms);
+  o.on_state = [](uint64_t id, protocol::RequestState st) {
+    say("STATE " + std::to_string(id) + " " + protocol::state_name(st));
+  };
+
+  auto weights = load_weights(model_dir, *cfg);
+  if (!weights.is_ok()) return fail(weights.status());
+  auto backend = make_cpu_backend({.threads = threads});
+  zmq::context_t zctx;
+  auto rank = decode::DecodeRank::create(o, *backend, *cfg, *weights, zctx);
+  if (!rank.is_ok()) return fail(rank.status());
+  decode::DecodeRank& d = **rank;
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  say("READY " + d.endpoint());
+  size_t live = 0;
+  while (!g_stop) {
+    if (Status st = d.run_once(std::chrono::milliseconds(50)); !st.is_ok()) return fail(st);
+    auto done = d.take_finished();
+    for (const auto& f : done) {
+      std::string ids;
+      for (int32_t t : f.tokens) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+      const char* why = f.finish == protocol::FinishReason::Stop ? "stop"
+                        : f.finish == protocol::FinishReason::Length ? "length" : "aborted";
+      say("DONE " + std::to_string(f.request_id) + " " + why + " " + (ids.empty() ? "-" : ids));
+    }
+    const size_t now_live = d.driver().side().num_live();
+    if (live > 0 && now_live == 0)
+      say("IDLE " + std::to_string(d.pool_free_bytes()) + " " + std::to_string(d.pool_capacity_bytes()));
+    live = now_live;
+  }
+  say("STOPPED");
+  return 0;
+}

@@ -1,0 +1,121 @@
+// k3-prefill: one pipeline stage of a prefill instance (see prefill_stage.h for the request flow).
+// stdout protocol (one line each, flushed; tests and the launcher read them):
+//   LISTEN <endpoint>        stages > 0: where stage s-1 must send activations (--next-endpoint)
+//   READY <control name>     the stage is up (model loaded, driver connected)
+//   DECODE_READY             decode's registration (worker address, rkeys) arrived
+//   HELD <sources> <computing>  whenever the driver's held sources or the requests in compute change
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+
+#include "common/model/config.h"
+#include "common/model/weights.h"
+#include "prefill_node/partition.h"
+#include "prefill_node/prefill_stage.h"
+
+using namespace k3;
+
+namespace {
+
+std::atomic<bool> g_stop{false};  // set by SIGTERM/SIGINT; the only state a signal handler may touch
+void on_signal(int) { g_stop = true; }
+
+void say(const std::string& s) {
+  std::printf("%s\n", s.c_str());
+  std::fflush(stdout);
+}
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "k3-prefill: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"k3-prefill: one pipeline-parallel prefill stage. Computes its layer range of every prompt chunk by "
+               "chunk, passes activations to the next stage, and sends its own layers' KV/state to the decode "
+               "instance over UCX (control over ZeroMQ). Start one process per stage."};
+  std::string model_dir, partition_text, log_level = "warn";
+  prefill::PrefillStageOptions o;
+  int stages = 0, threads = 0, hb_ms = 1000, hb_misses = 3;
+  long addrs_ms = 300000;
+  app.add_option("--model", model_dir, "model directory (config.json, model.safetensors)")->required();
+  app.add_option("--stage", o.stage, "this process's stage index, 0-based (default 0)")->check(CLI::NonNegativeNumber);
+  app.add_option("--stages", stages, "number of stages (default: the --partition length, else 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--partition", partition_text,
+                 "layers per stage, e.g. 4,4 (length = stages, sum = model layers; default: even split)");
+  app.add_option("--chunk-size", o.chunk_size, "prompt tokens per pipeline chunk (default 256)")->check(CLI::PositiveNumber);
+  app.add_option("--max-requests", o.cache.max_seqs, "requests computing at once on this stage (cache slots, default 8)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--cache-pages", o.cache.num_pages, "local MLA cache pages per layer (default 256)")->check(CLI::PositiveNumber);
+  app.add_option("--cache-page-size", o.cache.page_size, "tokens per local MLA cache page (default 16)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--transfer-page-size", o.transfer_page_size,
+                 "tokens per page of the decode pool (must equal k3-decode --page-size; default 16)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--instance", o.instance_id, "prefill instance id (control name prefill/<id>/<stage>; default p)");
+  app.add_option("--decode-instance", o.decode_instance, "decode instance id this stage feeds (default d)");
+  app.add_option("--decode-endpoint", o.decode_endpoint, "decode's control endpoint, as k3-decode prints it")->required();
+  app.add_option("--router-endpoint", o.router_endpoint, "router control endpoint (PREFILL / ABORT come from there)");
+  app.add_option("--listen", o.listen_endpoint,
+                 "stages > 0: bind for activations from the previous stage, e.g. tcp://127.0.0.1:* (port picked, "
+                 "printed as LISTEN)");
+  app.add_option("--next-endpoint", o.next_endpoint, "stages before the last: the next stage's LISTEN endpoint");
+  app.add_option("--threads", threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
+  app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval (default 1000)")->check(CLI::PositiveNumber);
+  app.add_option("--heartbeat-misses", hb_misses, "missed heartbeats before a peer is dead (default 3)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--addrs-timeout-ms", addrs_ms, "COMPUTE_DONE -> ADDRS wait before the request expires (default 300000)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--log-level", log_level, "spdlog level: trace, debug, info, warn (default), error");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  auto cfg = load_model_config(model_dir + "/config.json");
+  if (!cfg.is_ok()) return fail(cfg.status());
+  if (stages == 0) stages = partition_text.empty() ? 1 : static_cast<int>(std::count(partition_text.begin(), partition_text.end(), ',')) + 1;
+  auto partition = prefill::parse_partition(partition_text, stages, cfg->num_hidden_layers);
+  if (!partition.is_ok()) return fail(partition.status());
+  o.partition = *partition;
+  o.heartbeat = {std::chrono::milliseconds(hb_ms), hb_misses};
+  o.timeouts.addrs_wait = transfer::Millis(addrs_ms);
+  if (o.stage >= stages) return fail(invalid_argument("--stage " + std::to_string(o.stage) + " >= --stages " + std::to_string(stages)));
+
+  const int begin = prefill::stage_begin(o.partition, o.stage);
+  auto weights = load_weights(model_dir, *cfg, begin, begin + o.partition[o.stage]);
+  if (!weights.is_ok()) return fail(weights.status());
+  auto backend = make_cpu_backend({.threads = threads});
+  zmq::context_t zctx;
+  auto stage = prefill::PrefillStage::create(o, *backend, *cfg, *weights, zctx);
+  if (!stage.is_ok()) return fail(stage.status());
+  prefill::PrefillStage& s = **stage;
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  if (o.stage > 0) say("LISTEN " + s.listen_endpoint());
+  say("READY prefill/" + o.instance_id + "/" + std::to_string(o.stage));
+  bool announced = false;
+  size_t held = 0, computing = 0;
+  while (!g_stop) {
+    if (Status st = s.run_once(std::chrono::milliseconds(50)); !st.is_ok()) return fail(st);
+    if (!announced && s.decode_ready()) {
+      announced = true;
+      say("DECODE_READY");
+    }
+    if (s.sources_held() != held || s.requests_in_compute() != computing) {
+      held = s.sources_held();
+      computing = s.requests_in_compute();
+      say("HELD " + std::to_string(held) + " " + std::to_string(computing));
+    }
+  }
+  say("STOPPED");
+  return 0;
+}

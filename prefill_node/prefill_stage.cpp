@@ -1,0 +1,252 @@
+#include "prefill_node/prefill_stage.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "common/model/cache_io.h"
+#include "common/protocol/compat.h"
+#include "prefill_node/partition.h"
+
+namespace k3::prefill {
+
+using namespace std::chrono_literals;
+using transfer::Millis;
+
+namespace {
+
+constexpr size_t kEndedMemory = 1 << 16;  // ended ids remembered to drop their late chunks
+
+Activations host_copy(Backend& be, const Activations& a) {
+  Activations out;
+  out.partial = be.to_host(a.partial);
+  for (const Tensor& b : a.bank) out.bank.push_back(be.to_host(b));
+  return out;
+}
+
+}  // namespace
+
+PrefillStage::~PrefillStage() {
+  for (auto& [id, r] : requests_)
+    if (r.open) pools_->close(r.seq);
+}
+
+Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOptions& opts, Backend& backend,
+                                                           const ModelConfig& cfg, const WeightStore& weights,
+                                                           zmq::context_t& zctx) {
+  const int stages = static_cast<int>(opts.partition.size());
+  if (opts.stage < 0 || opts.stage >= stages)
+    return invalid_argument("--stage " + std::to_string(opts.stage) + " is outside 0.." + std::to_string(stages - 1));
+  if (opts.chunk_size <= 0) return invalid_argument("--chunk-size must be > 0");
+  if (opts.decode_endpoint.empty()) return invalid_argument("--decode-endpoint is required");
+  const bool last = opts.stage + 1 == stages;
+  if (!last && opts.next_endpoint.empty())
+    return invalid_argument("--next-endpoint is required on every stage but the last");
+  if (opts.stage > 0 && opts.listen_endpoint.empty())
+    return invalid_argument("--listen is required on every stage but the first");
+  if (backend.compute_dtype() != DType::F32)
+    return invalid_argument("k3-prefill runs F32 caches only (the backend computes in another dtype)");
+  std::unique_ptr<PrefillStage> s(new PrefillStage(opts, backend));
+  s->cfg_ = cfg;
+  s->begin_ = stage_begin(opts.partition, opts.stage);
+  s->end_ = s->begin_ + opts.partition[opts.stage];
+  K3_ASSIGN_OR_RETURN(s->layout_, transfer::TransferModelLayout::from_config(cfg, 4, 4, 4));
+  for (int n : opts.partition) s->prefill_layout_.partition.push_back(static_cast<uint32_t>(n));
+  K3_TRY(s->prefill_layout_.validate(s->layout_));
+  K3_ASSIGN_OR_RETURN(s->model_, Model::create(backend, cfg, weights, s->begin_, s->end_));
+  s->pools_ = std::make_unique<CachePools>(backend, cfg, s->begin_, s->end_, opts.cache);
+
+  transfer::PrefillDriverConfig dc;
+  dc.side = {.instance_id = opts.instance_id, .stage = static_cast<uint32_t>(opts.stage), .model = s->layout_,
+             .prefill = s->prefill_layout_, .decode_kda_head_sliced = true, .timeouts = opts.timeouts};
+  dc.compat.model_hash = protocol::model_config_hash(cfg);
+  dc.compat.kv_dtype = DType::F32;
+  dc.compat.state_dtype = DType::F32;
+  dc.compat.page_size = opts.transfer_page_size;
+  dc.compat.layout.pp_partition = s->prefill_layout_.partition;
+  dc.decode_instance = opts.decode_instance;
+  dc.decode_endpoint = opts.decode_endpoint;
+  dc.router_endpoint = opts.router_endpoint;
+  dc.heartbeat = opts.heartbeat;
+  PrefillStage* self = s.get();
+  dc.on_state = [self](uint64_t id, protocol::RequestState st) {
+    // Called inside driver calls: only note it; the loop frees the request after the call returns.
+    if (protocol::is_terminal(st)) self->pending_end_.push_back(id);
+  };
+  K3_ASSIGN_OR_RETURN(s->driver_, transfer::PrefillDriver::create(std::move(dc), zctx, &s->metrics_));
+  if (opts.stage > 0) {
+    K3_ASSIGN_OR_RETURN(s->from_prev_, StageReceiver::bind(zctx, opts.listen_endpoint));
+  }
+  if (!last) {
+    K3_ASSIGN_OR_RETURN(s->to_next_, StageSender::connect(zctx, opts.next_endpoint));
+  }
+  return s;
+}
+
+const std::string& PrefillStage::listen_endpoint() const {
+  static const std::string none;
+  return from_prev_ ? from_prev_->endpoint() : none;
+}
+
+void PrefillStage::absorb(const transfer::Actions&) {
+  // The driver executed the actions already; what the stage itself must react to is a request
+  // ending (its local caches and queued chunks go).
+  for (uint64_t id : std::exchange(pending_end_, {})) end_request(id);
+}
+
+void PrefillStage::end_request(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it != requests_.end()) {
+    if (it->second.open) pools_->close(it->second.seq);
+    requests_.erase(it);
+    order_.erase(std::remove(order_.begin(), order_.end(), id), order_.end());
+  }
+  if (ended_.insert(id).second && ended_.size() > kEndedMemory) ended_.erase(ended_.begin());  // oldest ids first
+}
+
+void PrefillStage::fail_request(uint64_t id, const std::string& why) {
+  spdlog::warn("prefill stage {}: request {} failed: {}", opts_.stage, id, why);
+  absorb(driver_->inject_abort(id, protocol::AbortReason::Internal));
+  end_request(id);
+}
+
+void PrefillStage::on_accepted(const protocol::Prefill& p) {
+  if (ended_.count(p.request_id)) return;
+  if (p.token_ids.empty()) return fail_request(p.request_id, "empty prompt");
+  for (int32_t t : p.token_ids)
+    if (t < 0 || t >= cfg_.vocab_size)
+      return fail_request(p.request_id, "token id " + std::to_string(t) + " outside the vocabulary");
+  auto [it, fresh] = requests_.try_emplace(p.request_id);
+  Request& r = it->second;
+  if (fresh) {
+    r.id = p.request_id;
+    order_.push_back(r.id);
+  }
+  const uint32_t len = static_cast<uint32_t>(p.token_ids.size());
+  if (r.prompt_len != 0 && r.prompt_len != len)
+    return fail_request(r.id, "PREFILL has " + std::to_string(len) + " tokens but stage " +
+                                  std::to_string(opts_.stage - 1) + " sent activations for " + std::to_string(r.prompt_len));
+  r.prompt_len = len;
+  r.prefill = p;
+  maybe_report(r);  // stages > 0 may have computed every chunk before their PREFILL arrived
+}
+
+void PrefillStage::on_chunk(ActivationChunk c) {
+  if (ended_.count(c.request_id)) return;
+  auto [it, fresh] = requests_.try_emplace(c.request_id);
+  Request& r = it->second;
+  if (fresh) {
+    r.id = c.request_id;
+    order_.push_back(r.id);
+  }
+  if (r.prompt_len != 0 && r.prompt_len != c.prompt_len)
+    return fail_request(r.id, "activations for " + std::to_string(c.prompt_len) + " tokens, the request has " +
+                                  std::to_string(r.prompt_len));
+  r.prompt_len = c.prompt_len;
+  int64_t expected = r.computed;
+  for (const ActivationChunk& q : r.arrived) expected += q.act.rows();
+  if (static_cast<int64_t>(c.chunk_start) != expected)
+    return fail_request(r.id, "activation chunk starts at " + std::to_string(c.chunk_start) + ", expected " +
+                                  std::to_string(expected));
+  r.arrived.push_back(std::move(c));
+}
+
+PrefillStage::Request* PrefillStage::next_work() {
+  // A request takes a cache slot at its first chunk; while none is free, only requests holding one
+  // progress (the others wait, their chunks queued).
+  const bool slot_free = pools_->free_slots() > 0;
+  for (uint64_t id : order_) {
+    Request& r = requests_.at(id);
+    const bool has_input = opts_.stage == 0 ? (r.prefill && r.computed < r.prompt_len) : !r.arrived.empty();
+    if (has_input && (r.open || slot_free)) return &r;
+  }
+  return nullptr;
+}
+
+Status PrefillStage::compute_chunk(Request& r) {
+  if (!r.open) {
+    auto seq = pools_->open();
+    if (!seq.is_ok()) {  // next_work saw a free slot: this is a bug, not back-pressure
+      fail_request(r.id, "no free cache slot: " + seq.status().to_string());
+      return Status::ok();
+    }
+    r.seq = std::move(seq).value();
+    r.open = true;
+  }
+  Activations act;
+  const int64_t start = r.computed;
+  if (opts_.stage == 0) {
+    const int64_t n = std::min<int64_t>(opts_.chunk_size, r.prompt_len - r.computed);
+    act = model_->embed(std::span<const int32_t>(r.prefill->token_ids).subspan(start, n));
+  } else {
+    act = std::move(r.arrived.front().act);
+    r.arrived.pop_front();
+  }
+  const int64_t n = act.rows();
+  if (Status st = pools_->reserve(r.seq, n); !st.is_ok()) {
+    fail_request(r.id, "no room in the stage's caches: " + st.to_string());
+    return Status::ok();
+  }
+  BatchItem item{.seq = &r.seq, .num_new = n};
+  model_->forward(std::span(&item, 1), act, *pools_);
+  r.seq.num_tokens += n;
+  r.computed += n;
+  if (to_next_) {
+    K3_TRY(to_next_->send(ActivationChunk{.request_id = r.id, .chunk_start = static_cast<uint64_t>(start),
+                                          .prompt_len = r.prompt_len, .act = host_copy(backend_, act)}));
+  } else if (r.computed == r.prompt_len) {
+    const int32_t row = static_cast<int32_t>(n - 1);
+    r.last_logits = model_->logits(act, std::span(&row, 1));
+  }
+  maybe_report(r);
+  return Status::ok();
+}
+
+void PrefillStage::maybe_report(Request& r) {
+  if (!r.prefill || r.prompt_len == 0 || r.computed != r.prompt_len) return;
+  std::vector<uint8_t> bytes;
+  export_caches(backend_, *pools_, r.seq, begin_, end_, bytes);
+  transfer::StageSource src =
+      transfer::pack_stage_source(layout_, prefill_layout_, static_cast<uint32_t>(opts_.stage), r.prompt_len);
+  if (src.total_bytes != bytes.size())
+    return fail_request(r.id, "cache image is " + std::to_string(bytes.size()) + " bytes, the transfer layout expects " +
+                                  std::to_string(src.total_bytes));
+  std::optional<int32_t> first_token;
+  if (is_last()) {
+    const protocol::SamplingParams& sp = r.prefill->sampling;
+    std::vector<int32_t> out;
+    backend_.sample({.logits = r.last_logits,
+                     .rows = {ops::SamplingRow{.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p,
+                                               .seed = sp.seed, .step = 0}},
+                     .out = &out});
+    first_token = out.at(0);
+  }
+  const uint64_t id = r.id;
+  end_request(id);  // local caches go now: the driver holds the packed copy until the request ends
+  absorb(driver_->stage_computed(id, std::move(src), std::move(bytes), first_token));
+}
+
+Status PrefillStage::run_once(std::chrono::milliseconds idle_wait) {
+  const bool busy = next_work() != nullptr;
+  // Stages > 0 also wait on the activation socket, which the driver's poll does not watch.
+  const auto wait = busy ? 0ms : (from_prev_ ? std::min(idle_wait, std::chrono::milliseconds(2)) : idle_wait);
+  K3_ASSIGN_OR_RETURN(auto step, driver_->step(wait));
+  absorb(step.actions);
+  for (const protocol::Prefill& p : step.accepted) on_accepted(p);
+  if (from_prev_) {
+    for (;;) {
+      K3_ASSIGN_OR_RETURN(auto frame, from_prev_->try_receive());
+      if (!frame) break;
+      auto chunk = decode_chunk(*frame);
+      if (!chunk.is_ok()) {
+        spdlog::warn("prefill stage {}: dropped a bad activation frame: {}", opts_.stage, chunk.status().to_string());
+        continue;
+      }
+      on_chunk(std::move(chunk).value());
+    }
+  }
+  if (Request* r = next_work()) K3_TRY(compute_chunk(*r));
+  return Status::ok();
+}
+
+}  // namespace k3::prefill

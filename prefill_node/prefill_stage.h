@@ -1,0 +1,114 @@
+// One PP stage of a prefill instance: its Model over [begin, end), local caches, the stage links and the
+// transfer PrefillDriver.
+//
+// Flow of a request (decisions documented here, see also main.cpp --help):
+//  - The router sends the PREFILL to EVERY stage (each stage's driver has its own router connection and
+//    its own lazy-alloc record); nothing is forwarded between stages but activations.
+//  - Stage 0 embeds the prompt and runs its layers chunk by chunk; every other stage runs a chunk when
+//    its activations arrive from stage s-1 (which may be before its PREFILL: chunks are computed at
+//    once and the request waits for the PREFILL only to report the result). A computed chunk goes to
+//    stage s+1 at once, so the stages overlap on consecutive chunks; several requests are in flight
+//    (oldest first, one chunk per loop iteration, so heartbeats and new messages are served between).
+//    A request takes a local cache slot at its first chunk; with every slot busy, new requests wait
+//    (back-pressure, not failure) until one is freed.
+//  - When a stage has all prompt tokens: export_caches of its own layers (the packed StageSource
+//    layout) -> PrefillDriver::stage_computed, which plans, puts and flushes them to decode itself (no
+//    funnel through another stage). The last stage samples the first token (step 0 of the request's
+//    sampling params and seed). The stage's local cache slot is freed right after the export (the
+//    driver holds the packed copy until the request ends, then frees it: sources_held()).
+//  - A request that ends (aborted / failed / expired) while still computing frees its caches and drops
+//    its queued chunks; late chunks of an ended request are dropped.
+#pragma once
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/model/config.h"
+#include "common/model/kv_cache.h"
+#include "common/model/model.h"
+#include "common/model/weights.h"
+#include "prefill_node/stage_link.h"
+#include "transfer/ucx_prefill_driver.h"
+
+namespace k3::prefill {
+
+struct PrefillStageOptions {
+  std::string instance_id = "p";
+  int stage = 0;
+  std::vector<int> partition;          // layers per stage (validated by parse_partition)
+  int chunk_size = 256;                // prompt tokens per pipeline chunk
+  CacheOptions cache;                  // local caches of the stage's layers (max_seqs = requests in flight)
+  uint32_t transfer_page_size = 16;    // the decode pool's page size (part of the compat check)
+  std::string decode_instance = "d";
+  std::string decode_endpoint;
+  std::string router_endpoint;         // empty: no router (PREFILLs injected through the driver's side)
+  std::string listen_endpoint;         // stages > 0: where activations from stage s-1 arrive
+  std::string next_endpoint;           // stages < last: stage s+1's listen endpoint
+  transfer::ProtocolTimeouts timeouts;
+  transfer::HeartbeatConfig heartbeat;
+};
+
+class PrefillStage {
+ public:
+  static Result<std::unique_ptr<PrefillStage>> create(const PrefillStageOptions& opts, Backend& backend,
+                                                      const ModelConfig& cfg, const WeightStore& weights,
+                                                      zmq::context_t& zctx);
+  ~PrefillStage();
+
+  // One iteration of the event loop: driver messages, received activations, then at most one chunk of
+  // compute. Sleeps up to `idle_wait` in the driver's poll only when there is no work.
+  Status run_once(std::chrono::milliseconds idle_wait);
+
+  const std::string& listen_endpoint() const;
+  bool decode_ready() const { return driver_->decode_ready(); }
+  size_t sources_held() const { return driver_->sources_held(); }
+  size_t requests_in_compute() const { return requests_.size(); }
+  int free_cache_slots() const { return pools_->free_slots(); }
+  bool is_last() const { return opts_.stage + 1 == static_cast<int>(opts_.partition.size()); }
+  transfer::PrefillDriver& driver() { return *driver_; }
+
+ private:
+  struct Request {
+    uint64_t id = 0;
+    std::optional<protocol::Prefill> prefill;   // once the driver accepted the PREFILL
+    std::deque<ActivationChunk> arrived;        // stages > 0: chunks not computed yet
+    SeqCache seq;
+    bool open = false;
+    uint32_t prompt_len = 0;                    // known from the PREFILL or the first chunk
+    int64_t computed = 0;                       // tokens through this stage's layers
+    Tensor last_logits;                         // last stage: logits of the prompt's final row
+  };
+  PrefillStage(const PrefillStageOptions& opts, Backend& backend) : opts_(opts), backend_(backend) {}
+
+  void absorb(const transfer::Actions& actions);
+  void on_accepted(const protocol::Prefill& p);
+  void on_chunk(ActivationChunk c);
+  Request* next_work();
+  Status compute_chunk(Request& r);
+  void maybe_report(Request& r);
+  void end_request(uint64_t id);
+  void fail_request(uint64_t id, const std::string& why);
+
+  PrefillStageOptions opts_;
+  Backend& backend_;
+  ModelConfig cfg_;
+  int begin_ = 0, end_ = 0;
+  transfer::TransferModelLayout layout_;
+  transfer::PrefillLayout prefill_layout_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<CachePools> pools_;
+  protocol::MetricsRegistry metrics_;
+  std::unique_ptr<transfer::PrefillDriver> driver_;
+  std::unique_ptr<StageReceiver> from_prev_;
+  std::unique_ptr<StageSender> to_next_;
+  std::map<uint64_t, Request> requests_;          // live here (computing or waiting for the PREFILL)
+  std::deque<uint64_t> order_;                    // arrival order: oldest request gets the next chunk
+  std::set<uint64_t> ended_;                      // requests whose late chunks / PREFILLs are dropped
+  std::vector<uint64_t> pending_end_;             // terminal states seen by the driver's state hook
+};
+
+}  // namespace k3::prefill

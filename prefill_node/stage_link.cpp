@@ -1,0 +1,133 @@
+#include "prefill_node/stage_link.h"
+
+#include <cstring>
+
+namespace k3::prefill {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x4341334b;  // "K3AC"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4;
+
+template <class T>
+void put(std::vector<uint8_t>& out, T v) {
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &v, sizeof(T));
+}
+
+template <class T>
+T get(std::span<const uint8_t> in, size_t& at) {
+  T v;
+  std::memcpy(&v, in.data() + at, sizeof(T));
+  at += sizeof(T);
+  return v;
+}
+
+void put_rows(std::vector<uint8_t>& out, const Tensor& t) {
+  Tensor f = t.to_f32();
+  const size_t at = out.size();
+  out.resize(at + f.nbytes());
+  std::memcpy(out.data() + at, f.data(), f.nbytes());
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_chunk(const ActivationChunk& c) {
+  const int64_t rows = c.act.rows();
+  const int64_t width = rows > 0 ? c.act.partial.dim(1) : 0;
+  std::vector<uint8_t> out;
+  out.reserve(kHeaderBytes + (1 + c.act.bank.size()) * rows * width * sizeof(float));
+  put<uint32_t>(out, kMagic);
+  put<uint32_t>(out, kVersion);
+  put<uint64_t>(out, c.request_id);
+  put<uint64_t>(out, c.chunk_start);
+  put<uint32_t>(out, c.prompt_len);
+  put<uint32_t>(out, static_cast<uint32_t>(rows));
+  put<uint32_t>(out, static_cast<uint32_t>(width));
+  put<uint32_t>(out, static_cast<uint32_t>(c.act.bank.size()));
+  put_rows(out, c.act.partial);
+  for (const Tensor& b : c.act.bank) put_rows(out, b);
+  return out;
+}
+
+Result<ActivationChunk> decode_chunk(std::span<const uint8_t> bytes) {
+  if (bytes.size() < kHeaderBytes)
+    return invalid_argument("activation frame: " + std::to_string(bytes.size()) + " bytes is shorter than its header");
+  size_t at = 0;
+  if (get<uint32_t>(bytes, at) != kMagic) return invalid_argument("activation frame: bad magic");
+  const uint32_t version = get<uint32_t>(bytes, at);
+  if (version != kVersion) return invalid_argument("activation frame: unsupported version " + std::to_string(version));
+  ActivationChunk c;
+  c.request_id = get<uint64_t>(bytes, at);
+  c.chunk_start = get<uint64_t>(bytes, at);
+  c.prompt_len = get<uint32_t>(bytes, at);
+  const uint32_t rows = get<uint32_t>(bytes, at);
+  const uint32_t width = get<uint32_t>(bytes, at);
+  const uint32_t banks = get<uint32_t>(bytes, at);
+  if (rows == 0 || width == 0) return invalid_argument("activation frame: rows and width must be > 0");
+  if (c.chunk_start + rows > c.prompt_len)
+    return invalid_argument("activation frame: rows " + std::to_string(c.chunk_start) + "+" + std::to_string(rows) +
+                            " exceed prompt_len " + std::to_string(c.prompt_len));
+  const uint64_t tensor_bytes = uint64_t{rows} * width * sizeof(float);
+  if (bytes.size() != kHeaderBytes + (uint64_t{banks} + 1) * tensor_bytes)
+    return invalid_argument("activation frame: " + std::to_string(bytes.size()) + " bytes do not match rows " +
+                            std::to_string(rows) + " width " + std::to_string(width) + " banks " + std::to_string(banks));
+  auto take = [&] {
+    std::vector<float> v(size_t{rows} * width);
+    std::memcpy(v.data(), bytes.data() + at, tensor_bytes);
+    at += tensor_bytes;
+    return Tensor::from_f32({rows, width}, v);
+  };
+  c.act.partial = take();
+  for (uint32_t b = 0; b < banks; ++b) c.act.bank.push_back(take());
+  return c;
+}
+
+Result<std::unique_ptr<StageSender>> StageSender::connect(zmq::context_t& ctx, const std::string& endpoint) {
+  try {
+    zmq::socket_t s(ctx, zmq::socket_type::push);
+    s.set(zmq::sockopt::linger, 2000);  // a stage shutting down still delivers chunks it queued
+    s.connect(endpoint);
+    return std::unique_ptr<StageSender>(new StageSender(std::move(s)));
+  } catch (const zmq::error_t& e) {
+    return invalid_argument("--next-endpoint " + endpoint + ": " + e.what());
+  }
+}
+
+Status StageSender::send(const ActivationChunk& c) {
+  std::vector<uint8_t> bytes = encode_chunk(c);
+  try {
+    sock_.send(zmq::buffer(bytes), zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    return Status(Code::Unavailable, std::string("sending activations: ") + e.what());
+  }
+  return Status::ok();
+}
+
+Result<std::unique_ptr<StageReceiver>> StageReceiver::bind(zmq::context_t& ctx, const std::string& endpoint) {
+  try {
+    zmq::socket_t s(ctx, zmq::socket_type::pull);
+    s.set(zmq::sockopt::linger, 0);
+    s.bind(endpoint);
+    std::string ep = s.get(zmq::sockopt::last_endpoint);
+    return std::unique_ptr<StageReceiver>(new StageReceiver(std::move(s), std::move(ep)));
+  } catch (const zmq::error_t& e) {
+    return invalid_argument("--listen " + endpoint + ": " + e.what());
+  }
+}
+
+Result<std::optional<std::vector<uint8_t>>> StageReceiver::try_receive() {
+  zmq::message_t msg;
+  try {
+    auto got = sock_.recv(msg, zmq::recv_flags::dontwait);
+    if (!got) return std::optional<std::vector<uint8_t>>();
+  } catch (const zmq::error_t& e) {
+    return Status(Code::Unavailable, std::string("receiving activations: ") + e.what());
+  }
+  const auto* p = static_cast<const uint8_t*>(msg.data());
+  return std::optional<std::vector<uint8_t>>(std::vector<uint8_t>(p, p + msg.size()));
+}
+
+}  // namespace k3::prefill

@@ -1,0 +1,60 @@
+// Stage-to-stage activations of the prefill pipeline: stage s PUSHes every computed chunk (the running
+// partial sum P and the AttnRes bank rows, F32) to stage s+1, which PULLs them. One ZeroMQ PUSH/PULL pair
+// per link keeps chunks of a request in order (one connection, FIFO), and stage s computes chunk c+1 while
+// stage s+1 computes chunk c, which is what overlaps the pipeline.
+//
+// Frame (little-endian, host order): magic u32 "K3AC", version u32, request_id u64, chunk_start u64,
+// prompt_len u32, rows u32, width u32, bank_count u32, then P [rows, width] F32, then each bank entry
+// [rows, width] F32.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/core/status.h"
+#include "common/model/model.h"
+
+namespace k3::prefill {
+
+struct ActivationChunk {
+  uint64_t request_id = 0;
+  uint64_t chunk_start = 0;   // position of the chunk's first token in the prompt
+  uint32_t prompt_len = 0;    // tokens of the whole prompt (the receiver knows when it has them all)
+  Activations act;            // host F32 tensors, rows = tokens of the chunk
+};
+
+std::vector<uint8_t> encode_chunk(const ActivationChunk& c);
+// Strict: wrong magic/version, sizes that disagree with the byte count, or rows beyond the prompt fail.
+Result<ActivationChunk> decode_chunk(std::span<const uint8_t> bytes);
+
+// The sending end (stage s): connects to the next stage's bound endpoint.
+class StageSender {
+ public:
+  static Result<std::unique_ptr<StageSender>> connect(zmq::context_t& ctx, const std::string& endpoint);
+  Status send(const ActivationChunk& c);
+
+ private:
+  explicit StageSender(zmq::socket_t s) : sock_(std::move(s)) {}
+  zmq::socket_t sock_;
+};
+
+// The receiving end (stage s+1): binds (a "*" port is picked by the OS) and reads without blocking.
+class StageReceiver {
+ public:
+  static Result<std::unique_ptr<StageReceiver>> bind(zmq::context_t& ctx, const std::string& endpoint);
+  const std::string& endpoint() const { return endpoint_; }
+  // Next received frame, or nullopt when none is waiting.
+  Result<std::optional<std::vector<uint8_t>>> try_receive();
+
+ private:
+  StageReceiver(zmq::socket_t s, std::string ep) : sock_(std::move(s)), endpoint_(std::move(ep)) {}
+  zmq::socket_t sock_;
+  std::string endpoint_;
+};
+
+}  // namespace k3::prefill
