@@ -1,0 +1,177 @@
+#include "deploy/cluster_spec.h"
+
+#include <cctype>
+#include <fstream>
+#include <numeric>
+#include <set>
+
+namespace k3::deploy {
+
+using nlohmann::json;
+
+namespace {
+
+Status bad(const std::string& field, const std::string& what) { return invalid_argument("spec: " + field + ": " + what); }
+
+Status known_keys(const json& obj, const std::string& where, const std::set<std::string>& keys) {
+  for (auto it = obj.begin(); it != obj.end(); ++it)
+    if (!keys.count(it.key())) return bad(where + it.key(), "unknown field");
+  return Status::ok();
+}
+
+Status get_int(const json& obj, const std::string& where, const char* key, int& out, int lo, int hi) {
+  if (!obj.contains(key)) return Status::ok();
+  const json& v = obj.at(key);
+  if (!v.is_number_integer()) return bad(where + key, "must be an integer");
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) return bad(where + key, std::to_string(x) + " outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  out = static_cast<int>(x);
+  return Status::ok();
+}
+
+Status get_string(const json& obj, const std::string& where, const char* key, std::string& out, bool required = false) {
+  if (!obj.contains(key)) return required ? bad(where + key, "is required") : Status::ok();
+  if (!obj.at(key).is_string()) return bad(where + key, "must be a string");
+  out = obj.at(key).get<std::string>();
+  if (required && out.empty()) return bad(where + key, "must not be empty");
+  return Status::ok();
+}
+
+Status check_id(const std::string& field, const std::string& id) {
+  if (id.empty()) return bad(field, "must not be empty");
+  for (char c : id)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'))
+      return bad(field, "'" + id + "' may use only letters, digits, '-' and '_'");
+  return Status::ok();
+}
+
+}  // namespace
+
+std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec) {
+  std::vector<DecodeProcess> out;
+  uint32_t rank = 0;
+  for (const auto& d : spec.decode)
+    for (int r = 0; r < d.ranks; ++r)
+      out.push_back({.instance = d.ranks == 1 ? d.id : d.id + "-" + std::to_string(r), .rank = rank++,
+                     .max_requests = d.max_requests});
+  return out;
+}
+
+Result<ClusterSpec> parse_cluster_spec(const json& j) {
+  ClusterSpec s;
+  if (!j.is_object()) return bad("(top level)", "must be a JSON object");
+  K3_TRY(known_keys(j, "", {"model", "generate", "router", "prefill", "decode", "threads", "timeouts"}));
+  K3_TRY(get_string(j, "", "model", s.model, true));
+  K3_TRY(get_int(j, "", "threads", s.threads, 0, 1024));
+  if (j.contains("generate")) {
+    const json& g = j.at("generate");
+    if (!g.is_object()) return bad("generate", "must be an object");
+    K3_TRY(known_keys(g, "generate.", {"preset", "seed"}));
+    K3_TRY(get_string(g, "generate.", "preset", s.preset));
+    if (g.contains("seed")) {
+      if (!g.at("seed").is_number_unsigned()) return bad("generate.seed", "must be a non-negative integer");
+      s.seed = g.at("seed").get<uint64_t>();
+    }
+  }
+  if (j.contains("router")) {
+    const json& r = j.at("router");
+    if (!r.is_object()) return bad("router", "must be an object");
+    K3_TRY(known_keys(r, "router.", {"host", "port", "placement", "served_model_name"}));
+    K3_TRY(get_string(r, "router.", "host", s.host));
+    K3_TRY(get_int(r, "router.", "port", s.port, 0, 65535));
+    K3_TRY(get_string(r, "router.", "placement", s.placement));
+    K3_TRY(get_string(r, "router.", "served_model_name", s.served_model_name));
+    if (s.placement != "round-robin" && s.placement != "least-loaded" && s.placement != "prefix-affinity")
+      return bad("router.placement", "'" + s.placement + "' is not round-robin, least-loaded or prefix-affinity");
+  }
+  if (!j.contains("prefill")) return bad("prefill", "is required");
+  if (!j.at("prefill").is_array() || j.at("prefill").empty()) return bad("prefill", "must be a non-empty array");
+  std::set<std::string> ids;
+  for (size_t i = 0; i < j.at("prefill").size(); ++i) {
+    const std::string at = "prefill[" + std::to_string(i) + "].";
+    const json& p = j.at("prefill")[i];
+    if (!p.is_object()) return bad("prefill[" + std::to_string(i) + "]", "must be an object");
+    K3_TRY(known_keys(p, at, {"id", "stages", "partition", "chunk_size", "max_requests"}));
+    PrefillSpec ps;
+    ps.id = "p" + std::to_string(i);
+    K3_TRY(get_string(p, at, "id", ps.id));
+    K3_TRY(check_id(at + "id", ps.id));
+    if (!ids.insert("prefill:" + ps.id).second) return bad(at + "id", "'" + ps.id + "' is used twice");
+    K3_TRY(get_int(p, at, "stages", ps.stages, 1, 256));
+    K3_TRY(get_int(p, at, "chunk_size", ps.chunk_size, 1, 1 << 20));
+    K3_TRY(get_int(p, at, "max_requests", ps.max_requests, 1, 4096));
+    if (p.contains("partition")) {
+      const json& part = p.at("partition");
+      if (!part.is_array()) return bad(at + "partition", "must be an array of layer counts");
+      for (const json& x : part) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 1 || x.get<int64_t>() > 100000)
+          return bad(at + "partition", "every entry must be a positive integer");
+        ps.partition.push_back(x.get<int>());
+      }
+      if (static_cast<int>(ps.partition.size()) != ps.stages)
+        return bad(at + "partition", "has " + std::to_string(ps.partition.size()) + " entries but stages is " +
+                                         std::to_string(ps.stages));
+    }
+    s.prefill.push_back(ps);
+  }
+  if (!j.contains("decode")) return bad("decode", "is required");
+  if (!j.at("decode").is_array() || j.at("decode").empty()) return bad("decode", "must be a non-empty array");
+  for (size_t i = 0; i < j.at("decode").size(); ++i) {
+    const std::string at = "decode[" + std::to_string(i) + "].";
+    const json& d = j.at("decode")[i];
+    if (!d.is_object()) return bad("decode[" + std::to_string(i) + "]", "must be an object");
+    K3_TRY(known_keys(d, at, {"id", "ranks", "max_requests"}));
+    DecodeSpec ds;
+    ds.id = "d" + std::to_string(i);
+    K3_TRY(get_string(d, at, "id", ds.id));
+    K3_TRY(check_id(at + "id", ds.id));
+    if (!ids.insert("decode:" + ds.id).second) return bad(at + "id", "'" + ds.id + "' is used twice");
+    K3_TRY(get_int(d, at, "ranks", ds.ranks, 1, 256));
+    K3_TRY(get_int(d, at, "max_requests", ds.max_requests, 1, 4096));
+    s.decode.push_back(ds);
+  }
+  std::set<std::string> names;
+  for (const auto& dp : decode_processes(s))
+    if (!names.insert(dp.instance).second) return bad("decode", "process name '" + dp.instance + "' is used twice");
+  if (j.contains("timeouts")) {
+    const json& t = j.at("timeouts");
+    if (!t.is_object()) return bad("timeouts", "must be an object");
+    K3_TRY(known_keys(t, "timeouts.", {"heartbeat_ms", "heartbeat_misses", "claim_ms", "startup_s", "shutdown_ms"}));
+    K3_TRY(get_int(t, "timeouts.", "heartbeat_ms", s.heartbeat_ms, 10, 60000));
+    K3_TRY(get_int(t, "timeouts.", "heartbeat_misses", s.heartbeat_misses, 1, 100));
+    K3_TRY(get_int(t, "timeouts.", "claim_ms", s.claim_ms, 1, 3600000));
+    K3_TRY(get_int(t, "timeouts.", "startup_s", s.startup_s, 1, 86400));
+    K3_TRY(get_int(t, "timeouts.", "shutdown_ms", s.shutdown_ms, 1, 600000));
+  }
+  return s;
+}
+
+Result<ClusterSpec> load_cluster_spec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status(Code::NotFound, "spec: cannot open '" + path + "'");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const std::exception& e) {
+    return invalid_argument("spec: '" + path + "' is not valid JSON: " + e.what());
+  }
+  return parse_cluster_spec(j);
+}
+
+Status check_against_model(const ClusterSpec& spec, int num_layers) {
+  for (size_t i = 0; i < spec.prefill.size(); ++i) {
+    const auto& p = spec.prefill[i];
+    if (p.stages > num_layers)
+      return bad("prefill[" + std::to_string(i) + "].stages", std::to_string(p.stages) + " stages for a model of " +
+                                                                 std::to_string(num_layers) + " layers");
+    if (!p.partition.empty()) {
+      const int sum = std::accumulate(p.partition.begin(), p.partition.end(), 0);
+      if (sum != num_layers)
+        return bad("prefill[" + std::to_string(i) + "].partition",
+                   "sums to " + std::to_string(sum) + " but the model has " + std::to_string(num_layers) + " layers");
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace k3::deploy

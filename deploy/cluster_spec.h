@@ -1,0 +1,72 @@
+// The cluster spec k3-cluster reads (JSON), validated at load with errors that name the field:
+//
+// {
+//   "model": "models/k3-tiny",          model dir (relative paths: to the current directory)
+//   "generate": {"preset": "k3-tiny", "seed": 0},   how to make the model when the dir is missing
+//   "router": {"host": "127.0.0.1", "port": 8000, "placement": "round-robin", "served_model_name": ""},
+//   "prefill": [{"id": "p", "stages": 2, "partition": [2, 2], "chunk_size": 256, "max_requests": 8}],
+//   "decode": [{"id": "d", "ranks": 1, "max_requests": 8}],
+//   "threads": 1,                        CPU threads per node process (0 = all cores)
+//   "timeouts": {"heartbeat_ms": 200, "heartbeat_misses": 3, "claim_ms": 5000, "startup_s": 180,
+//                "shutdown_ms": 5000}
+// }
+// Only "model", "prefill" and "decode" are required. Decode processes are numbered by global rank over
+// the "decode" list; prefill instance i feeds decode process i mod (number of decode processes).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/core/status.h"
+
+namespace k3::deploy {
+
+struct PrefillSpec {
+  std::string id;
+  int stages = 1;
+  std::vector<int> partition;  // empty: the even split (k3-prefill's default)
+  int chunk_size = 256;
+  int max_requests = 8;
+};
+
+struct DecodeSpec {
+  std::string id;
+  int ranks = 1;
+  int max_requests = 8;
+};
+
+struct ClusterSpec {
+  std::string model;
+  std::string preset = "k3-tiny";
+  uint64_t seed = 0;
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0 = pick a free one
+  std::string placement = "round-robin";
+  std::string served_model_name;
+  std::vector<PrefillSpec> prefill;
+  std::vector<DecodeSpec> decode;
+  int threads = 1;
+  int heartbeat_ms = 200;
+  int heartbeat_misses = 3;
+  int claim_ms = 5000;
+  int startup_s = 180;
+  int shutdown_ms = 5000;
+};
+
+// One decode process (a DP rank) as the launcher starts it.
+struct DecodeProcess {
+  std::string instance;  // control name decode/<instance>
+  uint32_t rank = 0;
+  int max_requests = 8;
+};
+// The decode processes of a spec, in rank order ("<id>" for one rank, "<id>-<r>" for several).
+std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec);
+
+Result<ClusterSpec> parse_cluster_spec(const nlohmann::json& j);
+Result<ClusterSpec> load_cluster_spec(const std::string& path);
+// Checks what needs the model: each partition sums to `num_layers`.
+Status check_against_model(const ClusterSpec& spec, int num_layers);
+
+}  // namespace k3::deploy

@@ -1,0 +1,134 @@
+// GenerationService over prefill/decode nodes (k3-prefill stages, k3-decode ranks) reached through the
+// ZeroMQ control plane: this service binds a ControlServer that every node's driver connects to as its
+// "router" connection.
+//
+// One worker thread owns the socket and every request's state. Per request it (1) places it on a
+// ready pair (every stage of a prefill instance and its decode rank alive) by the placement policy,
+// (2) sends CLAIM to decode and waits for decode's CLAIM_ACK, (3) sends PREFILL to every stage of the
+// prefill instance, (4) turns decode's TOKENS into text events (TextStream: stop strings, UTF-8).
+// A node that stops heartbeating is removed from the registry; requests on it fail at once with an
+// Unavailable event, or are placed again on another pair when no token has been streamed yet (each
+// attempt uses a fresh wire id: nodes tombstone the old one). Cancel, FAILED and stop strings send
+// ABORT to every party of the pair.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "common/model/config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "router/generation_service.h"
+
+namespace k3::router {
+
+// One (prefill instance, decode rank) pair: the prefill stages were started with the decode
+// process's endpoint, so the pairing is part of the deployment and given to the router.
+struct ClusterPair {
+  std::string prefill_instance;  // control names prefill/<instance>/<stage>
+  uint32_t stages = 1;
+  std::string decode_instance;   // control name decode/<instance>
+  uint32_t decode_rank = 0;      // the rank that decode process serves (k3-decode --rank)
+  bool operator==(const ClusterPair&) const = default;
+};
+// Parses "PREFILL:STAGES:DECODE:RANK", e.g. "p:2:d:0"; errors name the bad part.
+Result<ClusterPair> parse_cluster_pair(const std::string& text);
+
+enum class Placement { RoundRobin, LeastLoaded, PrefixAffinity };
+Result<Placement> parse_placement(const std::string& name);  // round-robin | least-loaded | prefix-affinity
+const char* placement_name(Placement p);
+
+struct ClusterOptions {
+  std::string endpoint = "tcp://127.0.0.1:*";    // control endpoint to bind (port * = pick one)
+  std::vector<ClusterPair> pairs;
+  Placement placement = Placement::RoundRobin;
+  int affinity_tokens = 16;                      // prefix-affinity hashes this many leading prompt tokens
+  std::chrono::milliseconds heartbeat{200};      // control heartbeat interval (nodes use --heartbeat-ms)
+  int heartbeat_misses = 3;                      // silence of interval x misses = node dead
+  std::chrono::milliseconds claim_timeout{5000}; // CLAIM -> CLAIM_ACK
+  uint64_t request_timeout_ms = 0;               // carried in CLAIM / PREFILL (0 = the nodes' defaults)
+  int max_in_flight = 256;                       // submit() says ResourceExhausted beyond
+  int max_attempts = 2;                          // placements per request (retries only before any token)
+};
+
+// Which pair the policy picks among `ready` (indices into the pair list); pure, for tests.
+struct PairLoad {
+  int64_t in_flight = 0;        // requests this router has on the pair's decode
+  int64_t reported_running = 0; // decode's last HEARTBEAT num_running (0 when none came)
+};
+class PlacementPolicy {
+ public:
+  PlacementPolicy(Placement p, int affinity_tokens) : p_(p), affinity_tokens_(affinity_tokens) {}
+  // -1 when `ready` is empty.
+  int pick(const std::vector<int>& ready, const std::vector<PairLoad>& load, const std::vector<int32_t>& prompt);
+
+ private:
+  Placement p_;
+  int affinity_tokens_;
+  uint64_t next_ = 0;                     // round-robin cursor
+  std::map<uint64_t, int> sticky_;        // prefix hash -> pair that served it
+};
+
+class ClusterService final : public GenerationService {
+ public:
+  static Result<std::unique_ptr<ClusterService>> create(const ModelConfig& cfg,
+                                                        std::shared_ptr<const Tokenizer> tokenizer,
+                                                        ClusterOptions opts);
+  ~ClusterService() override;
+
+  Result<RequestHandle> submit(GenerationParams params, EventSink sink) override;
+  void cancel(RequestHandle handle) override;
+  // True while at least one pair has every node alive.
+  bool ready() const override;
+  ServiceStats stats() const override;
+  void shutdown() override;
+
+  // The bound control endpoint (real port): nodes get it as --router-endpoint.
+  const std::string& endpoint() const { return endpoint_; }
+  // Prometheus lines for nodes and failures (appended to the router's /metrics).
+  std::string prometheus_text() const;
+  // Control names of the nodes alive now.
+  std::set<std::string> live_nodes() const;
+
+  struct Request;  // cluster_service.cpp
+
+ private:
+  friend class ClusterWorkerOps;  // the worker's request logic (cluster_service.cpp)
+  ClusterService() = default;
+  void worker_loop();
+  void wake();
+
+  ModelConfig cfg_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  ClusterOptions opts_;
+  std::string endpoint_;
+  struct Worker;                     // the worker thread's state (socket, requests)
+  std::unique_ptr<Worker> w_;
+
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Request>> submitted_;  // taken by the worker
+  std::unordered_set<RequestHandle> cancelled_;      // to abort at the worker's next turn
+  std::unordered_set<RequestHandle> live_;           // submitted, not yet ended
+  RequestHandle next_id_ = 1;
+  std::mutex sink_mu_;               // held by the worker while it calls a sink (cancel waits it out)
+  std::atomic<bool> stopping_{false};
+  int wake_fd_ = -1;                 // eventfd: submit/cancel/shutdown wake the worker's poll
+
+  // Published by the worker for ready()/stats()/metrics.
+  mutable std::mutex pub_mu_;
+  std::set<std::string> live_nodes_;
+  std::map<std::string, uint64_t> node_failures_;   // node -> times it was declared dead
+  std::map<std::string, uint64_t> request_failures_; // cause -> requests failed
+  uint64_t retries_ = 0;
+  int64_t running_ = 0;
+  bool any_ready_ = false;
+  std::thread worker_;
+};
+
+}  // namespace k3::router

@@ -1,0 +1,336 @@
+// k3-cluster end to end: a spec with a free port (PP2 prefill, DP1 decode, model generated on first
+// use), OpenAI requests over HTTP. Greedy tokens (return_token_ids) equal `k3-generate --json` token
+// for token, concurrent requests too; streaming works; killing the decode process mid-stream gives the
+// client an error event within 5 s, then /health says 503 and so do new requests; the launcher
+// reports the crash, and on SIGTERM stops every other child and leaves no process behind.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <fstream>
+#include <future>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "tests/router/http_client.h"
+#include "tests/support/run_command.h"
+#include "tests/transfer/process_guard.h"
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using k3::test::HttpConnection;
+using k3::test::HttpReply;
+using k3::test::ProcessGuard;
+
+namespace {
+
+const std::string kBin = K3_BIN_DIR;
+
+bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// k3-cluster from a spec in a temp dir whose model dir does not exist yet (generated on first use).
+struct LaunchedCluster {
+  k3::test::TempDir dir{"cluster-e2e"};
+  std::unique_ptr<ProcessGuard> proc;
+  std::map<std::string, pid_t> pids;  // child name -> pid
+  int port = 0;
+  std::string model;
+
+  explicit LaunchedCluster(int chunk = 5, json prefill = json(), const std::string& placement = "least-loaded") {
+    model = dir.path() + "/model";
+    if (prefill.is_null()) prefill = json::array({{{"id", "p"}, {"stages", 2}, {"chunk_size", chunk}}});
+    const json spec = {{"model", model},
+                       {"generate", {{"preset", "k3-tiny"}, {"seed", 3}}},
+                       {"router", {{"host", "127.0.0.1"}, {"port", 0}, {"placement", placement}}},
+                       {"prefill", prefill},
+                       {"decode", json::array({{{"id", "d"}, {"ranks", 1}}})},
+                       {"threads", 1},
+                       {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 3}, {"startup_s", 240}}}};
+    std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
+    proc = std::make_unique<ProcessGuard>(kBin + "/k3-cluster", std::vector<std::string>{"--spec", dir.path() + "/spec.json"});
+    const auto deadline = std::chrono::steady_clock::now() + 300s;
+    while (port == 0) {
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      auto line = proc->read_line(1000ms);
+      if (!line) {
+        REQUIRE(proc->running());
+        continue;
+      }
+      if (line->rfind("STARTED ", 0) == 0) {
+        const auto sp = line->find(' ', 8);
+        pids[line->substr(8, sp - 8)] = std::stoi(line->substr(line->rfind(' ') + 1));
+      }
+      if (line->rfind("ENDPOINT http://127.0.0.1:", 0) == 0) port = std::stoi(line->substr(26));
+    }
+  }
+  ~LaunchedCluster() { stop(); }
+  // SIGTERM: clean exit, every child gone.
+  int stop() {
+    if (!proc) return -1;
+    ::kill(proc->pid(), SIGTERM);
+    const int code = proc->wait_exit(20s);
+    proc.reset();
+    return code;
+  }
+};
+
+std::vector<int32_t> generate_cli_tokens(const std::string& model, const std::vector<int32_t>& prompt, int max_tokens) {
+  std::string ids;
+  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  auto r = k3::test::run_command(kBin + "/k3-generate --model '" + model + "' --prompt-ids " + ids + " --max-tokens " +
+                                 std::to_string(max_tokens) + " --ignore-eos --threads 1 --json");
+  REQUIRE(r.exit_code == 0);
+  return json::parse(r.out).at("tokens").get<std::vector<int32_t>>();
+}
+
+json completion_body(const std::vector<int32_t>& prompt, int max_tokens, bool stream) {
+  return {{"model", "model"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
+          {"ignore_eos", true}, {"return_token_ids", true}, {"stream", stream}};
+}
+
+HttpReply post(int port, const json& body, std::chrono::milliseconds timeout = 120s) {
+  HttpConnection c(port);
+  c.send_request("POST", "/v1/completions", body.dump());
+  return c.read_reply(timeout);
+}
+
+std::vector<int32_t> token_ids_of(const HttpReply& r) {
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  return json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
+}
+
+// The token ids of every data chunk of an SSE body; `done` tells whether it ended with [DONE].
+std::vector<int32_t> stream_token_ids(const std::string& body, bool& done, bool& error) {
+  std::vector<int32_t> ids;
+  done = body.find("data: [DONE]") != std::string::npos;
+  error = false;
+  size_t at = 0;
+  while ((at = body.find("data: {", at)) != std::string::npos) {
+    const size_t end = body.find("\n\n", at);
+    const json chunk = json::parse(body.substr(at + 6, end - at - 6));
+    at = end;
+    if (chunk.contains("error")) error = true;
+    if (!chunk.contains("choices")) continue;
+    for (const auto& ch : chunk.at("choices"))
+      if (ch.contains("token_ids")) for (int32_t t : ch.at("token_ids")) ids.push_back(t);
+  }
+  return ids;
+}
+
+int vocab_of(const std::string& model) {
+  std::ifstream in(model + "/config.json");
+  return json::parse(in).at("vocab_size").get<int>();
+}
+
+}  // namespace
+
+TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-generate, concurrently and streamed",
+          "[cluster_e2e]") {
+  LaunchedCluster c(5);
+  REQUIRE(c.pids.count("router"));
+  REQUIRE(c.pids.count("decode/d"));
+  REQUIRE(c.pids.count("prefill/p/0"));
+  REQUIRE(c.pids.count("prefill/p/1"));
+  {
+    HttpConnection h(c.port);
+    h.send_request("GET", "/health");
+    CHECK(h.read_reply().status == 200);
+  }
+  const int vocab = vocab_of(c.model);
+  std::mt19937 rng(21);
+  auto prompt_of = [&](int len) {
+    std::vector<int32_t> p(len);
+    for (auto& t : p) t = std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng);
+    return p;
+  };
+  constexpr int kMax = 8;
+  // Lengths from 1 to several chunks (chunk 5), one after the other.
+  for (int len : {1, 7, 16}) {
+    const auto prompt = prompt_of(len);
+    INFO("prompt length " << len);
+    CHECK(token_ids_of(post(c.port, completion_body(prompt, kMax, false))) == generate_cli_tokens(c.model, prompt, kMax));
+  }
+  // Several at once, two sharing a prefix.
+  std::vector<std::vector<int32_t>> prompts = {prompt_of(3), prompt_of(12), prompt_of(9), prompt_of(21)};
+  prompts.push_back(prompts[1]);
+  prompts.back().push_back(5);
+  std::vector<std::future<HttpReply>> replies;
+  for (const auto& p : prompts) replies.push_back(std::async(std::launch::async, [&c, p] { return post(c.port, completion_body(p, kMax, false)); }));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("concurrent request " << i);
+    CHECK(token_ids_of(replies[i].get()) == generate_cli_tokens(c.model, prompts[i], kMax));
+  }
+  // Streaming: the chunks' token ids in order are the same tokens; the stream ends with [DONE].
+  const auto sp = prompt_of(6);
+  const HttpReply s = post(c.port, completion_body(sp, kMax, true));
+  REQUIRE(s.status == 200);
+  CHECK(s.headers.at("content-type").find("text/event-stream") != std::string::npos);
+  bool done = false, error = false;
+  CHECK(stream_token_ids(s.body, done, error) == generate_cli_tokens(c.model, sp, kMax));
+  CHECK(done);
+  CHECK_FALSE(error);
+  // A client that leaves mid-stream: the router aborts the request on the nodes and forgets it; the
+  // cluster keeps serving with the same tokens.
+  {
+    HttpConnection h(c.port);
+    h.send_request("POST", "/v1/completions", completion_body(prompt_of(8), 3000, true).dump());
+    std::string got;
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (got.find("\"token_ids\"") == std::string::npos) {
+      REQUIRE(std::chrono::steady_clock::now() < until);
+      got += h.read_some(200ms);
+    }
+    h.close();
+    auto in_flight = [&] {
+      HttpConnection m(c.port);
+      m.send_request("GET", "/metrics");
+      const std::string body = m.read_reply().body;
+      const auto at = body.find("\nk3_cluster_requests_in_flight ");
+      return at == std::string::npos ? -1L : std::atol(body.c_str() + at + 31);
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    while (in_flight() != 0) {
+      REQUIRE(std::chrono::steady_clock::now() - t0 < 10s);
+      std::this_thread::sleep_for(100ms);
+    }
+    const auto again = prompt_of(4);
+    CHECK(token_ids_of(post(c.port, completion_body(again, kMax, false))) == generate_cli_tokens(c.model, again, kMax));
+  }
+  // The node metrics are on /metrics.
+  {
+    HttpConnection h(c.port);
+    h.send_request("GET", "/metrics");
+    const HttpReply m = h.read_reply();
+    CHECK(m.body.find("k3_cluster_nodes_registered 3") != std::string::npos);
+    CHECK(m.body.find("k3_cluster_node_up{node=\"decode/d\"} 1") != std::string::npos);
+  }
+  // Ctrl-C semantics: SIGTERM stops the launcher cleanly and no child is left.
+  const auto pids = c.pids;
+  CHECK(c.stop() == 0);
+  for (const auto& [name, pid] : pids) {
+    INFO(name);
+    CHECK_FALSE(process_alive(pid));
+  }
+}
+
+TEST_CASE("k3-cluster: decode killed mid-stream gives the client an error event within 5 s, then 503", "[cluster_e2e]") {
+  LaunchedCluster c(4);
+  const int vocab = vocab_of(c.model);
+  std::vector<int32_t> prompt(10);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % vocab);
+  HttpConnection h(c.port);
+  h.send_request("POST", "/v1/completions", completion_body(prompt, 1500, true).dump());
+  // Wait for a few streamed token chunks.
+  std::string got;
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  auto count = [&](const std::string& needle) {
+    size_t n = 0;
+    for (size_t at = got.find(needle); at != std::string::npos; at = got.find(needle, at + 1)) ++n;
+    return n;
+  };
+  while (count("\"token_ids\"") < 3) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    got += h.read_some(200ms);
+  }
+  REQUIRE(got.find("[DONE]") == std::string::npos);
+  ::kill(c.pids.at("decode/d"), SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  while (got.find("\"error\"") == std::string::npos) {
+    INFO(got.substr(got.size() > 2000 ? got.size() - 2000 : 0));
+    REQUIRE(std::chrono::steady_clock::now() - killed < 5s);
+    got += h.read_some(100ms);
+  }
+  CHECK(std::chrono::steady_clock::now() - killed < 5s);
+  // The launcher reports the crash and keeps the rest up: the router is degraded (no complete pair),
+  // so /health and new requests get 503 promptly.
+  CHECK(c.proc->wait_for("CHILD_EXITED decode/d", 10s));
+  {
+    HttpConnection h2(c.port);
+    h2.send_request("GET", "/health");
+    CHECK(h2.read_reply(10s).status == 503);
+  }
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    const HttpReply r = post(c.port, completion_body(prompt, 4, false), 10s);
+    CHECK(r.status == 503);
+    CHECK(json::parse(r.body).at("error").is_object());
+    CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  }
+  {
+    HttpConnection h3(c.port);
+    h3.send_request("GET", "/metrics");
+    const HttpReply m = h3.read_reply();
+    CHECK(m.body.find("k3_cluster_node_up{node=\"decode/d\"} 0") != std::string::npos);
+    CHECK(m.body.find("k3_cluster_node_failures_total{node=\"decode/d\"} 1") != std::string::npos);
+  }
+  // Ctrl-C: everything stops, non-zero because a child had crashed, no process left.
+  const auto pids = c.pids;
+  CHECK(c.stop() == 1);
+  for (const auto& [name, pid] : pids) {
+    INFO(name);
+    CHECK_FALSE(process_alive(pid));
+  }
+}
+
+TEST_CASE("k3-cluster: two prefill instances share a decode rank; a dead prefill stage sends requests to the other "
+          "(retried when no token was streamed)",
+          "[cluster_e2e]") {
+  LaunchedCluster c(0, json::array({{{"id", "a"}, {"stages", 2}, {"chunk_size", 4}}, {{"id", "b"}, {"stages", 1}, {"chunk_size", 6}}}),
+                    "round-robin");
+  REQUIRE(c.pids.count("prefill/a/1"));
+  REQUIRE(c.pids.count("prefill/b/0"));
+  const int vocab = vocab_of(c.model);
+  std::mt19937 rng(5);
+  auto prompt_of = [&](int len) {
+    std::vector<int32_t> p(len);
+    for (auto& t : p) t = std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng);
+    return p;
+  };
+  constexpr int kMax = 6;
+  // Round-robin alternates the instances: both give the reference tokens.
+  for (int len : {5, 11, 2, 9}) {
+    const auto p = prompt_of(len);
+    CHECK(token_ids_of(post(c.port, completion_body(p, kMax, false))) == generate_cli_tokens(c.model, p, kMax));
+  }
+  // Instance a's stage 0 freezes (no heartbeats): requests placed there before the router notices get
+  // no token; once it is declared dead they are placed again on b, with the same tokens.
+  ::kill(c.pids.at("prefill/a/0"), SIGSTOP);
+  std::vector<std::vector<int32_t>> prompts = {prompt_of(4), prompt_of(7), prompt_of(10), prompt_of(6)};
+  std::vector<std::future<HttpReply>> replies;
+  for (const auto& p : prompts)
+    replies.push_back(std::async(std::launch::async, [&c, p] { return post(c.port, completion_body(p, kMax, false), 60s); }));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("request " << i << " sent while a stage of instance a was frozen");
+    CHECK(token_ids_of(replies[i].get()) == generate_cli_tokens(c.model, prompts[i], kMax));
+  }
+  auto metrics = [&] {
+    HttpConnection m(c.port);
+    m.send_request("GET", "/metrics");
+    return m.read_reply().body;
+  };
+  CHECK(metrics().find("k3_cluster_node_up{node=\"prefill/a/0\"} 0") != std::string::npos);
+  CHECK(metrics().find("k3_cluster_retries_total 0") == std::string::npos);  // at least one retry
+  // Then it dies for good: reported by the launcher; new requests keep going to b.
+  ::kill(c.pids.at("prefill/a/0"), SIGKILL);
+  CHECK(c.proc->wait_for("CHILD_EXITED prefill/a/0", 10s));
+  {
+    HttpConnection h(c.port);
+    h.send_request("GET", "/health");
+    CHECK(h.read_reply().status == 200);  // pair b is complete
+  }
+  for (int len : {3, 8, 13}) {
+    const auto p = prompt_of(len);
+    const auto t1 = std::chrono::steady_clock::now();
+    CHECK(token_ids_of(post(c.port, completion_body(p, kMax, false))) == generate_cli_tokens(c.model, p, kMax));
+    CHECK(std::chrono::steady_clock::now() - t1 < 30s);
+  }
+  const auto pids = c.pids;
+  CHECK(c.stop() == 1);
+  for (const auto& [name, pid] : pids) {
+    INFO(name);
+    CHECK_FALSE(process_alive(pid));
+  }
+}

@@ -1,0 +1,146 @@
+// The launcher's spec validation (errors name the field) and the router's placement policies.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <set>
+
+#include "deploy/cluster_spec.h"
+#include "router/cluster_service.h"
+
+using nlohmann::json;
+using namespace k3;
+
+namespace {
+
+json minimal() {
+  return {{"model", "m"}, {"prefill", json::array({{{"stages", 2}}})}, {"decode", json::array({{{"ranks", 1}}})}};
+}
+
+std::string error_of(const json& j) {
+  auto s = deploy::parse_cluster_spec(j);
+  return s.is_ok() ? std::string() : s.status().message();
+}
+
+}  // namespace
+
+TEST_CASE("cluster spec: defaults, the default spec file, decode processes", "[cluster_e2e]") {
+  auto s = deploy::parse_cluster_spec(minimal());
+  REQUIRE(s.is_ok());
+  CHECK(s->port == 8000);
+  CHECK(s->host == "127.0.0.1");
+  CHECK(s->prefill.at(0).id == "p0");
+  CHECK(s->prefill.at(0).stages == 2);
+  CHECK(s->decode.at(0).id == "d0");
+
+  auto def = deploy::load_cluster_spec(std::string(K3_SOURCE_DIR) + "/deploy/cluster-default.json");
+  REQUIRE(def.is_ok());
+  CHECK(def->port == 8000);
+  CHECK(def->prefill.size() == 1);
+  CHECK(def->prefill[0].stages == 2);
+  CHECK(deploy::decode_processes(*def).size() == 1);
+  CHECK(def->preset == "k3-tiny");
+
+  json two = minimal();
+  two["decode"] = json::array({{{"id", "a"}, {"ranks", 2}}, {{"id", "b"}}});
+  auto t = deploy::parse_cluster_spec(two);
+  REQUIRE(t.is_ok());
+  const auto procs = deploy::decode_processes(*t);
+  REQUIRE(procs.size() == 3);
+  CHECK(procs[0].instance == "a-0");
+  CHECK(procs[1].instance == "a-1");
+  CHECK(procs[2].instance == "b");
+  CHECK(procs[2].rank == 2);
+}
+
+TEST_CASE("cluster spec: every bad field is named", "[cluster_e2e]") {
+  struct Case {
+    std::function<void(json&)> edit;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](json& j) { j.erase("model"); }, "model"},
+      {[](json& j) { j["model"] = 3; }, "model"},
+      {[](json& j) { j.erase("prefill"); }, "prefill"},
+      {[](json& j) { j["prefill"] = json::array(); }, "prefill"},
+      {[](json& j) { j["decode"] = "x"; }, "decode"},
+      {[](json& j) { j["prefill"][0]["stages"] = 0; }, "prefill[0].stages"},
+      {[](json& j) { j["prefill"][0]["stages"] = "2"; }, "prefill[0].stages"},
+      {[](json& j) { j["prefill"][0]["partition"] = {1, 2, 3}; }, "prefill[0].partition"},
+      {[](json& j) { j["prefill"][0]["partition"] = {1, -2}; }, "prefill[0].partition"},
+      {[](json& j) { j["prefill"][0]["chunk_size"] = 0; }, "prefill[0].chunk_size"},
+      {[](json& j) { j["prefill"][0]["id"] = "a/b"; }, "prefill[0].id"},
+      {[](json& j) { j["prefill"][0]["colour"] = 1; }, "prefill[0].colour"},
+      {[](json& j) { j["decode"][0]["ranks"] = 0; }, "decode[0].ranks"},
+      {[](json& j) { j["decode"].push_back({{"id", "d0"}}); }, "decode[1].id"},
+      {[](json& j) { j["router"] = {{"port", 70000}}; }, "router.port"},
+      {[](json& j) { j["router"] = {{"placement", "random"}}; }, "router.placement"},
+      {[](json& j) { j["timeouts"] = {{"heartbeat_ms", 1}}; }, "timeouts.heartbeat_ms"},
+      {[](json& j) { j["threads"] = -1; }, "threads"},
+      {[](json& j) { j["extra"] = true; }, "extra"},
+  };
+  for (const auto& c : cases) {
+    json j = minimal();
+    c.edit(j);
+    const std::string err = error_of(j);
+    INFO(j.dump() << " -> " << err);
+    CHECK(err.find("spec: " + c.field + ":") != std::string::npos);
+  }
+  auto s = deploy::parse_cluster_spec([] {
+    json j = minimal();
+    j["prefill"][0]["partition"] = {3, 3};
+    return j;
+  }());
+  REQUIRE(s.is_ok());
+  CHECK(deploy::check_against_model(*s, 6).is_ok());
+  const Status bad = deploy::check_against_model(*s, 8);
+  CHECK(bad.message().find("prefill[0].partition") != std::string::npos);
+}
+
+TEST_CASE("router --pair and --placement parsing", "[cluster_e2e]") {
+  auto p = router::parse_cluster_pair("p:2:d:0");
+  REQUIRE(p.is_ok());
+  CHECK(*p == router::ClusterPair{.prefill_instance = "p", .stages = 2, .decode_instance = "d", .decode_rank = 0});
+  CHECK_FALSE(router::parse_cluster_pair("p:2:d").is_ok());
+  CHECK_FALSE(router::parse_cluster_pair("p:0:d:0").is_ok());
+  CHECK_FALSE(router::parse_cluster_pair("p:x:d:0").is_ok());
+  CHECK_FALSE(router::parse_cluster_pair(":2:d:0").is_ok());
+  CHECK(router::parse_placement("least-loaded").value() == router::Placement::LeastLoaded);
+  CHECK_FALSE(router::parse_placement("random").is_ok());
+}
+
+TEST_CASE("placement: round-robin cycles, least-loaded picks the idlest, prefix-affinity is sticky", "[cluster_e2e]") {
+  const std::vector<int> ready = {0, 2, 3};
+  std::vector<router::PairLoad> load(4);
+  router::PlacementPolicy rr(router::Placement::RoundRobin, 4);
+  std::vector<int> seen;
+  for (int i = 0; i < 6; ++i) seen.push_back(rr.pick(ready, load, {1}));
+  CHECK(seen == std::vector<int>{0, 2, 3, 0, 2, 3});
+  CHECK(rr.pick({}, load, {1}) == -1);
+
+  router::PlacementPolicy ll(router::Placement::LeastLoaded, 4);
+  load[0].in_flight = 3;
+  load[2].in_flight = 1;
+  load[3].in_flight = 0;
+  load[3].reported_running = 2;  // decode's heartbeat counts too
+  CHECK(ll.pick(ready, load, {1}) == 2);
+  load[2].in_flight = 5;
+  CHECK(ll.pick(ready, load, {1}) == 3);
+
+  router::PlacementPolicy pa(router::Placement::PrefixAffinity, 3);
+  std::vector<router::PairLoad> idle(4);
+  const int first = pa.pick(ready, idle, {7, 8, 9, 100});
+  idle[first].in_flight = 10;  // busy now, but the same prefix still goes there
+  CHECK(pa.pick(ready, idle, {7, 8, 9, 555, 1}) == first);
+  // A different prefix goes to the least-loaded pair.
+  const int other = pa.pick(ready, idle, {1, 2, 3});
+  CHECK(other != first);
+  // The sticky pair is gone: the prefix moves.
+  std::vector<int> without;
+  for (int r : ready)
+    if (r != first) without.push_back(r);
+  const int moved = pa.pick(without, idle, {7, 8, 9});
+  CHECK(moved != first);
+  CHECK(std::find(without.begin(), without.end(), moved) != without.end());
+}
