@@ -248,9 +248,18 @@ TEST_CASE("k3-cluster: decode killed mid-stream gives the client an error event 
   // so /health and new requests get 503 promptly.
   CHECK(c.proc->wait_for("CHILD_EXITED decode/d", 10s));
   {
-    HttpConnection h2(c.port);
-    h2.send_request("GET", "/health");
-    CHECK(h2.read_reply(10s).status == 503);
+    // The client's error can come from a prefill stage's FAILED before the router's own heartbeats
+    // declare the decode dead; /health turns 503 within the heartbeat window.
+    const auto t0 = std::chrono::steady_clock::now();
+    int status = 0;
+    while (std::chrono::steady_clock::now() - t0 < 5s) {
+      HttpConnection h2(c.port);
+      h2.send_request("GET", "/health");
+      status = h2.read_reply(10s).status;
+      if (status == 503) break;
+      std::this_thread::sleep_for(100ms);
+    }
+    CHECK(status == 503);
   }
   {
     const auto t0 = std::chrono::steady_clock::now();
