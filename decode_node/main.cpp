@@ -15,6 +15,7 @@
 #include "common/model/config.h"
 #include "common/model/weights.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/core/parse.h"
 #include "decode_node/decode_rank.h"
 
 using namespace k3;
@@ -32,23 +33,6 @@ void say(const std::string& s) {
 int fail(const Status& s) {
   std::fprintf(stderr, "k3-decode: %s\n", s.to_string().c_str());
   return 1;
-}
-
-Result<std::vector<int32_t>> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    long v = -1;
-    try {
-      v = std::stol(item, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != item.size() || v < 0 || v > INT32_MAX) return invalid_argument("--stop-ids: '" + item + "' is not a token id");
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  return ids;
 }
 
 }  // namespace
@@ -100,7 +84,7 @@ int main(int argc, char** argv) {
 
   auto cfg = load_model_config(model_dir + "/config.json");
   if (!cfg.is_ok()) return fail(cfg.status());
-  auto extra = parse_ids(stop_text);
+  auto extra = parse_token_ids(stop_text, "--stop-ids");
   if (!extra.is_ok()) return fail(extra.status());
   o.stop_ids = *extra;
   if (!ignore_eos) {

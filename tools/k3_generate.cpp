@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "common/core/parse.h"
 #include "common/model/config.h"
 #include "common/model/engine.h"
 #include "common/model/weights.h"
@@ -16,24 +17,6 @@
 using namespace k3;
 
 namespace {
-
-Result<std::vector<int32_t>> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      long v = std::stol(item, &used);
-      if (used != item.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(item);
-      ids.push_back(static_cast<int32_t>(v));
-    } catch (const std::exception&) {
-      return invalid_argument("--prompt-ids: '" + item + "' is not a non-negative integer");
-    }
-  }
-  if (ids.empty()) return invalid_argument("--prompt-ids: no ids given");
-  return ids;
-}
 
 Result<std::string> read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -87,7 +70,7 @@ int main(int argc, char** argv) {
 
     std::vector<int32_t> ids;
     if (!prompt_ids.empty()) {
-      auto r = parse_ids(prompt_ids);
+      auto r = parse_token_ids(prompt_ids, "--prompt-ids", false);
       if (!r.is_ok()) return fail(r.status());
       ids = *r;
     } else {

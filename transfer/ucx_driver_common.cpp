@@ -4,6 +4,22 @@
 
 namespace k3::transfer {
 
+namespace {
+template <class... Ts> struct Overload : Ts... { using Ts::operator()...; };
+template <class... Ts> Overload(Ts...) -> Overload<Ts...>;
+}  // namespace
+
+uint64_t request_of(const Action& a) {
+  return std::visit(Overload{[](const SendAction& s) {
+                               return std::visit([](const auto& m) -> uint64_t {
+                                 if constexpr (requires { m.request_id; }) return m.request_id; else return 0;
+                               }, s.message);
+                             },
+                             [](const auto& x) -> uint64_t { return x.request_id; }},
+                    a);
+}
+
+
 std::string control_name(const Peer& p) {
   switch (p.role) {
     case Role::Router: return "router";

@@ -24,6 +24,9 @@ std::optional<Peer> parse_control_name(const std::string& name);
 // decoder's reason), counted as a rejected frame, and dropped.
 std::optional<protocol::Message> decode_or_drop(const ControlEvent& e, protocol::MetricsRegistry* metrics);
 
+// The request an action concerns (0 for a message without a request id).
+uint64_t request_of(const Action& a);
+
 // Milliseconds of the steady clock since its epoch (what the lazy-alloc state machines take as `now`).
 Millis steady_now();
 
