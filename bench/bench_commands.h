@@ -8,4 +8,7 @@ namespace k3::bench {
 // `k3-bench transfer`: ucx_perftest vs our UCX write path, plus the protocol round trip's fixed cost.
 void add_transfer_command(CLI::App& app);
 
+// `k3-bench serve`: concurrent /v1/completions streams against a router (bench/serve_bench.cpp).
+void add_serve_command(CLI::App& app);
+
 }  // namespace k3::bench

@@ -1,0 +1,266 @@
+// `k3-bench serve`: drives an OpenAI-compatible endpoint (k3-router) with N concurrent
+// /v1/completions streams of random token-id prompts and exact output lengths, and reports TTFT, ITL,
+// TPOT, E2E (p50/p90/p99), request throughput and output tok/s. Every failed request is counted and
+// its reason printed. --spawn-cluster starts k3-cluster on a free port for the run and always stops it.
+//
+// Alongside the client-side TTFT it reads the router's own TTFT histogram (/metrics, delta over the
+// run): the difference is what the HTTP front end + SSE framing + loopback add on top of the router's
+// arrival → first-token-event time.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "bench/bench_commands.h"
+#include "bench/completion_client.h"
+#include "bench/latency_summary.h"
+#include "deploy/child_process.h"
+#include "deploy/http_probe.h"
+
+namespace k3::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+struct LengthRange {
+  int min = 1, max = 1;
+};
+
+struct ServeOptions {
+  std::string url, model = "k3-tiny", spawn_spec, cluster_exe, json_file;
+  int concurrency = 1, requests = 8, seed = 0, token_id_max = 256, timeout_s = 600, startup_s = 300;
+  std::string input_len = "16:128", output_len = "16:64";
+  bool stream = false;
+};
+
+LengthRange parse_range(const std::string& s, const std::string& flag) {
+  const size_t colon = s.find(':');
+  LengthRange r;
+  try {
+    if (colon == std::string::npos) r.min = r.max = std::stoi(s);
+    else r.min = std::stoi(s.substr(0, colon)), r.max = std::stoi(s.substr(colon + 1));
+  } catch (const std::exception&) {
+    throw CLI::ValidationError(flag, "expected MIN:MAX or N, got '" + s + "'");
+  }
+  if (r.min < 1 || r.max < r.min) throw CLI::ValidationError(flag, "need 1 <= MIN <= MAX, got '" + s + "'");
+  return r;
+}
+
+// http://127.0.0.1:PORT → PORT (the client connects over loopback only).
+int loopback_port(const std::string& url) {
+  for (const std::string prefix : {"http://127.0.0.1:", "http://localhost:"})
+    if (url.rfind(prefix, 0) == 0) {
+      const int port = std::atoi(url.c_str() + prefix.size());
+      if (port > 0 && port < 65536) return port;
+    }
+  throw CLI::ValidationError("--url", "expected http://127.0.0.1:PORT or http://localhost:PORT, got '" + url + "'");
+}
+
+// The router's TTFT histogram totals (sum in seconds, count); {0,0} when /metrics does not answer.
+std::pair<double, double> router_ttft_totals(int port) {
+  auto r = deploy::http_get("127.0.0.1", port, "/metrics", std::chrono::milliseconds(5000));
+  if (!r.is_ok() || r->status != 200) return {0, 0};
+  auto value = [&](const std::string& name) {
+    const auto at = r->body.find("\n" + name + " ");
+    return at == std::string::npos ? 0.0 : std::atof(r->body.c_str() + at + name.size() + 2);
+  };
+  return {value("k3_router_time_to_first_token_seconds_sum"), value("k3_router_time_to_first_token_seconds_count")};
+}
+
+// k3-cluster for the duration of the run: started on a free port, stopped (SIGTERM, then SIGKILL) on scope exit.
+class SpawnedCluster {
+ public:
+  static std::unique_ptr<SpawnedCluster> start(const std::string& exe, const std::string& spec, int startup_s) {
+    auto child = deploy::ChildProcess::start("k3-cluster", exe, {"--spec", spec, "--port", "0"});
+    if (!child.is_ok()) throw std::runtime_error("cannot start " + exe + ": " + child.status().to_string());
+    std::unique_ptr<SpawnedCluster> c(new SpawnedCluster(std::move(*child)));
+    const auto deadline = Clock::now() + std::chrono::seconds(startup_s);
+    while (Clock::now() < deadline) {
+      if (c->child_->exited()) throw std::runtime_error("k3-cluster exited before serving: " + c->child_->exit_description());
+      auto line = c->child_->read_line(std::chrono::milliseconds(200));
+      if (line && line->rfind("ENDPOINT ", 0) == 0) {
+        c->url_ = line->substr(9);
+        return c;
+      }
+    }
+    throw std::runtime_error("k3-cluster printed no ENDPOINT line within " + std::to_string(startup_s) + " s");
+  }
+  ~SpawnedCluster() {
+    child_->terminate();
+    if (!child_->wait_exit(std::chrono::milliseconds(15000))) child_->kill_and_reap();
+    std::fprintf(stderr, "k3-bench serve: k3-cluster stopped (%s)\n", child_->exit_description().c_str());
+  }
+  const std::string& url() const { return url_; }
+
+ private:
+  explicit SpawnedCluster(std::unique_ptr<deploy::ChildProcess> c) : child_(std::move(c)) {}
+  std::unique_ptr<deploy::ChildProcess> child_;
+  std::string url_;
+};
+
+std::string default_cluster_exe() {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "k3-cluster" : (self.parent_path() / "k3-cluster").string();
+}
+
+json summary_json(const LatencySummary& s) {
+  return {{"count", s.count}, {"mean_ms", s.mean * 1e3}, {"p50_ms", s.p50 * 1e3}, {"p90_ms", s.p90 * 1e3},
+          {"p99_ms", s.p99 * 1e3}, {"max_ms", s.max * 1e3}};
+}
+
+void print_row(const char* name, const LatencySummary& s) {
+  std::printf("  %-5s %8.1f %8.1f %8.1f %8.1f %8.1f  (n=%zu)\n", name, s.mean * 1e3, s.p50 * 1e3, s.p90 * 1e3, s.p99 * 1e3,
+              s.max * 1e3, s.count);
+}
+
+int run_serve(const ServeOptions& o) {
+  const LengthRange in = parse_range(o.input_len, "--input-len"), out = parse_range(o.output_len, "--output-len");
+  std::unique_ptr<SpawnedCluster> cluster;
+  std::string url = o.url;
+  if (!o.spawn_spec.empty()) {
+    cluster = SpawnedCluster::start(o.cluster_exe.empty() ? default_cluster_exe() : o.cluster_exe, o.spawn_spec, o.startup_s);
+    url = cluster->url();
+    std::fprintf(stderr, "k3-bench serve: spawned cluster at %s\n", url.c_str());
+  }
+  if (url.empty()) throw CLI::ValidationError("--url", "give --url or --spawn-cluster");
+  const int port = loopback_port(url);
+
+  // Every request's shape is drawn up front from the seed, so a run repeats exactly.
+  std::mt19937_64 rng(static_cast<uint64_t>(o.seed));
+  std::vector<CompletionRequestSpec> specs(static_cast<size_t>(o.requests));
+  for (auto& s : specs) {
+    s.port = port;
+    s.model = o.model;
+    s.stream = o.stream;
+    const int n_in = std::uniform_int_distribution<int>(in.min, in.max)(rng);
+    s.max_tokens = std::uniform_int_distribution<int>(out.min, out.max)(rng);
+    std::uniform_int_distribution<int32_t> id(0, o.token_id_max - 1);
+    for (int i = 0; i < n_in; ++i) s.prompt_ids.push_back(id(rng));
+  }
+
+  const auto router_before = router_ttft_totals(port);
+  std::vector<CompletionTiming> results(specs.size());
+  std::atomic<size_t> next{0};
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::seconds(o.timeout_s);
+  std::vector<std::thread> workers;
+  for (int w = 0; w < o.concurrency; ++w)
+    workers.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < specs.size();) {
+        if (Clock::now() >= deadline) results[i].error = "not started: the total timeout (--timeout) ran out";
+        else results[i] = run_completion(specs[i], deadline);
+      }
+    });
+  for (auto& t : workers) t.join();
+  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+  const auto router_after = router_ttft_totals(port);
+
+  std::vector<double> ttft, itl, tpot, e2e;
+  long long out_tokens = 0, in_tokens = 0;
+  int ok = 0;
+  std::map<std::string, int> errors;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    if (!r.ok) {
+      ++errors[r.error];
+      continue;
+    }
+    ++ok;
+    out_tokens += r.output_tokens;
+    in_tokens += static_cast<long long>(specs[i].prompt_ids.size());
+    e2e.push_back(r.e2e_s);
+    if (!o.stream) continue;
+    ttft.push_back(r.ttft_s);
+    itl.insert(itl.end(), r.itl_s.begin(), r.itl_s.end());
+    if (r.output_tokens > 1) tpot.push_back((r.e2e_s - r.ttft_s) / (r.output_tokens - 1));
+  }
+  const int failed = static_cast<int>(results.size()) - ok;
+  const auto s_ttft = summarize(ttft), s_itl = summarize(itl), s_tpot = summarize(tpot), s_e2e = summarize(e2e);
+  const double router_count = router_after.second - router_before.second;
+  const double router_ttft_mean = router_count > 0 ? (router_after.first - router_before.first) / router_count : 0;
+
+  std::printf("k3-bench serve: %s model %s, %d requests, concurrency %d, input %s, output %s, seed %d, %s\n", url.c_str(),
+              o.model.c_str(), o.requests, o.concurrency, o.input_len.c_str(), o.output_len.c_str(), o.seed,
+              o.stream ? "streaming" : "not streaming");
+  std::printf("  completed %d, failed %d, wall %.2f s\n", ok, failed, wall);
+  std::printf("  request throughput %.3f req/s, output %.1f tok/s, input %.1f tok/s\n", ok / wall, out_tokens / wall, in_tokens / wall);
+  std::printf("  %-5s %8s %8s %8s %8s %8s  (ms)\n", "", "mean", "p50", "p90", "p99", "max");
+  if (o.stream) {
+    print_row("TTFT", s_ttft);
+    print_row("ITL", s_itl);
+    print_row("TPOT", s_tpot);
+  }
+  print_row("E2E", s_e2e);
+  if (o.stream && router_count > 0)
+    std::printf("  router-side TTFT mean %.1f ms over %.0f requests (client-side mean %.1f ms; difference %.1f ms)\n",
+                router_ttft_mean * 1e3, router_count, s_ttft.mean * 1e3, (s_ttft.mean - router_ttft_mean) * 1e3);
+  for (const auto& [why, n] : errors) std::printf("  ERROR x%d: %s\n", n, why.c_str());
+  std::fflush(stdout);
+
+  if (!o.json_file.empty()) {
+    json j = {{"url", url}, {"model", o.model}, {"requests", o.requests}, {"concurrency", o.concurrency},
+              {"input_len", o.input_len}, {"output_len", o.output_len}, {"seed", o.seed}, {"stream", o.stream},
+              {"completed", ok}, {"failed", failed}, {"wall_s", wall}, {"request_throughput", ok / wall},
+              {"output_tokens", out_tokens}, {"input_tokens", in_tokens}, {"output_tok_s", out_tokens / wall},
+              {"e2e", summary_json(s_e2e)}, {"errors", errors}};
+    long long expected_out = 0;
+    for (const auto& s : specs) expected_out += s.max_tokens;
+    j["expected_output_tokens"] = expected_out;
+    if (o.stream) {
+      j["ttft"] = summary_json(s_ttft);
+      j["itl"] = summary_json(s_itl);
+      j["tpot"] = summary_json(s_tpot);
+      j["router_ttft_mean_ms"] = router_ttft_mean * 1e3;
+      j["router_ttft_count"] = router_count;
+    }
+    std::ofstream f(o.json_file);
+    f << j.dump(2) << "\n";
+    if (!f) throw std::runtime_error("cannot write --json " + o.json_file);
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  auto* cmd = app.add_subcommand("serve", "concurrent /v1/completions streams against a router: TTFT, ITL, TPOT, E2E, throughput");
+  cmd->add_option("--url", o->url, "endpoint, http://127.0.0.1:PORT");
+  cmd->add_option("--spawn-cluster", o->spawn_spec, "start k3-cluster with this spec on a free port for the run (stopped after)");
+  cmd->add_option("--cluster-exe", o->cluster_exe, "k3-cluster binary (default: next to k3-bench)");
+  cmd->add_option("--model", o->model, "served model name (default k3-tiny)");
+  cmd->add_option("--concurrency", o->concurrency, "requests in flight at once")->check(CLI::Range(1, 1024));
+  cmd->add_option("--requests", o->requests, "total requests")->check(CLI::Range(1, 1000000));
+  cmd->add_option("--input-len", o->input_len, "prompt length in tokens, MIN:MAX uniform (default 16:128)");
+  cmd->add_option("--output-len", o->output_len, "exact output length, MIN:MAX uniform (default 16:64)");
+  cmd->add_option("--seed", o->seed, "seed for lengths and prompt ids");
+  cmd->add_option("--token-id-max", o->token_id_max, "prompt ids are drawn from [0, this) (default 256)")->check(CLI::Range(1, 1 << 30));
+  cmd->add_flag("--stream", o->stream, "stream (SSE): needed for TTFT/ITL/TPOT; without it only E2E");
+  cmd->add_option("--timeout", o->timeout_s, "total seconds for the run; requests not done by then fail (default 600)")->check(CLI::Range(1, 86400));
+  cmd->add_option("--startup-timeout", o->startup_s, "seconds to wait for a spawned cluster (default 300)")->check(CLI::Range(1, 3600));
+  cmd->add_option("--json", o->json_file, "also write the summary as JSON here");
+  cmd->callback([o] {
+    int rc;
+    try {
+      rc = run_serve(*o);
+    } catch (const CLI::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "k3-bench serve: %s\n", e.what());
+      rc = 2;
+    }
+    if (rc != 0) std::exit(rc);
+  });
+}
+
+}  // namespace k3::bench
