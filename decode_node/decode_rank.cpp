@@ -47,6 +47,7 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
   dc.compat.kv_dtype = DType::F32;
   dc.compat.state_dtype = DType::F32;
   dc.compat.page_size = opts.page_size;
+  dc.compat.layout.dp_size = opts.dp_size;  // registration requires rank < dp_size * dcp_size
   dc.compat.layout.dcp_size = 1;
   dc.bind_endpoint = opts.bind_endpoint;
   dc.router_endpoint = opts.router_endpoint;

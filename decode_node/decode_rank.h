@@ -29,6 +29,7 @@ namespace k3::decode {
 struct DecodeRankOptions {
   std::string instance_id = "d";
   uint32_t rank = 0;                   // global rank (the region id the prefill stages write to)
+  uint32_t dp_size = 1;                // decode ranks of the deployment (DP); rank < dp_size
   uint32_t page_size = 16;             // transfer pool: tokens per page (compat with prefill)
   uint32_t num_pages = 256;            // transfer pool pages
   uint32_t num_slots = 8;              // transfer pool KDA slots (requests transferring or decoding)

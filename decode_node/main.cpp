@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
   bool ignore_eos = false;
   app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tokenizer)")->required();
   app.add_option("--rank", o.rank, "global decode rank (the id of the region prefill writes to; default 0)");
+  uint32_t dp_size = 0;
+  app.add_option("--dp-size", dp_size, "decode DP ranks in the deployment (default: --rank + 1)");
   app.add_option("--instance", o.instance_id, "decode instance id (control name decode/<id>; default d)");
   app.add_option("--bind", o.bind_endpoint, "control endpoint to bind (default tcp://127.0.0.1:*, port printed as READY)");
   app.add_option("--router-endpoint", o.router_endpoint, "router control endpoint (CLAIM / ABORT in, TOKENS out)");
@@ -92,6 +94,9 @@ int main(int argc, char** argv) {
     if (!tok.is_ok()) return fail(Status(tok.status().code(), "tokenizer (for EOS; or pass --ignore-eos): " + tok.status().message()));
     for (int32_t id : tok->eos_ids()) o.stop_ids.push_back(id);
   }
+  o.dp_size = dp_size == 0 ? o.rank + 1 : dp_size;
+  if (o.rank >= o.dp_size)
+    return fail(invalid_argument("--rank " + std::to_string(o.rank) + " must be < --dp-size " + std::to_string(o.dp_size)));
   o.heartbeat = {std::chrono::milliseconds(hb_ms), hb_misses};
   o.timeouts.compute_wait = transfer::Millis(compute_ms);
   o.timeouts.transfer_wait = transfer::Millis(transfer_ms);
@@ -113,8 +118,20 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   say("READY " + d.endpoint());
   size_t live = 0;
+  // The router's load signal and memory gauges: a HEARTBEAT with the pool's free bytes and the running
+  // batch, every heartbeat interval.
+  auto last_load = std::chrono::steady_clock::now() - o.heartbeat.interval;
+  uint64_t load_seq = 0;
   while (!g_stop) {
     if (Status st = d.run_once(std::chrono::milliseconds(50)); !st.is_ok()) return fail(st);
+    if (!o.router_endpoint.empty() && std::chrono::steady_clock::now() - last_load >= o.heartbeat.interval) {
+      last_load = std::chrono::steady_clock::now();
+      // A lost heartbeat only delays the gauges: the next one carries the same state.
+      (void)d.driver().send_to_router(protocol::Heartbeat{.role = protocol::Role::Decode, .instance_id = o.instance_id,
+                                                          .rank = o.rank, .seq = ++load_seq,
+                                                          .free_bytes = d.pool_free_bytes(),
+                                                          .num_running = static_cast<uint32_t>(d.num_running())});
+    }
     auto done = d.take_finished();
     for (const auto& f : done) {
       std::string ids;

@@ -7,6 +7,8 @@
 // the shutdown timeout) and exits, non-zero when a child had crashed.
 //
 // stdout lines (tests read them): "STARTED <name> pid <pid>", then "ENDPOINT http://<host>:<port>",
+// "NODE <name> HELD <sources held> <requests computing>" (a prefill stage's state changed) and
+// "NODE <name> IDLE <pool free bytes> <pool capacity bytes>" (a decode rank ran out of requests),
 // and at the end "CHILD_EXITED <name> <description>" for a crash and "STOPPED".
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -109,8 +111,12 @@ Result<std::string> Launcher::wait_line(ChildProcess& c, const std::string& pref
 
 void Launcher::pump_outputs() {
   for (auto& c : children_)
-    for (const auto& line : c->drain())
+    for (const auto& line : c->drain()) {
       if (verbose_) note(c->name() + ": " + line);
+      // The nodes' memory state lines (prefill "HELD <sources> <computing>", decode "IDLE <pool free>
+      // <pool capacity>") are relayed so that memory release is observable from outside the cluster.
+      if (line.rfind("HELD ", 0) == 0 || line.rfind("IDLE ", 0) == 0) say("NODE " + c->name() + " " + line);
+    }
 }
 
 Status Launcher::wait_serving(Clock::time_point deadline) {
@@ -163,7 +169,7 @@ Status Launcher::start() {
     K3_ASSIGN_OR_RETURN(ChildProcess * c,
                         spawn("decode/" + d.instance, "k3-decode",
                               {"--model", spec_.model, "--router-endpoint", control, "--instance", d.instance, "--rank",
-                               std::to_string(d.rank), "--max-requests", std::to_string(d.max_requests), "--threads",
+                               std::to_string(d.rank), "--dp-size", std::to_string(decodes.size()), "--max-requests", std::to_string(d.max_requests), "--threads",
                                threads, "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_}));
     K3_ASSIGN_OR_RETURN(std::string ep, wait_line(*c, "READY ", deadline));
     decode_eps.push_back(ep);

@@ -226,6 +226,10 @@ class ClusterWorkerOps {
       return;
     }
     const ClusterPair& p = s_.opts_.pairs[chosen];
+    {
+      std::lock_guard lk(s_.pub_mu_);
+      ++s_.placements_[decode_name(p)];
+    }
     ++r.attempts;
     r.pair = chosen;
     r.wire_id = ++w_.next_wire;
@@ -380,7 +384,11 @@ class ClusterWorkerOps {
       if constexpr (std::is_same_v<T, proto::ClaimAck>) on_claim_ack(x);
       else if constexpr (std::is_same_v<T, proto::Tokens>) on_tokens(x);
       else if constexpr (std::is_same_v<T, proto::Failed>) on_failed(x, e.peer);
-      else if constexpr (std::is_same_v<T, proto::Heartbeat>) w_.heartbeats[e.peer] = x;
+      else if constexpr (std::is_same_v<T, proto::Heartbeat>) {
+        w_.heartbeats[e.peer] = x;
+        std::lock_guard lk(s_.pub_mu_);
+        s_.node_load_[e.peer] = {.pool_free_bytes = x.free_bytes, .running = x.num_running};
+      }
     }, m.value());
   }
 
@@ -460,6 +468,8 @@ void ClusterService::wake() {
 Result<RequestHandle> ClusterService::submit(GenerationParams params, EventSink sink) {
   if (params.prompt.empty()) return invalid_argument("prompt: empty");
   if (params.max_tokens < 1) return invalid_argument("max_tokens: must be >= 1");
+  // TOKENS carries ids only: say so instead of answering without the logprobs that were asked for.
+  if (params.logprobs >= 0) return invalid_argument("logprobs: not supported in cluster mode (decode nodes stream token ids only)");
   for (int32_t id : params.prompt)
     if (id < 0 || id >= cfg_.vocab_size)
       return invalid_argument("prompt: token id " + std::to_string(id) + " outside [0, " + std::to_string(cfg_.vocab_size) + ")");
@@ -569,6 +579,16 @@ std::string ClusterService::prometheus_text() const {
   line("# HELP k3_cluster_retries_total Requests placed again after a failure before any token.");
   line("# TYPE k3_cluster_retries_total counter");
   line("k3_cluster_retries_total " + std::to_string(retries_));
+  line("# HELP k3_cluster_placements_total Request attempts placed on each decode node.");
+  line("# TYPE k3_cluster_placements_total counter");
+  for (const auto& [node, n] : placements_) line("k3_cluster_placements_total{node=\"" + node + "\"} " + std::to_string(n));
+  line("# HELP k3_cluster_node_pool_free_bytes A decode node's transfer pool free bytes (its last heartbeat).");
+  line("# TYPE k3_cluster_node_pool_free_bytes gauge");
+  for (const auto& [node, l] : node_load_)
+    line("k3_cluster_node_pool_free_bytes{node=\"" + node + "\"} " + std::to_string(l.pool_free_bytes));
+  line("# HELP k3_cluster_node_running Requests decoding on a decode node (its last heartbeat).");
+  line("# TYPE k3_cluster_node_running gauge");
+  for (const auto& [node, l] : node_load_) line("k3_cluster_node_running{node=\"" + node + "\"} " + std::to_string(l.running));
   line("# HELP k3_cluster_requests_in_flight Requests placed on the cluster now.");
   line("# TYPE k3_cluster_requests_in_flight gauge");
   line("k3_cluster_requests_in_flight " + std::to_string(running_));

@@ -126,6 +126,12 @@ class ClusterService final : public GenerationService {
   std::map<std::string, uint64_t> node_failures_;   // node -> times it was declared dead
   std::map<std::string, uint64_t> request_failures_; // cause -> requests failed
   uint64_t retries_ = 0;
+  std::map<std::string, uint64_t> placements_;      // decode node -> attempts placed on it
+  struct NodeLoad {
+    uint64_t pool_free_bytes = 0;  // decode transfer pool free bytes (its last HEARTBEAT)
+    uint32_t running = 0;          // requests decoding there
+  };
+  std::map<std::string, NodeLoad> node_load_;       // decode node -> its last reported load
   int64_t running_ = 0;
   bool any_ready_ = false;
   std::thread worker_;

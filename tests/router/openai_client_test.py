@@ -85,6 +85,14 @@ def test_completions():
     chunks = list(stream)
     check("".join(ch.choices[0].text for ch in chunks) == c.text, "completion stream text equals non-streamed")
     check(chunks[-1].choices[0].finish_reason == "length", "completion stream finish_reason")
+    if os.environ.get("K3_SERVER_KIND") == "cluster":
+        # The cluster's decode nodes stream token ids only: logprobs are refused with a clear 400.
+        try:
+            client.completions.create(model=MODEL, prompt="abc", max_tokens=3, logprobs=2, temperature=0)
+            check(False, "cluster: completion logprobs raises")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and "logprobs" in str(e), "cluster: completion logprobs -> 400 naming logprobs")
+        return
     r = client.completions.create(model=MODEL, prompt="abc", max_tokens=3, logprobs=2, temperature=0)
     lp = r.choices[0].logprobs
     check(lp is not None and len(lp.token_logprobs) == len(lp.tokens) >= 1, "completion logprobs present")

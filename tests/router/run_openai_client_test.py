@@ -4,8 +4,14 @@
 Makes a venv under the build dir (K3_VENV) and installs `openai` from PyPI into it (skips, exit 77,
 only when PyPI cannot be reached), generates a k3-tiny model with k3-genweights, starts k3-router on
 a free port, runs openai_client_test.py with the venv's python, and always stops the router.
+
+With --cluster it starts `k3-cluster --spec <temp spec>` instead (router in cluster mode on a free
+port, prefill PP2, decode DP1, the same generated model), so every token crosses prefill -> UCX ->
+decode; the launcher is stopped with SIGTERM and must exit 0 (no child crashed).
 """
+import json
 import os
+import threading
 import subprocess
 import sys
 import tempfile
@@ -62,6 +68,33 @@ def start_router(model_dir):
     sys.exit("k3-router did not print its endpoint within 120 s")
 
 
+def start_cluster(model_dir, tmp):
+    spec = {"model": model_dir,
+            "router": {"host": "127.0.0.1", "port": 0, "placement": "round-robin", "served_model_name": "k3-tiny"},
+            "prefill": [{"id": "p", "stages": 2, "chunk_size": 5, "max_requests": 8}],
+            "decode": [{"id": "d", "ranks": 1, "max_requests": 8}],
+            "threads": 1,
+            "timeouts": {"heartbeat_ms": 200, "heartbeat_misses": 5, "startup_s": 240}}
+    path = os.path.join(tmp, "spec.json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    proc = subprocess.Popen([os.path.join(BIN, "k3-cluster"), "--spec", path], stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                sys.exit(f"k3-cluster exited early with {proc.returncode}")
+            continue
+        print(line.rstrip())
+        if line.startswith("ENDPOINT "):
+            # Keep draining the launcher's stdout so it never blocks on a full pipe.
+            threading.Thread(target=lambda: [print(l.rstrip()) for l in proc.stdout], daemon=True).start()
+            return proc, line.split("ENDPOINT ", 1)[1].strip()
+    stop(proc)
+    sys.exit("k3-cluster did not print its endpoint within 300 s")
+
+
 def stop(proc):
     if proc.poll() is None:
         proc.terminate()
@@ -74,7 +107,10 @@ def stop(proc):
 
 
 def main():
-    for tool in ("k3-router", "k3-genweights", "k3-generate"):
+    cluster = "--cluster" in sys.argv[1:]
+    server = "k3-cluster" if cluster else "k3-router"
+    tools = ("k3-cluster", "k3-router", "k3-prefill", "k3-decode") if cluster else ("k3-router",)
+    for tool in tools + ("k3-genweights", "k3-generate"):
         if not os.path.exists(os.path.join(BIN, tool)):
             sys.exit(f"{tool} is not built in {BIN}")
     py = ensure_venv()
@@ -82,14 +118,16 @@ def main():
         model = os.path.join(tmp, "k3-tiny")
         subprocess.run([os.path.join(BIN, "k3-genweights"), "--preset", "k3-tiny", "--out", model, "--seed", "0"],
                        check=True, stdout=subprocess.DEVNULL)
-        proc, url = start_router(model)
+        proc, url = start_cluster(model, tmp) if cluster else start_router(model)
         try:
             env = dict(os.environ, K3_BASE_URL=url + "/v1", K3_MODEL_DIR=model, K3_BIN_DIR=BIN)
+            if cluster:
+                env["K3_SERVER_KIND"] = "cluster"
             rc = subprocess.run([py, os.path.join(HERE, "openai_client_test.py")], env=env).returncode
         finally:
             code = stop(proc)
         if rc == 0 and code != 0:
-            sys.exit(f"k3-router exited with {code} on SIGTERM")
+            sys.exit(f"{server} exited with {code} on SIGTERM")
         sys.exit(rc)
 
 
