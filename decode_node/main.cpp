@@ -18,22 +18,14 @@
 #include "common/core/parse.h"
 #include "decode_node/decode_rank.h"
 
+#include "common/core/node_process.h"
+
 using namespace k3;
 
 namespace {
 
-std::atomic<bool> g_stop{false};  // set by SIGTERM/SIGINT; the only state a signal handler may touch
-void on_signal(int) { g_stop = true; }
-
-void say(const std::string& s) {
-  std::printf("%s\n", s.c_str());
-  std::fflush(stdout);
-}
-
-int fail(const Status& s) {
-  std::fprintf(stderr, "k3-decode: %s\n", s.to_string().c_str());
-  return 1;
-}
+void say(const std::string& s) { say_line(s); }
+int fail(const Status& s) { return fail_status("k3-decode", s); }
 
 }  // namespace
 
@@ -112,10 +104,7 @@ int main(int argc, char** argv) {
   if (!rank.is_ok()) return fail(rank.status());
   decode::DecodeRank& d = **rank;
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  const std::atomic<bool>& g_stop = install_stop_signals();
   say("READY " + d.endpoint());
   size_t live = 0;
   // The router's load signal and memory gauges: a HEARTBEAT with the pool's free bytes and the running

@@ -17,22 +17,14 @@
 #include "prefill_node/partition.h"
 #include "prefill_node/prefill_stage.h"
 
+#include "common/core/node_process.h"
+
 using namespace k3;
 
 namespace {
 
-std::atomic<bool> g_stop{false};  // set by SIGTERM/SIGINT; the only state a signal handler may touch
-void on_signal(int) { g_stop = true; }
-
-void say(const std::string& s) {
-  std::printf("%s\n", s.c_str());
-  std::fflush(stdout);
-}
-
-int fail(const Status& s) {
-  std::fprintf(stderr, "k3-prefill: %s\n", s.to_string().c_str());
-  return 1;
-}
+void say(const std::string& s) { say_line(s); }
+int fail(const Status& s) { return fail_status("k3-prefill", s); }
 
 }  // namespace
 
@@ -96,10 +88,7 @@ int main(int argc, char** argv) {
   if (!stage.is_ok()) return fail(stage.status());
   prefill::PrefillStage& s = **stage;
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  const std::atomic<bool>& g_stop = install_stop_signals();
   if (o.stage > 0) say("LISTEN " + s.listen_endpoint());
   say("READY prefill/" + o.instance_id + "/" + std::to_string(o.stage));
   bool announced = false;
