@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 
+#include "tests/cluster_e2e/cluster_launch.h"
 #include "tests/router/bad_requests.h"
 #include "tests/router/http_client.h"
 #include "tests/router/router_fixture.h"
@@ -20,7 +21,6 @@ using nlohmann::json;
 using k3::test::BadCase;
 using k3::test::HttpConnection;
 using k3::test::HttpReply;
-using k3::test::ProcessGuard;
 
 namespace {
 
@@ -62,23 +62,9 @@ TEST_CASE("k3-cluster: the hostile-request table over the wire gets OpenAI error
                      {"threads", 1},
                      {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 5}, {"startup_s", 240}}}};
   std::ofstream(dir.path + "/spec.json") << spec.dump(2);
-  ProcessGuard proc(std::string(K3_BIN_DIR) + "/k3-cluster", {"--spec", dir.path + "/spec.json"});
-  std::map<std::string, pid_t> pids;
-  int port = 0;
-  const auto deadline = std::chrono::steady_clock::now() + 300s;
-  while (port == 0) {
-    REQUIRE(std::chrono::steady_clock::now() < deadline);
-    auto line = proc.read_line(1000ms);
-    if (!line) {
-      REQUIRE(proc.running());
-      continue;
-    }
-    if (line->rfind("STARTED ", 0) == 0) {
-      const auto sp = line->find(' ', 8);
-      pids[line->substr(8, sp - 8)] = std::stoi(line->substr(line->rfind(' ') + 1));
-    }
-    if (line->rfind("ENDPOINT http://127.0.0.1:", 0) == 0) port = std::stoi(line->substr(26));
-  }
+  k3::test::LaunchedCluster cluster = k3::test::launch_cluster(dir.path + "/spec.json");
+  const int port = cluster.port;
+  const auto& pids = cluster.pids;
   REQUIRE(pids.count("router"));
   auto health = [&] {
     HttpConnection h(port);
@@ -137,6 +123,6 @@ TEST_CASE("k3-cluster: the hostile-request table over the wire gets OpenAI error
     const std::string body = m.read_reply().body;
     CHECK(body.find("k3_cluster_node_up{node=\"decode/d\"} 1") != std::string::npos);
   }
-  ::kill(proc.pid(), SIGTERM);
-  CHECK(proc.wait_exit(20s) == 0);
+  ::kill(cluster.proc->pid(), SIGTERM);
+  CHECK(cluster.proc->wait_exit(20s) == 0);
 }

@@ -1,0 +1,43 @@
+// Starts k3-cluster on a spec file and waits for its ENDPOINT line, collecting the children's pids from
+// its STARTED lines. The ProcessGuard stops the launcher (and with it every child) when it goes away.
+#pragma once
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "tests/transfer/process_guard.h"
+
+namespace k3::test {
+
+struct LaunchedCluster {
+  std::unique_ptr<ProcessGuard> proc;
+  std::map<std::string, pid_t> pids;  // by node name ("router", "decode/d", "prefill/p/0", ...)
+  int port = 0;
+};
+
+inline LaunchedCluster launch_cluster(const std::string& spec_path,
+                                      std::chrono::seconds startup = std::chrono::seconds(300)) {
+  LaunchedCluster c;
+  c.proc = std::make_unique<ProcessGuard>(std::string(K3_BIN_DIR) + "/k3-cluster",
+                                          std::vector<std::string>{"--spec", spec_path});
+  const auto deadline = std::chrono::steady_clock::now() + startup;
+  while (c.port == 0) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    auto line = c.proc->read_line(std::chrono::milliseconds(1000));
+    if (!line) {
+      REQUIRE(c.proc->running());
+      continue;
+    }
+    if (line->rfind("STARTED ", 0) == 0) {
+      const auto sp = line->find(' ', 8);
+      c.pids[line->substr(8, sp - 8)] = std::stoi(line->substr(line->rfind(' ') + 1));
+    }
+    if (line->rfind("ENDPOINT http://127.0.0.1:", 0) == 0) c.port = std::stoi(line->substr(26));
+  }
+  return c;
+}
+
+}  // namespace k3::test
