@@ -47,16 +47,12 @@ void DecodeSide::set_state(Record& r, RequestState to) {
 }
 
 DecodeSide::Record* DecodeSide::find(uint64_t id, const char* what, Actions& out) {
-  auto it = records_.find(id);
-  if (it != records_.end()) return it->second.get();
-  out.push_back(IgnoredAction{id, std::string(what) + ": " +
-                                      (tombstones_.count(id) ? "request already ended" : "unknown request")});
-  return nullptr;
+  return find_live(records_, tombstones_, id, what, out);
 }
 
 Actions DecodeSide::on_claim(const protocol::Claim& m, Millis now) {
   Actions out;
-  if (records_.count(m.request_id) || tombstones_.count(m.request_id)) {
+  if (seen_before(records_, tombstones_, m.request_id)) {
     out.push_back(IgnoredAction{m.request_id, "CLAIM: duplicate or late (request id already seen)"});
     return out;
   }
@@ -172,7 +168,7 @@ Actions DecodeSide::on_transfer_done(const protocol::TransferDone& m, Millis now
 
 Actions DecodeSide::on_abort(const protocol::Abort& m, Millis now) {
   Actions out;
-  if (!records_.count(m.request_id) && !tombstones_.count(m.request_id)) {
+  if (!seen_before(records_, tombstones_, m.request_id)) {
     // ABORT overtook the request (reordering): remember the id so a late CLAIM/PREFILL is refused.
     tombstones_[m.request_id] = {RequestState::Aborted, now + cfg_.timeouts.tombstone_ttl};
     out.push_back(IgnoredAction{m.request_id, "ABORT: unknown request, remembered as aborted"});

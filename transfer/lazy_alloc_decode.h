@@ -23,6 +23,7 @@
 
 #include "common/protocol/metrics.h"
 #include "transfer/lazy_alloc.h"
+#include "transfer/request_records.h"
 #include "transfer/pool.h"
 
 namespace k3::transfer {
@@ -79,8 +80,8 @@ class DecodeSide {
   DecodeSideConfig cfg_;
   std::map<uint32_t, RankPool*> pools_;        // by global rank
   protocol::MetricsRegistry* metrics_;
-  std::map<uint64_t, std::unique_ptr<Record>> records_;
-  std::map<uint64_t, std::pair<RequestState, Millis>> tombstones_;  // ended: state, forget-at
+  LiveRecords<Record> records_;
+  Tombstones tombstones_;  // ended: state, forget-at
 };
 
 }  // namespace k3::transfer

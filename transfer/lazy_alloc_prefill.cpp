@@ -46,16 +46,12 @@ Peer PrefillSide::decode_peer(const Record& r) const {
 }
 
 PrefillSide::Record* PrefillSide::find(uint64_t id, const char* what, Actions& out) {
-  auto it = records_.find(id);
-  if (it != records_.end()) return it->second.get();
-  out.push_back(IgnoredAction{id, std::string(what) + ": " +
-                                      (tombstones_.count(id) ? "request already ended" : "unknown request")});
-  return nullptr;
+  return find_live(records_, tombstones_, id, what, out);
 }
 
 Actions PrefillSide::on_prefill(const protocol::Prefill& m, Millis now) {
   Actions out;
-  if (records_.count(m.request_id) || tombstones_.count(m.request_id)) {
+  if (seen_before(records_, tombstones_, m.request_id)) {
     out.push_back(IgnoredAction{m.request_id, "PREFILL: duplicate or late (request id already seen)"});
     return out;
   }
@@ -133,7 +129,7 @@ Actions PrefillSide::on_addrs(const protocol::Addrs& m, Millis now) {
 
 Actions PrefillSide::on_abort(const protocol::Abort& m, Millis now) {
   Actions out;
-  if (!records_.count(m.request_id) && !tombstones_.count(m.request_id)) {
+  if (!seen_before(records_, tombstones_, m.request_id)) {
     // ABORT overtook the request (reordering): remember the id so a late CLAIM/PREFILL is refused.
     tombstones_[m.request_id] = {RequestState::Aborted, now + cfg_.timeouts.tombstone_ttl};
     out.push_back(IgnoredAction{m.request_id, "ABORT: unknown request, remembered as aborted"});

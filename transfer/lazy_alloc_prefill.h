@@ -22,6 +22,7 @@
 
 #include "common/protocol/metrics.h"
 #include "transfer/lazy_alloc.h"
+#include "transfer/request_records.h"
 
 namespace k3::transfer {
 
@@ -71,8 +72,8 @@ class PrefillSide {
 
   PrefillSideConfig cfg_;
   protocol::MetricsRegistry* metrics_;
-  std::map<uint64_t, std::unique_ptr<Record>> records_;
-  std::map<uint64_t, std::pair<RequestState, Millis>> tombstones_;
+  LiveRecords<Record> records_;
+  Tombstones tombstones_;
 };
 
 }  // namespace k3::transfer
