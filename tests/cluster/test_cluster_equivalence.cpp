@@ -20,6 +20,7 @@
 #include "common/protocol/frame.h"
 #include "tests/support/run_command.h"
 #include "tests/transfer/process_guard.h"
+#include "tests/transfer/test_router.h"
 #include "transfer/zmq_channel.h"
 
 using namespace k3;
@@ -81,46 +82,22 @@ std::vector<int32_t> generate_cli_tokens(const std::vector<int32_t>& prompt) {
   return nlohmann::json::parse(r.out).at("tokens").get<std::vector<int32_t>>();
 }
 
-// The router's side of the control plane: a ControlServer every node connects to.
-struct Router {
-  zmq::context_t ctx;
-  std::unique_ptr<ControlServer> server;
-  std::set<std::string> up;
-  std::vector<std::string> parties;
+// The router's side of the control plane (tests/transfer/test_router.h) plus what these tests read back.
+struct Router : k3::test::TestRouter {
   std::map<uint64_t, std::vector<int32_t>> tokens;
   std::map<uint64_t, protocol::FinishReason> finish;
   std::map<uint64_t, std::vector<protocol::AbortReason>> failed;
-  Router() {
-    ControlOptions o;
-    o.name = "router";
-    o.heartbeat = {200ms, 3};
-    server = ControlServer::bind(ctx, "tcp://127.0.0.1:*", o).value();
-  }
-  void pump(std::chrono::milliseconds wait) {
-    auto ev = server->poll(wait);
-    REQUIRE(ev.is_ok());
-    for (auto& e : *ev) {
-      if (e.kind == ControlEventKind::PeerUp) up.insert(e.peer);
-      if (e.kind == ControlEventKind::PeerDown) up.erase(e.peer);
-      if (e.kind != ControlEventKind::Message) continue;
-      auto m = protocol::decode(e.payload);
-      REQUIRE(m.is_ok());
-      if (auto* t = std::get_if<protocol::Tokens>(&m.value())) {
+  Router() : TestRouter(200ms) {
+    on_message = [this](const std::string&, const protocol::Message& m) {
+      if (auto* t = std::get_if<protocol::Tokens>(&m)) {
         CHECK(finish.count(t->request_id) == 0);  // nothing after the last message
         auto& v = tokens[t->request_id];
         v.insert(v.end(), t->token_ids.begin(), t->token_ids.end());
         if (t->finish != protocol::FinishReason::None) finish[t->request_id] = t->finish;
       }
-      if (auto* f = std::get_if<protocol::Failed>(&m.value())) {
-        failed[f->request_id].push_back(f->cause);
-        for (auto& p : parties)  // a router aborts the request everywhere else
-          if (p != e.peer && up.count(p))
-            (void)server->send(p, protocol::encode(protocol::Abort{.request_id = f->request_id, .reason = f->cause,
-                                                                   .origin_role = protocol::Role::Router}));
-      }
-    }
+      if (auto* f = std::get_if<protocol::Failed>(&m)) failed[f->request_id].push_back(f->cause);
+    };
   }
-  void send(const std::string& peer, const protocol::Message& m) { REQUIRE(server->send(peer, protocol::encode(m)).is_ok()); }
 };
 
 struct ClusterSpec {
@@ -130,8 +107,8 @@ struct ClusterSpec {
   int chunk = 7;
   int max_tokens = kMaxTokens;  // decode --max-tokens
   int prefill_slots = 8;        // k3-prefill --max-requests (local cache slots per stage)
-  // Sampling of every request: in the PREFILLs (first token) and decode's flags (the other tokens;
-  // CLAIM carries no sampling params).
+  // Sampling of every request: in the PREFILLs (first token) and decode's flags (the other tokens:
+  // these tests' CLAIMs carry no sampling params, so decode falls back to its flags).
   protocol::SamplingParams sampling;
 };
 

@@ -13,6 +13,7 @@
 #include "common/protocol/frame.h"
 #include "tests/transfer/pd_scenario.h"
 #include "tests/transfer/process_guard.h"
+#include "tests/transfer/test_router.h"
 #include "transfer/ucx_driver_common.h"
 #include "transfer/zmq_channel.h"
 
@@ -31,35 +32,8 @@ struct Line {
 };
 
 // The router: a ControlServer the nodes connect to; forwards every FAILED as ABORT to all parties.
-struct Router {
-  zmq::context_t ctx;
-  std::unique_ptr<ControlServer> server;
-  std::set<std::string> up;
-  std::vector<std::string> parties;
-  Router() {
-    ControlOptions o;
-    o.name = "router";
-    o.heartbeat = {100ms, 3};
-    server = ControlServer::bind(ctx, "tcp://127.0.0.1:*", o).value();
-  }
-  void pump(std::chrono::milliseconds wait) {
-    auto ev = server->poll(wait);
-    REQUIRE(ev.is_ok());
-    for (auto& e : *ev) {
-      if (e.kind == ControlEventKind::PeerUp) up.insert(e.peer);
-      if (e.kind == ControlEventKind::PeerDown) up.erase(e.peer);
-      if (e.kind != ControlEventKind::Message) continue;
-      auto m = protocol::decode(e.payload);
-      REQUIRE(m.is_ok());
-      if (auto* f = std::get_if<protocol::Failed>(&m.value())) {
-        for (auto& p : parties)
-          if (p != e.peer && up.count(p))
-            (void)server->send(p, protocol::encode(protocol::Abort{.request_id = f->request_id, .reason = f->cause,
-                                                                   .origin_role = protocol::Role::Router}));
-      }
-    }
-  }
-  void send(const std::string& peer, const protocol::Message& m) { REQUIRE(server->send(peer, protocol::encode(m)).is_ok()); }
+struct Router : k3::test::TestRouter {
+  Router() : TestRouter(100ms) {}
   void wait_up(const std::vector<std::string>& names, std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
     for (;;) {
