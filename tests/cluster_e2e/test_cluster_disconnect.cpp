@@ -14,6 +14,7 @@
 #include <regex>
 #include <thread>
 
+#include "tests/cluster_e2e/cluster_launch.h"
 #include "tests/router/http_client.h"
 #include "tests/support/run_command.h"
 #include "tests/transfer/process_guard.h"
@@ -67,19 +68,10 @@ TEST_CASE("k3-cluster: a client that disconnects mid-stream frees decode and pre
                      {"threads", 1},
                      {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 5}, {"startup_s", 240}}}};
   std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
-  ProcessGuard proc(std::string(K3_BIN_DIR) + "/k3-cluster", {"--spec", dir.path() + "/spec.json"});
+  k3::test::LaunchedCluster cluster = k3::test::launch_cluster(dir.path() + "/spec.json");
+  ProcessGuard& proc = *cluster.proc;
+  const int port = cluster.port;
   NodeLines nodes;
-  int port = 0;
-  const auto deadline = std::chrono::steady_clock::now() + 300s;
-  while (port == 0) {
-    REQUIRE(std::chrono::steady_clock::now() < deadline);
-    auto line = proc.read_line(1000ms);
-    if (!line) {
-      REQUIRE(proc.running());
-      continue;
-    }
-    if (line->rfind("ENDPOINT http://127.0.0.1:", 0) == 0) port = std::stoi(line->substr(26));
-  }
   const std::string free_series = "k3_cluster_node_pool_free_bytes{node=\"decode/d\"}";
   // The starting pool free bytes, from decode's heartbeats (the whole pool: nothing is in flight).
   long start_free = -1;

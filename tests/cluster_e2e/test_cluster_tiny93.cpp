@@ -11,6 +11,7 @@
 #include <future>
 #include <regex>
 
+#include "tests/cluster_e2e/cluster_launch.h"
 #include "tests/router/http_client.h"
 #include "tests/support/run_command.h"
 #include "tests/transfer/process_guard.h"
@@ -62,20 +63,10 @@ TEST_CASE("k3-cluster: k3-tiny-93, 16 prefill stages on the production partition
   spec["router"]["port"] = 0;
   spec["router"]["served_model_name"] = "k3-tiny-93";
   std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
-  ProcessGuard proc(kBin + "/k3-cluster", {"--spec", dir.path() + "/spec.json"});
-  int port = 0;
-  int started = 0;
-  const auto deadline = std::chrono::steady_clock::now() + 300s;
-  while (port == 0) {
-    REQUIRE(std::chrono::steady_clock::now() < deadline);
-    auto line = proc.read_line(1000ms);
-    if (!line) {
-      REQUIRE(proc.running());
-      continue;
-    }
-    if (line->rfind("STARTED ", 0) == 0) ++started;
-    if (line->rfind("ENDPOINT http://127.0.0.1:", 0) == 0) port = std::stoi(line->substr(26));
-  }
+  k3::test::LaunchedCluster cluster = k3::test::launch_cluster(dir.path() + "/spec.json");
+  ProcessGuard& proc = *cluster.proc;
+  const int port = cluster.port;
+  const int started = static_cast<int>(cluster.pids.size());
   CHECK(started == 1 + 2 + 32);  // router, 2 decode ranks, 2 x 16 prefill stages
 
   // Short prompts (chunk 16: some split in two), few tokens; all at once.
