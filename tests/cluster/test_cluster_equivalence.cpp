@@ -18,6 +18,7 @@
 #include "common/model/engine.h"
 #include "common/model/weights.h"
 #include "common/protocol/frame.h"
+#include "tests/support/generate_reference.h"
 #include "tests/support/run_command.h"
 #include "tests/transfer/process_guard.h"
 #include "tests/transfer/test_router.h"
@@ -74,12 +75,7 @@ std::vector<int32_t> engine_tokens(const TinyModel& model, const std::vector<int
 
 // The same through the k3-generate CLI (--json), the user-facing reference.
 std::vector<int32_t> generate_cli_tokens(const std::vector<int32_t>& prompt) {
-  std::string ids;
-  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  auto r = k3::test::run_command(kBin + "/k3-generate --model '" + tiny_model().path() + "' --prompt-ids " + ids +
-                                 " --max-tokens " + std::to_string(kMaxTokens) + " --ignore-eos --threads 1 --json");
-  REQUIRE(r.exit_code == 0);
-  return nlohmann::json::parse(r.out).at("tokens").get<std::vector<int32_t>>();
+  return k3::test::k3_generate_tokens(tiny_model().path(), prompt, kMaxTokens);
 }
 
 // The router's side of the control plane (tests/transfer/test_router.h) plus what these tests read back.

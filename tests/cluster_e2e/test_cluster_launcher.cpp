@@ -14,7 +14,9 @@
 #include <random>
 #include <thread>
 
+#include "tests/cluster_e2e/cluster_launch.h"
 #include "tests/router/http_client.h"
+#include "tests/support/generate_reference.h"
 #include "tests/support/run_command.h"
 #include "tests/transfer/process_guard.h"
 
@@ -49,21 +51,10 @@ struct LaunchedCluster {
                        {"threads", 1},
                        {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 3}, {"startup_s", 240}}}};
     std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
-    proc = std::make_unique<ProcessGuard>(kBin + "/k3-cluster", std::vector<std::string>{"--spec", dir.path() + "/spec.json"});
-    const auto deadline = std::chrono::steady_clock::now() + 300s;
-    while (port == 0) {
-      REQUIRE(std::chrono::steady_clock::now() < deadline);
-      auto line = proc->read_line(1000ms);
-      if (!line) {
-        REQUIRE(proc->running());
-        continue;
-      }
-      if (line->rfind("STARTED ", 0) == 0) {
-        const auto sp = line->find(' ', 8);
-        pids[line->substr(8, sp - 8)] = std::stoi(line->substr(line->rfind(' ') + 1));
-      }
-      if (line->rfind("ENDPOINT http://127.0.0.1:", 0) == 0) port = std::stoi(line->substr(26));
-    }
+    k3::test::LaunchedCluster launched = k3::test::launch_cluster(dir.path() + "/spec.json");
+    proc = std::move(launched.proc);
+    pids = std::move(launched.pids);
+    port = launched.port;
   }
   ~LaunchedCluster() { stop(); }
   // SIGTERM: clean exit, every child gone.
@@ -75,15 +66,6 @@ struct LaunchedCluster {
     return code;
   }
 };
-
-std::vector<int32_t> generate_cli_tokens(const std::string& model, const std::vector<int32_t>& prompt, int max_tokens) {
-  std::string ids;
-  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  auto r = k3::test::run_command(kBin + "/k3-generate --model '" + model + "' --prompt-ids " + ids + " --max-tokens " +
-                                 std::to_string(max_tokens) + " --ignore-eos --threads 1 --json");
-  REQUIRE(r.exit_code == 0);
-  return json::parse(r.out).at("tokens").get<std::vector<int32_t>>();
-}
 
 json completion_body(const std::vector<int32_t>& prompt, int max_tokens, bool stream) {
   return {{"model", "model"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
@@ -151,7 +133,7 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
   for (int len : {1, 7, 16}) {
     const auto prompt = prompt_of(len);
     INFO("prompt length " << len);
-    CHECK(token_ids_of(post(c.port, completion_body(prompt, kMax, false))) == generate_cli_tokens(c.model, prompt, kMax));
+    CHECK(token_ids_of(post(c.port, completion_body(prompt, kMax, false))) == k3::test::k3_generate_tokens(c.model, prompt, kMax));
   }
   // Several at once, two sharing a prefix.
   std::vector<std::vector<int32_t>> prompts = {prompt_of(3), prompt_of(12), prompt_of(9), prompt_of(21)};
@@ -161,7 +143,7 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
   for (const auto& p : prompts) replies.push_back(std::async(std::launch::async, [&c, p] { return post(c.port, completion_body(p, kMax, false)); }));
   for (size_t i = 0; i < prompts.size(); ++i) {
     INFO("concurrent request " << i);
-    CHECK(token_ids_of(replies[i].get()) == generate_cli_tokens(c.model, prompts[i], kMax));
+    CHECK(token_ids_of(replies[i].get()) == k3::test::k3_generate_tokens(c.model, prompts[i], kMax));
   }
   // Streaming: the chunks' token ids in order are the same tokens; the stream ends with [DONE].
   const auto sp = prompt_of(6);
@@ -169,7 +151,7 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
   REQUIRE(s.status == 200);
   CHECK(s.headers.at("content-type").find("text/event-stream") != std::string::npos);
   bool done = false, error = false;
-  CHECK(stream_token_ids(s.body, done, error) == generate_cli_tokens(c.model, sp, kMax));
+  CHECK(stream_token_ids(s.body, done, error) == k3::test::k3_generate_tokens(c.model, sp, kMax));
   CHECK(done);
   CHECK_FALSE(error);
   // A client that leaves mid-stream: the router aborts the request on the nodes and forgets it; the
@@ -197,7 +179,7 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
       std::this_thread::sleep_for(100ms);
     }
     const auto again = prompt_of(4);
-    CHECK(token_ids_of(post(c.port, completion_body(again, kMax, false))) == generate_cli_tokens(c.model, again, kMax));
+    CHECK(token_ids_of(post(c.port, completion_body(again, kMax, false))) == k3::test::k3_generate_tokens(c.model, again, kMax));
   }
   // The node metrics are on /metrics.
   {
@@ -302,7 +284,7 @@ TEST_CASE("k3-cluster: two prefill instances share a decode rank; a dead prefill
   // Round-robin alternates the instances: both give the reference tokens.
   for (int len : {5, 11, 2, 9}) {
     const auto p = prompt_of(len);
-    CHECK(token_ids_of(post(c.port, completion_body(p, kMax, false))) == generate_cli_tokens(c.model, p, kMax));
+    CHECK(token_ids_of(post(c.port, completion_body(p, kMax, false))) == k3::test::k3_generate_tokens(c.model, p, kMax));
   }
   // Instance a's stage 0 freezes (no heartbeats): requests placed there before the router notices get
   // no token; once it is declared dead they are placed again on b, with the same tokens.
@@ -313,7 +295,7 @@ TEST_CASE("k3-cluster: two prefill instances share a decode rank; a dead prefill
     replies.push_back(std::async(std::launch::async, [&c, p] { return post(c.port, completion_body(p, kMax, false), 60s); }));
   for (size_t i = 0; i < prompts.size(); ++i) {
     INFO("request " << i << " sent while a stage of instance a was frozen");
-    CHECK(token_ids_of(replies[i].get()) == generate_cli_tokens(c.model, prompts[i], kMax));
+    CHECK(token_ids_of(replies[i].get()) == k3::test::k3_generate_tokens(c.model, prompts[i], kMax));
   }
   auto metrics = [&] {
     HttpConnection m(c.port);
@@ -333,7 +315,7 @@ TEST_CASE("k3-cluster: two prefill instances share a decode rank; a dead prefill
   for (int len : {3, 8, 13}) {
     const auto p = prompt_of(len);
     const auto t1 = std::chrono::steady_clock::now();
-    CHECK(token_ids_of(post(c.port, completion_body(p, kMax, false))) == generate_cli_tokens(c.model, p, kMax));
+    CHECK(token_ids_of(post(c.port, completion_body(p, kMax, false))) == k3::test::k3_generate_tokens(c.model, p, kMax));
     CHECK(std::chrono::steady_clock::now() - t1 < 30s);
   }
   const auto pids = c.pids;

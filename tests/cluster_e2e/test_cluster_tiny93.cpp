@@ -13,6 +13,7 @@
 
 #include "tests/cluster_e2e/cluster_launch.h"
 #include "tests/router/http_client.h"
+#include "tests/support/generate_reference.h"
 #include "tests/support/run_command.h"
 #include "tests/transfer/process_guard.h"
 
@@ -25,15 +26,6 @@ using k3::test::ProcessGuard;
 namespace {
 
 const std::string kBin = K3_BIN_DIR;
-
-std::vector<int32_t> reference_tokens(const std::string& model, const std::vector<int32_t>& prompt, int max_tokens) {
-  std::string ids;
-  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  auto r = k3::test::run_command(kBin + "/k3-generate --model '" + model + "' --prompt-ids " + ids + " --max-tokens " +
-                                 std::to_string(max_tokens) + " --ignore-eos --threads 1 --json");
-  REQUIRE(r.exit_code == 0);
-  return json::parse(r.out).at("tokens").get<std::vector<int32_t>>();
-}
 
 HttpReply complete(int port, const std::vector<int32_t>& prompt, int max_tokens) {
   HttpConnection c(port);
@@ -80,7 +72,7 @@ TEST_CASE("k3-cluster: k3-tiny-93, 16 prefill stages on the production partition
     INFO("request " << i << ": " << r.body);
     REQUIRE(r.status == 200);
     CHECK(json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>() ==
-          reference_tokens(model, prompts[i], kMax));
+          k3::test::k3_generate_tokens(model, prompts[i], kMax));
   }
   // Both decode ranks served requests.
   HttpConnection m(port);
