@@ -1,197 +1,298 @@
 // Absorbed MLA decode over a paged latent cache (MQA: one 576-wide KV head, H query heads):
 // s = (q_lat·c + q_rope·kr)·scale, o = softmax(s)·c (512 wide), natural-log LSE.
 //
-// Fast path (R = 512, Dr = 64): one block per (16-head group, KV split, request). A 64-token tile
-// of the cache is staged in shared memory once and used by all 16 heads: scores = Q Kᵀ and
-// P V are bf16 tensor-core products (fp32 accumulate), the online softmax is fp32. Grid order puts
-// the head groups of one split next to each other so they share the tile through L2. With more
-// than one split, each split writes an fp32 partial (o, lse) and the LSE merge combines them.
-// The split plan depends on shapes only (max context = max_pages·page_size), never on seq_lens,
-// so a decode step can be captured in a CUDA graph.
+// Fast path (R = 512, Dr = 64): mla_decode_mma_kernel<HT, WS, KT, NS>. A block serves 16·HT heads
+// of one (request, KV split); WS warps share each 16-head tile. A KT-token tile of the cache is
+// staged once in shared memory (NS-stage cp.async ring) and read by every warp: warp (ht, ws)
+// computes the scores of its 16 heads against its KT/WS tokens with mma.sync (Q from shared memory,
+// K = the staged rows), the WS warps of a head tile agree on the row max through shared memory,
+// write bf16 probabilities P[16 x KT], and each warp accumulates P·V for its 512/WS latent columns in fp32
+// registers (V = the first 512 dims of the same staged rows). Softmax statistics are fp32, in
+// log2 units. Grid order puts the head groups of one split next to each other so they share the
+// tile through L2. With more than one split each split writes an fp32 partial (o normalised by
+// its own sum, lse) and the LSE merge combines them. The split plan depends on shapes only
+// (max context = max_pages·page_size), never on seq_lens, so a decode step can be graph-captured.
 // Other shapes use a simple per-(request, head) kernel, which is also the fast path's oracle.
-#include <mma.h>
-
 #include <algorithm>
+#include <cmath>
+#include <string>
 
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
 namespace {
 
-using namespace nvcuda;
-
 constexpr int kR = 512, kDr = 64, kDk = kR + kDr;
-constexpr int kHeads = 16;     // heads per block (one MMA row tile)
-constexpr int kTok = 64;       // tokens per tile
-constexpr int kLdK = kDk + 8;  // bf16 row pitch (16 B multiple, rows on different banks)
-constexpr int kLdS = kTok + 4;
-constexpr int kLdP = kTok + 8;
-constexpr int kLdO = kR + 4;
-constexpr int kThreads = 256;
+constexpr int kPlanTok = 64;            // split lengths are multiples of this (and of every tile size)
+constexpr int kLdK = kDk + 8;           // bf16 pitch of Q and KV rows: +16 B, ldmatrix rows on distinct banks
+constexpr int kChunksPerRow = kDk / 8;  // 16-byte copies per cache row
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-struct Smem {
-  __nv_bfloat16 q[kHeads * kLdK];
-  __nv_bfloat16 k[2][kTok * kLdK];  // double buffer: tile i+1 streams in while tile i is used
-  float sc[2][kHeads * kLdS];
-  __nv_bfloat16 p[kHeads * kLdP];
-  float pv[kHeads * kLdO];
-  float corr[kHeads];
+// HT head tiles of 16 per block, WS warps per head tile, KT tokens per KV tile, NS ring stages.
+template <int HT, int WS, int KT, int NS>
+struct MmaCfg {
+  static constexpr int kTok = KT, kStages = NS, kLdP = KT + 8;  // P pitch: +16 B, distinct banks
+  static constexpr int kWarps = HT * WS, kThreads = 32 * kWarps;
+  static constexpr int kTokW = kTok / WS;  // score columns (tokens) per warp
+  static constexpr int kNT = kTokW / 8;    // n8 score tiles per warp
+  static constexpr int kColW = kR / WS;    // output columns per warp
+  static constexpr int kNO = kColW / 8;    // n8 output tiles per warp
+  // Few score tiles per warp make short dependent mma chains; a second accumulator set halves them.
+  static constexpr int kSAcc = kNT < 4 ? 2 : 1;
+  static constexpr int kQBytes = 16 * HT * kLdK * 2;
+  static constexpr int kKvBytes = kStages * kTok * kLdK * 2;
+  static constexpr int kPBytes = HT * 16 * kLdP * 2;
+  static constexpr int kRedFloats = HT * WS * 16;  // one partial per (head tile, warp slot, row)
+  static constexpr int kSmem = kQBytes + kKvBytes + kPBytes + 2 * kRedFloats * 4;
+  // Two resident blocks when their shared memory (plus the 1 KB the runtime reserves) fits the SM.
+  static constexpr int kMinBlocks = 2 * (kSmem + 1024) <= 228 * 1024 ? 2 : 1;
+  static_assert(kPlanTok % KT == 0, "tiles must not straddle split boundaries");
+  static_assert(kNT % 2 == 0 && kNO % 2 == 0, "B fragments are loaded two n8 tiles at a time");
+  static_assert(kSmem <= 227 * 1024, "shared memory budget of one block");
 };
 
-// Issues the copies of tile [t0, t0+64) into `dst`: 18 x 16 B per thread, all in flight at once.
+__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx(-inf) = +0: masked scores vanish
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Issues the copies of tokens [t0, t0+kTok) into `dst` (rows past `end` are zero-filled, never read:
+// unused cache rows may hold NaN). Eight lanes copy one row, 128 contiguous bytes per instruction,
+// so a thread looks its page up once per row rather than once per 16-byte chunk.
+template <int kThreads, int kTok>
 __device__ __forceinline__ void issue_tile(__nv_bfloat16* dst, const MlaDecodeArgs& a, const int32_t* pages, int t0,
                                            int end, int page_shift) {
-  constexpr int kChunks = kTok * (kDk / 8) / kThreads;
-  static_assert(kTok * (kDk / 8) % kThreads == 0, "tile copy must split evenly");
+  constexpr int kRowLanes = 8, kGroups = kThreads / kRowLanes;
+  static_assert(kChunksPerRow % kRowLanes == 0, "a row splits evenly over its lanes");
+  const int c8 = (threadIdx.x % kRowLanes) * 8;
 #pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
-    const int idx = threadIdx.x + j * kThreads;
-    const int t = idx / (kDk / 8), c8 = (idx % (kDk / 8)) * 8;
+  for (int t = threadIdx.x / kRowLanes; t < kTok; t += kGroups) {
     const int tok = t0 + t;
     const bool valid = tok < end;
-    // Power-of-two pages (the usual case) index with shifts: a runtime division per 16-byte chunk
-    // was a third of this kernel's instructions.
+    // Power-of-two pages (the usual case) index with shifts, not a runtime division.
     const int pg = page_shift >= 0 ? tok >> page_shift : tok / a.page_size;
     const int in_page = page_shift >= 0 ? tok & (a.page_size - 1) : tok - pg * a.page_size;
     const int64_t page = valid ? pages[pg] : 0;
     const __nv_bfloat16* src = a.kv + (page * a.page_size + (valid ? in_page : 0)) * kDk + c8;
-    cp_async16(dst + t * kLdK + c8, src, valid);
+    __nv_bfloat16* d = dst + t * kLdK + c8;
+#pragma unroll
+    for (int k = 0; k < kChunksPerRow / kRowLanes; ++k)
+      cp_async16(d + k * kRowLanes * 8, src + k * kRowLanes * 8, valid);
   }
 }
 
-__global__ void __launch_bounds__(kThreads) mla_decode_tc_kernel(MlaDecodeArgs a, int tokens_per_split, int splits,
-                                                                 float* part_o, float* part_lse) {
+template <int HT, int WS, int KT, int NS>
+__global__ void __launch_bounds__(MmaCfg<HT, WS, KT, NS>::kThreads, MmaCfg<HT, WS, KT, NS>::kMinBlocks)
+    mla_decode_mma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse) {
+  using C = MmaCfg<HT, WS, KT, NS>;
+  constexpr int kTok = KT, kStages = NS, kLdP = C::kLdP;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  auto* kv_s = reinterpret_cast<__nv_bfloat16*>(smem_raw + C::kQBytes);
+  auto* p_s = reinterpret_cast<__nv_bfloat16*>(smem_raw + C::kQBytes + C::kKvBytes);
+  float* red_max = reinterpret_cast<float*>(smem_raw + C::kQBytes + C::kKvBytes + C::kPBytes);
+  float* red_l = red_max + C::kRedFloats;
+
   const int hg = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int h0 = hg * kHeads;
+  const int ht = warp / WS, ws = warp % WS;
+  const int g = lane >> 2, t4 = lane & 3;  // C fragment: rows g and g+8, columns 2·t4, 2·t4+1 of each n8 tile
+  const int h0 = hg * 16 * HT;
   const int seq = a.seq_lens[b];
   const int begin = split * tokens_per_split;
   const int end = min(seq, begin + tokens_per_split);
+  const int32_t* pages = a.block_table + int64_t(b) * a.max_pages;
+  const int page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __ffs(a.page_size) - 1 : -1;
 
-  for (int idx = tid; idx < kHeads * (kDk / 8); idx += kThreads) {  // 16-byte chunks of Q
-    const int h = idx / (kDk / 8), c8 = (idx % (kDk / 8)) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (h0 + h < a.H) {
-      const int64_t row = int64_t(b) * a.H + h0 + h;
+  // The first tiles go in flight before Q is staged, so both latencies overlap.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    const int ts = begin + s * kTok;
+    if (ts < end) issue_tile<C::kThreads, kTok>(kv_s + s * kTok * kLdK, a, pages, ts, end, page_shift);
+    cp_async_commit();
+  }
+  for (int idx = tid; idx < 16 * HT * kChunksPerRow; idx += C::kThreads) {
+    const int r = idx / kChunksPerRow, c8 = (idx % kChunksPerRow) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);  // heads >= H: zero rows (scores 0, never written out)
+    if (h0 + r < a.H) {
+      const int64_t row = int64_t(b) * a.H + h0 + r;
       v = c8 < kR ? *reinterpret_cast<const uint4*>(a.q_lat + row * kR + c8)
                   : *reinterpret_cast<const uint4*>(a.q_rope + row * kDr + (c8 - kR));
     }
-    *reinterpret_cast<uint4*>(sm.q + h * kLdK + c8) = v;
+    *reinterpret_cast<uint4*>(q_s + r * kLdK + c8) = v;
   }
-  // Output ownership: thread -> head row tid/16, columns (tid%16)*4 + 64*j.
-  const int orow = tid / 16, ocol = (tid % 16) * 4;
-  float acc[8][4];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  float m_run = -INFINITY, l_run = 0.f;  // per head row, kept by warp (row/2) lanes; see softmax
 
-  const int32_t* pages = a.block_table + int64_t(b) * a.max_pages;
-  const int page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __ffs(a.page_size) - 1 : -1;
-  if (begin < end) issue_tile(sm.k[0], a, pages, begin, end, page_shift);
-  cp_async_commit();
-  int buf = 0;
-  for (int t0 = begin; t0 < end; t0 += kTok, buf ^= 1) {
-    if (t0 + kTok < end) issue_tile(sm.k[buf ^ 1], a, pages, t0 + kTok, end, page_shift);
-    cp_async_commit();  // possibly empty: keeps "all but the newest group" = this tile
-    cp_async_wait<1>();
-    __syncthreads();
-    const __nv_bfloat16* ktile = sm.k[buf];
-    {  // scores: warp -> 16 tokens (warp % 4) x half of the 576 dims (warp / 4)
-      const int ct = warp % 4, half = warp / 4;
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-      wmma::fill_fragment(c, 0.f);
-      for (int kk = half * (kDk / 2); kk < (half + 1) * (kDk / 2); kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-        wmma::load_matrix_sync(fa, sm.q + kk, kLdK);
-        wmma::load_matrix_sync(fb, ktile + ct * 16 * kLdK + kk, kLdK);
-        wmma::mma_sync(c, fa, fb, c);
-      }
-      wmma::store_matrix_sync(sm.sc[half] + ct * 16, c, kLdS, wmma::mem_row_major);
-    }
-    __syncthreads();
-    // Online softmax: warp w owns head rows 2w and 2w+1; lane holds tokens lane and lane+32.
+  const __nv_bfloat16* q_w = q_s + ht * 16 * kLdK;
+  __nv_bfloat16* p_w = p_s + ht * 16 * kLdP;
+  float* red_max_w = red_max + ht * WS * 16;
+  float* red_l_w = red_l + ht * WS * 16;
+  const float sl2 = a.scale * kLog2e;  // scores in log2 units: p = 2^(s - m)
+  float o[C::kNO][4];
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int r = 2 * warp + rr;
-      float s0 = (sm.sc[0][r * kLdS + lane] + sm.sc[1][r * kLdS + lane]) * a.scale;
-      float s1 = (sm.sc[0][r * kLdS + lane + 32] + sm.sc[1][r * kLdS + lane + 32]) * a.scale;
-      if (t0 + lane >= end) s0 = -INFINITY;
-      if (t0 + lane + 32 >= end) s1 = -INFINITY;
-      const float m_old = __shfl_sync(0xffffffffu, m_run, rr);
-      const float l_old = __shfl_sync(0xffffffffu, l_run, rr);
-      const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));  // finite: the tile has >= 1 token
-      const float p0 = __expf(s0 - m_new), p1 = __expf(s1 - m_new);
-      const float corr = __expf(m_old - m_new);
-      const float l_new = l_old * corr + warp_sum(p0 + p1);
-      sm.p[r * kLdP + lane] = __float2bfloat16(p0);
-      sm.p[r * kLdP + lane + 32] = __float2bfloat16(p1);
-      if (lane == 0) sm.corr[r] = corr;
-      if (lane == rr) {
-        m_run = m_new;
-        l_run = l_new;
+  for (int j = 0; j < C::kNO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY;  // running max of rows g, g+8 (same in all WS warps)
+  float l0 = 0.f, l1 = 0.f;              // this lane's share of the running sums (own tokens only)
+
+  int stage = 0;
+  for (int t0 = begin; t0 < end; t0 += kTok) {
+    cp_async_wait<kStages - 2>();
+    // Tile t0 is visible to every warp, and every warp has finished the previous tile, whose
+    // stage the next copy refills.
+    __syncthreads();
+    {
+      const int tn = t0 + (kStages - 1) * kTok;
+      const int sn = (stage + kStages - 1) % kStages;
+      if (tn < end) issue_tile<C::kThreads, kTok>(kv_s + sn * kTok * kLdK, a, pages, tn, end, page_shift);
+      cp_async_commit();  // possibly empty: keeps the group count uniform for the wait above
+    }
+    const __nv_bfloat16* kt = kv_s + stage * kTok * kLdK;
+
+    // Scores of 16 heads x this warp's kTokW tokens over the 576 dims.
+    float sacc[C::kSAcc][C::kNT][4];
+#pragma unroll
+    for (int u = 0; u < C::kSAcc; ++u)
+#pragma unroll
+      for (int j = 0; j < C::kNT; ++j) sacc[u][j][0] = sacc[u][j][1] = sacc[u][j][2] = sacc[u][j][3] = 0.f;
+    const __nv_bfloat16* k_w = kt + ws * C::kTokW * kLdK;
+#pragma unroll
+    for (int ks = 0; ks < kDk / 16; ++ks) {
+      uint32_t af[4];
+      load_a(af, q_w + ks * 16, kLdK);
+#pragma unroll
+      for (int jp = 0; jp < C::kNT / 2; ++jp) {
+        uint32_t bfr[4];
+        load_b_nk(bfr, k_w + jp * 16 * kLdK + ks * 16, kLdK);
+        mma_bf16(sacc[ks % C::kSAcc][2 * jp], af, bfr);
+        mma_bf16(sacc[ks % C::kSAcc][2 * jp + 1], af, bfr + 2);
       }
     }
-    __syncthreads();
-    {  // PV: warp -> 4 column tiles of 16 (64 columns) of the 512-wide output
-      for (int j = 0; j < 4; ++j) {
-        const int ct = warp * 4 + j;
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-        wmma::fill_fragment(c, 0.f);
+    // Scale, mask tokens past the end, partial row max over this warp's tokens.
+    float sc[C::kNT][4];
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+    const int tw = t0 + ws * C::kTokW + 2 * t4;  // token of c[0] in n8 tile 0
 #pragma unroll
-        for (int kk = 0; kk < kTok; kk += 16) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
-          wmma::load_matrix_sync(fa, sm.p + kk, kLdP);
-          wmma::load_matrix_sync(fb, ktile + kk * kLdK + ct * 16, kLdK);
-          wmma::mma_sync(c, fa, fb, c);
-        }
-        wmma::store_matrix_sync(sm.pv + ct * 16, c, kLdO, wmma::mem_row_major);
+    for (int j = 0; j < C::kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = sacc[0][j][e];
+        if constexpr (C::kSAcc == 2) v += sacc[1][j][e];
+        v = tw + 8 * j + (e & 1) < end ? v * sl2 : -INFINITY;
+        sc[j][e] = v;
+        if (e < 2) mx0 = fmaxf(mx0, v);
+        else mx1 = fmaxf(mx1, v);
+      }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    if (t4 == 0) {
+      red_max_w[ws * 16 + g] = mx0;
+      red_max_w[ws * 16 + g + 8] = mx1;
+    }
+    __syncthreads();
+    // The warp holding token t0 (< end) has a finite max, so m_new is finite: corr = 2^(-inf) = 0
+    // on the first tile, never 2^(-inf + inf).
+    float mn0 = m0, mn1 = m1;
+#pragma unroll
+    for (int w = 0; w < WS; ++w) {
+      mn0 = fmaxf(mn0, red_max_w[w * 16 + g]);
+      mn1 = fmaxf(mn1, red_max_w[w * 16 + g + 8]);
+    }
+    const float c0 = fast_exp2(m0 - mn0), c1 = fast_exp2(m1 - mn1);
+    m0 = mn0;
+    m1 = mn1;
+    l0 *= c0;
+    l1 *= c1;
+#pragma unroll
+    for (int j = 0; j < C::kNT; ++j) {
+      const float p0 = fast_exp2(sc[j][0] - mn0), p1 = fast_exp2(sc[j][1] - mn0);
+      const float p2 = fast_exp2(sc[j][2] - mn1), p3 = fast_exp2(sc[j][3] - mn1);
+      l0 += p0 + p1;
+      l1 += p2 + p3;
+      const int col = ws * C::kTokW + 8 * j + 2 * t4;
+      *reinterpret_cast<uint32_t*>(p_w + g * kLdP + col) = pack_bf16(p0, p1);
+      *reinterpret_cast<uint32_t*>(p_w + (g + 8) * kLdP + col) = pack_bf16(p2, p3);
+    }
+#pragma unroll
+    for (int j = 0; j < C::kNO; ++j) {
+      o[j][0] *= c0;
+      o[j][1] *= c0;
+      o[j][2] *= c1;
+      o[j][3] *= c1;
+    }
+    __syncthreads();  // P of all WS warps of the head tile is written
+
+    // O[16 x this warp's kColW columns] += P[16 x 64] · V[64 x kColW].
+    const __nv_bfloat16* v_w = kt + ws * C::kColW;
+#pragma unroll
+    for (int kk = 0; kk < kTok / 16; ++kk) {
+      uint32_t af[4];
+      load_a(af, p_w + kk * 16, kLdP);
+#pragma unroll
+      for (int jp = 0; jp < C::kNO / 2; ++jp) {
+        uint32_t bfr[4];
+        load_b_kn(bfr, v_w + kk * 16 * kLdK + jp * 16, kLdK);
+        mma_bf16(o[2 * jp], af, bfr);
+        mma_bf16(o[2 * jp + 1], af, bfr + 2);
       }
     }
-    __syncthreads();
-    const float corr = sm.corr[orow];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float4 v = *reinterpret_cast<const float4*>(sm.pv + orow * kLdO + ocol + 64 * j);
-      acc[j][0] = acc[j][0] * corr + v.x;
-      acc[j][1] = acc[j][1] * corr + v.y;
-      acc[j][2] = acc[j][2] * corr + v.z;
-      acc[j][3] = acc[j][3] * corr + v.w;
-    }
-    __syncthreads();  // every warp is done with sm.k[buf] before the next iteration refills it
+    stage = (stage + 1) % kStages;
   }
-  // Row statistics live in lane (row % 2) of warp (row / 2).
-  __shared__ float row_l[kHeads], row_m[kHeads];
-  if (lane < 2) {
-    row_l[2 * warp + lane] = l_run;
-    row_m[2 * warp + lane] = m_run;
+  cp_async_wait<0>();  // only empty groups can remain; leave none behind
+
+  // Row sums: the quad's lanes, then the WS warps (all used the same running max).
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  if (t4 == 0) {
+    red_l_w[ws * 16 + g] = l0;
+    red_l_w[ws * 16 + g + 8] = l1;
   }
   __syncthreads();
-  const int h = h0 + orow;
-  if (h >= a.H) return;
-  const float l = row_l[orow];
-  const float inv = l > 0.f ? 1.f / l : 0.f;
-  const float lse = l > 0.f ? row_m[orow] + logf(l) : -INFINITY;
-  const int64_t row = int64_t(b) * a.H + h;
-  if (splits == 1) {
+  float L0 = 0.f, L1 = 0.f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+  for (int w = 0; w < WS; ++w) {
+    L0 += red_l_w[w * 16 + g];
+    L1 += red_l_w[w * 16 + g + 8];
+  }
+  // l == 0 only when this split saw no token (empty request or split past the end): o = 0, lse = -inf.
+  const float inv0 = L0 > 0.f ? 1.f / L0 : 0.f, inv1 = L1 > 0.f ? 1.f / L1 : 0.f;
+  const float lse0 = L0 > 0.f ? (m0 + __log2f(L0)) * kLn2 : -INFINITY;
+  const float lse1 = L1 > 0.f ? (m1 + __log2f(L1)) * kLn2 : -INFINITY;
+  const int hA = h0 + ht * 16 + g, hB = hA + 8;
+  const int col0 = ws * C::kColW + 2 * t4;
+  const int splits = gridDim.y;
+  const int64_t rowA = (splits == 1 ? 0 : int64_t(split) * a.B * a.H) + int64_t(b) * a.H + hA;
+  const int64_t rowB = rowA + 8;
+  if (splits == 1 && a.o.bf16) {
+    auto* out = static_cast<__nv_bfloat16*>(a.o.p);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) a.o.set(row * kR + ocol + 64 * j + e, acc[j][e] * inv);
-    if (tid % 16 == 0) a.lse[row] = lse;
+    for (int j = 0; j < C::kNO; ++j) {
+      const int col = col0 + 8 * j;
+      if (hA < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowA * kR + col) =
+          __floats2bfloat162_rn(o[j][0] * inv0, o[j][1] * inv0);
+      if (hB < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowB * kR + col) =
+          __floats2bfloat162_rn(o[j][2] * inv1, o[j][3] * inv1);
+    }
   } else {
-    const int64_t prow = int64_t(split) * a.B * a.H + row;
+    float* out = splits == 1 ? static_cast<float*>(a.o.p) : part_o;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      *reinterpret_cast<float4*>(part_o + prow * kR + ocol + 64 * j) =
-          make_float4(acc[j][0] * inv, acc[j][1] * inv, acc[j][2] * inv, acc[j][3] * inv);
-    if (tid % 16 == 0) part_lse[prow] = lse;
+    for (int j = 0; j < C::kNO; ++j) {
+      const int col = col0 + 8 * j;
+      if (hA < a.H) *reinterpret_cast<float2*>(out + rowA * kR + col) = make_float2(o[j][0] * inv0, o[j][1] * inv0);
+      if (hB < a.H) *reinterpret_cast<float2*>(out + rowB * kR + col) = make_float2(o[j][2] * inv1, o[j][3] * inv1);
+    }
+  }
+  if (ws == 0 && t4 == 0) {
+    float* lse_out = splits == 1 ? a.lse : part_lse;
+    if (hA < a.H) lse_out[rowA] = lse0;
+    if (hB < a.H) lse_out[rowB] = lse1;
   }
 }
 
@@ -252,19 +353,56 @@ __global__ void mla_decode_simple_kernel(MlaDecodeArgs a) {
 
 bool fast_shape(int R, int Dr) { return R == kR && Dr == kDr; }
 
+// Heads per block of the fast path: 16 while one head tile covers H (memory-bound: 4 warps split
+// the tokens and columns), else 32 or 48, whichever pads H less (48 on a tie: fewer blocks re-read Q).
+int heads_per_block(int H) {
+  if (H <= 16) return 16;
+  const int pad32 = (H + 31) / 32 * 32, pad48 = (H + 47) / 48 * 48;
+  return pad48 <= pad32 ? 48 : 32;
+}
+
+template <int HT, int WS, int KT, int NS>
+void launch_mma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* part_o, float* part_lse, cudaStream_t s) {
+  using C = MmaCfg<HT, WS, KT, NS>;
+  auto* kernel = mla_decode_mma_kernel<HT, WS, KT, NS>;
+  K3_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+  const dim3 grid((a.H + 16 * HT - 1) / (16 * HT), plan.splits, a.B);
+  kernel<<<grid, C::kThreads, C::kSmem, s>>>(a, plan.tokens_per_split, part_o, part_lse);
+  K3_CUDA_LAUNCHED("mla_decode_mma_kernel");
+}
+
 }  // namespace
 
+// Splits are chosen by a cost model in units of "one block processes one tile": every fast-path
+// block needs most of an SM's shared memory (one resident block per SM), so blocks run in waves of
+// num_sms; time ~ waves · tiles per split, plus for more than one split the merge (a launch, about
+// one tile's time, and the fp32 partials written and read back, relative to the cache bytes an SM
+// streams per tile). Splits keep >= 4 tiles (256 tokens): below that a split's fixed cost (Q
+// staging, pipeline fill, partial write) outweighs the parallelism.
 MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms) {
   MlaDecodePlan plan;
-  const int groups = B * ((H + kHeads - 1) / kHeads);
-  int splits = std::max(1, (2 * num_sms + groups - 1) / std::max(groups, 1));
-  const int min_tokens = 256;  // below this a split's fixed cost outweighs the parallelism
-  splits = std::min(splits, std::max(1, (max_context + min_tokens - 1) / min_tokens));
-  splits = std::min(splits, 64);
-  int per = (max_context + splits - 1) / splits;
-  per = ((per + kTok - 1) / kTok) * kTok;
-  plan.tokens_per_split = std::max(per, kTok);
-  plan.splits = std::max(1, (max_context + plan.tokens_per_split - 1) / plan.tokens_per_split);
+  const int tiles = std::max(1, (max_context + kPlanTok - 1) / kPlanTok);
+  const int hpb = heads_per_block(H);
+  const int64_t groups = int64_t(std::max(B, 1)) * ((std::max(H, 1) + hpb - 1) / hpb);
+  const int slots = std::max(num_sms, 1);
+  const int max_splits = std::clamp(tiles / 4, 1, 64);
+  const double tile_bytes_per_wave = double(slots) * kPlanTok * kDk * 2;
+  double best_cost = 0.0;
+  int best_per = tiles;
+  for (int s = 1; s <= max_splits; ++s) {
+    const int per = (tiles + s - 1) / s;
+    const int used = (tiles + per - 1) / per;  // splits actually needed at this tile count
+    if (used != s) continue;                   // the same plan as a smaller s
+    const int64_t waves = (groups * used + slots - 1) / slots;
+    double cost = double(waves) * per;
+    if (used > 1) cost += 1.0 + 2.0 * used * double(B) * H * (kR + 1) * 4 / tile_bytes_per_wave;
+    if (s == 1 || cost < best_cost) {
+      best_cost = cost;
+      best_per = per;
+    }
+  }
+  plan.tokens_per_split = best_per * kPlanTok;
+  plan.splits = (tiles + best_per - 1) / best_per;
   return plan;
 }
 
@@ -282,11 +420,11 @@ void launch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float*
   }
   float* part_o = work;
   float* part_lse = work + int64_t(plan.splits) * a.B * a.H * a.R;
-  const size_t smem = sizeof(Smem);
-  K3_CUDA_OK(cudaFuncSetAttribute(mla_decode_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid((a.H + kHeads - 1) / kHeads, plan.splits, a.B);
-  mla_decode_tc_kernel<<<grid, kThreads, smem, s>>>(a, plan.tokens_per_split, plan.splits, part_o, part_lse);
-  K3_CUDA_LAUNCHED("mla_decode_tc_kernel");
+  switch (heads_per_block(a.H)) {
+    case 16: launch_mma<1, 4, 64, 2>(a, plan, part_o, part_lse, s); break;
+    case 32: launch_mma<2, 2, 64, 2>(a, plan, part_o, part_lse, s); break;
+    default: launch_mma<3, 2, 64, 2>(a, plan, part_o, part_lse, s); break;
+  }
   if (plan.splits > 1)
     launch_lse_merge(FIn{part_o, false}, part_lse, a.o, a.lse, plan.splits, int64_t(a.B) * a.H, a.R, s);
 }
