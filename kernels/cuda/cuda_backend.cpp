@@ -359,8 +359,7 @@ void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {
   need_shape(op, "o", p.o, {a.B, a.H, a.D});
   a.g_min = p.g_min;
   a.slots = device_ints({&p.slots})[0];
-  auto* work = static_cast<float*>(work_.ensure(size_t(kda_decode_workspace_floats(a.B, a.H, a.D)) * 4));
-  launch_kda_decode(a, work, stream_);
+  launch_kda_decode(a, stream_);
 }
 
 void CudaBackend::mla_prefill(const ops::MlaPrefillParams& p) {

@@ -80,9 +80,7 @@ struct KdaDecodeArgs {
   int B = 0, H = 0, D = 0, W = 0;
   float g_min = -5.f;
 };
-// `work` holds kda_decode_workspace_floats(B, H, D) floats.
-int64_t kda_decode_workspace_floats(int B, int H, int D);
-void launch_kda_decode(const KdaDecodeArgs& a, float* work, cudaStream_t s);
+void launch_kda_decode(const KdaDecodeArgs& a, cudaStream_t s);
 
 // ---- MLA (mla_decode.cu, mla_prefill.cu) and the LSE merge (lse_merge.cu) ----
 struct MlaDecodeArgs {
