@@ -1,6 +1,8 @@
 // CUDA backend vs the CPU reference: short conv, KDA (gate, recurrence, chunked prefill, decode
 // step), MLA decode and prefill, LSE merge. Edge sizes: T = 1, T not a multiple of 64, sequences
 // of length 0, requests with no cached tokens, empty partitions. Unused cache pages hold NaN.
+#include <algorithm>
+#include <array>
 #include <numeric>
 
 #include "tests/cuda/cuda_test_util.h"
@@ -65,11 +67,15 @@ TEST_CASE("cuda kda chunked and recurrent match the cpu recurrence", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
   std::mt19937 rng(23);
-  const std::vector<std::vector<int32_t>> batches = {{1}, {64}, {100, 0, 129, 1}, {300}};
-  for (const auto& lens : batches) {
-    const int64_t T = std::accumulate(lens.begin(), lens.end(), 0), H = 2, D = 128;
+  // The head counts pick each scan shape of kda_chunk.cu on a 132-SM H200: 4·H·N scan blocks of
+  // 32 rows <= 132 -> <32,4,3>, 160 -> <32,4,2>, 288 -> <64,4,1>.
+  struct Batch { std::vector<int32_t> lens; int64_t H; };
+  const std::vector<Batch> batches = {{{1}, 2}, {{64}, 2}, {{100, 0, 129, 1}, 2}, {{300}, 2}, {{200}, 40},
+                                      {{130, 70}, 36}};
+  for (const auto& [lens, H] : batches) {
+    const int64_t T = std::accumulate(lens.begin(), lens.end(), 0), D = 128;
     const int64_t N = int64_t(lens.size()), num_slots = N + 2;
-    std::string tag = "lens=";
+    std::string tag = "H=" + std::to_string(H) + " lens=";
     for (int32_t l : lens) tag += std::to_string(l) + ",";
     Tensor q = randn({T, H, D}, rng), k = randn({T, H, D}, rng), v = randn({T, H, D}, rng);
     normalise_heads(q, 1.f / std::sqrt(float(D)));
@@ -104,14 +110,19 @@ TEST_CASE("cuda kda_decode matches cpu (conv + gate + delta rule, per-request sl
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
   std::mt19937 rng(24);
-  for (int64_t D : {64, 128}) {
-    const int64_t B = 3, H = 2, W = 4, P = H * D, num_slots = 5;
+  // (B, H) = (3, 2) takes the per-thread copy path, (40, 32) the bulk-copy path (>= 1024 blocks).
+  for (auto [B, H, D] : std::vector<std::array<int64_t, 3>>{{3, 2, 64}, {3, 2, 128}, {40, 32, 64}, {40, 32, 128}}) {
+    const int64_t W = 4, P = H * D, num_slots = B + 2;
     Tensor qkv = randn({B, 3 * P}, rng), conv_w = randn({3 * P, W}, rng, 0.5f, false);
     Tensor conv_cache = randn({num_slots, W - 1, 3 * P}, rng);
     Tensor f = randn({B, P}, rng), a_log = randn({H}, rng, 0.3f, false), dt = randn({P}, rng, 0.3f, false);
     Tensor b = randn({B, H}, rng);
     Tensor state = randn({num_slots, H, D, D}, rng, 0.1f, false);
-    Tensor slots = ints({2, 0, 4});
+    std::vector<int32_t> slot_ids(B);
+    std::iota(slot_ids.begin(), slot_ids.end(), 0);
+    std::shuffle(slot_ids.begin(), slot_ids.end(), rng);
+    for (auto& id : slot_ids) id = id == 1 ? int32_t(B + 1) : id;  // slot 1 stays unused
+    Tensor slots = ints(slot_ids);
     Tensor gcache = g.from_host(conv_cache, DType::BF16), gstate = g.from_host(state, DType::F32);
     Tensor o = Tensor::zeros({B, H, D});
     bk.cpu->kda_decode({.qkv = qkv, .conv_w = conv_w, .conv_cache = conv_cache, .f = f, .a_log = a_log,
@@ -121,7 +132,7 @@ TEST_CASE("cuda kda_decode matches cpu (conv + gate + delta rule, per-request sl
                   .conv_cache = gcache, .f = g.from_host(f, DType::BF16), .a_log = g.from_host(a_log, DType::F32),
                   .dt_bias = g.from_host(dt, DType::F32), .b = g.from_host(b, DType::BF16), .state = gstate,
                   .slots = g.from_host(slots, DType::I32), .o = go, .heads = int(H)});
-    const std::string tag = " D=" + std::to_string(D);
+    const std::string tag = " B=" + std::to_string(B) + " H=" + std::to_string(H) + " D=" + std::to_string(D);
     expect_close(g, go, o, tol("kda_decode"), "kda_decode o" + tag);
     expect_close(g, gstate, state, tol("kda_decode"), "kda_decode state" + tag);
     expect_close(g, gcache, conv_cache, tol("kda_decode"), "kda_decode conv cache" + tag);
@@ -132,11 +143,18 @@ TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused page
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
   std::mt19937 rng(25);
-  struct Case { int64_t H, R, Dr, page; std::vector<int32_t> lens; };
+  struct Case { int64_t H, R, Dr, page; std::vector<int32_t> lens; bool f32_out = false; };
+  // Head counts that leave a head group partly empty (20, 33, 48, 64), page sizes below one
+  // 64-token tile (16) and not a power of two (48), lengths on tile and split boundaries (64, 256,
+  // 512, 1024), fp32 output with one split and with several.
   const std::vector<Case> cases = {{16, 512, 64, 64, {0, 1, 200, 1000}},
                                    {20, 512, 64, 16, {37, 0, 3}},
                                    {96, 512, 64, 64, {5000, 64}},
-                                   {4, 64, 16, 8, {9, 0, 30}}};
+                                   {4, 64, 16, 8, {9, 0, 30}},
+                                   {33, 512, 64, 64, {256, 129}, true},
+                                   {48, 512, 64, 16, {700, 1024, 1}},
+                                   {64, 512, 64, 48, {500, 97, 512}},
+                                   {16, 512, 64, 64, {4096, 2048, 0, 64}, true}};
   for (const auto& c : cases) {
     const int64_t B = int64_t(c.lens.size());
     int64_t max_pages = 0;
@@ -166,11 +184,12 @@ TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused page
     Tensor o = Tensor::zeros({B, c.H, c.R}), lse = Tensor::zeros({B, c.H});
     bk.cpu->mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = bt, .seq_lens = sl, .o = o,
                         .lse = lse, .scale = scale});
-    Tensor go = poisoned(g, {B, c.H, c.R}, DType::BF16), glse = poisoned(g, {B, c.H}, DType::F32);
+    Tensor go = poisoned(g, {B, c.H, c.R}, c.f32_out ? DType::F32 : DType::BF16), glse = poisoned(g, {B, c.H}, DType::F32);
     g.mla_decode({.q_lat = g.from_host(q_lat, DType::BF16), .q_rope = g.from_host(q_rope, DType::BF16),
                   .kv_cache = g.from_host(kv, DType::BF16), .block_table = g.from_host(bt, DType::I32),
                   .seq_lens = g.from_host(sl, DType::I32), .o = go, .lse = glse, .scale = scale});
-    const std::string tag = " H=" + std::to_string(c.H) + " R=" + std::to_string(c.R);
+    const std::string tag = " H=" + std::to_string(c.H) + " R=" + std::to_string(c.R) + " page=" + std::to_string(c.page) +
+                            (c.f32_out ? " f32 out" : "");
     expect_close(g, go, o, tol("mla_decode"), "mla_decode o" + tag);
     expect_close(g, glse, lse, tol("mla_lse"), "mla_decode lse" + tag);
   }
