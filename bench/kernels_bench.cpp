@@ -12,6 +12,9 @@ void k3::bench::add_kernels_options(CLI::App& app, KernelsBenchOptions& o) {
   app.add_option("--ref", o.ref_json, "reference timings from bench/fla_reference.py");
   app.add_option("--json", o.out_json, "write our numbers here");
   app.add_flag("--quick", o.quick, "fewer repetitions");
+  app.add_option("--only", o.only,
+                 "comma-separated kernel families to time after the ceilings: kda_chunk, kda_decode, mla_decode, "
+                 "lse_merge (default: all)");
 }
 
 void k3::bench::add_kernels_command(CLI::App& app) {
@@ -312,6 +315,16 @@ std::string today() {
 }  // namespace
 
 int run_kernels_bench(const KernelsBenchOptions& opts) {
+  for (size_t at = 0; at < opts.only.size();) {
+    const size_t end = std::min(opts.only.find(',', at), opts.only.size());
+    const std::string family = opts.only.substr(at, end - at);
+    if (family != "kda_chunk" && family != "kda_decode" && family != "mla_decode" && family != "lse_merge") {
+      std::fprintf(stderr, "k3-bench kernels: --only: unknown kernel family '%s' (kda_chunk, kda_decode, mla_decode, lse_merge)\n",
+                   family.c_str());
+      return 2;
+    }
+    at = end + 1;
+  }
   std::string why;
   auto owned = make_cuda_backend(opts.device, &why);
   if (!owned) {
@@ -321,11 +334,19 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
   auto& be = static_cast<CudaBackend&>(*owned);
   std::vector<Line> lines;
   const Ceilings c = measure_ceilings(be, opts.quick, lines);
-  for (auto [T, H] : std::vector<std::pair<int64_t, int64_t>>{{8192, 96}, {32768, 32}}) kda_chunk_case(be, T, H, opts.quick, lines);
-  for (int64_t B : {1, 32, 256}) kda_decode_case(be, B, 96, opts.quick, lines);
-  for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{{96, 32, 4096}, {96, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}})
-    mla_decode_case(be, B, H, ctx, opts.quick, lines);
-  lse_merge_case(be, 8, 128, 96, 512, opts.quick, lines);
+  const auto wanted = [&](const std::string& family) {
+    if (opts.only.empty()) return true;
+    const std::string list = "," + opts.only + ",";
+    return list.find("," + family + ",") != std::string::npos;
+  };
+  if (wanted("kda_chunk"))
+    for (auto [T, H] : std::vector<std::pair<int64_t, int64_t>>{{8192, 96}, {32768, 32}}) kda_chunk_case(be, T, H, opts.quick, lines);
+  if (wanted("kda_decode"))
+    for (int64_t B : {1, 32, 256}) kda_decode_case(be, B, 96, opts.quick, lines);
+  if (wanted("mla_decode"))
+    for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{{96, 32, 4096}, {96, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}})
+      mla_decode_case(be, B, H, ctx, opts.quick, lines);
+  if (wanted("lse_merge")) lse_merge_case(be, 8, 128, 96, 512, opts.quick, lines);
 
   nlohmann::json ref = nlohmann::json::object();
   if (!opts.ref_json.empty()) {

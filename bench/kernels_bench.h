@@ -13,6 +13,7 @@ struct KernelsBenchOptions {
   std::string ref_json;   // reference timings (bench/fla_reference.py --out); may be empty
   std::string out_json;   // where to write our numbers; may be empty
   bool quick = false;     // fewer repetitions (smoke runs)
+  std::string only;       // comma-separated kernel families to run (kda_chunk,kda_decode,mla_decode,lse_merge); empty = all
 };
 
 // Returns a process exit code; prints the table on stdout. Without a CUDA build: prints why, returns 2.
