@@ -12,6 +12,8 @@ void k3::bench::add_kernels_options(CLI::App& app, KernelsBenchOptions& o) {
   app.add_option("--ref", o.ref_json, "reference timings from bench/fla_reference.py");
   app.add_option("--json", o.out_json, "write our numbers here");
   app.add_flag("--quick", o.quick, "fewer repetitions");
+  app.add_option("--decode-batches", o.decode_batches, "KDA decode batch sizes (H = 96, D = 128)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--only", o.only,
                  "comma-separated kernel families to time after the ceilings: kda_chunk, kda_decode, mla_decode, "
                  "lse_merge (default: all)");
@@ -342,7 +344,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
   if (wanted("kda_chunk"))
     for (auto [T, H] : std::vector<std::pair<int64_t, int64_t>>{{8192, 96}, {32768, 32}}) kda_chunk_case(be, T, H, opts.quick, lines);
   if (wanted("kda_decode"))
-    for (int64_t B : {1, 32, 256}) kda_decode_case(be, B, 96, opts.quick, lines);
+    for (int B : opts.decode_batches) kda_decode_case(be, B, 96, opts.quick, lines);
   if (wanted("mla_decode"))
     for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{{96, 32, 4096}, {96, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}})
       mla_decode_case(be, B, H, ctx, opts.quick, lines);

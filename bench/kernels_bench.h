@@ -5,6 +5,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 namespace k3::bench {
 
@@ -13,6 +14,7 @@ struct KernelsBenchOptions {
   std::string ref_json;   // reference timings (bench/fla_reference.py --out); may be empty
   std::string out_json;   // where to write our numbers; may be empty
   bool quick = false;     // fewer repetitions (smoke runs)
+  std::vector<int> decode_batches = {1, 32, 256};  // KDA decode batch sizes
   std::string only;       // comma-separated kernel families to run (kda_chunk,kda_decode,mla_decode,lse_merge); empty = all
 };
 
