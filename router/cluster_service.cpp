@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <sstream>
 
 #include "common/protocol/frame.h"
 #include "common/protocol/messages.h"
@@ -16,97 +15,6 @@ namespace k3::router {
 
 using Clock = std::chrono::steady_clock;
 namespace proto = k3::protocol;
-
-// ---------------------------------------------------------------------------------------------------
-// Parsing and placement (pure).
-
-Result<ClusterPair> parse_cluster_pair(const std::string& text) {
-  std::vector<std::string> parts;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ':')) parts.push_back(item);
-  if (parts.size() != 4)
-    return invalid_argument("--pair '" + text + "': expected PREFILL:STAGES:DECODE:RANK (4 parts, got " +
-                            std::to_string(parts.size()) + ")");
-  auto number = [&](const std::string& s, const char* what) -> Result<uint32_t> {
-    if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
-      return invalid_argument("--pair '" + text + "': " + what + " '" + s + "' is not a number");
-    return static_cast<uint32_t>(std::stoul(s));
-  };
-  ClusterPair p;
-  p.prefill_instance = parts[0];
-  p.decode_instance = parts[2];
-  if (p.prefill_instance.empty() || p.prefill_instance.find('/') != std::string::npos)
-    return invalid_argument("--pair '" + text + "': prefill instance must be non-empty without '/'");
-  if (p.decode_instance.empty() || p.decode_instance.find('/') != std::string::npos)
-    return invalid_argument("--pair '" + text + "': decode instance must be non-empty without '/'");
-  K3_ASSIGN_OR_RETURN(p.stages, number(parts[1], "STAGES"));
-  if (p.stages == 0) return invalid_argument("--pair '" + text + "': STAGES must be >= 1");
-  K3_ASSIGN_OR_RETURN(p.decode_rank, number(parts[3], "RANK"));
-  return p;
-}
-
-Result<Placement> parse_placement(const std::string& name) {
-  if (name == "round-robin") return Placement::RoundRobin;
-  if (name == "least-loaded") return Placement::LeastLoaded;
-  if (name == "prefix-affinity") return Placement::PrefixAffinity;
-  return invalid_argument("--placement '" + name + "': expected round-robin, least-loaded or prefix-affinity");
-}
-
-const char* placement_name(Placement p) {
-  switch (p) {
-    case Placement::RoundRobin: return "round-robin";
-    case Placement::LeastLoaded: return "least-loaded";
-    case Placement::PrefixAffinity: return "prefix-affinity";
-  }
-  return "?";
-}
-
-namespace {
-
-uint64_t prefix_hash(const std::vector<int32_t>& prompt, int n) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the token ids
-  const size_t len = std::min(prompt.size(), static_cast<size_t>(std::max(n, 1)));
-  for (size_t i = 0; i < len; ++i) {
-    const uint32_t t = static_cast<uint32_t>(prompt[i]);
-    for (int b = 0; b < 4; ++b) {
-      h ^= (t >> (8 * b)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  }
-  return h;
-}
-
-int least_loaded(const std::vector<int>& ready, const std::vector<PairLoad>& load) {
-  int best = ready.front();
-  auto score = [&](int i) { return load[i].in_flight + load[i].reported_running; };
-  for (int i : ready)
-    if (score(i) < score(best)) best = i;
-  return best;
-}
-
-}  // namespace
-
-int PlacementPolicy::pick(const std::vector<int>& ready, const std::vector<PairLoad>& load,
-                          const std::vector<int32_t>& prompt) {
-  if (ready.empty()) return -1;
-  switch (p_) {
-    case Placement::RoundRobin: return ready[next_++ % ready.size()];
-    case Placement::LeastLoaded: return least_loaded(ready, load);
-    case Placement::PrefixAffinity: {
-      // Sticky: a prefix goes where it went before while that pair is ready (its prefill caches are
-      // warm there); a new prefix goes to the least-loaded pair and stays.
-      const uint64_t h = prefix_hash(prompt, affinity_tokens_);
-      auto it = sticky_.find(h);
-      if (it != sticky_.end() && std::find(ready.begin(), ready.end(), it->second) != ready.end()) return it->second;
-      const int chosen = least_loaded(ready, load);
-      if (sticky_.size() > 100000) sticky_.clear();  // bound the table; affinity is only a hint
-      sticky_[h] = chosen;
-      return chosen;
-    }
-  }
-  return ready.front();
-}
 
 // ---------------------------------------------------------------------------------------------------
 // Request and worker state.
@@ -136,25 +44,13 @@ struct ClusterService::Worker {
   std::unique_ptr<PlacementPolicy> policy;
 };
 
-namespace {
-
-std::string decode_name(const ClusterPair& p) { return "decode/" + p.decode_instance; }
-std::string stage_name(const ClusterPair& p, uint32_t s) { return "prefill/" + p.prefill_instance + "/" + std::to_string(s); }
-std::vector<std::string> party_names(const ClusterPair& p) {
-  std::vector<std::string> v{decode_name(p)};
-  for (uint32_t s = 0; s < p.stages; ++s) v.push_back(stage_name(p, s));
-  return v;
-}
-
-}  // namespace
-
 // The worker's request logic, as member functions of a helper that sees the service's privates.
 class ClusterWorkerOps {
  public:
   explicit ClusterWorkerOps(ClusterService& s) : s_(s), w_(*s.w_) {}
 
   bool pair_ready(const ClusterPair& p) const {
-    for (const auto& n : party_names(p))
+    for (const auto& n : pair_control_names(p))
       if (!w_.live.count(n)) return false;
     return true;
   }
@@ -172,7 +68,7 @@ class ClusterWorkerOps {
   void abort_parties(ClusterService::Request& r, proto::AbortReason why) {
     if (r.pair < 0 || r.wire_id == 0) return;
     const proto::Abort a{.request_id = r.wire_id, .reason = why, .origin_role = proto::Role::Router};
-    for (const auto& n : party_names(s_.opts_.pairs[r.pair]))
+    for (const auto& n : pair_control_names(s_.opts_.pairs[r.pair]))
       if (w_.live.count(n)) send(n, a);
   }
 
@@ -217,7 +113,7 @@ class ClusterWorkerOps {
     for (auto& [id, q] : w_.requests)
       if (q->pair >= 0) ++load[q->pair].in_flight;
     for (size_t i = 0; i < s_.opts_.pairs.size(); ++i) {
-      auto hb = w_.heartbeats.find(decode_name(s_.opts_.pairs[i]));
+      auto hb = w_.heartbeats.find(decode_control_name(s_.opts_.pairs[i]));
       if (hb != w_.heartbeats.end()) load[i].reported_running = hb->second.num_running;
     }
     const int chosen = w_.policy->pick(ready_pairs(), load, r.params.prompt);
@@ -228,7 +124,7 @@ class ClusterWorkerOps {
     const ClusterPair& p = s_.opts_.pairs[chosen];
     {
       std::lock_guard lk(s_.pub_mu_);
-      ++s_.placements_[decode_name(p)];
+      ++s_.placements_[decode_control_name(p)];
     }
     ++r.attempts;
     r.pair = chosen;
@@ -236,7 +132,7 @@ class ClusterWorkerOps {
     w_.by_wire[r.wire_id] = r.id;
     r.phase = ClusterService::Request::Phase::Claiming;
     r.claim_sent = Clock::now();
-    send(decode_name(p), proto::Claim{.request_id = r.wire_id, .prompt_len = static_cast<uint32_t>(r.params.prompt.size()),
+    send(decode_control_name(p), proto::Claim{.request_id = r.wire_id, .prompt_len = static_cast<uint32_t>(r.params.prompt.size()),
                                       .decode_ranks = {p.decode_rank}, .prefill_instance = p.prefill_instance,
                                       .num_prefill_stages = p.stages, .timeout_ms = s_.opts_.request_timeout_ms,
                                       .sampling = sampling_of(r.params)});
@@ -283,7 +179,7 @@ class ClusterWorkerOps {
     const proto::Prefill m{.request_id = r->wire_id, .token_ids = r->params.prompt, .sampling = sampling_of(r->params),
                            .decode_instance = p.decode_instance, .decode_ranks = {p.decode_rank},
                            .timeout_ms = s_.opts_.request_timeout_ms};
-    for (uint32_t st = 0; st < p.stages; ++st) send(stage_name(p, st), m);
+    for (uint32_t st = 0; st < p.stages; ++st) send(stage_control_name(p, st), m);
     r->phase = ClusterService::Request::Phase::Running;
   }
 
@@ -352,7 +248,7 @@ class ClusterWorkerOps {
     std::vector<RequestHandle> hit;
     for (auto& [id, r] : w_.requests)
       if (r->pair >= 0) {
-        const auto names = party_names(s_.opts_.pairs[r->pair]);
+        const auto names = pair_control_names(s_.opts_.pairs[r->pair]);
         if (std::find(names.begin(), names.end(), name) != names.end()) hit.push_back(id);
       }
     for (RequestHandle id : hit) {
@@ -543,59 +439,6 @@ void ClusterService::shutdown() {
 std::set<std::string> ClusterService::live_nodes() const {
   std::lock_guard lk(pub_mu_);
   return live_nodes_;
-}
-
-std::string ClusterService::prometheus_text() const {
-  std::set<std::string> expected;
-  for (const auto& p : opts_.pairs)
-    for (const auto& n : party_names(p)) expected.insert(n);
-  std::lock_guard lk(pub_mu_);
-  std::string o;
-  auto line = [&](const std::string& s) { o += s + "\n"; };
-  line("# HELP k3_cluster_nodes_registered Nodes (prefill stages, decode ranks) alive on the control plane.");
-  line("# TYPE k3_cluster_nodes_registered gauge");
-  line("k3_cluster_nodes_registered " + std::to_string(live_nodes_.size()));
-  line("# HELP k3_cluster_nodes_expected Nodes named by the configured pairs.");
-  line("# TYPE k3_cluster_nodes_expected gauge");
-  line("k3_cluster_nodes_expected " + std::to_string(expected.size()));
-  std::set<std::string> all = expected;
-  all.insert(live_nodes_.begin(), live_nodes_.end());
-  line("# HELP k3_cluster_node_up 1 while the node heartbeats, 0 when it is down or never registered.");
-  line("# TYPE k3_cluster_node_up gauge");
-  for (const auto& n : all) line("k3_cluster_node_up{node=\"" + n + "\"} " + (live_nodes_.count(n) ? "1" : "0"));
-  line("# HELP k3_cluster_node_failures_total Times a node was declared dead (heartbeat timeout, restart, exit).");
-  line("# TYPE k3_cluster_node_failures_total counter");
-  for (const auto& n : all) {
-    auto it = node_failures_.find(n);
-    line("k3_cluster_node_failures_total{node=\"" + n + "\"} " + std::to_string(it == node_failures_.end() ? 0 : it->second));
-  }
-  line("# HELP k3_cluster_pairs_ready 1 when some prefill/decode pair has every node alive.");
-  line("# TYPE k3_cluster_pairs_ready gauge");
-  line(std::string("k3_cluster_pairs_ready ") + (any_ready_ ? "1" : "0"));
-  line("# HELP k3_cluster_request_failures_total Requests failed by the cluster, by cause.");
-  line("# TYPE k3_cluster_request_failures_total counter");
-  for (const auto& [cause, n] : request_failures_)
-    line("k3_cluster_request_failures_total{cause=\"" + cause + "\"} " + std::to_string(n));
-  line("# HELP k3_cluster_retries_total Requests placed again after a failure before any token.");
-  line("# TYPE k3_cluster_retries_total counter");
-  line("k3_cluster_retries_total " + std::to_string(retries_));
-  line("# HELP k3_cluster_placements_total Request attempts placed on each decode node.");
-  line("# TYPE k3_cluster_placements_total counter");
-  for (const auto& [node, n] : placements_) line("k3_cluster_placements_total{node=\"" + node + "\"} " + std::to_string(n));
-  line("# HELP k3_cluster_node_pool_free_bytes A decode node's transfer pool free bytes (its last heartbeat).");
-  line("# TYPE k3_cluster_node_pool_free_bytes gauge");
-  for (const auto& [node, l] : node_load_)
-    line("k3_cluster_node_pool_free_bytes{node=\"" + node + "\"} " + std::to_string(l.pool_free_bytes));
-  line("# HELP k3_cluster_node_running Requests decoding on a decode node (its last heartbeat).");
-  line("# TYPE k3_cluster_node_running gauge");
-  for (const auto& [node, l] : node_load_) line("k3_cluster_node_running{node=\"" + node + "\"} " + std::to_string(l.running));
-  line("# HELP k3_cluster_requests_in_flight Requests placed on the cluster now.");
-  line("# TYPE k3_cluster_requests_in_flight gauge");
-  line("k3_cluster_requests_in_flight " + std::to_string(running_));
-  line("# HELP k3_cluster_placement_info The placement policy in use.");
-  line("# TYPE k3_cluster_placement_info gauge");
-  line(std::string("k3_cluster_placement_info{policy=\"") + placement_name(opts_.placement) + "\"} 1");
-  return o;
 }
 
 void ClusterService::worker_loop() {

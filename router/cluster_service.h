@@ -24,25 +24,10 @@
 
 #include "common/model/config.h"
 #include "common/tokenizer/tokenizer.h"
+#include "router/cluster_placement.h"
 #include "router/generation_service.h"
 
 namespace k3::router {
-
-// One (prefill instance, decode rank) pair: the prefill stages were started with the decode
-// process's endpoint, so the pairing is part of the deployment and given to the router.
-struct ClusterPair {
-  std::string prefill_instance;  // control names prefill/<instance>/<stage>
-  uint32_t stages = 1;
-  std::string decode_instance;   // control name decode/<instance>
-  uint32_t decode_rank = 0;      // the rank that decode process serves (k3-decode --rank)
-  bool operator==(const ClusterPair&) const = default;
-};
-// Parses "PREFILL:STAGES:DECODE:RANK", e.g. "p:2:d:0"; errors name the bad part.
-Result<ClusterPair> parse_cluster_pair(const std::string& text);
-
-enum class Placement { RoundRobin, LeastLoaded, PrefixAffinity };
-Result<Placement> parse_placement(const std::string& name);  // round-robin | least-loaded | prefix-affinity
-const char* placement_name(Placement p);
 
 struct ClusterOptions {
   std::string endpoint = "tcp://127.0.0.1:*";    // control endpoint to bind (port * = pick one)
@@ -55,24 +40,6 @@ struct ClusterOptions {
   uint64_t request_timeout_ms = 0;               // carried in CLAIM / PREFILL (0 = the nodes' defaults)
   int max_in_flight = 256;                       // submit() says ResourceExhausted beyond
   int max_attempts = 2;                          // placements per request (retries only before any token)
-};
-
-// Which pair the policy picks among `ready` (indices into the pair list); pure, for tests.
-struct PairLoad {
-  int64_t in_flight = 0;        // requests this router has on the pair's decode
-  int64_t reported_running = 0; // decode's last HEARTBEAT num_running (0 when none came)
-};
-class PlacementPolicy {
- public:
-  PlacementPolicy(Placement p, int affinity_tokens) : p_(p), affinity_tokens_(affinity_tokens) {}
-  // -1 when `ready` is empty.
-  int pick(const std::vector<int>& ready, const std::vector<PairLoad>& load, const std::vector<int32_t>& prompt);
-
- private:
-  Placement p_;
-  int affinity_tokens_;
-  uint64_t next_ = 0;                     // round-robin cursor
-  std::map<uint64_t, int> sticky_;        // prefix hash -> pair that served it
 };
 
 class ClusterService final : public GenerationService {

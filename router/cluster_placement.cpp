@@ -1,0 +1,108 @@
+#include "router/cluster_placement.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace k3::router {
+
+Result<ClusterPair> parse_cluster_pair(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ':')) parts.push_back(item);
+  if (parts.size() != 4)
+    return invalid_argument("--pair '" + text + "': expected PREFILL:STAGES:DECODE:RANK (4 parts, got " +
+                            std::to_string(parts.size()) + ")");
+  auto number = [&](const std::string& s, const char* what) -> Result<uint32_t> {
+    if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
+      return invalid_argument("--pair '" + text + "': " + what + " '" + s + "' is not a number");
+    return static_cast<uint32_t>(std::stoul(s));
+  };
+  ClusterPair p;
+  p.prefill_instance = parts[0];
+  p.decode_instance = parts[2];
+  if (p.prefill_instance.empty() || p.prefill_instance.find('/') != std::string::npos)
+    return invalid_argument("--pair '" + text + "': prefill instance must be non-empty without '/'");
+  if (p.decode_instance.empty() || p.decode_instance.find('/') != std::string::npos)
+    return invalid_argument("--pair '" + text + "': decode instance must be non-empty without '/'");
+  K3_ASSIGN_OR_RETURN(p.stages, number(parts[1], "STAGES"));
+  if (p.stages == 0) return invalid_argument("--pair '" + text + "': STAGES must be >= 1");
+  K3_ASSIGN_OR_RETURN(p.decode_rank, number(parts[3], "RANK"));
+  return p;
+}
+
+Result<Placement> parse_placement(const std::string& name) {
+  if (name == "round-robin") return Placement::RoundRobin;
+  if (name == "least-loaded") return Placement::LeastLoaded;
+  if (name == "prefix-affinity") return Placement::PrefixAffinity;
+  return invalid_argument("--placement '" + name + "': expected round-robin, least-loaded or prefix-affinity");
+}
+
+const char* placement_name(Placement p) {
+  switch (p) {
+    case Placement::RoundRobin: return "round-robin";
+    case Placement::LeastLoaded: return "least-loaded";
+    case Placement::PrefixAffinity: return "prefix-affinity";
+  }
+  return "?";
+}
+
+namespace {
+
+uint64_t prefix_hash(const std::vector<int32_t>& prompt, int n) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the token ids
+  const size_t len = std::min(prompt.size(), static_cast<size_t>(std::max(n, 1)));
+  for (size_t i = 0; i < len; ++i) {
+    const uint32_t t = static_cast<uint32_t>(prompt[i]);
+    for (int b = 0; b < 4; ++b) {
+      h ^= (t >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+int least_loaded(const std::vector<int>& ready, const std::vector<PairLoad>& load) {
+  int best = ready.front();
+  auto score = [&](int i) { return load[i].in_flight + load[i].reported_running; };
+  for (int i : ready)
+    if (score(i) < score(best)) best = i;
+  return best;
+}
+
+}  // namespace
+
+int PlacementPolicy::pick(const std::vector<int>& ready, const std::vector<PairLoad>& load,
+                          const std::vector<int32_t>& prompt) {
+  if (ready.empty()) return -1;
+  switch (p_) {
+    case Placement::RoundRobin: return ready[next_++ % ready.size()];
+    case Placement::LeastLoaded: return least_loaded(ready, load);
+    case Placement::PrefixAffinity: {
+      // Sticky: a prefix goes where it went before while that pair is ready (its prefill caches are
+      // warm there); a new prefix goes to the least-loaded pair and stays.
+      const uint64_t h = prefix_hash(prompt, affinity_tokens_);
+      auto it = sticky_.find(h);
+      if (it != sticky_.end() && std::find(ready.begin(), ready.end(), it->second) != ready.end()) return it->second;
+      const int chosen = least_loaded(ready, load);
+      if (sticky_.size() > 100000) sticky_.clear();  // bound the table; affinity is only a hint
+      sticky_[h] = chosen;
+      return chosen;
+    }
+  }
+  return ready.front();
+}
+
+std::string decode_control_name(const ClusterPair& p) { return "decode/" + p.decode_instance; }
+
+std::string stage_control_name(const ClusterPair& p, uint32_t stage) {
+  return "prefill/" + p.prefill_instance + "/" + std::to_string(stage);
+}
+
+std::vector<std::string> pair_control_names(const ClusterPair& p) {
+  std::vector<std::string> v{decode_control_name(p)};
+  for (uint32_t s = 0; s < p.stages; ++s) v.push_back(stage_control_name(p, s));
+  return v;
+}
+
+}  // namespace k3::router

@@ -1,0 +1,53 @@
+// Which (prefill instance, decode rank) pair serves a request: the pair type with its control-plane
+// names, the parsers of the router's --pair / --placement flags and the placement policy (pure,
+// unit-tested without any node).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/core/status.h"
+
+namespace k3::router {
+
+// One (prefill instance, decode rank) pair: the prefill stages were started with the decode
+// process's endpoint, so the pairing is part of the deployment and given to the router.
+struct ClusterPair {
+  std::string prefill_instance;  // control names prefill/<instance>/<stage>
+  uint32_t stages = 1;
+  std::string decode_instance;   // control name decode/<instance>
+  uint32_t decode_rank = 0;      // the rank that decode process serves (k3-decode --rank)
+  bool operator==(const ClusterPair&) const = default;
+};
+// Parses "PREFILL:STAGES:DECODE:RANK", e.g. "p:2:d:0"; errors name the bad part.
+Result<ClusterPair> parse_cluster_pair(const std::string& text);
+
+enum class Placement { RoundRobin, LeastLoaded, PrefixAffinity };
+Result<Placement> parse_placement(const std::string& name);  // round-robin | least-loaded | prefix-affinity
+const char* placement_name(Placement p);
+
+// Control-plane names of a pair's parties: decode/<instance> and prefill/<instance>/<stage>.
+std::string decode_control_name(const ClusterPair& p);
+std::string stage_control_name(const ClusterPair& p, uint32_t stage);
+std::vector<std::string> pair_control_names(const ClusterPair& p);  // decode first, then the stages
+
+// Which pair the policy picks among `ready` (indices into the pair list); pure, for tests.
+struct PairLoad {
+  int64_t in_flight = 0;        // requests this router has on the pair's decode
+  int64_t reported_running = 0; // decode's last HEARTBEAT num_running (0 when none came)
+};
+class PlacementPolicy {
+ public:
+  PlacementPolicy(Placement p, int affinity_tokens) : p_(p), affinity_tokens_(affinity_tokens) {}
+  // -1 when `ready` is empty.
+  int pick(const std::vector<int>& ready, const std::vector<PairLoad>& load, const std::vector<int32_t>& prompt);
+
+ private:
+  Placement p_;
+  int affinity_tokens_;
+  uint64_t next_ = 0;                     // round-robin cursor
+  std::map<uint64_t, int> sticky_;        // prefix hash -> pair that served it
+};
+
+}  // namespace k3::router
