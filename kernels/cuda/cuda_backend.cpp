@@ -1,70 +1,20 @@
-// CudaBackend: validation at the host boundary (every error names the op and the field), then one
-// launcher per op (kernels/cuda/launch.h).
+// CudaBackend: validation at the host boundary (kernels/cuda/arg_checks.h: every error names the op
+// and the field), then one launcher per op (kernels/cuda/launch.h). The attention-family ops are in
+// cuda_backend_attention.cpp.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cmath>
 #include <cstring>
 #include <set>
 
+#include "kernels/cuda/arg_checks.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 
 namespace k3 {
 namespace cuda {
-namespace {
 
-std::string where(const char* op, const char* field) { return std::string(op) + ": " + field; }
-
-void need_device(const char* op, const char* field, const Tensor& t) {
-  if (t.device() != Device::Cuda && t.numel() > 0)
-    throw Error(where(op, field) + " must be a CUDA tensor (use Backend::alloc / from_host)");
-}
-// Float tensor (F32 or BF16) on the device with the given rank.
-FIn fin(const char* op, const char* field, const Tensor& t, int rank = -1) {
-  need_device(op, field, t);
-  if (t.dtype() != DType::F32 && t.dtype() != DType::BF16)
-    throw Error(where(op, field) + ": expected F32 or BF16, got " + dtype_name(t.dtype()));
-  if (rank >= 0 && t.ndim() != rank)
-    throw Error(where(op, field) + ": expected rank " + std::to_string(rank) + ", got " + shape_str(t.shape()));
-  return FIn{t.data(), t.dtype() == DType::BF16};
-}
-FOut fout(const char* op, const char* field, const Tensor& t, int rank = -1) {
-  const FIn f = fin(op, field, t, rank);
-  return FOut{const_cast<void*>(f.p), f.bf16};
-}
-float* f32(const char* op, const char* field, const Tensor& t) {
-  need_device(op, field, t);
-  if (t.dtype() != DType::F32) throw Error(where(op, field) + ": expected F32, got " + dtype_name(t.dtype()));
-  return t.ptr<float>();
-}
-const __nv_bfloat16* bf16(const char* op, const char* field, const Tensor& t) {
-  need_device(op, field, t);
-  if (t.dtype() != DType::BF16) throw Error(where(op, field) + ": expected BF16, got " + dtype_name(t.dtype()));
-  return t.ptr<const __nv_bfloat16>();
-}
-void need_shape(const char* op, const char* field, const Tensor& t, const Shape& want) {
-  if (t.shape() != want)
-    throw Error(where(op, field) + ": expected shape " + shape_str(want) + ", got " + shape_str(t.shape()));
-}
-void need_i32(const char* op, const char* field, const Tensor& t, int64_t n) {
-  if (t.dtype() != DType::I32) throw Error(where(op, field) + ": expected I32, got " + dtype_name(t.dtype()));
-  if (n >= 0 && t.numel() != n)
-    throw Error(where(op, field) + ": expected " + std::to_string(n) + " entries, got " + shape_str(t.shape()));
-}
-// Host copy of a small I32 tensor that may live on either side.
-std::vector<int32_t> host_ints(const Tensor& t, cudaStream_t s) {
-  std::vector<int32_t> v(size_t(t.numel()));
-  if (v.empty()) return v;
-  if (t.device() == Device::Cpu) {
-    std::memcpy(v.data(), t.data(), v.size() * 4);
-  } else {
-    K3_CUDA_OK(cudaMemcpyAsync(v.data(), t.data(), v.size() * 4, cudaMemcpyDeviceToHost, s));
-    K3_CUDA_OK(cudaStreamSynchronize(s));
-  }
-  return v;
-}
-
-}  // namespace
+using namespace args;
 
 CudaBackend::CudaBackend(int device) : device_(device) {
   K3_CUDA_OK(cudaSetDevice(device));
@@ -239,200 +189,6 @@ void CudaBackend::short_conv(const ops::ShortConvParams& p) {
   need_i32(op, "cu_seqlens", p.cu_seqlens, N + 1);
   const auto ptrs = device_ints({&p.slots, &p.cu_seqlens});
   launch_short_conv(x, w, cache, ptrs[0], ptrs[1], fout(op, "y", p.y), int(N), int(C), int(W), stream_);
-}
-
-void CudaBackend::kda_gate(const ops::KdaGateParams& p) {
-  const char* op = "kda_gate";
-  const FIn f = fin(op, "f", p.f, 2);
-  const int H = p.heads;
-  K3_CHECK(H > 0 && p.f.dim(1) % H == 0, "kda_gate: heads " + std::to_string(H) + " does not divide f width");
-  const int64_t T = p.f.dim(0), D = p.f.dim(1) / H;
-  K3_CHECK(p.a_log.numel() >= H, "kda_gate: a_log needs at least heads entries");
-  need_shape(op, "dt_bias", p.dt_bias, {H * D});
-  need_shape(op, "g", p.g, {T, H, D});
-  launch_kda_gate(f, f32(op, "a_log", p.a_log), f32(op, "dt_bias", p.dt_bias), f32(op, "g", p.g), T, H, int(D),
-                  p.g_min, stream_);
-}
-
-namespace {
-struct KdaCheck {
-  KdaArgs args;
-  int64_t T = 0, num_slots = 0;
-};
-KdaCheck check_kda(const char* op, const ops::KdaParams& p) {
-  KdaCheck c;
-  KdaArgs& a = c.args;
-  a.q = fin(op, "q", p.q, 3);
-  c.T = p.q.dim(0);
-  a.H = int(p.q.dim(1));
-  a.K = int(p.q.dim(2));
-  a.k = fin(op, "k", p.k, 3);
-  need_shape(op, "k", p.k, p.q.shape());
-  a.v = fin(op, "v", p.v, 3);
-  a.V = int(p.v.dim(2));
-  need_shape(op, "v", p.v, {c.T, a.H, a.V});
-  need_shape(op, "g", p.g, p.q.shape());
-  a.g = f32(op, "g", p.g);
-  need_shape(op, "beta", p.beta, {c.T, a.H});
-  a.beta = f32(op, "beta", p.beta);
-  a.state = f32(op, "state", p.state);
-  K3_CHECK(p.state.ndim() == 4 && p.state.dim(1) == a.H && p.state.dim(2) == a.V && p.state.dim(3) == a.K,
-           std::string(op) + ": state: expected [slots, H, V, K], got " + shape_str(p.state.shape()));
-  c.num_slots = p.state.dim(0);
-  a.o = fout(op, "o", p.o);
-  need_shape(op, "o", p.o, {c.T, a.H, a.V});
-  a.N = int(p.slots.numel());
-  need_i32(op, "slots", p.slots, a.N);
-  need_i32(op, "cu_seqlens", p.cu_seqlens, a.N + 1);
-  K3_CHECK(a.K <= 256 && a.V <= 1024, std::string(op) + ": K must be <= 256 and V <= 1024");
-  return c;
-}
-}  // namespace
-
-void CudaBackend::kda_recurrent(const ops::KdaParams& p) {
-  KdaCheck c = check_kda("kda_recurrent", p);
-  const auto ptrs = device_ints({&p.slots, &p.cu_seqlens});
-  c.args.slots = ptrs[0];
-  c.args.cu_seqlens = ptrs[1];
-  launch_kda_recurrent(c.args, stream_);
-}
-
-void CudaBackend::kda_chunk(const ops::KdaParams& p) {
-  KdaCheck c = check_kda("kda_chunk", p);
-  KdaArgs& a = c.args;
-  if (a.K != 128 || a.V != 128 || p.chunk_size != 64) {  // same function, token by token
-    kda_recurrent(p);
-    return;
-  }
-  const std::vector<int32_t> cu = host_ints(p.cu_seqlens, stream_);
-  K3_CHECK(!cu.empty() && cu.front() == 0 && cu.back() == c.T, "kda_chunk: cu_seqlens must run from 0 to T");
-  // Chunk table: (first token, length, sequence, index in sequence) and each sequence's first chunk.
-  std::vector<int32_t> table, seq0;
-  for (int n = 0; n < a.N; ++n) {
-    K3_CHECK(cu[n + 1] >= cu[n], "kda_chunk: cu_seqlens must be non-decreasing");
-    seq0.push_back(int32_t(table.size() / 4));
-    for (int32_t t = cu[n], i = 0; t < cu[n + 1]; t += 64, ++i) {
-      table.insert(table.end(), {t, std::min<int32_t>(64, cu[n + 1] - t), n, i});
-    }
-  }
-  seq0.push_back(int32_t(table.size() / 4));
-  const int num_chunks = int(table.size() / 4);
-  Tensor table_t = Tensor::from_i32({int64_t(table.size())}, table);
-  Tensor seq0_t = Tensor::from_i32({int64_t(seq0.size())}, seq0);
-  const auto ptrs = device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t});
-  a.slots = ptrs[0];
-  a.cu_seqlens = ptrs[1];
-  auto* work = static_cast<float*>(work_.ensure(size_t(kda_chunk_workspace_floats(num_chunks, a.H)) * 4 + 256));
-  launch_kda_chunk(a, ptrs[2], ptrs[3], num_chunks, work, stream_);
-}
-
-void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {
-  const char* op = "kda_decode";
-  KdaDecodeArgs a;
-  a.H = p.heads;
-  a.qkv = fin(op, "qkv", p.qkv, 2);
-  a.B = int(p.qkv.dim(0));
-  K3_CHECK(a.H > 0 && p.qkv.dim(1) % (3 * a.H) == 0, "kda_decode: qkv width must be 3*heads*D");
-  a.D = int(p.qkv.dim(1) / (3 * a.H));
-  K3_CHECK(a.D == 64 || a.D == 128, "kda_decode: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
-  const int64_t P = int64_t(a.H) * a.D;
-  a.conv_w = fin(op, "conv_w", p.conv_w, 2);
-  a.W = int(p.conv_w.dim(1));
-  need_shape(op, "conv_w", p.conv_w, {3 * P, a.W});
-  a.conv_cache = fout(op, "conv_cache", p.conv_cache, 3);
-  K3_CHECK(p.conv_cache.dim(1) == a.W - 1 && p.conv_cache.dim(2) == 3 * P,
-           "kda_decode: conv_cache: expected [slots, W-1, 3P], got " + shape_str(p.conv_cache.shape()));
-  a.f = fin(op, "f", p.f);
-  need_shape(op, "f", p.f, {a.B, P});
-  K3_CHECK(p.a_log.numel() >= a.H, "kda_decode: a_log needs at least heads entries");
-  a.a_log = f32(op, "a_log", p.a_log);
-  need_shape(op, "dt_bias", p.dt_bias, {P});
-  a.dt_bias = f32(op, "dt_bias", p.dt_bias);
-  a.b = fin(op, "b", p.b);
-  need_shape(op, "b", p.b, {a.B, a.H});
-  a.state = f32(op, "state", p.state);
-  K3_CHECK(p.state.ndim() == 4 && p.state.dim(0) == p.conv_cache.dim(0) && p.state.dim(1) == a.H &&
-               p.state.dim(2) == a.D && p.state.dim(3) == a.D,
-           "kda_decode: state: expected [slots, H, D, D] with the conv cache's slots, got " + shape_str(p.state.shape()));
-  need_i32(op, "slots", p.slots, a.B);
-  a.o = fout(op, "o", p.o);
-  need_shape(op, "o", p.o, {a.B, a.H, a.D});
-  a.g_min = p.g_min;
-  a.slots = device_ints({&p.slots})[0];
-  launch_kda_decode(a, stream_);
-}
-
-void CudaBackend::mla_prefill(const ops::MlaPrefillParams& p) {
-  const char* op = "mla_prefill";
-  MlaPrefillArgs a;
-  a.q = fin(op, "q", p.q, 3);
-  a.T = int(p.q.dim(0));
-  a.H = int(p.q.dim(1));
-  a.Dqk = int(p.q.dim(2));
-  a.k = fin(op, "k", p.k, 3);
-  a.S = int(p.k.dim(0));
-  need_shape(op, "k", p.k, {a.S, a.H, a.Dqk});
-  a.v = fin(op, "v", p.v, 3);
-  a.Dv = int(p.v.dim(2));
-  need_shape(op, "v", p.v, {a.S, a.H, a.Dv});
-  a.o = fout(op, "o", p.o);
-  need_shape(op, "o", p.o, {a.T, a.H, a.Dv});
-  if (!p.lse.empty()) {
-    need_shape(op, "lse", p.lse, {a.T, a.H});
-    a.lse = f32(op, "lse", p.lse);
-  }
-  K3_CHECK(p.past >= 0 && p.past + a.T <= a.S, "mla_prefill: past + T must be <= S");
-  a.past = p.past;
-  a.scale = p.scale != 0.f ? p.scale : 1.f / std::sqrt(float(a.Dqk));
-  launch_mla_prefill(a, stream_);
-}
-
-void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
-  const char* op = "mla_decode";
-  MlaDecodeArgs a;
-  a.q_lat = bf16(op, "q_lat", p.q_lat);
-  K3_CHECK(p.q_lat.ndim() == 3, "mla_decode: q_lat must be [B, H, R]");
-  a.B = int(p.q_lat.dim(0));
-  a.H = int(p.q_lat.dim(1));
-  a.R = int(p.q_lat.dim(2));
-  a.q_rope = bf16(op, "q_rope", p.q_rope);
-  K3_CHECK(p.q_rope.ndim() == 3 && p.q_rope.dim(0) == a.B && p.q_rope.dim(1) == a.H,
-           "mla_decode: q_rope: expected [B, H, Dr], got " + shape_str(p.q_rope.shape()));
-  a.Dr = int(p.q_rope.dim(2));
-  a.kv = bf16(op, "kv_cache", p.kv_cache);
-  K3_CHECK(p.kv_cache.ndim() == 3 && p.kv_cache.dim(2) == a.R + a.Dr,
-           "mla_decode: kv_cache: expected [pages, page_size, R+Dr], got " + shape_str(p.kv_cache.shape()));
-  a.page_size = int(p.kv_cache.dim(1));
-  K3_CHECK(p.block_table.ndim() == 2 && p.block_table.dim(0) == a.B,
-           "mla_decode: block_table: expected [B, max_pages], got " + shape_str(p.block_table.shape()));
-  need_i32(op, "block_table", p.block_table, -1);
-  a.max_pages = int(p.block_table.dim(1));
-  need_i32(op, "seq_lens", p.seq_lens, a.B);
-  a.o = fout(op, "o", p.o);
-  need_shape(op, "o", p.o, {a.B, a.H, a.R});
-  need_shape(op, "lse", p.lse, {a.B, a.H});
-  a.lse = f32(op, "lse", p.lse);
-  a.scale = p.scale;
-  const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
-  a.block_table = ptrs[0];
-  a.seq_lens = ptrs[1];
-  const MlaDecodePlan plan = plan_mla_decode(a.B, a.H, a.max_pages * a.page_size, num_sms_);
-  auto* work = static_cast<float*>(work_.ensure(size_t(mla_decode_workspace_floats(plan, a.B, a.H, a.R)) * 4 + 256));
-  launch_mla_decode(a, plan, work, stream_);
-}
-
-void CudaBackend::lse_merge(const ops::LseMergeParams& p) {
-  const char* op = "lse_merge";
-  const FIn parts = fin(op, "o_parts", p.o_parts, 4);
-  const int64_t N = p.o_parts.dim(0), B = p.o_parts.dim(1), H = p.o_parts.dim(2), D = p.o_parts.dim(3);
-  need_shape(op, "lse_parts", p.lse_parts, {N, B, H});
-  need_shape(op, "o", p.o, {B, H, D});
-  float* lse = nullptr;
-  if (!p.lse.empty()) {
-    need_shape(op, "lse", p.lse, {B, H});
-    lse = f32(op, "lse", p.lse);
-  }
-  launch_lse_merge(parts, f32(op, "lse_parts", p.lse_parts), fout(op, "o", p.o), lse, int(N), B * H, int(D), stream_);
 }
 
 void CudaBackend::attnres_mix(const ops::AttnResMixParams& p) {
