@@ -1,0 +1,133 @@
+// The named model presets (k3-tiny for CPU tests, k3-tiny-93 with the real layer count, k3-small for
+// one GPU, k3 with the real dimensions for planning), each validated before it is returned.
+#include <string>
+#include <vector>
+
+#include "common/model/config.h"
+
+namespace k3 {
+
+namespace {
+
+// Fields shared by every preset: the K3 choices that are not sizes (MODEL.md §1, §9).
+ModelConfig k3_family_defaults() {
+  ModelConfig c;
+  c.model_type = "kimi_k3";
+  c.rms_norm_eps = 1e-5f;
+  c.tie_word_embeddings = false;
+  c.kda.short_conv_kernel_size = 4;
+  c.kda.gate_lower_bound = -5.f;
+  c.kda.use_full_rank_gate = true;
+  c.mla_use_nope = true;
+  c.mla_use_output_gate = true;
+  c.latent_moe_use_norm = true;
+  c.first_k_dense_replace = 1;
+  c.moe_layer_freq = 1;
+  c.moe_router_activation_func = "sigmoid";
+  c.moe_renormalize = true;
+  c.routed_scaling_factor = 1.f;
+  c.use_grouped_topk = true;
+  c.num_expert_group = 1;
+  c.topk_group = 1;
+  c.hidden_act = "situ";
+  c.activation_situ_beta = 4.f;
+  c.activation_situ_linear_beta = 25.f;
+  c.num_nextn_predict_layers = 0;
+  return c;
+}
+
+ModelConfig tiny_preset(int layers, int block) {
+  ModelConfig c = k3_family_defaults();
+  c.hidden_size = 64;
+  c.num_hidden_layers = layers;
+  c.attn_res_block_size = block;
+  c.vocab_size = 512;  // placeholder: k3-genweights replaces it with the generated tokenizer's size
+  c.max_position_embeddings = 4096;
+  c.kda.num_heads = 4;
+  c.kda.head_dim = 16;
+  c.num_attention_heads = c.num_key_value_heads = 4;
+  c.q_lora_rank = 32;
+  c.kv_lora_rank = 32;
+  c.qk_nope_head_dim = 16;
+  c.qk_rope_head_dim = 8;
+  c.v_head_dim = 16;
+  c.num_experts = 8;
+  c.num_experts_per_token = 2;
+  c.num_shared_experts = 1;
+  c.routed_expert_hidden_size = 32;
+  c.moe_intermediate_size = 32;
+  c.intermediate_size = 128;
+  fill_k3_layer_pattern(c);
+  return c;
+}
+
+// One H200: real KDA/MLA head shapes and the real 93-layer pattern at d = 2048. About 8.3 B
+// parameters (16.6 GB in bf16), which leaves most of the 141 GB for KV pages and KDA states.
+ModelConfig small_preset() {
+  ModelConfig c = k3_family_defaults();
+  c.hidden_size = 2048;
+  c.num_hidden_layers = 93;
+  c.attn_res_block_size = 12;
+  c.vocab_size = 163840;
+  c.max_position_embeddings = 1048576;
+  c.kda.num_heads = 16;
+  c.kda.head_dim = 128;
+  c.num_attention_heads = c.num_key_value_heads = 16;
+  c.q_lora_rank = 512;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.num_experts = 32;
+  c.num_experts_per_token = 4;
+  c.num_shared_experts = 2;
+  c.routed_expert_hidden_size = 1024;
+  c.moe_intermediate_size = 512;
+  c.intermediate_size = 8192;
+  fill_k3_layer_pattern(c);
+  return c;
+}
+
+// The released K3 text config's dimensions (MODEL.md §1, §8.5).
+ModelConfig k3_preset() {
+  ModelConfig c = k3_family_defaults();
+  c.hidden_size = 7168;
+  c.num_hidden_layers = 93;
+  c.attn_res_block_size = 12;
+  c.vocab_size = 163840;
+  c.max_position_embeddings = 1048576;
+  c.kda.num_heads = 96;
+  c.kda.head_dim = 128;
+  c.num_attention_heads = c.num_key_value_heads = 96;
+  c.q_lora_rank = 1536;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.num_experts = 896;
+  c.num_experts_per_token = 16;
+  c.num_shared_experts = 2;
+  c.routed_expert_hidden_size = 3584;
+  c.moe_intermediate_size = 3072;
+  c.intermediate_size = 33792;
+  fill_k3_layer_pattern(c);
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> preset_names() { return {"k3-tiny", "k3-tiny-93", "k3-small", "k3"}; }
+
+Result<ModelConfig> preset_config(const std::string& name) {
+  ModelConfig c;
+  if (name == "k3-tiny") c = tiny_preset(8, 4);
+  else if (name == "k3-tiny-93") c = tiny_preset(93, 12);
+  else if (name == "k3-small") c = small_preset();
+  else if (name == "k3") c = k3_preset();
+  else return not_found("unknown preset '" + name + "' (known: k3-tiny, k3-tiny-93, k3-small, k3)");
+  K3_TRY(validate(c));
+  return c;
+}
+
+}  // namespace k3
+
