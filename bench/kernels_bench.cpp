@@ -265,7 +265,9 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
   lines.push_back(l);
 }
 
-void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool quick, std::vector<Line>& lines) {
+// wgmma: the opt-in Hopper kernel (CudaBackend::set_mla_decode_wgmma), reported as a "_wgmma" line.
+void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool quick, std::vector<Line>& lines,
+                     bool wgmma = false) {
   const int64_t R = 512, Dr = 64, page = 64, pages_per = ctx / page, num_pages = B * pages_per;
   Tensor kv = be.alloc({num_pages, page, R + Dr}, DType::BF16);
   Tensor q_lat = be.alloc({B, H, R}, DType::BF16), q_rope = be.alloc({B, H, Dr}, DType::BF16);
@@ -279,11 +281,16 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   Tensor table = be.from_host(Tensor::from_i32({B, pages_per}, perm), DType::I32);
   Tensor lens = dev_ints(be, std::vector<int32_t>(B, int32_t(ctx)));
   const float scale = 1.f / std::sqrt(192.f);
+  const bool was = be.mla_decode_wgmma();
+  be.set_mla_decode_wgmma(wgmma);
   const double us = time_graphs(be.stream(), quick ? 50 : 200, {[&] {
     be.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = table, .seq_lens = lens, .o = o,
                    .lse = lse, .scale = scale});
   }});
-  Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx), .us = us};
+  be.set_mla_decode_wgmma(was);
+  Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
+                 (wgmma ? "_wgmma" : ""),
+         .us = us};
   l.bytes = double(B) * ctx * (R + Dr) * 2 + double(B) * H * (R + Dr) * 2 + double(B) * H * R * 2 + double(B) * H * 4;
   l.flops = 2.0 * B * H * ctx * (R + Dr + R);
   l.ref_name = "torch einsum+softmax";
@@ -346,8 +353,10 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
   if (wanted("kda_decode"))
     for (int B : opts.decode_batches) kda_decode_case(be, B, 96, opts.quick, lines);
   if (wanted("mla_decode"))
-    for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{{96, 32, 4096}, {96, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}})
+    for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{{96, 32, 4096}, {96, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
+      if (H >= 64) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true);
+    }
   if (wanted("lse_merge")) lse_merge_case(be, 8, 128, 96, 512, opts.quick, lines);
 
   nlohmann::json ref = nlohmann::json::object();

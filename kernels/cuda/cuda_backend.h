@@ -56,6 +56,11 @@ class CudaBackend final : public Backend {
   void scatter_rows(const ops::ScatterRowsParams& p) override;
   void head_gemm(const ops::HeadGemmParams& p) override;
 
+  // Routes mla_decode with R = 512, Dr = 64, H >= 64 to the Hopper wgmma kernel
+  // (mla_decode_wgmma.cu). Off by default until that kernel is verified on an H200.
+  void set_mla_decode_wgmma(bool on) { mla_wgmma_ = on; }
+  bool mla_decode_wgmma() const { return mla_wgmma_; }
+
   cudaStream_t stream() const { return stream_; }
   int num_sms() const { return num_sms_; }
   const std::string& device_name() const { return device_name_; }
@@ -66,6 +71,7 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   int num_sms_ = 0;
+  bool mla_wgmma_ = false;  // set_mla_decode_wgmma
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CublasLtGemm> gemm_;  // created after cudaSetDevice

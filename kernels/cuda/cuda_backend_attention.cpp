@@ -184,6 +184,7 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   need_shape(op, "lse", p.lse, {a.B, a.H});
   a.lse = f32(op, "lse", p.lse);
   a.scale = p.scale;
+  a.use_wgmma = mla_wgmma_;
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
   a.block_table = ptrs[0];
   a.seq_lens = ptrs[1];

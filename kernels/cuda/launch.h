@@ -93,6 +93,9 @@ struct MlaDecodeArgs {
   float* lse = nullptr;                   // [B, H]
   int B = 0, H = 0, R = 0, Dr = 0, page_size = 0, max_pages = 0;
   float scale = 0.f;
+  // Opt-in: the Hopper wgmma kernel (mla_decode_wgmma.cu) for R = 512, Dr = 64, H >= 64. Off until
+  // verified on an H200; then it becomes the default for that shape.
+  bool use_wgmma = false;
 };
 // Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.
 struct MlaDecodePlan {
@@ -102,6 +105,10 @@ struct MlaDecodePlan {
 MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms);
 int64_t mla_decode_workspace_floats(const MlaDecodePlan& plan, int B, int H, int R);
 void launch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* work, cudaStream_t s);
+// The wgmma kernel alone (called by launch_mla_decode): one split -> a.o, a.lse; several -> the fp32
+// partials part_o [splits, B, H, R] and part_lse [splits, B, H], merged by the caller.
+void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* part_o, float* part_lse,
+                             cudaStream_t s);
 
 struct MlaPrefillArgs {
   FIn q;  // [T, H, Dqk]

@@ -420,10 +420,14 @@ void launch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float*
   }
   float* part_o = work;
   float* part_lse = work + int64_t(plan.splits) * a.B * a.H * a.R;
-  switch (heads_per_block(a.H)) {
-    case 16: launch_mma<1, 4, 64, 2>(a, plan, part_o, part_lse, s); break;
-    case 32: launch_mma<2, 2, 64, 2>(a, plan, part_o, part_lse, s); break;
-    default: launch_mma<3, 2, 64, 2>(a, plan, part_o, part_lse, s); break;
+  if (a.use_wgmma && a.H >= 64) {
+    launch_mla_decode_wgmma(a, plan, part_o, part_lse, s);  // mla_decode_wgmma.cu (opt-in until verified)
+  } else {
+    switch (heads_per_block(a.H)) {
+      case 16: launch_mma<1, 4, 64, 2>(a, plan, part_o, part_lse, s); break;
+      case 32: launch_mma<2, 2, 64, 2>(a, plan, part_o, part_lse, s); break;
+      default: launch_mma<3, 2, 64, 2>(a, plan, part_o, part_lse, s); break;
+    }
   }
   if (plan.splits > 1)
     launch_lse_merge(FIn{part_o, false}, part_lse, a.o, a.lse, plan.splits, int64_t(a.B) * a.H, a.R, s);

@@ -22,12 +22,12 @@ source /tmp/k3kit/env.sh
 B=build-gpu
 t0=$(date +%s)
 cmake -S . -B $B -G Ninja -DK3_CUDA=ON -DCMAKE_BUILD_TYPE=Release >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-TARGETS="cuda_test_cuda_mma cuda_test_cuda_ops cuda_test_cuda_attention cuda_test_cuda_registry k3-op k3-bench"
+TARGETS="cuda_test_cuda_mma cuda_test_cuda_wgmma cuda_test_cuda_ops cuda_test_cuda_attention cuda_test_cuda_registry k3-op k3-bench"
 [[ $ALL == 1 ]] && TARGETS=all
 ninja -C $B -j16 $TARGETS >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "configure+build: $(( $(date +%s) - t0 )) s"
 cuobjdump --dump-resource-usage $B/lib/libk3_kernels.a 2>/dev/null | grep -E "Function|REG" > "$OUT/resources.txt"
-for t in cuda_test_cuda_mma cuda_test_cuda_ops cuda_test_cuda_attention cuda_test_cuda_registry; do
+for t in cuda_test_cuda_mma cuda_test_cuda_wgmma cuda_test_cuda_ops cuda_test_cuda_attention cuda_test_cuda_registry; do
   $B/tests/$t 2>&1 | tee -a "$OUT/tests.log" | tail -25
 done
 if [[ $REF == 1 ]]; then

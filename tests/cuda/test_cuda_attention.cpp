@@ -5,6 +5,7 @@
 #include <array>
 #include <numeric>
 
+#include "kernels/cuda/cuda_backend.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/tolerances.h"
 
@@ -139,22 +140,18 @@ TEST_CASE("cuda kda_decode matches cpu (conv + gate + delta rule, per-request sl
   }
 }
 
-TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused pages)", "[cuda]") {
-  K3_GPU_OR_SKIP(bk);
-  auto& g = *bk.gpu;
-  std::mt19937 rng(25);
-  struct Case { int64_t H, R, Dr, page; std::vector<int32_t> lens; bool f32_out = false; };
-  // Head counts that leave a head group partly empty (20, 33, 48, 64), page sizes below one
-  // 64-token tile (16) and not a power of two (48), lengths on tile and split boundaries (64, 256,
-  // 512, 1024), fp32 output with one split and with several.
-  const std::vector<Case> cases = {{16, 512, 64, 64, {0, 1, 200, 1000}},
-                                   {20, 512, 64, 16, {37, 0, 3}},
-                                   {96, 512, 64, 64, {5000, 64}},
-                                   {4, 64, 16, 8, {9, 0, 30}},
-                                   {33, 512, 64, 64, {256, 129}, true},
-                                   {48, 512, 64, 16, {700, 1024, 1}},
-                                   {64, 512, 64, 48, {500, 97, 512}},
-                                   {16, 512, 64, 64, {4096, 2048, 0, 64}, true}};
+namespace {
+
+struct MlaCase {
+  int64_t H, R, Dr, page;
+  std::vector<int32_t> lens;
+  bool f32_out = false;
+};
+
+// Runs each case on the cpu reference and on `g` (bf16 inputs, NaN in every cache row past a
+// request's length, outputs poisoned with NaN) and compares o and lse.
+void check_mla_decode_cases(Backend& cpu, Backend& g, const std::vector<MlaCase>& cases, std::mt19937& rng,
+                            const std::string& what) {
   for (const auto& c : cases) {
     const int64_t B = int64_t(c.lens.size());
     int64_t max_pages = 0;
@@ -182,17 +179,57 @@ TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused page
     Tensor bt = Tensor::from_i32({B, max_pages}, table), sl = ints(c.lens);
     const float scale = 1.f / std::sqrt(192.f);
     Tensor o = Tensor::zeros({B, c.H, c.R}), lse = Tensor::zeros({B, c.H});
-    bk.cpu->mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = bt, .seq_lens = sl, .o = o,
-                        .lse = lse, .scale = scale});
+    cpu.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = bt, .seq_lens = sl, .o = o,
+                    .lse = lse, .scale = scale});
     Tensor go = poisoned(g, {B, c.H, c.R}, c.f32_out ? DType::F32 : DType::BF16), glse = poisoned(g, {B, c.H}, DType::F32);
     g.mla_decode({.q_lat = g.from_host(q_lat, DType::BF16), .q_rope = g.from_host(q_rope, DType::BF16),
                   .kv_cache = g.from_host(kv, DType::BF16), .block_table = g.from_host(bt, DType::I32),
                   .seq_lens = g.from_host(sl, DType::I32), .o = go, .lse = glse, .scale = scale});
-    const std::string tag = " H=" + std::to_string(c.H) + " R=" + std::to_string(c.R) + " page=" + std::to_string(c.page) +
-                            (c.f32_out ? " f32 out" : "");
-    expect_close(g, go, o, tol("mla_decode"), "mla_decode o" + tag);
-    expect_close(g, glse, lse, tol("mla_lse"), "mla_decode lse" + tag);
+    std::string tag = " H=" + std::to_string(c.H) + " R=" + std::to_string(c.R) + " page=" + std::to_string(c.page) +
+                      (c.f32_out ? " f32 out" : "") + " lens=";
+    for (int32_t l : c.lens) tag += std::to_string(l) + ",";
+    expect_close(g, go, o, tol("mla_decode"), what + " o" + tag);
+    expect_close(g, glse, lse, tol("mla_lse"), what + " lse" + tag);
   }
+}
+
+}  // namespace
+
+TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused pages)", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  std::mt19937 rng(25);
+  // Head counts that leave a head group partly empty (20, 33, 48, 64), page sizes below one
+  // 64-token tile (16) and not a power of two (48), lengths on tile and split boundaries (64, 256,
+  // 512, 1024), fp32 output with one split and with several.
+  const std::vector<MlaCase> cases = {{16, 512, 64, 64, {0, 1, 200, 1000}},
+                                      {20, 512, 64, 16, {37, 0, 3}},
+                                      {96, 512, 64, 64, {5000, 64}},
+                                      {4, 64, 16, 8, {9, 0, 30}},
+                                      {33, 512, 64, 64, {256, 129}, true},
+                                      {48, 512, 64, 16, {700, 1024, 1}},
+                                      {64, 512, 64, 48, {500, 97, 512}},
+                                      {16, 512, 64, 64, {4096, 2048, 0, 64}, true}};
+  check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, "mla_decode");
+}
+
+// The Hopper wgmma kernel (mla_decode_wgmma.cu), forced through the CudaBackend switch that keeps it
+// opt-in until verified: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
+// 64, 300, 5000 (one split and several, merged); pages of 64, 16 and 48; bf16 and fp32 o.
+TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  cb->set_mla_decode_wgmma(true);
+  std::mt19937 rng(31);
+  const std::vector<MlaCase> cases = {{64, 512, 64, 64, {0, 1, 64, 300}},
+                                      {96, 512, 64, 64, {5000, 64, 0}},
+                                      {96, 512, 64, 16, {300, 1, 0, 64}, true},
+                                      {128, 512, 64, 16, {5000, 1}, true},
+                                      {96, 512, 64, 64, {1, 300}},
+                                      {128, 512, 64, 48, {700, 64, 129}},
+                                      {64, 512, 64, 16, {5000, 0, 1, 300}}};
+  check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, "mla_decode wgmma");
+  cb->set_mla_decode_wgmma(false);
 }
 
 TEST_CASE("cuda mla_prefill matches cpu", "[cuda]") {

@@ -1,0 +1,312 @@
+// Absorbed MLA decode on Hopper warpgroup MMA (wgmma, sm_90a) for the fast shape R = 512, Dr = 64:
+// same semantics and outputs as mla_decode_mma_kernel (mla_decode.cu), selected there for H >= 64
+// when MlaDecodeArgs::use_wgmma is set.
+//
+// Block = (64-head group, KV split, request); 256 threads = 2 warpgroups (WG 0: warps 0-3, WG 1:
+// warps 4-7; a warpgroup starts at a warp index divisible by 4). Per 64-token KV tile:
+//   1. S = Q Kᵀ: each warpgroup computes the 64 heads x its 32 tokens (WG w: tokens 32w..32w+31)
+//      over K = 576 with 36 wgmma m64n32k16 (A = Q, B = the staged K rows, both K-major in shared
+//      memory). 16 fp32 accumulators per thread.
+//   2. Online softmax per row (row = head): a row's 32 values of one warpgroup sit in one quad of
+//      one warp (accumulator layout, wgmma.cuh); the two warpgroups agree on the row max through
+//      shared memory (as the WS warps of mla_decode_mma_kernel do). P (bf16) goes to shared memory
+//      in the 128B-swizzled K-major layout, the running O is rescaled in registers.
+//   3. O += P V: warpgroup w owns output columns 256w..256w+255 as 4 x 64-column accumulator sets
+//      (4 x 32 = 128 fp32 registers per thread); per 16-token k step, 4 wgmma m64n64k16 with A = P
+//      (K-major) and B = V = dims 256w.. of the same staged rows, read MN-major (imm-trans-b = 1).
+// The KV tile is loaded once per stage by cp.async (16-byte copies, rows past seq_len zero-filled:
+// unused cache rows may hold NaN), 2 stages, directly into the swizzled layout (the cp.async
+// destination applies the same XOR the wgmma descriptor implies).
+//
+// Shared-memory layout (all offsets from a 1024-byte aligned base; atoms as in wgmma.cuh):
+//   Q    [9 dim chunks][8 head groups] atoms      = 72 KiB   (atom (c, g) at (8c + g) * 1024)
+//   KV   2 stages x [9 dim chunks][8 token groups] = 144 KiB (atom (c, g) at (8c + g) * 1024)
+//   P    [8 head groups] atoms (64 tokens = one atom along K) = 8 KiB
+//   red  2 x 2 x 64 floats (row max and row sum partials of the two warpgroups)
+// A "dim chunk" c is dims 64c..64c+63 (c = 8: the 64 rope dims). Descriptors (wgmma.cuh): LBO =
+// SBO = 1024 = the distance between consecutive 8-row groups of every operand, 128B swizzle, base
+// offset 0. Descriptor start addresses per instruction:
+//   S step ks (0..35):  A = Q  + 8192 (ks / 4) + 32 (ks % 4)
+//                       B = KV + 8192 (ks / 4) + 4096 w + 32 (ks % 4)   (token groups 4w..4w+3)
+//   PV step kk (0..3), column block j (0..3), dim chunk c = 4w + j:
+//                       A = P + 32 kk                                     (tokens 16kk..16kk+15)
+//                       B = KV + 8192 c + 2048 kk                         (token groups 2kk, 2kk+1)
+//
+// Cost of H = 96: two head groups, the second with 32 zero rows, so the tensor work is 128/96 =
+// 1.33x the useful work (the cache bytes are read once from HBM; the second group hits L2).
+#include <cmath>
+
+#include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/mla_wgmma_layout.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace k3::cuda {
+namespace {
+
+constexpr int kR = 512, kDr = 64, kDk = kR + kDr;
+constexpr int kHeads = 64;                 // rows of one block = wgmma M
+constexpr int kTok = 64;                   // tokens per KV tile (plan_mla_decode splits are multiples of 64)
+constexpr int kStages = 2;
+constexpr int kThreads = 256;              // 2 warpgroups
+constexpr int kChunks = kDk / 8;           // 16-byte chunks per row (72)
+constexpr int kDimAtoms = kDk / 64;        // 9
+constexpr int kTileBytes = mlawg::kOperandBytes;  // 73728
+constexpr int kQBytes = mlawg::kOperandBytes;     // 73728
+constexpr int kPBytes = mlawg::kPBytes;           // 8192
+static_assert(kDimAtoms * (kTok / 8) * wg::kAtomBytes == kTileBytes && kHeads == mlawg::kRows && kTok == mlawg::kRows &&
+              kDk == mlawg::kDk, "layout header and kernel agree");
+constexpr int kRedFloats = 2 * kHeads;     // one partial per (warpgroup, row)
+constexpr int kSmem = wg::kAtomBytes /*alignment slack*/ + kQBytes + kStages * kTileBytes + kPBytes + 2 * kRedFloats * 4;
+static_assert(kSmem <= 227 * 1024, "shared memory budget of one block");
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+using wg::op_offset;  // Q, KV stages and P: 64-row operands of [chunk / 8][row / 8] atoms
+
+__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx(-inf) = +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Copies tokens [t0, t0 + 64) into the stage at `dst` (rows past `end` zero-filled, never read from
+// the cache). Eight lanes copy one row: for each 64-dim atom, lane l8 copies logical chunk l8, and
+// the 8 lanes together fill the row's 128 swizzled bytes (a permutation of its 8 chunks).
+__device__ __forceinline__ void issue_tile(unsigned char* dst, const MlaDecodeArgs& a, const int32_t* pages, int t0,
+                                           int end, int page_shift) {
+  const int l8 = threadIdx.x & 7;
+#pragma unroll
+  for (int t = threadIdx.x >> 3; t < kTok; t += kThreads / 8) {
+    const int tok = t0 + t;
+    const bool valid = tok < end;
+    const int pg = page_shift >= 0 ? tok >> page_shift : tok / a.page_size;
+    const int in_page = page_shift >= 0 ? tok & (a.page_size - 1) : tok - pg * a.page_size;
+    const int64_t page = valid ? pages[pg] : 0;
+    const __nv_bfloat16* src = a.kv + (page * a.page_size + (valid ? in_page : 0)) * kDk + l8 * 8;
+#pragma unroll
+    for (int c = 0; c < kDimAtoms; ++c) cp_async16(dst + op_offset(t, c * 8 + l8), src + c * 64, valid);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 at run time below
+  // Atoms must be 1024-byte aligned in the shared window (descriptor base offset 0).
+  const uint32_t raw_addr = smem_u32(smem_raw);
+  const uint32_t pad = (wg::kAtomBytes - (raw_addr & (wg::kAtomBytes - 1))) & (wg::kAtomBytes - 1);
+  unsigned char* q_s = smem_raw + pad;
+  unsigned char* kv_s = q_s + kQBytes;
+  unsigned char* p_s = kv_s + kStages * kTileBytes;
+  float* red_max = reinterpret_cast<float*>(p_s + kPBytes);
+  float* red_l = red_max + kRedFloats;
+  const uint32_t q_addr = raw_addr + pad, kv_addr = q_addr + kQBytes, p_addr = kv_addr + kStages * kTileBytes;
+
+  const int hg = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int w = tid >> 7;              // warpgroup
+  const int wq = (tid >> 5) & 3;       // warp within the warpgroup: rows 16 wq..16 wq+15
+  const int g = lane >> 2, t4 = lane & 3;
+  const int r0 = 16 * wq + g, r1 = r0 + 8;  // this thread's two rows (heads within the group)
+  const int h0 = hg * kHeads;
+  const int seq = a.seq_lens[b];
+  const int begin = split * tokens_per_split;
+  const int end = min(seq, begin + tokens_per_split);
+  const int32_t* pages = a.block_table + int64_t(b) * a.max_pages;
+  const int page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __ffs(a.page_size) - 1 : -1;
+
+  // The first tile goes in flight before Q is staged, so both latencies overlap.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    const int ts = begin + s * kTok;
+    if (ts < end) issue_tile(kv_s + s * kTileBytes, a, pages, ts, end, page_shift);
+    cp_async_commit();
+  }
+  for (int idx = tid; idx < kHeads * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    uint4 v = make_uint4(0, 0, 0, 0);  // heads >= H: zero rows (scores 0, never written out)
+    if (h0 + r < a.H) {
+      const int64_t row = int64_t(b) * a.H + h0 + r;
+      v = c < kR / 8 ? *reinterpret_cast<const uint4*>(a.q_lat + row * kR + c * 8)
+                     : *reinterpret_cast<const uint4*>(a.q_rope + row * kDr + (c - kR / 8) * 8);
+    }
+    *reinterpret_cast<uint4*>(q_s + op_offset(r, c)) = v;
+  }
+
+  const float sl2 = a.scale * kLog2e;  // scores in log2 units
+  float o[4][32];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[j][i] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY;  // running max of rows r0, r1 (same in both warpgroups)
+  float l0 = 0.f, l1 = 0.f;              // this thread's share of the running sums (own tokens only)
+
+  int stage = 0;
+  for (int t0 = begin; t0 < end; t0 += kTok) {
+    cp_async_wait<kStages - 2>();
+    // This thread's cp.async data (and, on the first tile, its Q stores) -> async proxy; the
+    // barrier then makes every thread's part visible, and tells the next copy that every warp
+    // has finished the previous tile (its S and PV wgmma were waited for below).
+    wg::fence_proxy_async();
+    __syncthreads();
+    {
+      const int tn = t0 + (kStages - 1) * kTok;
+      const int sn = (stage + kStages - 1) % kStages;
+      if (tn < end) issue_tile(kv_s + sn * kTileBytes, a, pages, tn, end, page_shift);
+      cp_async_commit();  // possibly empty: keeps the group count uniform for the wait above
+    }
+    const uint32_t kt = kv_addr + stage * kTileBytes;
+
+    // 1. S[64 heads x this warpgroup's 32 tokens].
+    float s[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < kDk / 16; ++ks) {
+      wg::mma_m64n32_kk(s, wg::make_desc(q_addr + mlawg::s_a_off(ks)), wg::make_desc(kt + mlawg::s_b_off(ks, w)), ks > 0);
+    }
+    wg::commit();
+    wg::wait<0>();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) wg::reg_fence(s[i]);
+
+    // 2. Scale, mask tokens past the end, row max over both warpgroups. s[4j + e]: row r0 + 8 (e >> 1),
+    // token t0 + 32w + 8j + 2 t4 + (e & 1).
+    const int tw = t0 + 32 * w + 2 * t4;
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float v = tw + 8 * j + (e & 1) < end ? s[4 * j + e] * sl2 : -INFINITY;
+        s[4 * j + e] = v;
+        if (e < 2) mx0 = fmaxf(mx0, v);
+        else mx1 = fmaxf(mx1, v);
+      }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    if (t4 == 0) {
+      red_max[w * kHeads + r0] = mx0;
+      red_max[w * kHeads + r1] = mx1;
+    }
+    __syncthreads();
+    // Token t0 < end belongs to warpgroup 0, so m_new is finite: corr = 2^(-inf) = 0 on the first
+    // tile, never 2^(-inf + inf).
+    const float mn0 = fmaxf(m0, fmaxf(red_max[r0], red_max[kHeads + r0]));
+    const float mn1 = fmaxf(m1, fmaxf(red_max[r1], red_max[kHeads + r1]));
+    const float c0 = fast_exp2(m0 - mn0), c1 = fast_exp2(m1 - mn1);
+    m0 = mn0;
+    m1 = mn1;
+    l0 *= c0;
+    l1 *= c1;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float p0 = fast_exp2(s[4 * j + 0] - mn0), p1 = fast_exp2(s[4 * j + 1] - mn0);
+      const float p2 = fast_exp2(s[4 * j + 2] - mn1), p3 = fast_exp2(s[4 * j + 3] - mn1);
+      l0 += p0 + p1;
+      l1 += p2 + p3;
+      const int col = 32 * w + 8 * j + 2 * t4;  // token within the tile (even: both in one chunk)
+      *reinterpret_cast<uint32_t*>(p_s + op_offset(r0, col >> 3) + (col & 7) * 2) = pack_bf16(p0, p1);
+      *reinterpret_cast<uint32_t*>(p_s + op_offset(r1, col >> 3) + (col & 7) * 2) = pack_bf16(p2, p3);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int i = 0; i < 32; i += 4) {
+        o[j][i] *= c0;
+        o[j][i + 1] *= c0;
+        o[j][i + 2] *= c1;
+        o[j][i + 3] *= c1;
+      }
+    wg::fence_proxy_async();  // P stores -> async proxy
+    __syncthreads();          // P of both warpgroups is written
+
+    // 3. O[64 x 256 columns of this warpgroup] += P[64 x 64] · V[64 x 256].
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < kTok / 16; ++kk) {
+      const uint64_t da = wg::make_desc(p_addr + mlawg::pv_a_off(kk));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) wg::mma_m64n64_kt(o[j], da, wg::make_desc(kt + mlawg::pv_b_off(kk, w, j)));
+    }
+    wg::commit();
+    wg::wait<0>();
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) wg::reg_fence(o[j][i]);
+    stage = (stage + 1) % kStages;
+  }
+  cp_async_wait<0>();  // only empty groups can remain; leave none behind
+
+  // Row sums: the quad's lanes, then the two warpgroups (both used the same running max).
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  if (t4 == 0) {
+    red_l[w * kHeads + r0] = l0;
+    red_l[w * kHeads + r1] = l1;
+  }
+  __syncthreads();
+  const float L0 = red_l[r0] + red_l[kHeads + r0], L1 = red_l[r1] + red_l[kHeads + r1];
+  // l == 0 only when this split saw no token (empty request or split past the end): o = 0, lse = -inf.
+  const float inv0 = L0 > 0.f ? 1.f / L0 : 0.f, inv1 = L1 > 0.f ? 1.f / L1 : 0.f;
+  const float lse0 = L0 > 0.f ? (m0 + __log2f(L0)) * kLn2 : -INFINITY;
+  const float lse1 = L1 > 0.f ? (m1 + __log2f(L1)) * kLn2 : -INFINITY;
+  const int hA = h0 + r0, hB = h0 + r1;
+  const int splits = gridDim.y;
+  const int64_t rowA = (splits == 1 ? 0 : int64_t(split) * a.B * a.H) + int64_t(b) * a.H + hA;
+  const int64_t rowB = rowA + 8;
+  // o[j][4 jj + e]: row r0 + 8 (e >> 1), column 256 w + 64 j + 8 jj + 2 t4 + (e & 1).
+  const int colw = 256 * w + 2 * t4;
+  if (splits == 1 && a.o.bf16) {
+    auto* out = static_cast<__nv_bfloat16*>(a.o.p);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int col = colw + 64 * j + 8 * jj;
+        if (hA < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowA * kR + col) =
+            __floats2bfloat162_rn(o[j][4 * jj] * inv0, o[j][4 * jj + 1] * inv0);
+        if (hB < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowB * kR + col) =
+            __floats2bfloat162_rn(o[j][4 * jj + 2] * inv1, o[j][4 * jj + 3] * inv1);
+      }
+  } else {
+    float* out = splits == 1 ? static_cast<float*>(a.o.p) : part_o;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int col = colw + 64 * j + 8 * jj;
+        if (hA < a.H) *reinterpret_cast<float2*>(out + rowA * kR + col) =
+            make_float2(o[j][4 * jj] * inv0, o[j][4 * jj + 1] * inv0);
+        if (hB < a.H) *reinterpret_cast<float2*>(out + rowB * kR + col) =
+            make_float2(o[j][4 * jj + 2] * inv1, o[j][4 * jj + 3] * inv1);
+      }
+  }
+  if (w == 0 && t4 == 0) {
+    float* lse_out = splits == 1 ? a.lse : part_lse;
+    if (hA < a.H) lse_out[rowA] = lse0;
+    if (hB < a.H) lse_out[rowB] = lse1;
+  }
+}
+
+}  // namespace
+
+void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* part_o, float* part_lse,
+                             cudaStream_t s) {
+  K3_CHECK(a.R == kR && a.Dr == kDr, "mla_decode_wgmma: needs R = 512, Dr = 64");
+  K3_CHECK(plan.splits == 1 || plan.tokens_per_split % kTok == 0, "mla_decode_wgmma: split length must be a multiple of 64");
+  K3_CUDA_OK(cudaFuncSetAttribute(mla_decode_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const dim3 grid((a.H + kHeads - 1) / kHeads, plan.splits, a.B);
+  mla_decode_wgmma_kernel<<<grid, kThreads, kSmem, s>>>(a, plan.tokens_per_split, part_o, part_lse);
+  K3_CUDA_LAUNCHED("mla_decode_wgmma_kernel");
+}
+
+}  // namespace k3::cuda

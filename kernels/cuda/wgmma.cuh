@@ -1,0 +1,126 @@
+// Warpgroup-level bf16 tensor-core pieces (sm_90a only): wgmma.mma_async with both operands in
+// shared memory, their 64-bit matrix descriptors, the 128-byte swizzled layout they read, and the
+// fences around them. References are to the PTX ISA, section 9.7.15 ("Asynchronous Warpgroup Level
+// Matrix Multiply-Accumulate Instructions").
+//
+// ---- Shared-memory layout: 128B-swizzle atoms (PTX 9.7.15.5.1.2, "Shared Memory Matrix Layout",
+// Table "swizzle atom layout": 128B mode is 8 x 8 128-bit elements = 8 rows x 64 bf16) ----
+// Every operand here is stored as atoms of 8 rows x 128 bytes (64 bf16), each atom 1024 bytes,
+// 1024-byte aligned. Inside an atom, row r (0..7) occupies bytes [128 r, 128 r + 128), and its
+// logical 16-byte chunk q (elements 8q..8q+7 of the row) sits at physical chunk q ^ r
+// (sw128_offset below). That is the 128B swizzle as an address function: byte-address bits [4:6]
+// XOR bits [7:9], which is why atoms must start on a 1024-byte boundary (then the descriptor's
+// "matrix base offset" is 0: PTX 9.7.15.5.1.2.2, "the repeating pattern starts at a 1024-byte
+// boundary" for 128B swizzle).
+//
+// The same physical atom serves two roles:
+//  * K-major operand (imm-trans = 0): an atom row is one M/N index (a head, a token) and holds 64
+//    consecutive K elements. One k16 step reads 32 bytes of each row; steps 0..3 of an atom are
+//    start addresses +0, +32, +64, +96 (bits [7:9] of the start stay 0, so base offset stays 0 and
+//    the hardware's XOR puts each 16-byte chunk where sw128_offset stored it). M/N rows 8..15,
+//    16..23, ... are further atoms at the "stride dimension" distance (8-row groups).
+//  * MN-major operand (imm-trans = 1, bf16 only): an atom row is one K index (a token) and holds
+//    64 consecutive N elements (dims). A k16 step covers two atoms along K (tokens 0-7, 8-15).
+//    With N = 64 per instruction exactly one atom lies along N.
+//
+// ---- Descriptor (PTX 9.7.15.5.1.2.2, "Matrix Descriptor Format") ----
+//   bits  0-13: (start address & 0x3FFFF) >> 4
+//   bits 16-29: leading dimension byte offset >> 4  (LBO)
+//   bits 32-45: stride dimension byte offset >> 4   (SBO)
+//   bits 49-51: matrix base offset (0: every atom is 1024-byte aligned, see above)
+//   bits 62-63: swizzle mode, 1 = 128-byte swizzle
+// Which of LBO/SBO a given access uses depends on the major-ness and swizzle (PTX 9.7.15.5.1.2.1,
+// "Major-ness supported by Strides"): for K-major swizzled operands the 8-row-group stride along
+// M/N is SBO and LBO is not used; for MN-major swizzled operands one of them is the stride between atoms along MN and the
+// other the stride between 8-row groups along K. Every use in this project is arranged so that
+// only ONE stride is ever exercised -- the distance between consecutive 8-row groups, always
+// 1024 bytes (atoms of one operand are stacked contiguously) -- and both LBO and SBO are set to
+// that value. K-major: a k16 step never leaves one atom along K (32 of 128 bytes), so only the
+// M/N group stride is used. MN-major: N = 64 per instruction is one atom along N, so only the
+// K-direction group stride is used. The layouts are therefore right whichever field the hardware
+// reads for that direction.
+#pragma once
+#include <cuda_runtime.h>
+
+
+#include <cstdint>
+
+namespace k3::cuda::wg {
+
+constexpr int kAtomBytes = 1024;  // 8 rows x 128 bytes
+constexpr int kRowBytes = 128;
+constexpr int kGroupStride = kAtomBytes;  // distance between consecutive 8-row groups (LBO = SBO)
+
+// Byte offset, inside a 1024-byte aligned atom, of logical 16-byte chunk `chunk` (0..7) of row
+// `row` (0..7).
+__host__ __device__ constexpr uint32_t sw128_offset(int row, int chunk) {
+  return uint32_t(row * kRowBytes + ((chunk ^ row) & 7) * 16);
+}
+
+// Byte offset of 16-byte chunk `chunk` (elements 8 chunk..8 chunk+7 along the contiguous
+// dimension) of row `row` (0..63) in a 64-row operand stored as atoms [chunk / 8][row / 8]: the 8
+// atoms of one 64-element column block are consecutive (8-row group stride 1024 bytes), column
+// blocks follow each other at 8192 bytes.
+__host__ __device__ constexpr uint32_t op_offset(int row, int chunk) {
+  return uint32_t(((chunk >> 3) * 8 + (row >> 3)) * kAtomBytes) + sw128_offset(row & 7, chunk & 7);
+}
+
+// Descriptor of the operand starting at shared byte address `saddr` (128B swizzle, LBO = SBO =
+// kGroupStride, base offset 0).
+__host__ __device__ constexpr uint64_t make_desc(uint32_t saddr, uint32_t lbo = kGroupStride,
+                                                 uint32_t sbo = kGroupStride) {
+  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) |
+         (uint64_t((sbo & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+#if defined(__CUDACC__)
+// Orders this thread's earlier register accesses before the following wgmma.mma_async (PTX ISA,
+// instruction "wgmma.fence"): needed before the first wgmma of a batch and whenever its accumulator
+// registers were touched by ordinary instructions since the last wgmma.
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Ordinary (generic proxy) shared-memory writes -- st.shared, cp.async -- become visible to the
+// async proxy that wgmma reads through only after this fence (PTX ISA: wgmma "Async Proxy" section
+// and membar/fence, "fence.proxy.async").
+// Each writing thread issues it after its writes; a barrier then publishes them to the warpgroup.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving reads of accumulator registers above wgmma.wait_group (the wait
+// names no registers): every accumulator passes through this empty volatile asm after the wait.
+__device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// D[64 x 32] (+)= A[64 x 16] * B[16 x 32]; A and B K-major in shared memory (imm-trans-a = imm-trans-b = 0).
+// Accumulator layout (PTX 9.7.15.5.1.1.1, "Matrix Fragments for wgmma.mma_async.m64nNk16",
+// accumulator D figure): warp w of the warpgroup holds rows 16w..16w+15; with g = lane / 4,
+// t = lane % 4, register d[4j + e] is row 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1) -- the
+// mma.sync m16n8 C fragment repeated over n8 tiles j.
+__device__ __forceinline__ void mma_m64n32_kk(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D[64 x 64] += A[64 x 16] * B[16 x 64]; A K-major, B MN-major (imm-trans-b = 1: B stored [k][n],
+// n contiguous). Same accumulator layout as above with j = 0..7.
+__device__ __forceinline__ void mma_m64n64_kt(float (&d)[32], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+#endif  // __CUDACC__
+
+}  // namespace k3::cuda::wg
