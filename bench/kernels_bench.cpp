@@ -265,9 +265,10 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
   lines.push_back(l);
 }
 
-// wgmma: the opt-in Hopper kernel (CudaBackend::set_mla_decode_wgmma), reported as a "_wgmma" line.
+// wgmma: CudaBackend::set_mla_decode_wgmma (the default, on, takes H >= 64); the mma.sync kernel is
+// reported beside it as an "_mma" line for those shapes.
 void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool quick, std::vector<Line>& lines,
-                     bool wgmma = false) {
+                     bool wgmma = true) {
   const int64_t R = 512, Dr = 64, page = 64, pages_per = ctx / page, num_pages = B * pages_per;
   Tensor kv = be.alloc({num_pages, page, R + Dr}, DType::BF16);
   Tensor q_lat = be.alloc({B, H, R}, DType::BF16), q_rope = be.alloc({B, H, Dr}, DType::BF16);
@@ -289,7 +290,7 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   }});
   be.set_mla_decode_wgmma(was);
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
-                 (wgmma ? "_wgmma" : ""),
+                 (wgmma || H < 64 ? "" : "_mma"),
          .us = us};
   l.bytes = double(B) * ctx * (R + Dr) * 2 + double(B) * H * (R + Dr) * 2 + double(B) * H * R * 2 + double(B) * H * 4;
   l.flops = 2.0 * B * H * ctx * (R + Dr + R);
@@ -355,7 +356,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
   if (wanted("mla_decode"))
     for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{{96, 32, 4096}, {96, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
-      if (H >= 64) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true);
+      if (H >= 64) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/false);
     }
   if (wanted("lse_merge")) lse_merge_case(be, 8, 128, 96, 512, opts.quick, lines);
 

@@ -93,8 +93,8 @@ struct MlaDecodeArgs {
   float* lse = nullptr;                   // [B, H]
   int B = 0, H = 0, R = 0, Dr = 0, page_size = 0, max_pages = 0;
   float scale = 0.f;
-  // Opt-in: the Hopper wgmma kernel (mla_decode_wgmma.cu) for R = 512, Dr = 64, H >= 64. Off until
-  // verified on an H200; then it becomes the default for that shape.
+  // The Hopper wgmma kernel (mla_decode_wgmma.cu) for R = 512, Dr = 64, H >= 64 (CudaBackend sets it
+  // from set_mla_decode_wgmma, default on); otherwise the mma.sync kernel.
   bool use_wgmma = false;
 };
 // Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.

@@ -421,7 +421,7 @@ void launch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float*
   float* part_o = work;
   float* part_lse = work + int64_t(plan.splits) * a.B * a.H * a.R;
   if (a.use_wgmma && a.H >= 64) {
-    launch_mla_decode_wgmma(a, plan, part_o, part_lse, s);  // mla_decode_wgmma.cu (opt-in until verified)
+    launch_mla_decode_wgmma(a, plan, part_o, part_lse, s);  // mla_decode_wgmma.cu
   } else {
     switch (heads_per_block(a.H)) {
       case 16: launch_mma<1, 4, 64, 2>(a, plan, part_o, part_lse, s); break;

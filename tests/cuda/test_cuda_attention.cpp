@@ -209,11 +209,15 @@ TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused page
                                       {48, 512, 64, 16, {700, 1024, 1}},
                                       {64, 512, 64, 48, {500, 97, 512}},
                                       {16, 512, 64, 64, {4096, 2048, 0, 64}, true}};
+  // The mma.sync kernel for every head count (H >= 64 would take the wgmma kernel by default).
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  cb->set_mla_decode_wgmma(false);
   check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, "mla_decode");
+  cb->set_mla_decode_wgmma(true);
 }
 
-// The Hopper wgmma kernel (mla_decode_wgmma.cu), forced through the CudaBackend switch that keeps it
-// opt-in until verified: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
+// The Hopper wgmma kernel (mla_decode_wgmma.cu), the default for H >= 64: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
 // 64, 300, 5000 (one split and several, merged); pages of 64, 16 and 48; bf16 and fp32 o.
 TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
