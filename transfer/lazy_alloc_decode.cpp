@@ -168,12 +168,7 @@ Actions DecodeSide::on_transfer_done(const protocol::TransferDone& m, Millis now
 
 Actions DecodeSide::on_abort(const protocol::Abort& m, Millis now) {
   Actions out;
-  if (!seen_before(records_, tombstones_, m.request_id)) {
-    // ABORT overtook the request (reordering): remember the id so a late CLAIM/PREFILL is refused.
-    tombstones_[m.request_id] = {RequestState::Aborted, now + cfg_.timeouts.tombstone_ttl};
-    out.push_back(IgnoredAction{m.request_id, "ABORT: unknown request, remembered as aborted"});
-    return out;
-  }
+  if (tombstone_unknown_abort(records_, tombstones_, m.request_id, now + cfg_.timeouts.tombstone_ttl, out)) return out;
   Record* r = find(m.request_id, "ABORT", out);
   if (!r) return out;
   const bool from_our_stage = m.origin_role == Role::Prefill && m.origin_instance == r->claim.prefill_instance &&
@@ -260,7 +255,7 @@ Actions DecodeSide::tick(Millis now) {
     out.insert(out.end(), a.begin(), a.end());
   }
   for (uint64_t id : quarantined) maybe_release(*records_.at(id), now, true, out);
-  std::erase_if(tombstones_, [&](const auto& t) { return now >= t.second.second; });
+  forget_expired(tombstones_, now);
   return out;
 }
 
@@ -308,9 +303,7 @@ void DecodeSide::maybe_release(Record& r, Millis now, bool quarantine_over, Acti
 }
 
 std::optional<RequestState> DecodeSide::state(uint64_t request_id) const {
-  if (auto it = records_.find(request_id); it != records_.end()) return it->second->state;
-  if (auto it = tombstones_.find(request_id); it != tombstones_.end()) return it->second.first;
-  return std::nullopt;
+  return state_of(records_, tombstones_, request_id);
 }
 
 const protocol::Claim* DecodeSide::claim(uint64_t request_id) const {

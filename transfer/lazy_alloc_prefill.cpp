@@ -129,12 +129,7 @@ Actions PrefillSide::on_addrs(const protocol::Addrs& m, Millis now) {
 
 Actions PrefillSide::on_abort(const protocol::Abort& m, Millis now) {
   Actions out;
-  if (!seen_before(records_, tombstones_, m.request_id)) {
-    // ABORT overtook the request (reordering): remember the id so a late CLAIM/PREFILL is refused.
-    tombstones_[m.request_id] = {RequestState::Aborted, now + cfg_.timeouts.tombstone_ttl};
-    out.push_back(IgnoredAction{m.request_id, "ABORT: unknown request, remembered as aborted"});
-    return out;
-  }
+  if (tombstone_unknown_abort(records_, tombstones_, m.request_id, now + cfg_.timeouts.tombstone_ttl, out)) return out;
   Record* r = find(m.request_id, "ABORT", out);
   if (!r) return out;
   if (r->ended) {
@@ -210,7 +205,7 @@ Actions PrefillSide::tick(Millis now) {
     Actions a = end_request(*records_.at(id), RequestState::Expired, AbortReason::Deadline, true, true, now);
     out.insert(out.end(), a.begin(), a.end());
   }
-  std::erase_if(tombstones_, [&](const auto& t) { return now >= t.second.second; });
+  forget_expired(tombstones_, now);
   return out;
 }
 
@@ -259,9 +254,7 @@ void PrefillSide::finish_release(Record& r, Actions& out) {
 }
 
 std::optional<RequestState> PrefillSide::state(uint64_t request_id) const {
-  if (auto it = records_.find(request_id); it != records_.end()) return it->second->state;
-  if (auto it = tombstones_.find(request_id); it != tombstones_.end()) return it->second.first;
-  return std::nullopt;
+  return state_of(records_, tombstones_, request_id);
 }
 
 bool PrefillSide::writes_in_flight(uint64_t request_id) const {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -32,6 +33,30 @@ Record* find_live(const LiveRecords<Record>& records, const Tombstones& tombston
   out.push_back(IgnoredAction{id, std::string(what) + ": " +
                                       (tombstones.count(id) ? "request already ended" : "unknown request")});
   return nullptr;
+}
+
+// An ABORT for an id neither live nor remembered overtook its request (reordering): remember the id
+// as aborted until `forget_at`, so a late CLAIM/PREFILL is refused. False when the id is known.
+template <class Record>
+bool tombstone_unknown_abort(const LiveRecords<Record>& records, Tombstones& tombstones, uint64_t id, Millis forget_at,
+                             Actions& out) {
+  if (seen_before(records, tombstones, id)) return false;
+  tombstones[id] = {RequestState::Aborted, forget_at};
+  out.push_back(IgnoredAction{id, "ABORT: unknown request, remembered as aborted"});
+  return true;
+}
+
+// Drops the tombstones whose forget-at time has come.
+inline void forget_expired(Tombstones& tombstones, Millis now) {
+  std::erase_if(tombstones, [&](const auto& t) { return now >= t.second.second; });
+}
+
+// The state of a live request, else the terminal state of a remembered one.
+template <class Record>
+std::optional<RequestState> state_of(const LiveRecords<Record>& records, const Tombstones& tombstones, uint64_t id) {
+  if (auto it = records.find(id); it != records.end()) return it->second->state;
+  if (auto it = tombstones.find(id); it != tombstones.end()) return it->second.first;
+  return std::nullopt;
 }
 
 }  // namespace k3::transfer
