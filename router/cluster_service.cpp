@@ -362,18 +362,9 @@ void ClusterService::wake() {
 }
 
 Result<RequestHandle> ClusterService::submit(GenerationParams params, EventSink sink) {
-  if (params.prompt.empty()) return invalid_argument("prompt: empty");
-  if (params.max_tokens < 1) return invalid_argument("max_tokens: must be >= 1");
   // TOKENS carries ids only: say so instead of answering without the logprobs that were asked for.
-  if (params.logprobs >= 0) return invalid_argument("logprobs: not supported in cluster mode (decode nodes stream token ids only)");
-  for (int32_t id : params.prompt)
-    if (id < 0 || id >= cfg_.vocab_size)
-      return invalid_argument("prompt: token id " + std::to_string(id) + " outside [0, " + std::to_string(cfg_.vocab_size) + ")");
-  const int64_t limit = cfg_.max_position_embeddings;
-  if (static_cast<int64_t>(params.prompt.size()) + params.max_tokens > limit)
-    return invalid_argument("prompt (" + std::to_string(params.prompt.size()) + " tokens) + max_tokens (" +
-                            std::to_string(params.max_tokens) + ") exceeds the context limit " + std::to_string(limit));
-  if (!sink) return invalid_argument("sink is required");
+  K3_TRY(check_generation_params(params, bool(sink), cfg_.vocab_size, cfg_.max_position_embeddings,
+                                 "not supported in cluster mode (decode nodes stream token ids only)"));
   if (!ready()) return Status(Code::Unavailable, "no prefill/decode pair is ready");
   auto r = std::make_unique<Request>();
   std::shared_ptr<const Tokenizer> tok = tokenizer_;

@@ -60,6 +60,12 @@ struct ServiceStats {
   int64_t free_pages = 0;   // KV pages free (-1 when not applicable)
 };
 
+// The checks every service makes at submit(), in this order, each error naming its field: a non-empty
+// prompt, max_tokens >= 1, logprobs only where supported (`logprobs_unsupported` non-null: why not),
+// prompt ids inside the vocabulary, prompt + max_tokens within the context, and a sink.
+Status check_generation_params(const GenerationParams& params, bool has_sink, int64_t vocab_size,
+                               int64_t context_limit, const char* logprobs_unsupported = nullptr);
+
 class GenerationService {
  public:
   virtual ~GenerationService() = default;

@@ -70,16 +70,7 @@ LocalEngineService::~LocalEngineService() {
 }
 
 Result<RequestHandle> LocalEngineService::submit(GenerationParams params, EventSink sink) {
-  if (params.prompt.empty()) return invalid_argument("prompt: empty");
-  if (params.max_tokens < 1) return invalid_argument("max_tokens: must be >= 1");
-  for (int32_t id : params.prompt)
-    if (id < 0 || id >= cfg_.vocab_size)
-      return invalid_argument("prompt: token id " + std::to_string(id) + " outside [0, " + std::to_string(cfg_.vocab_size) + ")");
-  const int64_t limit = cfg_.max_position_embeddings;
-  if (static_cast<int64_t>(params.prompt.size()) + params.max_tokens > limit)
-    return invalid_argument("prompt (" + std::to_string(params.prompt.size()) + " tokens) + max_tokens (" +
-                            std::to_string(params.max_tokens) + ") exceeds the context limit " + std::to_string(limit));
-  if (!sink) return invalid_argument("sink is required");
+  K3_TRY(check_generation_params(params, bool(sink), cfg_.vocab_size, cfg_.max_position_embeddings));
   std::lock_guard lk(mu_);
   if (stopping_) return Status(Code::Unavailable, "the engine is shutting down");
   // Free engine slots take requests at once, so they count as room too (max_queue 0 = no waiting).
