@@ -5,15 +5,16 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
-#include <unistd.h>
 
 #include "common/io/safetensors.h"
 #include "common/io/safetensors_writer.h"
 #include "kernels/op_registry.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/kernels/op_examples.h"
+#include "tests/support/scratch_dir.h"
 
 using namespace k3;
+using k3::testing::ScratchDir;
 
 TEST_CASE("every registered op by name: CUDA equals CPU", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
@@ -56,8 +57,8 @@ TEST_CASE("every registered op by name: CUDA equals CPU", "[cuda]") {
 TEST_CASE("k3-op --backend cuda on a safetensors file equals --backend cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("k3op-cuda-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const ScratchDir scratch("op_cuda_test");  // removed however the test ends
+  const fs::path dir = scratch.str();
   std::mt19937 rng(72);
   auto [inputs, attrs] = test::example("mla_decode", rng);
   std::vector<std::pair<std::string, Tensor>> tensors(inputs.begin(), inputs.end());
@@ -75,5 +76,4 @@ TEST_CASE("k3-op --backend cuda on a safetensors file equals --backend cpu", "[c
     CHECK_FALSE(e.bad_nan);
     CHECK(e.rel <= 3e-2);
   }
-  fs::remove_all(dir);
 }

@@ -1,8 +1,5 @@
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,24 +7,13 @@
 
 #include "common/io/safetensors.h"
 #include "common/io/safetensors_writer.h"
+#include "tests/support/scratch_dir.h"
 
 using namespace k3;
+using k3::testing::ScratchDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("k3_io_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 // Bytes 0..n-1 filled with a pattern unique to `salt`, so mixed-up tensors are visible.
 Tensor patterned(Shape shape, DType dtype, int salt) {
@@ -61,7 +47,7 @@ std::string error_of(const std::string& path) {
 }  // namespace
 
 TEST_CASE("safetensors round trip keeps every dtype, shape, byte and the metadata") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   std::vector<std::pair<std::string, Tensor>> tensors = {
       {"a.bf16", patterned({3, 5}, DType::BF16, 1)},  {"b.f32", patterned({7}, DType::F32, 2)},
       {"c.f16", patterned({2, 1, 3}, DType::F16, 3)}, {"d.i32", patterned({4, 2}, DType::I32, 4)},
@@ -100,7 +86,7 @@ TEST_CASE("safetensors round trip keeps every dtype, shape, byte and the metadat
 }
 
 TEST_CASE("safetensors views outlive the file object") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   Tensor src = patterned({16}, DType::F32, 9);
   REQUIRE(write_safetensors(dir.file("m.safetensors"), {{"x", src}}).is_ok());
   Tensor view;
@@ -113,7 +99,7 @@ TEST_CASE("safetensors views outlive the file object") {
 }
 
 TEST_CASE("safetensors reader rejects a truncated file") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   SECTION("shorter than the length field") {
     std::ofstream(dir.file("t.safetensors"), std::ios::binary) << "abc";
     REQUIRE_THAT(error_of(dir.file("t.safetensors")), Catch::Contains("truncated"));
@@ -129,7 +115,7 @@ TEST_CASE("safetensors reader rejects a truncated file") {
 }
 
 TEST_CASE("safetensors reader rejects a bad header length") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   SECTION("absurdly large") {
     write_raw(dir.file("b.safetensors"), "{}", 0, uint64_t{1} << 40);
     REQUIRE_THAT(error_of(dir.file("b.safetensors")), Catch::Contains("bad header length"));
@@ -145,14 +131,14 @@ TEST_CASE("safetensors reader rejects a bad header length") {
 }
 
 TEST_CASE("safetensors reader rejects offsets out of range, naming the tensor") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   write_raw(dir.file("o.safetensors"), R"({"w":{"dtype":"F32","shape":[16],"data_offsets":[0,64]}})", 16);
   const std::string msg = error_of(dir.file("o.safetensors"));
   REQUIRE_THAT(msg, Catch::Contains("tensor 'w'") && Catch::Contains("out of range"));
 }
 
 TEST_CASE("safetensors reader rejects overlapping tensors, naming both") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   write_raw(dir.file("o.safetensors"),
             R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
             24);
@@ -161,26 +147,26 @@ TEST_CASE("safetensors reader rejects overlapping tensors, naming both") {
 }
 
 TEST_CASE("safetensors reader rejects a size that does not match the shape") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   write_raw(dir.file("s.safetensors"), R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,12]}})", 16);
   REQUIRE_THAT(error_of(dir.file("s.safetensors")),
                Catch::Contains("tensor 'w'") && Catch::Contains("12 bytes") && Catch::Contains("needs 16"));
 }
 
 TEST_CASE("safetensors reader rejects an unknown dtype, naming the tensor") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   write_raw(dir.file("d.safetensors"), R"({"w":{"dtype":"Q7","shape":[2],"data_offsets":[0,2]}})", 2);
   REQUIRE_THAT(error_of(dir.file("d.safetensors")), Catch::Contains("tensor 'w'") && Catch::Contains("'Q7'"));
 }
 
 TEST_CASE("safetensors reader rejects a header that is not valid JSON") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   write_raw(dir.file("j.safetensors"), R"({"w":{"dtype":"F32",)", 0);
   REQUIRE_THAT(error_of(dir.file("j.safetensors")), Catch::Contains("not valid JSON"));
 }
 
 TEST_CASE("safetensors reader rejects malformed header fields, naming them") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   SECTION("metadata value not a string") {
     write_raw(dir.file("m.safetensors"), R"({"__metadata__":{"format":3}})", 0);
     REQUIRE_THAT(error_of(dir.file("m.safetensors")), Catch::Contains("__metadata__.format"));
@@ -201,7 +187,7 @@ TEST_CASE("safetensors reader rejects malformed header fields, naming them") {
 }
 
 TEST_CASE("safetensors writer checks the declared layout") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   const std::string path = dir.file("w.safetensors");
   SECTION("wrong order, wrong shape, too early finish") {
     auto w = SafetensorsWriter::create(path, {{"a", DType::F32, {2}}, {"b", DType::BF16, {3}}});
@@ -239,7 +225,7 @@ TEST_CASE("safetensors writer checks the declared layout") {
 }
 
 TEST_CASE("a sharded model directory loads through model.safetensors.index.json") {
-  TempDir dir;
+  ScratchDir dir("io_test");
   Tensor a = patterned({4}, DType::F32, 1), b = patterned({2, 2}, DType::BF16, 2), c = patterned({3}, DType::I64, 3);
   REQUIRE(write_safetensors(dir.file("model-00001-of-00002.safetensors"), {{"a", a}, {"b", b}}).is_ok());
   REQUIRE(write_safetensors(dir.file("model-00002-of-00002.safetensors"), {{"c", c}}).is_ok());
@@ -252,7 +238,7 @@ TEST_CASE("a sharded model directory loads through model.safetensors.index.json"
   write_index();
 
   SECTION("all tensors, from the right shards") {
-    auto d = open_safetensors_dir(dir.path.string());
+    auto d = open_safetensors_dir(dir.str());
     REQUIRE(d.is_ok());
     REQUIRE(d->files.size() == 2);
     REQUIRE(d->tensors.size() == 3);
@@ -264,27 +250,27 @@ TEST_CASE("a sharded model directory loads through model.safetensors.index.json"
     index["weight_map"]["c"] = "model-00001-of-00002.safetensors";
     index["weight_map"]["z"] = "model-00002-of-00002.safetensors";
     write_index();
-    auto d = open_safetensors_dir(dir.path.string());
+    auto d = open_safetensors_dir(dir.str());
     REQUIRE_FALSE(d.is_ok());
     REQUIRE_THAT(d.status().message(), Catch::Contains("'c'") || Catch::Contains("'z'"));
   }
   SECTION("a tensor present in two shards is refused") {
     REQUIRE(write_safetensors(dir.file("model-00002-of-00002.safetensors"), {{"c", c}, {"a", a}}).is_ok());
-    auto d = open_safetensors_dir(dir.path.string());
+    auto d = open_safetensors_dir(dir.str());
     REQUIRE_FALSE(d.is_ok());
     REQUIRE_THAT(d.status().message(), Catch::Contains("'a'") && Catch::Contains("more than one shard"));
   }
   SECTION("a shard name outside the directory is refused") {
     index["weight_map"]["c"] = "../elsewhere.safetensors";
     write_index();
-    auto d = open_safetensors_dir(dir.path.string());
+    auto d = open_safetensors_dir(dir.str());
     REQUIRE_FALSE(d.is_ok());
     REQUIRE_THAT(d.status().message(), Catch::Contains("weight_map['c']"));
   }
   SECTION("without an index, model.safetensors is read") {
     fs::remove(dir.file("model.safetensors.index.json"));
     REQUIRE(write_safetensors(dir.file("model.safetensors"), {{"only", a}}).is_ok());
-    auto d = open_safetensors_dir(dir.path.string());
+    auto d = open_safetensors_dir(dir.str());
     REQUIRE(d.is_ok());
     REQUIRE(d->tensors.size() == 1);
     REQUIRE(same_bytes(d->tensors.at("only"), a));

@@ -4,15 +4,16 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
-#include <unistd.h>
 
 #include "common/io/safetensors.h"
 #include "common/io/safetensors_writer.h"
 #include "kernels/op_registry.h"
 #include "tests/kernels/kernel_test_util.h"
 #include "tests/kernels/op_examples.h"
+#include "tests/support/scratch_dir.h"
 
 using namespace k3;
+using k3::testing::ScratchDir;
 using namespace k3::test;
 
 
@@ -84,8 +85,8 @@ TEST_CASE("run_named_op errors name the op and the bad input or attribute") {
 TEST_CASE("k3-op runs an op from a safetensors file written by the writer") {
   namespace fs = std::filesystem;
   std::mt19937 rng(64);
-  const fs::path dir = fs::temp_directory_path() / ("k3_op_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const ScratchDir scratch("op_test");  // removed however the test ends
+  const fs::path dir = scratch.str();
   const std::string in = (dir / "in.safetensors").string(), out = (dir / "out.safetensors").string();
   Tensor x = randn({4, 6}, rng), w = randn({3, 6}, rng);
   REQUIRE(write_safetensors(in, {{"x", x}, {"w", w}}, {{"alpha", "2"}, {"format", "pt"}}).is_ok());
@@ -105,5 +106,4 @@ TEST_CASE("k3-op runs an op from a safetensors file written by the writer") {
   REQUIRE(write_safetensors(bad, {{"x", x}, {"w", w}}, {{"beta", "x1"}}).is_ok());
   CHECK(std::system((tool + " --op gemm --in " + bad + " --out " + none + " 2> /dev/null").c_str()) != 0);
   CHECK_FALSE(fs::exists(none));
-  fs::remove_all(dir);
 }

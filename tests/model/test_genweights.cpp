@@ -4,7 +4,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -12,21 +11,13 @@
 #include "common/model/config.h"
 #include "common/model/weights.h"
 #include "common/tokenizer/tokenizer.h"
+#include "tests/support/scratch_dir.h"
 
 using namespace k3;
+using k3::testing::ScratchDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("k3_genweights_test_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(counter++));
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 int run_tool(const std::string& args) {
   const std::string cmd = std::string(K3_BIN_DIR) + "/k3-genweights " + args + " 2>/dev/null";
@@ -37,8 +28,8 @@ int run_tool(const std::string& args) {
 }  // namespace
 
 TEST_CASE("k3-genweights writes a k3-tiny directory that loads and matches random_weights") {
-  TempDir dir;
-  const std::string out = dir.path.string();
+  ScratchDir scratch("genweights_test");
+  const std::string out = scratch.file("model");  // k3-genweights creates it
   REQUIRE(run_tool("--preset k3-tiny --seed 11 --out " + out) == 0);
 
   auto cfg = load_model_config(out + "/config.json");
@@ -72,12 +63,12 @@ TEST_CASE("k3-genweights writes a k3-tiny directory that loads and matches rando
     REQUIRE(again->get("lm_head.weight").dtype() == DType::F32);
   }
   SECTION("--config reproduces the same model from the written config.json") {
-    TempDir second;
-    REQUIRE(run_tool("--config " + out + "/config.json --seed 11 --out " + second.path.string()) == 0);
-    auto cfg2 = load_model_config(second.path.string() + "/config.json");
+    const std::string second = scratch.file("second");
+    REQUIRE(run_tool("--config " + out + "/config.json --seed 11 --out " + second) == 0);
+    auto cfg2 = load_model_config(second + "/config.json");
     REQUIRE(cfg2.is_ok());
     REQUIRE(model_config_to_json(*cfg2) == model_config_to_json(*cfg));
-    auto w2 = load_weights(second.path.string(), *cfg2);
+    auto w2 = load_weights(second, *cfg2);
     REQUIRE(w2.is_ok());
     const Tensor& a = w2->get("model.layers.3.self_attn.kv_b_proj.weight");
     const Tensor& b = loaded->get("model.layers.3.self_attn.kv_b_proj.weight");
@@ -86,10 +77,11 @@ TEST_CASE("k3-genweights writes a k3-tiny directory that loads and matches rando
 }
 
 TEST_CASE("k3-genweights refuses large presets without --allow-large and bad arguments") {
-  TempDir dir;
-  REQUIRE(run_tool("--preset k3-small --out " + dir.path.string()) != 0);
-  REQUIRE_FALSE(fs::exists(dir.path));
-  REQUIRE(run_tool("--out " + dir.path.string()) != 0);
-  REQUIRE(run_tool("--preset k3-nano --out " + dir.path.string()) != 0);
-  REQUIRE(run_tool("--preset k3-tiny --dtype f8 --out " + dir.path.string()) != 0);
+  ScratchDir scratch("genweights_test");
+  const std::string out = scratch.file("model");
+  REQUIRE(run_tool("--preset k3-small --out " + out) != 0);
+  REQUIRE_FALSE(fs::exists(out));
+  REQUIRE(run_tool("--out " + out) != 0);
+  REQUIRE(run_tool("--preset k3-nano --out " + out) != 0);
+  REQUIRE(run_tool("--preset k3-tiny --dtype f8 --out " + out) != 0);
 }

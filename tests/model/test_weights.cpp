@@ -1,8 +1,5 @@
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -14,23 +11,13 @@
 #include "common/io/safetensors_writer.h"
 #include "common/model/weights.h"
 #include "common/model/weights_init.h"
+#include "tests/support/scratch_dir.h"
 
 using namespace k3;
+using k3::testing::ScratchDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("k3_weights_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string str() const { return path.string(); }
-};
 
 ModelConfig tiny() { return preset_config("k3-tiny").value(); }
 
@@ -39,17 +26,17 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 }
 
 // Writes `w` (optionally with one tensor dropped or replaced) as <dir>/model.safetensors.
-void write_model(const TempDir& dir, const WeightStore& w, const std::string& drop = "",
+void write_model(const ScratchDir& dir, const WeightStore& w, const std::string& drop = "",
                  const std::string& replace = "", Tensor replacement = {}) {
   std::vector<std::pair<std::string, Tensor>> list;
   for (const auto& [name, t] : w.all()) {
     if (name == drop) continue;
     list.emplace_back(name, name == replace ? replacement : t);
   }
-  REQUIRE(write_safetensors((dir.path / "model.safetensors").string(), list).is_ok());
+  REQUIRE(write_safetensors(dir.file("model.safetensors"), list).is_ok());
 }
 
-std::string load_error(const TempDir& dir, const ModelConfig& cfg) {
+std::string load_error(const ScratchDir& dir, const ModelConfig& cfg) {
   auto r = load_weights(dir.str(), cfg);
   REQUIRE_FALSE(r.is_ok());
   return r.status().message();
@@ -68,7 +55,7 @@ TEST_CASE("random k3-tiny weights write, load back and compare identical") {
   const ModelConfig cfg = tiny();
   for (DType dtype : {DType::BF16, DType::F32}) {
     INFO(dtype_name(dtype));
-    TempDir dir;
+    ScratchDir dir("weights_test");
     WeightStore w = random_weights(cfg, 42, dtype);
     REQUIRE(w.all().size() == expected_tensors(cfg).size());
     write_model(dir, w);
@@ -158,7 +145,7 @@ TEST_CASE("random weights use the documented scales") {
 
 TEST_CASE("load_weights names a missing tensor") {
   const ModelConfig cfg = tiny();
-  TempDir dir;
+  ScratchDir dir("weights_test");
   const std::string victim = "model.layers.3.self_attn.kv_b_proj.weight";
   write_model(dir, random_weights(cfg, 1, DType::BF16), victim);
   REQUIRE_THAT(load_error(dir, cfg), Catch::Contains(victim) && Catch::Contains("missing"));
@@ -166,7 +153,7 @@ TEST_CASE("load_weights names a missing tensor") {
 
 TEST_CASE("load_weights names a misshapen tensor with expected and actual shape") {
   const ModelConfig cfg = tiny();
-  TempDir dir;
+  ScratchDir dir("weights_test");
   const std::string victim = "model.layers.1.mlp.experts.5.w3.weight";
   write_model(dir, random_weights(cfg, 1, DType::BF16), "", victim, Tensor::zeros({32, 31}, DType::BF16));
   REQUIRE_THAT(load_error(dir, cfg),
@@ -175,7 +162,7 @@ TEST_CASE("load_weights names a misshapen tensor with expected and actual shape"
 
 TEST_CASE("load_weights names an F32-only tensor stored in another dtype") {
   const ModelConfig cfg = tiny();
-  TempDir dir;
+  ScratchDir dir("weights_test");
   const std::string victim = "model.layers.2.self_attn.dt_bias";
   write_model(dir, random_weights(cfg, 1, DType::BF16), "", victim, Tensor::zeros({64}, DType::BF16));
   REQUIRE_THAT(load_error(dir, cfg), Catch::Contains(victim) && Catch::Contains("F32") && Catch::Contains("BF16"));
@@ -183,7 +170,7 @@ TEST_CASE("load_weights names an F32-only tensor stored in another dtype") {
 
 TEST_CASE("load_weights refuses integer matrices") {
   const ModelConfig cfg = tiny();
-  TempDir dir;
+  ScratchDir dir("weights_test");
   const std::string victim = "lm_head.weight";
   write_model(dir, random_weights(cfg, 1, DType::BF16), "", victim,
               Tensor::zeros({cfg.vocab_size, cfg.hidden_size}, DType::I32));
@@ -192,7 +179,7 @@ TEST_CASE("load_weights refuses integer matrices") {
 
 TEST_CASE("A_log stored longer than the head count is accepted and narrowed (as in the K3 release)") {
   const ModelConfig cfg = tiny();
-  TempDir dir;
+  ScratchDir dir("weights_test");
   const std::string name = "model.layers.0.self_attn.A_log";
   std::vector<float> vals(16);
   for (int i = 0; i < 16; ++i) vals[i] = 0.5f * i;
@@ -254,7 +241,7 @@ TEST_CASE("no shared-expert tensors when num_shared_experts is 0") {
 
 TEST_CASE("load_weights for a layer range reads only that range, from sharded files") {
   const ModelConfig cfg = tiny();
-  TempDir dir;
+  ScratchDir dir("weights_test");
   WeightStore w = random_weights(cfg, 5, DType::BF16);
   // Two shards: layers < 4 (+ embedding) and the rest.
   std::vector<std::pair<std::string, Tensor>> s1, s2;
@@ -266,9 +253,9 @@ TEST_CASE("load_weights for a layer range reads only that range, from sharded fi
     (early ? s1 : s2).emplace_back(name, t);
     map[name] = early ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
-  REQUIRE(write_safetensors((dir.path / "model-00001-of-00002.safetensors").string(), s1).is_ok());
-  REQUIRE(write_safetensors((dir.path / "model-00002-of-00002.safetensors").string(), s2).is_ok());
-  std::ofstream(dir.path / "model.safetensors.index.json") << nlohmann::json{{"weight_map", map}}.dump();
+  REQUIRE(write_safetensors(dir.file("model-00001-of-00002.safetensors"), s1).is_ok());
+  REQUIRE(write_safetensors(dir.file("model-00002-of-00002.safetensors"), s2).is_ok());
+  std::ofstream(dir.file("model.safetensors.index.json")) << nlohmann::json{{"weight_map", map}}.dump();
 
   auto stage = load_weights(dir.str(), cfg, 4, 8);
   REQUIRE(stage.is_ok());

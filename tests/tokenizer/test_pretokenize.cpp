@@ -7,7 +7,7 @@
 
 #include "common/tokenizer/pretokenize.h"
 #include "common/tokenizer/unicode_class.h"
-#include "scratch_dir.h"
+#include "tests/support/scratch_dir.h"
 
 using namespace k3;
 using k3::testing::read_all;

@@ -3,7 +3,7 @@
 
 #include "common/tokenizer/tiny_tokenizer.h"
 #include "common/tokenizer/tokenizer.h"
-#include "scratch_dir.h"
+#include "tests/support/scratch_dir.h"
 
 using namespace k3;
 using k3::testing::read_all;
