@@ -94,7 +94,7 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   a.slots = ptrs[0];
   a.cu_seqlens = ptrs[1];
   auto* work = static_cast<float*>(work_.ensure(size_t(kda_chunk_workspace_floats(num_chunks, a.H)) * 4 + 256));
-  launch_kda_chunk(a, ptrs[2], ptrs[3], num_chunks, work, stream_);
+  launch_kda_chunk(a, ptrs[2], ptrs[3], num_chunks, work, num_sms_, stream_);
 }
 
 void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {

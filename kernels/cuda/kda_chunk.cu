@@ -272,7 +272,7 @@ void launch_scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* se
 int64_t kda_chunk_workspace_floats(int64_t num_chunks, int H) { return num_chunks * H * (kWorkBytes / 4); }
 
 void launch_kda_chunk(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, int num_chunks,
-                      float* work, cudaStream_t s) {
+                      float* work, int num_sms, cudaStream_t s) {
   if (a.K != kD || a.V != kD) throw Error("kda_chunk: the chunked kernel needs K = V = 128");
   if (a.N == 0 || a.H == 0) return;
   if (num_chunks > 0) launch_kda_chunk_prep(a, chunk_table, num_chunks, work, s);
@@ -281,11 +281,9 @@ void launch_kda_chunk(const KdaArgs& a, const int32_t* chunk_table, const int32_
   // <64,8,2> 2.11 / 3.23, <16,4,2> 2.46 / 3.18. Wide V tiles halve the redundant W·Sᵀ/Q·Sᵀ
   // operand traffic per state row but leave SMs idle when heads x sequences are few; a grid of at
   // most one block per SM can afford double buffers for every tile.
-  int dev = 0, sms = 0;
-  K3_CUDA_OK(cudaGetDevice(&dev));
-  K3_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t sms = num_sms;
   const int64_t blocks32 = int64_t(kD / 32) * a.H * a.N;
-  if (blocks32 >= 2 * int64_t(sms))
+  if (blocks32 >= 2 * sms)
     launch_scan<64, 4, 1>(a, chunk_table, seq_chunk0, work, s);
   else if (blocks32 <= sms)
     launch_scan<32, 4, 3>(a, chunk_table, seq_chunk0, work, s);

@@ -61,10 +61,11 @@ void launch_kda_recurrent(const KdaArgs& a, cudaStream_t s);
 
 // Chunked form, K = V = 128, chunk 64. `chunk_table` [num_chunks, 4] I32 on device: (first token,
 // length, sequence, index of the chunk within its sequence); `seq_chunk0` [N+1] the first chunk of
-// each sequence. `work` holds kda_chunk_workspace_floats(num_chunks, H) floats.
+// each sequence. `work` holds kda_chunk_workspace_floats(num_chunks, H) floats. `num_sms` (the
+// device's multiprocessor count) picks the scan shape.
 int64_t kda_chunk_workspace_floats(int64_t num_chunks, int H);
 void launch_kda_chunk(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, int num_chunks,
-                      float* work, cudaStream_t s);
+                      float* work, int num_sms, cudaStream_t s);
 
 struct KdaDecodeArgs {
   FIn qkv;                       // [B, 3*H*D]
