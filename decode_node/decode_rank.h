@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "common/model/engine.h"
+#include "engine/engine.h"
 #include "transfer/ucx_decode_driver.h"
 
 namespace k3::decode {

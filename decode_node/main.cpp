@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "common/model/weights.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/core/parse.h"

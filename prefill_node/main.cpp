@@ -12,7 +12,7 @@
 #include <atomic>
 #include <cstdio>
 
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "common/model/weights.h"
 #include "prefill_node/partition.h"
 #include "prefill_node/prefill_stage.h"

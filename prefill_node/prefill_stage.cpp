@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "common/model/cache_io.h"
+#include "engine/cache_io.h"
 #include "common/protocol/compat.h"
 #include "prefill_node/partition.h"
 

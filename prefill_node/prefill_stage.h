@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "common/model/config.h"
-#include "common/model/kv_cache.h"
-#include "common/model/model.h"
+#include "common/config/config.h"
+#include "engine/kv_cache.h"
+#include "engine/model.h"
 #include "common/model/weights.h"
 #include "prefill_node/stage_link.h"
 #include "transfer/ucx_prefill_driver.h"

@@ -17,7 +17,7 @@
 #include <zmq.hpp>
 
 #include "common/core/status.h"
-#include "common/model/model.h"
+#include "engine/model.h"
 
 namespace k3::prefill {
 

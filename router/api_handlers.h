@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/completion_request.h"
 #include "router/generation_service.h"

@@ -22,7 +22,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/cluster_placement.h"
 #include "router/generation_service.h"

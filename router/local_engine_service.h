@@ -13,8 +13,8 @@
 #include <thread>
 #include <unordered_set>
 
-#include "common/model/config.h"
-#include "common/model/engine.h"
+#include "common/config/config.h"
+#include "engine/engine.h"
 #include "common/model/weights.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/generation_service.h"

@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "common/core/parse.h"
-#include "common/model/config.h"
-#include "common/model/engine.h"
+#include "common/config/config.h"
+#include "engine/engine.h"
 #include "common/model/weights.h"
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"

@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "common/io/safetensors_writer.h"
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "common/model/weights.h"
 #include "common/model/weights_init.h"
 #include "common/tokenizer/tiny_tokenizer.h"

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "common/core/status.h"
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "common/protocol/messages.h"
 
 namespace k3::transfer {

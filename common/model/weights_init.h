@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "common/core/tensor.h"
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "common/model/weights.h"
 
 namespace k3 {

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "common/core/status.h"
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "common/protocol/messages.h"
 
 namespace k3::protocol {

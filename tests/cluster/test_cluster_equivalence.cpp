@@ -14,8 +14,8 @@
 #include <set>
 #include <sstream>
 
-#include "common/model/config.h"
-#include "common/model/engine.h"
+#include "common/config/config.h"
+#include "engine/engine.h"
 #include "common/model/weights.h"
 #include "common/protocol/frame.h"
 #include "tests/support/generate_reference.h"

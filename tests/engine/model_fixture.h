@@ -3,8 +3,8 @@
 #include <memory>
 #include <random>
 
-#include "common/model/config.h"
-#include "common/model/engine.h"
+#include "common/config/config.h"
+#include "engine/engine.h"
 #include "common/model/weights.h"
 #include "kernels/backend.h"
 

@@ -6,7 +6,7 @@
 
 #include <numeric>
 
-#include "common/model/cache_io.h"
+#include "engine/cache_io.h"
 #include "model_fixture.h"
 
 using namespace k3;

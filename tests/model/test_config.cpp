@@ -4,7 +4,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
-#include "common/model/config.h"
+#include "common/config/config.h"
 
 using namespace k3;
 using Json = nlohmann::json;

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "common/model/weights.h"
 #include "common/tokenizer/tokenizer.h"
 #include "tests/support/scratch_dir.h"

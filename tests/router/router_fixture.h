@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "common/io/safetensors_writer.h"
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "common/model/weights.h"
 #include "common/tokenizer/tiny_tokenizer.h"
 #include "common/tokenizer/tokenizer.h"

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/model/model.h"
+#include "engine/model.h"
 
 namespace k3 {
 

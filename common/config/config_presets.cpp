@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "common/model/config.h"
+#include "common/config/config.h"
 
 namespace k3 {
 

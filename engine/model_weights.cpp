@@ -1,4 +1,4 @@
-#include "common/model/model_weights.h"
+#include "engine/model_weights.h"
 
 #include <cstring>
 #include <string>

@@ -1,4 +1,4 @@
-#include "common/model/config.h"
+#include "common/config/config.h"
 
 #include <algorithm>
 #include <charconv>

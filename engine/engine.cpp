@@ -1,4 +1,4 @@
-#include "common/model/engine.h"
+#include "engine/engine.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "common/model/kv_cache.h"
+#include "engine/kv_cache.h"
 
 #include <algorithm>
 #include <cstring>

@@ -4,7 +4,7 @@
 #pragma once
 #include <vector>
 
-#include "common/model/model.h"
+#include "engine/model.h"
 
 namespace k3 {
 

@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "common/model/config.h"
-#include "common/model/kv_cache.h"
+#include "common/config/config.h"
+#include "engine/kv_cache.h"
 #include "common/model/weights.h"
 #include "kernels/backend.h"
 

@@ -1,4 +1,4 @@
-#include "common/model/cache_io.h"
+#include "engine/cache_io.h"
 
 #include <cstring>
 

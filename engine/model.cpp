@@ -1,10 +1,10 @@
-#include "common/model/model.h"
+#include "engine/model.h"
 
 #include <cmath>
 #include <numeric>
 #include <string>
 
-#include "common/model/model_weights.h"
+#include "engine/model_weights.h"
 
 namespace k3 {
 namespace {

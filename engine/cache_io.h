@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/model/kv_cache.h"
+#include "engine/kv_cache.h"
 
 namespace k3 {
 

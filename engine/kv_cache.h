@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/core/tensor.h"
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "kernels/backend.h"
 
 namespace k3 {
