@@ -1,4 +1,4 @@
-// `k3-bench kernels` (see kernels_bench.h). Method (../shared/design/ANCHORS.md): ceilings
+// `k3-bench kernels` (see kernels_bench.h). Method (docs/PERF.md, "What we measure against"): ceilings
 // measured in the same run; floor = max(bytes / copy BW, FLOPs / GEMM rate); decode-size kernels
 // are CUDA-graph replays timed one by one with events (median of >= 200), rotating over input
 // sets larger than the 60 MB L2; prefill-size kernels are eager calls, median of 10 after warm-up.

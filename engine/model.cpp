@@ -98,7 +98,7 @@ void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePoo
   const float eps = cfg_.rms_norm_eps;
   for (int l = begin_; l < end_; ++l) {
     const LayerWeights& lw = w_->layers[l - begin_];
-    // AttnRes (MODEL.md §4.2): mix before this layer's attention, then snapshot at block starts.
+    // AttnRes (docs/MODEL.md §4.2): mix before this layer's attention, then snapshot at block starts.
     Tensor h = act.bank.empty() ? act.partial : attn_res_mix(lw.att_query, act);
     const bool new_block = cfg_.starts_block(l);
     if (new_block) act.bank.push_back(act.partial);

@@ -1,4 +1,4 @@
-// The K3 forward pass (MODEL.md §8) over any contiguous layer range, for a batch of requests that each
+// The K3 forward pass (docs/MODEL.md §8) over any contiguous layer range, for a batch of requests that each
 // bring their own number of new tokens. Composes kernels/ ops; never branches on the backend.
 //
 // Layer range [begin, end): a PP stage runs its own range; the monolithic engine runs [0, L).

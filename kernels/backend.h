@@ -35,7 +35,7 @@ class Backend {
   virtual void l2norm(const ops::L2NormParams& p) = 0;
   virtual void short_conv(const ops::ShortConvParams& p) = 0;
   virtual void kda_gate(const ops::KdaGateParams& p) = 0;
-  virtual void kda_chunk(const ops::KdaParams& p) = 0;       // chunkwise WY form (MODEL.md §2.4)
+  virtual void kda_chunk(const ops::KdaParams& p) = 0;       // chunkwise WY form (docs/MODEL.md §2.4)
   virtual void kda_recurrent(const ops::KdaParams& p) = 0;   // token recurrence (§2.3), the oracle
   virtual void kda_decode(const ops::KdaDecodeParams& p) = 0;
   virtual void mla_prefill(const ops::MlaPrefillParams& p) = 0;

@@ -1,4 +1,4 @@
-// GenerationService over the monolithic engine (common/model/engine.h) in this process. One worker
+// GenerationService over the monolithic engine (engine/engine.h) in this process. One worker
 // thread owns the Engine; each step it (1) drops cancelled requests and closes their caches, (2) admits
 // waiting requests while KV slots are free, (3) advances each prefilling request by one prefill chunk
 // (sampling its first token when the prompt is done), (4) runs one batched decode step over every

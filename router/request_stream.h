@@ -1,6 +1,6 @@
 // The HTTP side of one submitted request: a queue the service's sink fills and the handler drains,
 // and the RAII guard that cancels the request when the handler lets go of it (client disconnect,
-// error, shutdown and normal completion all end in the destructor; STYLE habit 13).
+// error, shutdown and normal completion all end in the destructor; docs/STYLE.md habit 13).
 #pragma once
 #include <chrono>
 #include <condition_variable>

@@ -1,9 +1,9 @@
-// The lazy-alloc protocol (ARCHITECTURE.md §2) as pure state machines (STYLE habit 9): no sockets, no
+// The lazy-alloc protocol (docs/ARCHITECTURE.md §2) as pure state machines (docs/STYLE.md habit 9): no sockets, no
 // threads, no clock reads. Events go in (a message, a local completion, a peer death, the time); actions
 // come out (send this message to that peer, start/cancel writes, the request is ready, memory released).
 // The tests drive both sides against each other in-process; the nodes execute the actions for real.
 //
-// Guarantees (STYLE habit 10):
+// Guarantees (docs/STYLE.md habit 10):
 //  - ABORT / deadline: no new writes are started; writes already posted may still land. Decode memory a
 //    write may target stays allocated until every stage that was sent ADDRS has either reported
 //    TRANSFER_DONE (its writes flushed), answered ABORT_ACK / sent ABORT (it has no write in flight), or

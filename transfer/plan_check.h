@@ -1,4 +1,4 @@
-// Self-describing transfer test data (STYLE habit 15) and an independent checker, for the unit tests and
+// Self-describing transfer test data (docs/STYLE.md habit 15) and an independent checker, for the unit tests and
 // for the multi-process transfer tests: every source byte encodes (request, layer, kind, its offset in
 // the layer's source region); after the writes, each decode byte must carry the pattern of the source
 // byte the relayout maps to it. The checker walks DESTINATION bytes with the layout formulas of

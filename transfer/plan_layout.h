@@ -13,7 +13,7 @@
 //     KDA_CONV           kda_head_sliced: [W-1, 3P/N], columns [q heads of i | k heads of i | v heads of i]
 //                        else replicated: [W-1, 3P] on every rank
 //     KDA_STATE          kda_head_sliced: [H/N, V, K] = heads i*H/N .. (i+1)*H/N-1; else [H, V, K] on every rank
-// Decision (documented for issue 3): MLA is never replicated (DCP interleaves tokens, each token lives on
+// Decision: MLA is never replicated (DCP interleaves tokens, each token lives on
 // exactly one rank); KDA is head-sliced by default (attention-TP over the DCP group) and replicated when
 // the decode group runs KDA redundantly (kda_head_sliced = false).
 #pragma once

@@ -2,7 +2,7 @@
 // page ids and slot indices and turns them into addresses). The group leader may account for every rank
 // of its group, since it is only arithmetic over the ranks' published bases.
 //
-// Decision (issue 3): ONE page-id space shared by all MLA and draft layers (vLLM-style). Allocating page
+// Decision: ONE page-id space shared by all MLA and draft layers (vLLM-style). Allocating page
 // p reserves page p in every MLA/draft layer's page array; a request has one page table per rank, used by
 // every layer. KDA: one slot per request per rank holding all KDA layers' conv + state.
 //

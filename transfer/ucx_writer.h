@@ -1,6 +1,6 @@
 // Executes a write list: one-sided puts into a peer's registered memory, completed by a flush.
 //
-// Guarantees (STYLE habit 10):
+// Guarantees (docs/STYLE.md habit 10):
 // - write() returns Ok only after an endpoint flush: every byte is in remote memory, so the caller
 //   may send TRANSFER_DONE.
 // - Cancel (should_stop returns true) and timeout: no new puts are posted; puts already posted may

@@ -1,4 +1,4 @@
-// The model config: the published K3 config's field names (MODEL.md §1, §8), loaded from JSON and
+// The model config: the published K3 config's field names (docs/MODEL.md §1, §8), loaded from JSON and
 // validated at the boundary. Every validation error names the field and the rule it broke.
 #pragma once
 #include <cstdint>

@@ -9,7 +9,7 @@ namespace k3 {
 
 namespace {
 
-// Fields shared by every preset: the K3 choices that are not sizes (MODEL.md §1, §9).
+// Fields shared by every preset: the K3 choices that are not sizes (docs/MODEL.md §1, §9).
 ModelConfig k3_family_defaults() {
   ModelConfig c;
   c.model_type = "kimi_k3";
@@ -88,7 +88,7 @@ ModelConfig small_preset() {
   return c;
 }
 
-// The released K3 text config's dimensions (MODEL.md §1, §8.5).
+// The released K3 text config's dimensions (docs/MODEL.md §1, §8.5).
 ModelConfig k3_preset() {
   ModelConfig c = k3_family_defaults();
   c.hidden_size = 7168;

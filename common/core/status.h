@@ -1,4 +1,4 @@
-// One error type for the whole project (STYLE habit 11).
+// One error type for the whole project (docs/STYLE.md habit 11).
 // Recoverable failures travel as Status / Result<T>; K3_TRY propagates them.
 // Programming errors and unsupported kernel shapes throw k3::Error (caught at tool/node boundaries).
 #pragma once

@@ -1,4 +1,4 @@
-// Tensor names, shapes and dtypes the model reads (MODEL.md names, HF style, per layer), loading
+// Tensor names, shapes and dtypes the model reads (docs/MODEL.md names, HF style, per layer), loading
 // with validation, and random initialisation for generated models.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The binary frame every control-plane message travels in (STYLE habit 8: drawn here, decoded strictly).
+// The binary frame every control-plane message travels in (docs/STYLE.md habit 8: drawn here, decoded strictly).
 //
 //   byte 0        4        6      7      8                 12
 //        +--------+--------+------+------+-----------------+--------------------------+

@@ -1,4 +1,4 @@
-// Control-plane messages shared by router, prefill and decode (one definition, STYLE habit 8).
+// Control-plane messages shared by router, prefill and decode (one definition, docs/STYLE.md habit 8).
 // The byte encoding lives in frame.h; this header is only the typed contents.
 //
 // Conventions:

@@ -1,4 +1,4 @@
-// The request state machine, one definition for router, prefill and decode (ARCHITECTURE.md §2).
+// The request state machine, one definition for router, prefill and decode (docs/ARCHITECTURE.md §2).
 //
 //   QUEUED → CLAIMED → PREFILLING → COMPUTE_DONE → ALLOCATED → TRANSFERRING → DECODING → FINISHED
 //   and from any non-terminal state → ABORTED | FAILED | EXPIRED.

@@ -1,4 +1,4 @@
-// Block AttnRes mix (MODEL.md §4.1, §8.3 A1), fp32 math per row:
+// Block AttnRes mix (docs/MODEL.md §4.1, §8.3 A1), fp32 math per row:
 // l_j = query·V_j / sqrt(mean(V_j²) + eps), p = softmax_j(l), y = Σ_j p_j V_j.
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// KDA gate and the token recurrence (MODEL.md §2.2, §2.3): the oracle the chunked form and the
+// KDA gate and the token recurrence (docs/MODEL.md §2.2, §2.3): the oracle the chunked form and the
 // device kernels are checked against.
 #include <cmath>
 #include <memory>

@@ -1,4 +1,4 @@
-// Chunkwise KDA (MODEL.md §2.4, the WY / UT-transform form) in fp32. Per (sequence, head), chunks
+// Chunkwise KDA (docs/MODEL.md §2.4, the WY / UT-transform form) in fp32. Per (sequence, head), chunks
 // of C tokens (the last one partial); inside a chunk with entering state S0 and local index r:
 //   Γ_r = Σ_{s<=r} g_s;  A[r,s] = Σ_i k_r[i] k_s[i] e^{Γ_r[i]-Γ_s[i]} (s<r),  B[r,s] = same with q_r (s<=r)
 //   (I + Diag(β) A) W = Diag(β)(K ⊙ e^Γ),  (I + Diag(β) A) U = Diag(β) V    (forward substitution)

@@ -1,5 +1,5 @@
 // Fused KDA decode step on the CPU, composed from the other ops' pieces in the order the device
-// kernel fuses them (MODEL.md §8.1 K2–K6 for one token per request):
+// kernel fuses them (docs/MODEL.md §8.1 K2–K6 for one token per request):
 // conv update + SiLU on q|k|v -> per-head L2 norm (q also * D^-1/2, eps 1e-6 inside the sqrt)
 // -> lower-bounded gate -> beta = sigmoid(b) -> one delta-rule step on the request's state.
 #include <cmath>

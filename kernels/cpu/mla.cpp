@@ -1,4 +1,4 @@
-// MLA attention on the CPU: materialised causal prefill and absorbed paged decode (MODEL.md §8.2).
+// MLA attention on the CPU: materialised causal prefill and absorbed paged decode (docs/MODEL.md §8.2).
 // Softmax statistics: lse = m + log(sum_j exp(s_j - m)), natural log, m the running max.
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// FFN pieces: SiTU, the noaux_tc router and the LatentMoE routed experts (MODEL.md §5, §8.4).
+// FFN pieces: SiTU, the noaux_tc router and the LatentMoE routed experts (docs/MODEL.md §5, §8.4).
 #include <algorithm>
 #include <numeric>
 #include <vector>

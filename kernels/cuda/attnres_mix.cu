@@ -1,4 +1,4 @@
-// Block AttnRes mix, one thread block per row, fp32 throughout (MODEL.md §4.1):
+// Block AttnRes mix, one thread block per row, fp32 throughout (docs/MODEL.md §4.1):
 // l_j = query·V_j / sqrt(mean(V_j²)+eps), p = softmax(l), y = Σ p_j V_j.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"

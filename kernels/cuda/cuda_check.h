@@ -1,4 +1,4 @@
-// CUDA and cuBLASLt return codes become k3::Error naming the call (STYLE habit 11: no abort).
+// CUDA and cuBLASLt return codes become k3::Error naming the call (docs/STYLE.md habit 11: no abort).
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>

@@ -1,4 +1,4 @@
-// KDA chunked prefill (MODEL.md §2.4, chunk C = 64, K = V = 128), two launches, bf16 tensor-core
+// KDA chunked prefill (docs/MODEL.md §2.4, chunk C = 64, K = V = 128), two launches, bf16 tensor-core
 // operands (mma.sync m16n8k16, fp32 accumulate) throughout:
 //
 //  prep (one block per (chunk, head), all chunks in parallel): Γ = cumsum(g) inside the chunk (fp32);

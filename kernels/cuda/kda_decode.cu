@@ -5,7 +5,7 @@
 // then computes the small per-token part while the copy travels:
 //   short-conv update of q/k/v (cache shifted in place), SiLU, L2 norm of q and k (q also scaled
 //   by D^-1/2), decay α = exp(g_min·σ(e^A·(f+dt))), β = σ(b)  -> shared memory;
-// then per state row [V index]: s *= α; u = β(v - s·k); s += u k; o = s·q (MODEL.md §2.3 order).
+// then per state row [V index]: s *= α; u = β(v - s·k); s += u k; o = s·q (docs/MODEL.md §2.3 order).
 // Two copy paths, chosen by grid size (see launch_for): per-lane cp.async of exactly the elements
 // the lane uses, stored back from registers; or the bulk copy engine (one mbarrier) in and out.
 // One block owns all rows of its head, so the conv cache of a (request, head) has a single writer

@@ -1,4 +1,4 @@
-// KDA token recurrence (MODEL.md §2.3), the CUDA oracle: one thread block per (sequence, head),
+// KDA token recurrence (docs/MODEL.md §2.3), the CUDA oracle: one thread block per (sequence, head),
 // thread j owns row j of S[V][K] (shared memory), tokens in order:
 // S <- Diag(α) S; u = β(v - Sᵀk); S <- S + k uᵀ; o = Sᵀ q.
 #include "kernels/cuda/cuda_check.h"

@@ -1,4 +1,4 @@
-// The equivalence contract on the monolithic engine (issue 2): incremental decode, chunked prefill and
+// The equivalence contract on the monolithic engine: incremental decode, chunked prefill and
 // batching must reproduce a single prefill. Tolerance: 1e-4 of the logits' scale (fp32 CPU backend;
 // the paths differ only in summation order: chunked vs recurrent KDA, absorbed vs materialised MLA).
 #include <catch2/catch.hpp>

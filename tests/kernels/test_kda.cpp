@@ -1,4 +1,4 @@
-// KDA: the token recurrence against the matrix form of MODEL.md §2.3 (double), the chunked WY form
+// KDA: the token recurrence against the matrix form of docs/MODEL.md §2.3 (double), the chunked WY form
 // against the recurrence, the fused decode step against its unfused composition, and the gate.
 //
 // Error measures: outputs: max|o_chunk - o_rec| / max|o_rec| over the whole output tensor;
@@ -250,7 +250,7 @@ TEST_CASE("kda_decode equals conv + l2norm + gate + sigmoid + one recurrence ste
 
 namespace {
 
-// The unfused KDA prefill path of MODEL.md §8.1 (K2-K6) for one sequence in `slot`:
+// The unfused KDA prefill path of docs/MODEL.md §8.1 (K2-K6) for one sequence in `slot`:
 // short_conv on q|k|v, per-head L2 norms, gate, sigmoid(b), kda_chunk. Returns o [T, H, D].
 Tensor kda_prefill(Backend& be, const Tensor& qkv, const Tensor& f, const Tensor& b, const Tensor& conv_w,
                    const Tensor& a_log, const Tensor& dt, Tensor& cache, Tensor& state, int slot, int64_t H, int chunk) {
