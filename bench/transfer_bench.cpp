@@ -169,8 +169,8 @@ std::optional<Target> start_target(size_t bytes, bool wakeup) {
 }
 
 // --- protocol round trip -------------------------------------------------------------------
-TransferModelLayout tiny_model() {
-  TransferModelLayout m;
+CacheLayout tiny_model() {
+  CacheLayout m;
   m.layers = {LayerCache::Kda, LayerCache::Mla};
   m.mla_row_bytes = 64;
   m.kda_heads = 8;

@@ -31,7 +31,7 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
     return invalid_argument("k3-decode runs F32 caches only (the backend computes in another dtype)");
   std::unique_ptr<DecodeRank> d(new DecodeRank(opts, backend));
   d->cfg_ = cfg;
-  K3_ASSIGN_OR_RETURN(d->layout_, transfer::TransferModelLayout::from_config(cfg, 4, 4, 4));
+  K3_ASSIGN_OR_RETURN(d->layout_, cache_layout(cfg, backend));
   EngineOptions eo;
   eo.cache = opts.cache;
   eo.top_logits = 0;
@@ -44,8 +44,8 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
   dc.num_pages = opts.num_pages;
   dc.num_slots = opts.num_slots;
   dc.compat.model_hash = protocol::model_config_hash(cfg);
-  dc.compat.kv_dtype = DType::F32;
-  dc.compat.state_dtype = DType::F32;
+  dc.compat.kv_dtype = d->layout_.dtypes.kv;
+  dc.compat.state_dtype = d->layout_.dtypes.state;
   dc.compat.page_size = opts.page_size;
   dc.compat.layout.dp_size = opts.dp_size;  // registration requires rank < dp_size * dcp_size
   dc.compat.layout.dcp_size = 1;

@@ -93,7 +93,7 @@ class DecodeRank {
   DecodeRankOptions opts_;
   Backend& backend_;
   ModelConfig cfg_;
-  transfer::TransferModelLayout layout_;
+  transfer::CacheLayout layout_;
   std::unique_ptr<Engine> engine_;
   protocol::MetricsRegistry metrics_;
   std::unique_ptr<transfer::DecodeDriver> driver_;

@@ -1,6 +1,6 @@
 // Reads one request's caches out of a decode rank's transfer region (pool.h layout: MLA rows in the
-// request's pages, KDA conv + state in its slot) into the packed cache image of cache_io.h (ascending
-// layer id; MLA rows [T, row_bytes], KDA conv then state), which import_caches loads into CachePools.
+// request's pages, KDA conv + state in its slot) into the packed cache image of its main layers
+// (CacheLayout::pack, the image engine/cache_io.h imports into CachePools).
 // Plain DP only: the rank holds every token of every MLA layer and whole KDA heads (a group of one).
 #pragma once
 #include <cstdint>
@@ -14,7 +14,7 @@
 namespace k3::decode {
 
 // `region` is the rank's whole registered region (byte 0 at geo.base). Errors name what is out of bounds.
-Result<std::vector<uint8_t>> packed_image_from_region(const transfer::TransferModelLayout& model,
+Result<std::vector<uint8_t>> packed_image_from_region(const transfer::CacheLayout& model,
                                                       const transfer::RankPoolGeometry& geo,
                                                       const transfer::RankAllocation& alloc,
                                                       std::span<const uint8_t> region, uint32_t num_tokens);

@@ -5,47 +5,46 @@
 namespace k3 {
 namespace {
 
-// Walks the packed layout, calling `mla(layer, pool_rows_view, offset)` / `kda(layer, conv_row, state_row, offset)`.
+// Calls `mla(layer, pool, offset)` / `kda(layer, conv, state, entry)` for every layer of the packed image
+// of [begin, end); the pools' row and slot sizes are the layout's (checked: one definition of the bytes).
 template <class MlaFn, class KdaFn>
-uint64_t walk(const ModelConfig& cfg, CachePools& pools, int begin, int end, int64_t num_tokens, MlaFn mla, KdaFn kda) {
-  uint64_t off = 0;
-  for (int l = begin; l < end; ++l) {
-    if (cfg.layer_kind(l) == LayerKind::Mla) {
-      Tensor& pool = pools.mla_kv(l);
-      const uint64_t row = pool.nbytes() / (pool.dim(0) * pool.dim(1));
-      mla(l, pool, off);
-      off += row * num_tokens;
-    } else {
+void walk(CachePools& pools, int begin, int end, int64_t num_tokens, MlaFn mla, KdaFn kda) {
+  const CacheLayout& layout = pools.layout();
+  const PackedImage img = layout.pack_range(begin, end, static_cast<uint64_t>(num_tokens));
+  for (const auto& [l, e] : img.layers) {
+    if (layout.layers.at(l) == LayerCache::Kda) {
       Tensor& conv = pools.kda_conv(l);
       Tensor& state = pools.kda_state(l);
-      const uint64_t conv_bytes = conv.nbytes() / conv.dim(0), state_bytes = state.nbytes() / state.dim(0);
-      kda(l, conv, state, off, conv_bytes, state_bytes);
-      off += conv_bytes + state_bytes;
+      K3_CHECK(conv.nbytes() / conv.dim(0) == layout.kda_conv_bytes() && state.nbytes() / state.dim(0) == layout.kda_state_bytes(),
+               "KDA pools of layer " + std::to_string(l) + " disagree with the cache layout");
+      kda(l, conv, state, e);
+    } else {
+      Tensor& pool = pools.mla_kv(l);
+      K3_CHECK(pool.nbytes() / (pool.dim(0) * pool.dim(1)) == layout.mla_row_bytes,
+               "MLA pool of layer " + std::to_string(l) + " disagrees with the cache layout");
+      mla(l, pool, e.rows);
     }
   }
-  return off;
 }
 
 std::vector<int32_t> rows_of(const SeqCache& seq, int64_t n, int page_size) {
   std::vector<int32_t> ids;
-  for (int64_t p = 0; p < n; ++p) ids.push_back(seq.pages.at(p / page_size) * page_size + static_cast<int32_t>(p % page_size));
+  for (int64_t p = 0; p < n; ++p) ids.push_back(static_cast<int32_t>(CacheLayout::paged_row(seq.pages, page_size, p)));
   return ids;
 }
 
 }  // namespace
 
 uint64_t packed_cache_bytes(const ModelConfig& cfg, const CachePools& pools, int begin, int end, int64_t num_tokens) {
-  auto& p = const_cast<CachePools&>(pools);
-  return walk(cfg, p, begin, end, num_tokens, [](int, Tensor&, uint64_t) {},
-              [](int, Tensor&, Tensor&, uint64_t, uint64_t, uint64_t) {});
+  return pools.layout().pack_range(begin, end, static_cast<uint64_t>(num_tokens)).total_bytes;
 }
 
 void export_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end, std::vector<uint8_t>& out) {
-  const ModelConfig& cfg = pools.config();
+  const CacheLayout& layout = pools.layout();
   const int ps = pools.options().page_size;
-  out.resize(packed_cache_bytes(cfg, pools, begin, end, seq.num_tokens));
+  out.resize(packed_cache_bytes(pools.config(), pools, begin, end, seq.num_tokens));
   const auto ids = rows_of(seq, seq.num_tokens, ps);
-  walk(cfg, pools, begin, end, seq.num_tokens,
+  walk(pools, begin, end, seq.num_tokens,
        [&](int, Tensor& pool, uint64_t off) {
          const int64_t w = pool.dim(2), n = static_cast<int64_t>(ids.size());
          if (n == 0) return;
@@ -55,24 +54,23 @@ void export_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int
          Tensor host = backend.to_host(rows);
          std::memcpy(out.data() + off, host.data(), host.nbytes());
        },
-       [&](int, Tensor& conv, Tensor& state, uint64_t off, uint64_t cb, uint64_t sb) {
+       [&](int, Tensor& conv, Tensor& state, const PackedEntry& e) {
          Tensor c = backend.to_host(conv.slice_rows(seq.slot, seq.slot + 1));
          Tensor s = backend.to_host(state.slice_rows(seq.slot, seq.slot + 1));
-         std::memcpy(out.data() + off, c.data(), cb);
-         std::memcpy(out.data() + off + cb, s.data(), sb);
+         std::memcpy(out.data() + e.conv, c.data(), layout.kda_conv_bytes());
+         std::memcpy(out.data() + e.state, s.data(), layout.kda_state_bytes());
        });
 }
 
 Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end,
                      int64_t num_tokens, const uint8_t* data, uint64_t size) {
-  const ModelConfig& cfg = pools.config();
-  const uint64_t need = packed_cache_bytes(cfg, pools, begin, end, num_tokens);
+  const uint64_t need = packed_cache_bytes(pools.config(), pools, begin, end, num_tokens);
   if (size != need)
     return invalid_argument("cache image has " + std::to_string(size) + " bytes, expected " + std::to_string(need));
   const int ps = pools.options().page_size;
   if (static_cast<int64_t>(seq.pages.size()) * ps < num_tokens) return invalid_argument("sequence has too few pages");
   const auto ids = rows_of(seq, num_tokens, ps);
-  walk(cfg, pools, begin, end, num_tokens,
+  walk(pools, begin, end, num_tokens,
        [&](int, Tensor& pool, uint64_t off) {
          const int64_t w = pool.dim(2);
          Tensor rows = Tensor::view(const_cast<uint8_t*>(data + off), {num_tokens, w}, pool.dtype());
@@ -80,10 +78,10 @@ Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, i
          Tensor flat = pool.reshape({pool.dim(0) * pool.dim(1), w});
          backend.scatter_rows({.src = dev_rows, .ids = backend.from_host(Tensor::from_i32({num_tokens}, ids), DType::I32), .dst = flat});
        },
-       [&](int, Tensor& conv, Tensor& state, uint64_t off, uint64_t cb, uint64_t sb) {
+       [&](int, Tensor& conv, Tensor& state, const PackedEntry& e) {
          Tensor c_dst = conv.slice_rows(seq.slot, seq.slot + 1), s_dst = state.slice_rows(seq.slot, seq.slot + 1);
-         Tensor c = Tensor::view(const_cast<uint8_t*>(data + off), c_dst.shape(), c_dst.dtype());
-         Tensor s = Tensor::view(const_cast<uint8_t*>(data + off + cb), s_dst.shape(), s_dst.dtype());
+         Tensor c = Tensor::view(const_cast<uint8_t*>(data + e.conv), c_dst.shape(), c_dst.dtype());
+         Tensor s = Tensor::view(const_cast<uint8_t*>(data + e.state), s_dst.shape(), s_dst.dtype());
          backend.copy(backend.from_host(c, c.dtype()), c_dst);
          backend.copy(backend.from_host(s, s.dtype()), s_dst);
        });

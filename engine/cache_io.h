@@ -1,8 +1,7 @@
-// One request's caches for a layer range as a packed byte image, in ascending global layer id:
-//   MLA layer: rows [T, r_kv + d_r]  (token p at row p)
-//   KDA layer: conv [W-1, 3P] then state [H, V, K]
-// (the layout transfer/plan_layout.h calls a packed StageSource). Prefill exports it, decode imports it;
-// the transfer plan moves the same bytes with relayouts for DCP.
+// One request's caches for a layer range as a packed byte image: CacheLayout::pack of the range
+// (common/config/cache_layout.h: ascending layer id; MLA rows [T, r_kv + d_r], KDA conv [W-1, 3P] then
+// state [H, V, K]). The transfer plan's StageSource is the same image. Prefill exports it, decode
+// imports it.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -23,15 +23,21 @@ void IdAllocator::free(int id) {
   free_.push_back(id);
 }
 
+Result<CacheLayout> cache_layout(const ModelConfig& cfg, const Backend& backend) {
+  return CacheLayout::from_config(cfg, {.kv = backend.compute_dtype(), .conv = backend.compute_dtype(), .state = DType::F32});
+}
+
 CachePools::CachePools(Backend& backend, const ModelConfig& cfg, int layer_begin, int layer_end, const CacheOptions& opts)
-    : backend_(backend), cfg_(cfg), opts_(opts), slots_(opts.max_seqs), pages_(opts.num_pages) {
-  const int p = cfg.kda_proj_dim(), w = cfg.kda.short_conv_kernel_size, h = cfg.kda.num_heads, d = cfg.kda.head_dim;
+    : backend_(backend), cfg_(cfg), layout_(cache_layout(cfg, backend).value()), opts_(opts), slots_(opts.max_seqs),
+      pages_(opts.num_pages) {
+  const CacheLayout& c = layout_;
+  const int64_t rows = c.kda_conv_rows, p = c.kda_proj_dim(), h = c.kda_heads, d = c.kda_head_dim;
   for (int l = layer_begin; l < layer_end; ++l) {
-    if (cfg.layer_kind(l) == LayerKind::Kda) {
-      kda_conv_[l] = backend.alloc({opts.max_seqs, w - 1, 3 * p}, backend.compute_dtype());
-      kda_state_[l] = backend.alloc({opts.max_seqs, h, d, d}, DType::F32);
+    if (c.layers.at(l) == LayerCache::Kda) {
+      kda_conv_[l] = backend.alloc({opts.max_seqs, rows, 3 * p}, c.dtypes.conv);
+      kda_state_[l] = backend.alloc({opts.max_seqs, h, d, d}, c.dtypes.state);
     } else {
-      mla_kv_[l] = backend.alloc({opts.num_pages, opts.page_size, cfg.mla_cache_width()}, backend.compute_dtype());
+      mla_kv_[l] = backend.alloc({opts.num_pages, opts.page_size, c.mla_row_width}, c.dtypes.kv);
     }
   }
 }

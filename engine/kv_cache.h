@@ -1,6 +1,7 @@
 // Per-request model state for a range of layers: KDA conv cache + recurrent state slots and the paged
 // MLA latent cache. One slot id indexes every KDA layer's pools; one page table indexes every MLA
-// layer's pool (all MLA layers hold the same tokens).
+// layer's pool (all MLA layers hold the same tokens). Shapes and dtypes come from the one CacheLayout
+// (common/config/cache_layout.h) that the cache images and the transfer use too.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -8,10 +9,14 @@
 #include <vector>
 
 #include "common/core/tensor.h"
+#include "common/config/cache_layout.h"
 #include "common/config/config.h"
 #include "kernels/backend.h"
 
 namespace k3 {
+
+// The cache layout of `cfg` on `backend`: MLA rows and conv cache in the compute dtype, state F32.
+Result<CacheLayout> cache_layout(const ModelConfig& cfg, const Backend& backend);
 
 struct CacheOptions {
   int max_seqs = 8;         // KDA state slots
@@ -47,6 +52,7 @@ class CachePools {
 
   const CacheOptions& options() const { return opts_; }
   const ModelConfig& config() const { return cfg_; }
+  const CacheLayout& layout() const { return layout_; }
   // Pools of a global layer id in this range.
   Tensor& kda_conv(int layer);    // [max_seqs, W-1, 3P]
   Tensor& kda_state(int layer);   // [max_seqs, H, D, D] F32
@@ -67,6 +73,7 @@ class CachePools {
  private:
   Backend& backend_;
   ModelConfig cfg_;
+  CacheLayout layout_;
   CacheOptions opts_;
   IdAllocator slots_;
   IdAllocator pages_;

@@ -30,7 +30,7 @@ std::vector<int32_t> cache_rows(const SeqCache& seq, int64_t from, int64_t to, i
     const size_t page = static_cast<size_t>(pos / page_size);
     K3_CHECK(page < seq.pages.size(), "MLA cache has no page for position " + std::to_string(pos) +
                                           " (CachePools::reserve was not called)");
-    ids.push_back(seq.pages[page] * page_size + static_cast<int32_t>(pos % page_size));
+    ids.push_back(static_cast<int32_t>(CacheLayout::paged_row(seq.pages, page_size, pos)));
   }
   return ids;
 }

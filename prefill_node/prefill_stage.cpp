@@ -50,7 +50,7 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   s->cfg_ = cfg;
   s->begin_ = stage_begin(opts.partition, opts.stage);
   s->end_ = s->begin_ + opts.partition[opts.stage];
-  K3_ASSIGN_OR_RETURN(s->layout_, transfer::TransferModelLayout::from_config(cfg, 4, 4, 4));
+  K3_ASSIGN_OR_RETURN(s->layout_, cache_layout(cfg, backend));
   for (int n : opts.partition) s->prefill_layout_.partition.push_back(static_cast<uint32_t>(n));
   K3_TRY(s->prefill_layout_.validate(s->layout_));
   K3_ASSIGN_OR_RETURN(s->model_, Model::create(backend, cfg, weights, s->begin_, s->end_));
@@ -60,8 +60,8 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   dc.side = {.instance_id = opts.instance_id, .stage = static_cast<uint32_t>(opts.stage), .model = s->layout_,
              .prefill = s->prefill_layout_, .decode_kda_head_sliced = true, .timeouts = opts.timeouts};
   dc.compat.model_hash = protocol::model_config_hash(cfg);
-  dc.compat.kv_dtype = DType::F32;
-  dc.compat.state_dtype = DType::F32;
+  dc.compat.kv_dtype = s->layout_.dtypes.kv;
+  dc.compat.state_dtype = s->layout_.dtypes.state;
   dc.compat.page_size = opts.transfer_page_size;
   dc.compat.layout.pp_partition = s->prefill_layout_.partition;
   dc.decode_instance = opts.decode_instance;

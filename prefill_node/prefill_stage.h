@@ -97,7 +97,7 @@ class PrefillStage {
   Backend& backend_;
   ModelConfig cfg_;
   int begin_ = 0, end_ = 0;
-  transfer::TransferModelLayout layout_;
+  transfer::CacheLayout layout_;
   transfer::PrefillLayout prefill_layout_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<CachePools> pools_;

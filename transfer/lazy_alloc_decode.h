@@ -30,7 +30,7 @@ namespace k3::transfer {
 
 struct DecodeSideConfig {
   std::string instance_id;
-  TransferModelLayout model;
+  CacheLayout model;
   bool kda_head_sliced = true;
   ProtocolTimeouts timeouts;
 };

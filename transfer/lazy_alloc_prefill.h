@@ -29,7 +29,7 @@ namespace k3::transfer {
 struct PrefillSideConfig {
   std::string instance_id;
   uint32_t stage = 0;
-  TransferModelLayout model;
+  CacheLayout model;
   PrefillLayout prefill;
   bool decode_kda_head_sliced = true;   // must match the decode instance's layout
   ProtocolTimeouts timeouts;

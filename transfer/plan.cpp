@@ -48,7 +48,7 @@ Status emit(OpSink& ops, uint32_t stage, uint64_t src, uint32_t rank, const Dest
 }
 
 // MLA / draft rows: token p -> rank index p % N, local row p / N, paged.
-Status plan_rows(const TransferModelLayout& model, const DecodeLayout& decode, const StageSource& src,
+Status plan_rows(const CacheLayout& model, const DecodeLayout& decode, const StageSource& src,
                  const DecodeDestinations& dest, uint32_t layer, OpSink& ops) {
   const LayerCache cache = model.layers[layer];
   const EntryKind kind = cache == LayerCache::Draft ? EntryKind::DraftKv : EntryKind::MlaKv;
@@ -71,7 +71,7 @@ Status plan_rows(const TransferModelLayout& model, const DecodeLayout& decode, c
                                     std::to_string(rows) + " rows need " + std::to_string(pages_needed)};
     for (uint32_t q = 0; q < rows; ++q) {
       const uint64_t p = uint64_t(q) * n + i;
-      const uint64_t dst_row = uint64_t(pt->second.page_ids[q / ps]) * ps + q % ps;
+      const uint64_t dst_row = CacheLayout::paged_row(pt->second.page_ids, ps, q);
       K3_TRY(emit(ops, src.stage, base + p * row, rank, d, dst_row * row, row, layer, kind));
     }
   }
@@ -79,12 +79,12 @@ Status plan_rows(const TransferModelLayout& model, const DecodeLayout& decode, c
 }
 
 // KDA conv [W-1, 3P] -> per rank [W-1, 3P/N] (sliced) or [W-1, 3P] (replicated), and state heads.
-Status plan_kda(const TransferModelLayout& model, const DecodeLayout& decode, const StageSource& src,
+Status plan_kda(const CacheLayout& model, const DecodeLayout& decode, const StageSource& src,
                 const DecodeDestinations& dest, uint32_t layer, OpSink& ops) {
   const uint32_t n = decode.group_size();
   const uint32_t hpr = decode.kda_heads_per_rank(model);
   const uint64_t chb = model.kda_conv_head_bytes, H = model.kda_heads;
-  const LayerSource& ls = src.layers.at(layer);
+  const PackedEntry& ls = src.layers.at(layer);
   const auto exact = [&](const Destination& d, uint64_t want, EntryKind kind, uint32_t rank) -> Status {
     if (d.length != want)
       return invalid_argument("transfer plan: destination of " + where(layer, kind, rank) + " is " +
@@ -133,7 +133,7 @@ Result<DecodeDestinations> DecodeDestinations::from_addrs(const protocol::Addrs&
 
 namespace {
 
-Result<std::vector<WriteOp>> build_plan(const TransferModelLayout& model, const PrefillLayout& prefill,
+Result<std::vector<WriteOp>> build_plan(const CacheLayout& model, const PrefillLayout& prefill,
                                         const DecodeLayout& decode, const StageSource& source,
                                         const DecodeDestinations& dest, bool merge) {
   K3_TRY(model.validate());
@@ -161,14 +161,14 @@ Result<std::vector<WriteOp>> build_plan(const TransferModelLayout& model, const 
 
 }  // namespace
 
-Result<std::vector<WriteOp>> plan_stage_writes_uncoalesced(const TransferModelLayout& model,
+Result<std::vector<WriteOp>> plan_stage_writes_uncoalesced(const CacheLayout& model,
                                                            const PrefillLayout& prefill,
                                                            const DecodeLayout& decode, const StageSource& source,
                                                            const DecodeDestinations& dest) {
   return build_plan(model, prefill, decode, source, dest, false);
 }
 
-Result<std::vector<WriteOp>> plan_stage_writes(const TransferModelLayout& model, const PrefillLayout& prefill,
+Result<std::vector<WriteOp>> plan_stage_writes(const CacheLayout& model, const PrefillLayout& prefill,
                                                const DecodeLayout& decode, const StageSource& source,
                                                const DecodeDestinations& dest) {
   return build_plan(model, prefill, decode, source, dest, true);

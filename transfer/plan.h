@@ -50,14 +50,14 @@ struct DecodeDestinations {
 // InvalidArgument) name the layer, kind and rank: a missing destination or page table, a page table too
 // short for the rank's rows, a KDA destination whose length is not the layout's, or a write past the
 // destination's length. A rank that holds no row of a short prompt needs no MLA entry.
-Result<std::vector<WriteOp>> plan_stage_writes(const TransferModelLayout& model,
+Result<std::vector<WriteOp>> plan_stage_writes(const CacheLayout& model,
                                                const PrefillLayout& prefill, const DecodeLayout& decode,
                                                const StageSource& source,
                                                const DecodeDestinations& dest);
 
 // Same, without coalescing: the finest-grained ops (one MLA row / one conv q|k|v head range / one state
 // slice each). The reference the coalesced plan is tested against.
-Result<std::vector<WriteOp>> plan_stage_writes_uncoalesced(const TransferModelLayout& model,
+Result<std::vector<WriteOp>> plan_stage_writes_uncoalesced(const CacheLayout& model,
                                                            const PrefillLayout& prefill,
                                                            const DecodeLayout& decode,
                                                            const StageSource& source,

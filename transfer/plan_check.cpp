@@ -61,7 +61,7 @@ uint8_t pattern_byte(uint64_t request_id, uint32_t layer, EntryKind kind, uint64
   return uint8_t(mix(mix(request_id) ^ (uint64_t(layer) << 40) ^ (uint64_t(kind) << 56) ^ offset));
 }
 
-Status fill_stage_source(const TransferModelLayout& model, const StageSource& source, uint64_t request_id,
+Status fill_stage_source(const CacheLayout& model, const StageSource& source, uint64_t request_id,
                          std::span<uint8_t> buffer) {
   if (buffer.size() < source.total_bytes)
     return invalid_argument("fill_stage_source: buffer of " + std::to_string(buffer.size()) + " bytes, need " +
@@ -85,7 +85,7 @@ Status fill_stage_source(const TransferModelLayout& model, const StageSource& so
   return Status::ok();
 }
 
-Status verify_rank_region(const TransferModelLayout& model, const DecodeLayout& decode, uint32_t i,
+Status verify_rank_region(const CacheLayout& model, const DecodeLayout& decode, uint32_t i,
                           uint32_t num_tokens, const DecodeDestinations& dest, uint64_t request_id,
                           uint64_t region_base, std::span<const uint8_t> region) {
   K3_TRY(decode.validate(model));

@@ -16,7 +16,7 @@ std::optional<size_t> index_of(const std::vector<uint32_t>& ids, uint32_t id) {
 
 // ---- geometry ----
 
-Result<RankPoolGeometry> RankPoolGeometry::for_rank(const TransferModelLayout& model, const DecodeLayout& decode,
+Result<RankPoolGeometry> RankPoolGeometry::for_rank(const CacheLayout& model, const DecodeLayout& decode,
                                                     uint32_t rank_index, uint32_t region_id, uint64_t base,
                                                     uint32_t page_size, uint32_t num_pages, uint32_t num_slots) {
   K3_TRY(model.validate());
@@ -31,13 +31,9 @@ Result<RankPoolGeometry> RankPoolGeometry::for_rank(const TransferModelLayout& m
   g.page_size = page_size;
   g.num_pages = num_pages;
   g.num_slots = num_slots;
-  for (uint32_t l = 0; l < model.layers.size(); ++l) {
-    switch (model.layers[l]) {
-      case LayerCache::Mla: g.mla_layer_ids.push_back(l); break;
-      case LayerCache::Draft: g.draft_layer_ids.push_back(l); break;
-      case LayerCache::Kda: g.kda_layer_ids.push_back(l); break;
-    }
-  }
+  g.mla_layer_ids = model.layer_ids(LayerCache::Mla);
+  g.draft_layer_ids = model.layer_ids(LayerCache::Draft);
+  g.kda_layer_ids = model.layer_ids(LayerCache::Kda);
   g.mla_row_bytes = model.mla_row_bytes;
   g.draft_row_bytes = model.draft_row_bytes;
   if (!g.kda_layer_ids.empty()) {

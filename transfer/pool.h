@@ -6,7 +6,8 @@
 // p reserves page p in every MLA/draft layer's page array; a request has one page table per rank, used by
 // every layer. KDA: one slot per request per rank holding all KDA layers' conv + state.
 //
-// Region layout (offsets from `base`), innermost last:
+// Region layout (offsets from `base`), innermost last; row and entry sizes are the CacheLayout's
+// (common/config/cache_layout.h), KDA entries sliced per rank by the DecodeLayout:
 //   [mla layers  (ascending id)] [num_pages] [page_size] [mla_row_bytes]
 //   [draft layers(ascending id)] [num_pages] [page_size] [draft_row_bytes]
 //   [num_slots] [kda layers (ascending id)] { conv [conv_bytes_per_rank] ; state [state_bytes_per_rank] }
@@ -43,7 +44,7 @@ struct RankPoolGeometry {
   uint64_t kda_state_bytes = 0;
 
   // Geometry for rank index `rank_index` of `decode` (model kinds/sizes; decode slicing).
-  static Result<RankPoolGeometry> for_rank(const TransferModelLayout& model, const DecodeLayout& decode,
+  static Result<RankPoolGeometry> for_rank(const CacheLayout& model, const DecodeLayout& decode,
                                            uint32_t rank_index, uint32_t region_id, uint64_t base,
                                            uint32_t page_size, uint32_t num_pages, uint32_t num_slots);
   Status validate() const;

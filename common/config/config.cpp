@@ -226,6 +226,14 @@ Status must_be_true(const std::string& field, bool v, const char* why) {
   return unsupported(field + " must be true: " + why);
 }
 
+Status validate_token_id(const std::string& field, int id, int vocab) {
+  if (id >= 0 && id < vocab) return Status::ok();
+  return invalid_argument(field + ": token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                          std::to_string(vocab) + ")");
+}
+
+}  // namespace
+
 // kda_layers and full_attn_layers are 1-based, disjoint, and together cover 1..L exactly once.
 Status validate_layer_pattern(const ModelConfig& c) {
   const int L = c.num_hidden_layers;
@@ -254,14 +262,6 @@ Status validate_layer_pattern(const ModelConfig& c) {
                               ")");
   return Status::ok();
 }
-
-Status validate_token_id(const std::string& field, int id, int vocab) {
-  if (id >= 0 && id < vocab) return Status::ok();
-  return invalid_argument(field + ": token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                          std::to_string(vocab) + ")");
-}
-
-}  // namespace
 
 LayerKind ModelConfig::layer_kind(int layer) const {
   K3_CHECK(layer >= 0 && layer < num_hidden_layers, "layer " + std::to_string(layer) + " out of range");

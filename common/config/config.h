@@ -84,6 +84,10 @@ struct ModelConfig {
 // The K3 layer rule for our presets: layer l is MLA iff (l+1) % 4 == 0 or l == L-1.
 void fill_k3_layer_pattern(ModelConfig& cfg);
 
+// kda_layers and full_attn_layers are 1-based, disjoint, and together cover 1..L exactly once (part of
+// validate(); alone for callers that need only the layer kinds).
+Status validate_layer_pattern(const ModelConfig& cfg);
+
 // Checks every rule; the message names the field (e.g. "linear_attn_config.head_dim") and the rule.
 Status validate(const ModelConfig& cfg);
 

@@ -22,8 +22,8 @@ using std::chrono::milliseconds;
 constexpr uint64_t kId = 42;
 constexpr uint32_t kTokens = 11;
 
-inline TransferModelLayout model() {
-  TransferModelLayout m;
+inline CacheLayout model() {
+  CacheLayout m;
   m.layers = {LayerCache::Kda, LayerCache::Kda, LayerCache::Mla, LayerCache::Kda, LayerCache::Mla, LayerCache::Kda};
   m.mla_row_bytes = 16;
   m.kda_heads = 4;

@@ -17,8 +17,8 @@ namespace k3::test::pd {
 using namespace k3::transfer;
 
 // "KKKM..." : K = KDA layer, M = MLA layer.
-inline TransferModelLayout model_from_pattern(const std::string& pattern, uint32_t heads) {
-  TransferModelLayout m;
+inline CacheLayout model_from_pattern(const std::string& pattern, uint32_t heads) {
+  CacheLayout m;
   for (char c : pattern) m.layers.push_back(c == 'M' ? LayerCache::Mla : LayerCache::Kda);
   m.mla_row_bytes = 24;
   m.kda_heads = heads;
@@ -37,7 +37,7 @@ inline uint8_t src_byte(uint32_t layer, EntryKind kind, uint64_t index, uint64_t
 }
 
 // The stage's source buffer laid out as `src` says, every byte self-describing.
-inline std::vector<uint8_t> fill_source(const TransferModelLayout& m, const StageSource& src) {
+inline std::vector<uint8_t> fill_source(const CacheLayout& m, const StageSource& src) {
   std::vector<uint8_t> b(src.total_bytes, 0);
   const uint64_t conv_row = 3ull * m.kda_heads * m.kda_conv_head_bytes;
   for (const auto& [layer, ls] : src.layers) {
@@ -63,7 +63,7 @@ struct Verdict {
 
 // Checks rank index `i` of a group of `n` after a `tokens`-token request landed in `alloc`:
 // every expected byte is the source byte, every other byte of the region still holds `poison`.
-inline Verdict verify_rank(const TransferModelLayout& m, const RankPoolGeometry& geo, const RankAllocation& alloc,
+inline Verdict verify_rank(const CacheLayout& m, const RankPoolGeometry& geo, const RankAllocation& alloc,
                            std::span<const uint8_t> region, uint32_t i, uint32_t n, bool sliced, uint32_t tokens,
                            uint8_t poison) {
   Verdict v;
@@ -124,7 +124,7 @@ inline Verdict verify_rank(const TransferModelLayout& m, const RankPoolGeometry&
 }
 
 // Destination bytes a request of `tokens` tokens must fill on all ranks together.
-inline uint64_t expected_bytes(const TransferModelLayout& m, uint32_t n, bool sliced, uint32_t tokens) {
+inline uint64_t expected_bytes(const CacheLayout& m, uint32_t n, bool sliced, uint32_t tokens) {
   uint64_t total = 0;
   for (auto c : m.layers) {
     if (c == LayerCache::Mla) total += uint64_t{tokens} * m.mla_row_bytes;

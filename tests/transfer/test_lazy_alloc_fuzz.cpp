@@ -17,8 +17,8 @@ using std::chrono::milliseconds;
 
 namespace {
 
-TransferModelLayout model() {
-  TransferModelLayout m;
+CacheLayout model() {
+  CacheLayout m;
   m.layers = {LayerCache::Kda, LayerCache::Mla, LayerCache::Kda, LayerCache::Mla};
   m.mla_row_bytes = 8;
   m.kda_heads = 2;

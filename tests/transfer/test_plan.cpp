@@ -24,8 +24,8 @@ uint64_t label(uint32_t layer, EntryKind kind, uint64_t a, uint64_t b, uint64_t 
 }
 
 // 3 KDA : 1 MLA like K3, optional draft layers; tiny byte sizes so every byte can be checked.
-TransferModelLayout test_model(uint32_t num_layers, uint32_t num_draft) {
-  TransferModelLayout m;
+CacheLayout test_model(uint32_t num_layers, uint32_t num_draft) {
+  CacheLayout m;
   for (uint32_t l = 0; l < num_layers; ++l) m.layers.push_back(l % 4 == 3 ? LayerCache::Mla : LayerCache::Kda);
   m.layers.insert(m.layers.end(), num_draft, LayerCache::Draft);
   m.mla_row_bytes = 12;
@@ -86,7 +86,7 @@ struct SimDecode {
   protocol::Addrs addrs;
 };
 
-SimDecode make_decode(const TransferModelLayout& model, const DecodeLayout& layout, uint32_t num_tokens,
+SimDecode make_decode(const CacheLayout& model, const DecodeLayout& layout, uint32_t num_tokens,
                       uint32_t page_size, std::mt19937_64& rng) {
   SimDecode d;
   d.addrs.request_id = 9;
@@ -124,7 +124,7 @@ SimDecode make_decode(const TransferModelLayout& model, const DecodeLayout& layo
 }
 
 // Prefill side: a stage's source buffer filled with labels following the source layout.
-std::vector<uint64_t> make_source(const TransferModelLayout& m, const StageSource& s) {
+std::vector<uint64_t> make_source(const CacheLayout& m, const StageSource& s) {
   std::vector<uint64_t> buf(s.total_bytes, kPoison);
   const uint64_t H = m.kda_heads, chb = m.kda_conv_head_bytes, shb = m.kda_state_head_bytes;
   for (const auto& [l, ls] : s.layers) {
@@ -146,7 +146,7 @@ std::vector<uint64_t> make_source(const TransferModelLayout& m, const StageSourc
 
 // What every MLA/draft decode byte must hold, straight from the layout spec (plan_layout.h); KDA bytes
 // are added by the caller, which knows the slot the entries named.
-std::vector<uint64_t> expected_region(const TransferModelLayout& m, const DecodeLayout& layout, const SimRank& r,
+std::vector<uint64_t> expected_region(const CacheLayout& m, const DecodeLayout& layout, const SimRank& r,
                                       uint32_t i, uint32_t num_tokens) {
   std::vector<uint64_t> want(r.geo.region_bytes(), kPoison);
   const uint64_t base = r.geo.base, N = layout.group_size(), ps = r.geo.page_size;
@@ -182,7 +182,7 @@ void apply(const std::vector<WriteOp>& ops, const std::vector<uint64_t>& src, Si
 }
 
 // Runs every stage's plan into fresh regions and checks every byte of every rank.
-void check_pair(const TransferModelLayout& model, const PrefillLayout& prefill, const DecodeLayout& layout,
+void check_pair(const CacheLayout& model, const PrefillLayout& prefill, const DecodeLayout& layout,
                 uint32_t num_tokens, std::mt19937_64& rng) {
   const uint32_t page_size = 1 + uint32_t(rng() % 5);
   SimDecode d = make_decode(model, layout, num_tokens, page_size, rng);
@@ -260,7 +260,7 @@ TEST_CASE("plans relayout every byte for every (prefill PP, decode layout) pair"
   std::mt19937_64 rng(1234 + pp * 31 + which);
   for (int trial = 0; trial < 3; ++trial) {
     const uint32_t draft = trial == 1 ? 1 : 0;
-    const TransferModelLayout model = test_model(93, draft);
+    const CacheLayout model = test_model(93, draft);
     PrefillLayout prefill{pp < 0 ? production_partition() : random_partition(93, uint32_t(pp), rng)};
     REQUIRE(prefill.validate(model).is_ok());
     // Include prompts shorter than the DCP group (ranks holding zero tokens).
@@ -274,7 +274,7 @@ TEST_CASE("production partition covers 93 layers in 16 stages", "[plan]") {
   const auto p = production_partition();
   CHECK(p.size() == 16);
   CHECK(std::accumulate(p.begin(), p.end(), 0u) == 93);
-  const TransferModelLayout model = test_model(93, 1);
+  const CacheLayout model = test_model(93, 1);
   PrefillLayout prefill{p};
   CHECK(prefill.stage_layers(model, 0) == std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6});
   CHECK(prefill.stage_layers(model, 15) == std::vector<uint32_t>{90, 91, 92, 93});  // + the draft layer
@@ -298,7 +298,7 @@ TEST_CASE("coalescing merges only contiguous neighbours", "[plan]") {
 
 TEST_CASE("plan errors name the layer, kind and rank", "[plan]") {
   std::mt19937_64 rng(5);
-  const TransferModelLayout model = test_model(8, 0);  // layers 3 and 7 are MLA
+  const CacheLayout model = test_model(8, 0);  // layers 3 and 7 are MLA
   const PrefillLayout prefill{{4, 4}};
   const DecodeLayout layout{{0, 1}, true};
   SimDecode d = make_decode(model, layout, 10, 4, rng);
@@ -372,7 +372,7 @@ TEST_CASE("layouts validate and derive from a model config", "[plan]") {
   c.kda.full_attn_layers = {4};
   c.kv_lora_rank = 512;
   c.qk_rope_head_dim = 64;
-  auto m = TransferModelLayout::from_config(c, 2, 2, 4, 1, 1024);
+  auto m = CacheLayout::from_config(c, {.kv = DType::BF16, .conv = DType::BF16, .state = DType::F32}, 1, 1024);
   REQUIRE(m.is_ok());
   CHECK(m->layers == std::vector<LayerCache>{LayerCache::Kda, LayerCache::Kda, LayerCache::Kda, LayerCache::Mla,
                                              LayerCache::Draft});
@@ -381,7 +381,7 @@ TEST_CASE("layouts validate and derive from a model config", "[plan]") {
   CHECK(m->kda_state_bytes() == 96ull * 128 * 128 * 4);
   CHECK(m->num_main_layers() == 4);
   c.kda.full_attn_layers = {3, 4};
-  CHECK_FALSE(TransferModelLayout::from_config(c, 2, 2, 4).is_ok());  // layer 3 in both lists
+  CHECK_FALSE(CacheLayout::from_config(c, {}).is_ok());  // layer 3 in both lists
   CHECK_FALSE(PrefillLayout{{2, 1}}.validate(m.value()).is_ok());     // sums to 3, not 4
   CHECK_FALSE(PrefillLayout{{4, 0}}.validate(m.value()).is_ok());
   CHECK_FALSE(DecodeLayout({1, 1}, true).validate(m.value()).is_ok());

@@ -13,8 +13,8 @@ using namespace k3::transfer;
 
 namespace {
 
-TransferModelLayout model(uint32_t layers) {
-  TransferModelLayout m;
+CacheLayout model(uint32_t layers) {
+  CacheLayout m;
   for (uint32_t l = 0; l < layers; ++l) m.layers.push_back(l % 4 == 3 ? LayerCache::Mla : LayerCache::Kda);
   m.layers.push_back(LayerCache::Draft);
   m.mla_row_bytes = 24;
@@ -27,7 +27,7 @@ TransferModelLayout model(uint32_t layers) {
 }
 
 struct Run {
-  TransferModelLayout m;
+  CacheLayout m;
   PrefillLayout prefill;
   DecodeLayout decode;
   uint32_t tokens;

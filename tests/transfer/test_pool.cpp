@@ -15,8 +15,8 @@ using protocol::EntryKind;
 
 namespace {
 
-TransferModelLayout small_model() {
-  TransferModelLayout m;
+CacheLayout small_model() {
+  CacheLayout m;
   m.layers = {LayerCache::Kda, LayerCache::Mla, LayerCache::Kda, LayerCache::Kda, LayerCache::Mla, LayerCache::Draft};
   m.mla_row_bytes = 10;
   m.draft_row_bytes = 6;
@@ -170,7 +170,7 @@ TEST_CASE("concurrent allocation and release", "[pool]") {
 }
 
 TEST_CASE("append_addrs describes the allocation and feeds a valid plan", "[pool]") {
-  const TransferModelLayout model = small_model();
+  const CacheLayout model = small_model();
   const DecodeLayout layout{{0, 1}, true};
   std::vector<std::unique_ptr<RankPool>> pools;
   for (uint32_t i = 0; i < 2; ++i) {
