@@ -70,8 +70,6 @@ constexpr int kMaxRefusalDrains = 64;  // refused connections allowed to linger 
 
 }  // namespace
 
-class Session;
-
 struct HttpServer::Impl {
   Impl(const HttpServerOptions& o, HttpHandler handler)
       : opts(o),
@@ -99,6 +97,7 @@ struct HttpServer::Impl {
   void do_accept();
   void on_accepted(tcp::socket sock);
   void on_accept_error(const beast::error_code& ec);
+  void run_io();
 };
 
 class Session final : public EvictableConnection, public std::enable_shared_from_this<Session> {
@@ -214,10 +213,9 @@ class Session final : public EvictableConnection, public std::enable_shared_from
   }
 
   void on_read_error(const beast::error_code& ec) {
-    const size_t limit = srv_.opts.max_body_bytes;
     if (ec == http::error::header_limit) refuse(431, "request header fields too large", true);
     else if (ec == http::error::body_limit)  // a declared Content-Length or a chunked body over the limit
-      refuse(413, "request body exceeds the limit of " + std::to_string(limit) + " bytes", true);
+      refuse(413, "request body exceeds the limit of " + std::to_string(srv_.opts.max_body_bytes) + " bytes", true);
     else if (is_malformed(ec)) refuse(400, "malformed HTTP request: " + ec.message(), true);
     else close();  // end of stream, reset, or closed by a deadline
   }
@@ -423,6 +421,17 @@ void HttpServer::Impl::on_accept_error(const beast::error_code& ec) {
   });
 }
 
+void HttpServer::Impl::run_io() {
+  for (bool done = false; !done;) {
+    try {
+      ioc.run();
+      done = true;
+    } catch (const std::exception& e) {  // a step that throws (out of memory, say) loses its connection only
+      std::fprintf(stderr, "k3-router: HTTP I/O: %s\n", e.what());
+    }
+  }
+}
+
 void HttpServer::Impl::on_accepted(tcp::socket sock) {
   metrics->count_accepted();
   beast::error_code ec;
@@ -434,12 +443,8 @@ void HttpServer::Impl::on_accepted(tcp::socket sock) {
   for (auto& v : a.victims) v->evict(a.victims_reason);
   switch (a.verdict) {
     case ConnectionTable::Verdict::Admit: return s->begin(a.id);
-    case ConnectionTable::Verdict::RefusePerClient:
-      return s->refuse_admission(429, "too many open connections from this client (limit " +
-                                          std::to_string(opts.max_connections_per_client) + ", none idle)");
-    case ConnectionTable::Verdict::RefuseGlobal:
-      return s->refuse_admission(503, "too many open connections (limit " + std::to_string(opts.max_connections) +
-                                          ", none idle)");
+    case ConnectionTable::Verdict::RefusePerClient: return s->refuse_admission(429, "too many open connections from this client");
+    case ConnectionTable::Verdict::RefuseGlobal: return s->refuse_admission(503, "too many open connections");
   }
 }
 
@@ -462,7 +467,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& o
   impl->work.emplace(impl->ioc.get_executor());
   Impl* p = impl.get();
   net::post(impl->acceptor.get_executor(), [p] { p->do_accept(); });
-  for (int i = 0; i < std::max(1, opts.io_threads); ++i) impl->io_threads.emplace_back([p] { p->ioc.run(); });
+  for (int i = 0; i < std::max(1, opts.io_threads); ++i) impl->io_threads.emplace_back([p] { p->run_io(); });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
 
@@ -471,8 +476,6 @@ HttpServer::~HttpServer() { stop(); }
 uint16_t HttpServer::port() const { return impl_->port; }
 
 int HttpServer::open_connections() const { return impl_->table.open(); }
-
-const ConnectionMetrics& HttpServer::metrics() const { return *impl_->metrics; }
 
 void HttpServer::stop(std::chrono::milliseconds grace) {
   Impl& m = *impl_;
@@ -484,8 +487,7 @@ void HttpServer::stop(std::chrono::milliseconds grace) {
   });
   // Idle connections close at once; busy ones finish the response in hand (keep-alive is off now).
   for (auto& c : m.table.all()) std::static_pointer_cast<Session>(c)->stop_idle();
-  const auto now = std::chrono::steady_clock::now();
-  if (!m.table.wait_empty(now + grace))
+  if (!m.table.wait_empty(std::chrono::steady_clock::now() + grace))
     for (auto& c : m.table.all()) std::static_pointer_cast<Session>(c)->force_close();
   m.handlers.stop();  // what is queued runs to the end; generator steps end quickly once their sockets are shut
   m.table.wait_empty(std::chrono::steady_clock::now() + std::chrono::seconds(2));

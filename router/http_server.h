@@ -52,7 +52,6 @@ class HttpServer {
   // (without keep-alive); what remains after `grace` is closed. Joins every thread.
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
   int open_connections() const;
-  const ConnectionMetrics& metrics() const;
 
   struct Impl;
 
