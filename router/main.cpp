@@ -5,6 +5,7 @@
 //    --router-endpoint, and --pair names which prefill instance feeds which decode rank.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -60,7 +61,8 @@ int main(int argc, char** argv) {
   app.add_option("--idle-timeout-ms", idle_timeout_ms, "keep-alive wait for the next request (default 60000)")->check(CLI::Range(1, 1 << 30));
   app.add_option("--write-timeout-ms", write_timeout_ms, "one response write, e.g. one SSE chunk (default 30000)")->check(CLI::Range(1, 1 << 30));
   app.add_option("--http-threads", http.io_threads, "HTTP I/O threads (default 2)")->check(CLI::Range(1, 256));
-  app.add_option("--handler-threads", http.handler_threads, "most requests handled at once; more wait in order (default 128)")
+  app.add_option("--handler-threads", http.handler_threads,
+                 "most requests handled at once; more wait in order (default: 128, at least --max-queue + --max-running + 32)")
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--max-queue", max_queue, "waiting requests before 429")->check(CLI::Range(0, 1 << 20));
   app.add_option("--max-running", max_running, "requests decoded together (engine sequence slots)")->check(CLI::Range(1, 4096));
@@ -97,6 +99,9 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  // Each accepted generation holds a handler thread while it waits for tokens: never fewer threads
+  // than generations the service may accept, or streams would wait for a thread.
+  if (app.count("--handler-threads") == 0) http.handler_threads = std::max(http.handler_threads, max_queue + max_running + 32);
   if (metrics_require_key && api_key.empty()) return fail("--metrics-require-key needs --api-key (or K3_API_KEY)");
   // Each connection is a descriptor; leave room for the engine, the control plane and the log files.
   const uint64_t wanted_fds = static_cast<uint64_t>(http.max_connections) + 256;
