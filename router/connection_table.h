@@ -3,10 +3,10 @@
 // to make room before refusing anyone. Pure bookkeeping (no sockets), so every admission rule is a unit
 // test; the server (http_server.cpp) owns one and tells it when a connection turns busy or idle.
 //
-// "Idle" means: not in the middle of a request, i.e. waiting for the first byte of the next request or
-// still reading its header (a slow-header client is exactly what we want to close first). A connection
-// is busy from the end of its request header to the end of its response; busy ones are never closed
-// to make room, so a request being answered is never cut off by the limits.
+// "Idle" means: no request being answered, i.e. waiting for the next request or still receiving it
+// (header or body: a slowloris client, slow header or slow body, is exactly what we want to close
+// first). A connection is busy from the end of its request to the end of its response; busy ones are
+// never closed to make room, so a request being answered is never cut off by the limits.
 #pragma once
 #include <chrono>
 #include <condition_variable>

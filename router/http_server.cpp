@@ -173,8 +173,8 @@ class Session final : public EvictableConnection, public std::enable_shared_from
     release_generator();
   }
   void close_when_idle() {
-    if (phase_ == Phase::Idle || phase_ == Phase::Header) close();
-    else no_keep_alive_ = true;
+    if (phase_ == Phase::Handler || phase_ == Phase::Write) no_keep_alive_ = true;
+    else close();  // still receiving its request (or draining a refusal): nothing is lost
   }
   // The SseWrite itself stays until the last write completed (its chunk may be in flight).
   void release_generator() {
@@ -225,7 +225,6 @@ class Session final : public EvictableConnection, public std::enable_shared_from
     disarm();
     if (ec) return on_read_error(ec);
     phase_ = Phase::Body;
-    srv_.table.set_busy(id_);
     const auto declared = parser_->content_length();
     if (declared && *declared > srv_.opts.max_body_bytes)
       return refuse(413, "request body of " + std::to_string(*declared) + " bytes exceeds the limit of " +
@@ -267,6 +266,7 @@ class Session final : public EvictableConnection, public std::enable_shared_from
     head_ = req.method() == http::verb::head;
     parser_.reset();
     phase_ = Phase::Handler;
+    srv_.table.set_busy(id_);
     if (srv_.handlers.runs_inline(hr.target)) return respond(srv_.handlers.call(hr));
     in_pool_ = true;
     const bool queued = srv_.handlers.call_on_pool(std::move(hr), [self = shared_from_this()](HttpResponse r) {

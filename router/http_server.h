@@ -10,8 +10,8 @@
 // then has header_timeout to complete the header; the body has body_timeout after the header; each
 // response write (an SSE chunk is one write) has write_timeout. A connection past its deadline is
 // closed without an answer. Limits: see ConnectionTable (connection_table.h): at the limit the oldest
-// idle connection (per client, else of all) is closed to make room, and only when none is idle is the
-// new one refused (429 per-client, 503 global).
+// idle connection (no request being answered; per client, else of all) is closed to make room, and
+// only when none is idle is the new one refused (429 per-client, 503 global).
 #pragma once
 #include <chrono>
 #include <cstdint>

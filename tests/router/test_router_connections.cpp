@@ -167,7 +167,9 @@ TEST_CASE("header, body and idle deadlines close slow clients, and the closes ar
 TEST_CASE("per-client limit: that client's oldest idle connection makes room; 429 when all are busy") {
   TinyRouter r({"--max-connections-per-client", "2"}, 4096);
   const int port = r.router->port();
-  auto a = idle_connection(port);
+  auto a = std::make_unique<HttpConnection>(port);  // a slow body still counts as idle: nothing to answer yet
+  REQUIRE(a->send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 100\r\n\r\n{\"model\":"));
   auto b = idle_connection(port);
   auto c = idle_connection(port);  // admitting c closed a, the oldest idle one
   CHECK(a->closed_by_peer(std::chrono::milliseconds(10000)));
