@@ -119,8 +119,8 @@ class Session final : public EvictableConnection, public std::enable_shared_from
       s.refuse(status, message, s.draining_refusal_, "too_many_connections");
     });
   }
-  // The table chose this connection to make room: close it now if it is between requests, else after
-  // the response in hand.
+  // The table chose this connection to make room: close it now unless a request is being answered,
+  // else after that response.
   void evict(CloseReason) override { on_strand([](Session& s) { s.close_when_idle(); }); }
   void stop_idle() { on_strand([](Session& s) { s.close_when_idle(); }); }
   void force_close() { on_strand([](Session& s) { s.close(); }); }
@@ -159,7 +159,7 @@ class Session final : public EvictableConnection, public std::enable_shared_from
       self->close();
     });
   }
-  void disarm() { ++timer_gen_, timer_.cancel(); }
+  void disarm() { ++timer_gen_; timer_.cancel(); }
 
   // Shuts both directions (wakes a pool handler polling client_gone) and closes the descriptor unless
   // a pool task may still poll it; then the strand closes it when the task reports back.
