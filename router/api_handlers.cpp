@@ -192,6 +192,8 @@ HttpResponse ApiHandlers::route(const HttpRequest& rq, std::string& endpoint) {
     return json_response(200, {{"status", "ok"}, {"model", opts_.served_model}});
   }
   if (endpoint == "metrics") {
+    if (opts_.metrics_require_key && !authorized(rq))
+      throw ApiError(401, "Incorrect or missing API key (send 'Authorization: Bearer <key>')", "", "invalid_api_key");
     HttpResponse r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
     r.body = metrics_.prometheus_text(service_.stats(), service_.ready());

@@ -21,6 +21,7 @@ namespace k3::router {
 struct ApiOptions {
   std::string served_model;                          // the id clients must send as "model"
   std::string api_key;                               // empty: no authentication
+  bool metrics_require_key = false;                  // /metrics wants the key too (/health never does)
   int default_max_tokens = 256;                      // when a request gives none (capped by the context)
   std::chrono::milliseconds sse_keepalive{2000};     // idle SSE streams send a comment this often
 };

@@ -37,4 +37,7 @@ struct HttpResponse {
   SseGenerator sse;                                          // set: the body is this event stream
 };
 
+// The server's one entry into the API: every request, every response.
+using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+
 }  // namespace k3::router

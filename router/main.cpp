@@ -5,6 +5,7 @@
 //    --router-endpoint, and --pair names which prefill instance feeds which decode rank.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "router/cluster_service.h"
 #include "router/http_server.h"
 #include "router/local_engine_service.h"
+#include "router/open_file_limit.h"
 
 using namespace k3;
 using namespace k3::router;
@@ -36,11 +38,32 @@ int main(int argc, char** argv) {
   std::vector<std::string> pair_texts;
   int hb_ms = 200, hb_misses = 3, claim_timeout_ms = 5000, affinity_tokens = 16, max_attempts = 2;
   uint64_t request_timeout_ms = 0;
+  bool metrics_require_key = false;
+  HttpServerOptions http;
+  int header_timeout_ms = 10000, body_timeout_ms = 30000, idle_timeout_ms = 60000, write_timeout_ms = 30000;
   app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tiktoken.model)")->required();
   app.add_option("--served-model-name", served_name, "model id clients send (default: the model dir's name)");
   app.add_option("--host", host, "address to bind (default 127.0.0.1)");
   app.add_option("--port", port, "TCP port; 0 picks a free one (printed on stdout)")->check(CLI::Range(0, 65535));
-  app.add_option("--api-key", api_key, "require 'Authorization: Bearer <key>' on /v1/*");
+  app.add_option("--api-key", api_key, "require 'Authorization: Bearer <key>' on /v1/* (default: $K3_API_KEY)")
+      ->envname("K3_API_KEY");
+  app.add_flag("--metrics-require-key", metrics_require_key, "/metrics wants the API key too (/health stays open)");
+  app.add_option("--max-connections", http.max_connections,
+                 "open HTTP connections in all; beyond: the oldest idle one is closed, or 503 when none is idle (default 10000)")
+      ->check(CLI::Range(1, 1 << 22));
+  app.add_option("--max-connections-per-client", http.max_connections_per_client,
+                 "open connections per source address, 0 = no limit; beyond: that client's oldest idle one is closed, "
+                 "or 429 when none is idle (default 1024)")
+      ->check(CLI::Range(0, 1 << 22));
+  app.add_option("--header-timeout-ms", header_timeout_ms, "accept (or a keep-alive request's first byte) to the end of its header (default 10000)")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--body-timeout-ms", body_timeout_ms, "end of header to the end of the body (default 30000)")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--idle-timeout-ms", idle_timeout_ms, "keep-alive wait for the next request (default 60000)")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--write-timeout-ms", write_timeout_ms, "one response write, e.g. one SSE chunk (default 30000)")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--http-threads", http.io_threads, "HTTP I/O threads (default 2)")->check(CLI::Range(1, 256));
+  app.add_option("--handler-threads", http.handler_threads,
+                 "most requests handled at once; more wait in order (default: 128, at least --max-queue + --max-running + 32)")
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--max-queue", max_queue, "waiting requests before 429")->check(CLI::Range(0, 1 << 20));
   app.add_option("--max-running", max_running, "requests decoded together (engine sequence slots)")->check(CLI::Range(1, 4096));
   app.add_option("--threads", threads, "CPU threads for the engine (0 = all cores)")->check(CLI::NonNegativeNumber);
@@ -76,6 +99,14 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  // Each accepted generation holds a handler thread while it waits for tokens: never fewer threads
+  // than generations the service may accept, or streams would wait for a thread.
+  if (app.count("--handler-threads") == 0) http.handler_threads = std::max(http.handler_threads, max_queue + max_running + 32);
+  if (metrics_require_key && api_key.empty()) return fail("--metrics-require-key needs --api-key (or K3_API_KEY)");
+  // Each connection is a descriptor; leave room for the engine, the control plane and the log files.
+  const uint64_t wanted_fds = static_cast<uint64_t>(http.max_connections) + 256;
+  const std::string fd_note = describe_open_file_limit(raise_open_file_limit(wanted_fds), wanted_fds);
+  if (!fd_note.empty()) std::fprintf(stderr, "k3-router: %s\n", fd_note.c_str());
 
   try {
     if (served_name.empty()) served_name = std::filesystem::path(model_dir).lexically_normal().filename().string();
@@ -124,16 +155,27 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     ApiHandlers api(*service, tokenizer, cfg,
-                    {.served_model = served_name, .api_key = api_key, .default_max_tokens = default_max_tokens});
-    auto handler = [&api, cluster_service](const HttpRequest& rq) {
+                    {.served_model = served_name, .api_key = api_key, .metrics_require_key = metrics_require_key,
+                     .default_max_tokens = default_max_tokens});
+    auto connections = std::make_shared<ConnectionMetrics>();
+    auto handler = [&api, cluster_service, connections](const HttpRequest& rq) {
       HttpResponse r = api.handle(rq);
-      // Cluster mode: node and failure metrics follow the router's own.
-      if (cluster_service && rq.method == "GET" && r.status == 200 && rq.target.rfind("/metrics", 0) == 0)
-        r.body += cluster_service->prometheus_text();
+      // The HTTP server's connection counters, then (cluster mode) node and failure metrics.
+      if (rq.method == "GET" && r.status == 200 && rq.target.rfind("/metrics", 0) == 0) {
+        r.body += connections->prometheus_text();
+        if (cluster_service) r.body += cluster_service->prometheus_text();
+      }
       return r;
     };
-    auto server = HttpServer::start({.host = host, .port = static_cast<uint16_t>(port), .max_body_bytes = max_body},
-                                    handler);
+    http.host = host;
+    http.port = static_cast<uint16_t>(port);
+    http.max_body_bytes = max_body;
+    http.header_timeout = std::chrono::milliseconds(header_timeout_ms);
+    http.body_timeout = std::chrono::milliseconds(body_timeout_ms);
+    http.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
+    http.write_timeout = std::chrono::milliseconds(write_timeout_ms);
+    http.metrics = connections;
+    auto server = HttpServer::start(http, handler);
     if (!server.is_ok()) return fail(server.status().to_string());
     std::printf("listening on http://%s:%u\n", host.c_str(), static_cast<unsigned>((*server)->port()));
     std::printf("serving model '%s' from %s\n", served_name.c_str(), model_dir.c_str());

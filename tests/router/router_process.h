@@ -72,11 +72,14 @@ class RouterProcess {
     }
     return true;
   }
-  long rss_kb() const {
+  long rss_kb() const { return proc_status("VmRSS:"); }
+  long threads() const { return proc_status("Threads:"); }
+  // A number from /proc/<pid>/status ("VmRSS:", "Threads:"); -1 when absent.
+  long proc_status(const std::string& key) const {
     std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
     std::string line;
     while (std::getline(f, line))
-      if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+      if (line.rfind(key, 0) == 0) return std::stol(line.substr(key.size()));
     return -1;
   }
   // SIGTERM, wait up to `grace`, then SIGKILL. Returns the wait status (-1 if already reaped).

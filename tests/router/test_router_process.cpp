@@ -10,6 +10,7 @@
 #include "http_client.h"
 #include "router_fixture.h"
 #include "router_process.h"
+#include "tiny_router.h"
 
 using namespace k3;
 using namespace k3::test;
@@ -17,40 +18,7 @@ using json = nlohmann::json;
 
 namespace {
 
-struct Cluster {
-  TempDir dir;
-  std::unique_ptr<RouterProcess> router;
-  explicit Cluster(std::vector<std::string> extra = {}, int64_t context = 256) {
-    write_tiny_model(dir.path, context);
-    std::vector<std::string> args{"--model", dir.path, "--port", "0", "--served-model-name", "k3-tiny", "--threads", "2"};
-    if (std::find(extra.begin(), extra.end(), "--max-running") == extra.end()) args.insert(args.end(), {"--max-running", "2"});
-    args.insert(args.end(), extra.begin(), extra.end());
-    router = std::make_unique<RouterProcess>(args);
-  }
-  HttpReply request(const std::string& method, const std::string& path, const std::string& body = "",
-                    const std::string& headers = "") {
-    HttpConnection c(router->port());
-    c.send_request(method, path, body, headers);
-    return c.read_reply();
-  }
-  int64_t gauge(const std::string& name) {
-    const std::string text = request("GET", "/metrics").body;
-    std::smatch m;
-    if (!std::regex_search(text, m, std::regex("\n" + name + " (-?[0-9]+)\n"))) return -999;
-    return std::stoll(m[1]);
-  }
-};
-
-void check_openai_error(const HttpReply& r, int status, const std::string& what) {
-  INFO(what << " -> " << r.status << " " << r.body);
-  CHECK(r.status == status);
-  json j = json::parse(r.body, nullptr, false);
-  REQUIRE(j.is_object());
-  CHECK(j["error"]["message"].is_string());
-  CHECK(j["error"]["type"].is_string());
-  CHECK(j["error"].contains("param"));
-  CHECK(j["error"].contains("code"));
-}
+using Cluster = TinyRouter;
 
 }  // namespace
 
