@@ -170,7 +170,8 @@ protocol::DecodeRoom DecodeRank::room() {
           .cache_free_pages = static_cast<uint32_t>(c.free_pages()),
           .cache_seqs = static_cast<uint32_t>(c.options().max_seqs),
           .cache_free_seqs = static_cast<uint32_t>(c.free_slots()),
-          .paused = static_cast<uint32_t>(batch_->num_paused())};
+          .paused = static_cast<uint32_t>(batch_->num_paused()),
+          .preemptions = batch_->preemptions()};
 }
 
 Status DecodeRank::run_once(std::chrono::milliseconds idle_wait) {

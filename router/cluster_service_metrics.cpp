@@ -68,6 +68,10 @@ std::string ClusterService::prometheus_text() const {
   line("# HELP k3_cluster_node_paused Requests a decode node preempted and has not resumed yet (its last heartbeat).");
   line("# TYPE k3_cluster_node_paused gauge");
   for (const auto& [node, l] : node_load_) line("k3_cluster_node_paused{node=\"" + node + "\"} " + std::to_string(l.room.paused));
+  line("# HELP k3_cluster_node_preemptions_total Requests a decode node preempted (caches swapped out) since it started.");
+  line("# TYPE k3_cluster_node_preemptions_total counter");
+  for (const auto& [node, l] : node_load_)
+    line("k3_cluster_node_preemptions_total{node=\"" + node + "\"} " + std::to_string(l.room.preemptions));
   line("# HELP k3_cluster_node_reserved_requests Requests the router has admitted onto a decode node.");
   line("# TYPE k3_cluster_node_reserved_requests gauge");
   for (const auto& [node, l] : node_load_)

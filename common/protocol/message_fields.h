@@ -25,7 +25,8 @@ K3_FIELDS(DecodeRoom, v("pool_page_size", m.pool_page_size); v("pool_pages", m.p
           v("pool_free_pages", m.pool_free_pages); v("pool_slots", m.pool_slots);
           v("pool_free_slots", m.pool_free_slots); v("cache_page_size", m.cache_page_size);
           v("cache_pages", m.cache_pages); v("cache_free_pages", m.cache_free_pages);
-          v("cache_seqs", m.cache_seqs); v("cache_free_seqs", m.cache_free_seqs); v("paused", m.paused))
+          v("cache_seqs", m.cache_seqs); v("cache_free_seqs", m.cache_free_seqs); v("paused", m.paused);
+          v("preemptions", m.preemptions))
 K3_FIELDS(Heartbeat, v("role", m.role); v("instance_id", m.instance_id); v("rank", m.rank);
           v("stage", m.stage); v("seq", m.seq); v("free_bytes", m.free_bytes);
           v("num_running", m.num_running); v("room", m.room))

@@ -129,6 +129,7 @@ struct DecodeRoom {
   uint32_t cache_seqs = 0;         // decode engine sequence slots (the running batch limit)
   uint32_t cache_free_seqs = 0;
   uint32_t paused = 0;             // requests preempted (caches swapped out) waiting to resume
+  uint64_t preemptions = 0;        // requests preempted since the rank started (a counter)
   bool operator==(const DecodeRoom&) const = default;
 };
 

@@ -20,6 +20,7 @@ struct StreamOutcome {
   int status = 0;
   std::string error;            // the error event's or refusal's body
   size_t tokens = 0;            // token ids received
+  std::vector<int32_t> ids;     // ... and which
   std::chrono::duration<double> seconds{0};
 };
 
@@ -58,9 +59,9 @@ inline StreamOutcome stream_completion(int port, const std::vector<int32_t>& pro
     }
     for (size_t at = r.body.find("\"token_ids\":["); at != std::string::npos; at = r.body.find("\"token_ids\":[", at + 1)) {
       const size_t end = r.body.find(']', at);
-      const std::string ids = r.body.substr(at + 13, end - at - 13);
-      if (!ids.empty()) out.tokens += 1 + static_cast<size_t>(std::count(ids.begin(), ids.end(), ','));
+      for (const auto& id : nlohmann::json::parse(r.body.substr(at + 12, end - at - 11))) out.ids.push_back(id.get<int32_t>());
     }
+    out.tokens = out.ids.size();
   } catch (const std::exception& e) {
     out.kind = StreamOutcome::Kind::Hung;  // read timeout (or the connection dropped without an end)
     out.error = e.what();

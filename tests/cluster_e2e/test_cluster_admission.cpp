@@ -4,7 +4,10 @@
 //    [DONE] (none hangs, none fails with alloc_failed: the short ones wait in the router's queue while
 //    the long one holds the pool), the queue time is on /metrics, and the decode pool returns to its
 //    starting free bytes;
-//  - a request that can never fit is refused up front with HTTP 400 naming the limit and the numbers.
+//  - a request that can never fit is refused up front with HTTP 400 naming the limit and the numbers;
+//  - eight requests admitted together whose decode caches outgrow the rank's cache mid-decode: the rank
+//    preempts (pauses the newest, resumes it later) and every stream still gets exactly the greedy tokens
+//    of k3-generate.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -15,6 +18,7 @@
 
 #include "tests/cluster_e2e/cluster_launch.h"
 #include "tests/cluster_e2e/stream_load.h"
+#include "tests/support/generate_reference.h"
 #include "tests/support/scratch_dir.h"
 
 using namespace std::chrono_literals;
@@ -95,6 +99,37 @@ TEST_CASE("k3-cluster: a near-limit prompt with seven short ones: every stream e
   CHECK(k3::test::metric_or(m, "k3_cluster_node_running{node=\"decode/d\"}") == 0);
   CHECK(k3::test::metric_or(m, "k3_cluster_queue_length") == 0);
   CHECK(k3::test::metric_or(m, "k3_cluster_requests_in_flight") == 0);
+  ::kill(cluster.proc->pid(), SIGTERM);
+  CHECK(cluster.proc->wait_exit(20s) == 0);
+}
+
+TEST_CASE("k3-cluster: decode preempts when its cache runs out mid-decode; greedy tokens are unchanged",
+          "[cluster_e2e][admission][preemption]") {
+  k3::testing::ScratchDir dir("cluster-preempt");
+  k3::test::LaunchedCluster cluster = k3::test::launch_cluster(k3::test::write_default_spec(dir.str()));
+  const int port = cluster.port;
+  // Eight prompts of 470 tokens: 30 transfer pages each (240 of 256) and, with the router's 32-token
+  // generation reserve, 32 cache pages each (256 of 256): all eight are admitted at once. Generating
+  // 100 tokens takes each to 570 tokens = 36 pages: the cache runs out mid-decode.
+  const int kLen = 470, kMax = 100;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(prompt_of(kLen, 11 + i));
+  std::vector<std::future<StreamOutcome>> runs;
+  for (int i = 0; i < 8; ++i)
+    runs.push_back(std::async(std::launch::async, [&, i] { return k3::test::stream_completion(port, prompts[i], kMax, 400s); }));
+  std::vector<StreamOutcome> got;
+  for (auto& f : runs) {
+    while (f.wait_for(100ms) != std::future_status::ready) cluster.proc->read_line(0ms);
+    got.push_back(f.get());
+  }
+  const auto m = k3::test::read_metrics(port);
+  CHECK(k3::test::metric_or(m, "k3_cluster_node_preemptions_total{node=\"decode/d\"}") >= 1);
+  CHECK(k3::test::metric_sum(m, "k3_cluster_request_failures_total") == 0);
+  for (int i = 0; i < 8; ++i) {
+    INFO("request " << i << ": " << k3::test::outcome_name(got[i].kind) << " " << got[i].error);
+    REQUIRE(got[i].kind == StreamOutcome::Kind::Done);
+    CHECK(got[i].ids == k3::test::k3_generate_tokens(dir.str() + "/model", prompts[i], kMax));
+  }
   ::kill(cluster.proc->pid(), SIGTERM);
   CHECK(cluster.proc->wait_exit(20s) == 0);
 }

@@ -167,9 +167,9 @@ TEST_CASE("field-level rejections name the message and field", "[frame][reject]"
   }
   SECTION("HEARTBEAT without its decode room (an older peer's layout)") {
     auto p = payload_of(encode(Heartbeat{.role = Role::Decode, .room = {.pool_page_size = 16, .paused = 3}}));
-    p.resize(p.size() - 4);
-    require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.room.paused: truncated");
-    p.resize(p.size() - 40);
+    p.resize(p.size() - 8);
+    require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.room.preemptions: truncated");
+    p.resize(p.size() - 44);
     require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.room.pool_page_size: truncated");
   }
   SECTION("CLAIM decode_ranks count larger than the bytes left") {
