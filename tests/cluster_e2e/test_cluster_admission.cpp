@@ -110,8 +110,9 @@ TEST_CASE("k3-cluster: decode preempts when its cache runs out mid-decode; greed
   const int port = cluster.port;
   // Eight prompts of 470 tokens: 30 transfer pages each (240 of 256) and, with the router's 32-token
   // generation reserve, 32 cache pages each (256 of 256): all eight are admitted at once. Generating
-  // 100 tokens takes each to 570 tokens = 36 pages: the cache runs out mid-decode.
-  const int kLen = 470, kMax = 100;
+  // 600 tokens takes each to 1070 tokens = 67 pages: with four or more decoding at once the cache runs
+  // out mid-decode.
+  const int kLen = 470, kMax = 600;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 8; ++i) prompts.push_back(prompt_of(kLen, 11 + i));
   std::vector<std::future<StreamOutcome>> runs;
