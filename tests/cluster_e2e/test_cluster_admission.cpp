@@ -124,6 +124,7 @@ TEST_CASE("k3-cluster: decode preempts when its cache runs out mid-decode; greed
     got.push_back(f.get());
   }
   const auto m = k3::test::read_metrics(port);
+  std::printf("preemptions %g\n", k3::test::metric_or(m, "k3_cluster_node_preemptions_total{node=\"decode/d\"}"));
   CHECK(k3::test::metric_or(m, "k3_cluster_node_preemptions_total{node=\"decode/d\"}") >= 1);
   CHECK(k3::test::metric_sum(m, "k3_cluster_request_failures_total") == 0);
   for (int i = 0; i < 8; ++i) {

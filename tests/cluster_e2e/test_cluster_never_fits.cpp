@@ -2,9 +2,12 @@
 // mode, one k3-prefill stage, one k3-decode) where the decode rank is smaller than the model's context:
 // a 64-page transfer pool and a 48-page decode cache (16 tokens a page) under k3-tiny's 4096-token
 // context. The refusal comes before any response byte, names the limit and the numbers; a request that
-// fits is served; the router counts the refusal.
+// fits is served; the router counts the refusal. With --max-queue 1, of three requests that each need
+// most of the pool, one runs, one waits, and the third gets 429 (before any response byte).
 #include <catch2/catch.hpp>
 
+#include <future>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -50,7 +53,7 @@ TEST_CASE("cluster router: a request beyond one decode rank's capacity gets 400 
   REQUIRE(k3::test::run_command(kBin + "/k3-genweights --preset k3-tiny --seed 0 --out '" + model + "'").exit_code == 0);
   ProcessGuard router(kBin + "/k3-router", {"--model", model, "--port", "0", "--served-model-name", "k3-tiny",
                                             "--cluster-endpoint", "tcp://127.0.0.1:*", "--pair", "p:1:d:0",
-                                            "--heartbeat-ms", "200", "--heartbeat-misses", "10"});
+                                            "--heartbeat-ms", "200", "--heartbeat-misses", "10", "--max-queue", "1"});
   const std::string control = wait_line(router, "CLUSTER ");
   const std::string listening = wait_line(router, "listening on http://");
   const int port = std::stoi(listening.substr(listening.rfind(':') + 1));
@@ -85,7 +88,23 @@ TEST_CASE("cluster router: a request beyond one decode rank's capacity gets 400 
   INFO(k3::test::outcome_name(r.kind) << " " << r.error);
   CHECK(r.kind == StreamOutcome::Kind::Done);
   CHECK(r.tokens == 60);
+  // 600 prompt tokens take 38 of the 64 pool pages: one at a time (and 160 tokens to generate keep it
+  // there a while). One runs, one waits (the queue holds one), the third is refused with 429 at once.
+  std::vector<std::future<StreamOutcome>> three;
+  for (int i = 0; i < 3; ++i)
+    three.push_back(std::async(std::launch::async, [&] { return k3::test::stream_completion(port, prompt_of(600), 160, 120s); }));
+  std::map<int, int> by_status;
+  int done = 0;
+  for (auto& f : three) {
+    const StreamOutcome o = f.get();
+    ++by_status[o.status];
+    done += o.kind == StreamOutcome::Kind::Done && o.tokens == 160;
+  }
+  CHECK(by_status[429] == 1);
+  CHECK(by_status[200] == 2);
+  CHECK(done == 2);
   const auto m = k3::test::read_metrics(port);
+  CHECK(k3::test::metric_or(m, "k3_cluster_rejected_total{reason=\"queue_full\"}") == 1);
   CHECK(k3::test::metric_or(m, "k3_cluster_rejected_total{reason=\"never_fits\"}") == 2);
   CHECK(k3::test::metric_sum(m, "k3_cluster_request_failures_total") == 0);
 }
