@@ -89,10 +89,26 @@ TEST_CASE("cluster router: a request beyond one decode rank's capacity gets 400 
   CHECK(r.kind == StreamOutcome::Kind::Done);
   CHECK(r.tokens == 60);
   // 600 prompt tokens take 38 of the 64 pool pages: one at a time (and 160 tokens to generate keep it
-  // there a while). One runs, one waits (the queue holds one), the third is refused with 429 at once.
+  // there a while). The first is placed, the second waits (the queue holds one), the third is refused
+  // with 429 at once. (A request counts as queued from submit until the router places it.)
+  auto send = [&] {
+    return std::async(std::launch::async, [&] { return k3::test::stream_completion(port, prompt_of(600), 160, 120s); });
+  };
+  auto wait_metrics = [&](double in_flight, double queued) {
+    for (auto t0 = std::chrono::steady_clock::now();; std::this_thread::sleep_for(5ms)) {
+      const auto g = k3::test::read_metrics(port);
+      if (k3::test::metric_or(g, "k3_cluster_requests_in_flight") == in_flight &&
+          k3::test::metric_or(g, "k3_cluster_queue_length") == queued)
+        return;
+      REQUIRE(std::chrono::steady_clock::now() - t0 < 10s);
+    }
+  };
   std::vector<std::future<StreamOutcome>> three;
-  for (int i = 0; i < 3; ++i)
-    three.push_back(std::async(std::launch::async, [&] { return k3::test::stream_completion(port, prompt_of(600), 160, 120s); }));
+  three.push_back(send());
+  wait_metrics(1, 0);
+  three.push_back(send());
+  wait_metrics(1, 1);
+  three.push_back(send());
   std::map<int, int> by_status;
   int done = 0;
   for (auto& f : three) {
