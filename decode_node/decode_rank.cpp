@@ -15,9 +15,7 @@ using transfer::Actions;
 using transfer::DecodeSide;
 using transfer::Millis;
 
-DecodeRank::~DecodeRank() {
-  for (auto& [id, r] : running_) engine_->close(r.seq);
-}
+DecodeRank::~DecodeRank() { batch_.reset(); }
 
 Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& opts, Backend& backend,
                                                        const ModelConfig& cfg, const WeightStore& weights,
@@ -36,6 +34,7 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
   eo.cache = opts.cache;
   eo.top_logits = 0;
   K3_ASSIGN_OR_RETURN(d->engine_, Engine::create(backend, cfg, weights, eo));
+  d->batch_ = std::make_unique<DecodeBatch>(*d->engine_, backend);
 
   transfer::DecodeDriverConfig dc;
   dc.side = {.instance_id = opts.instance_id, .model = d->layout_, .kda_head_sliced = true, .timeouts = opts.timeouts};
@@ -69,7 +68,7 @@ void DecodeRank::after_driver() {
 void DecodeRank::drop(uint64_t id) {
   auto it = running_.find(id);
   if (it == running_.end()) return;  // not decoding here (yet, or any more)
-  engine_->close(it->second.seq);
+  batch_->remove(id);
   finished_.push_back({.request_id = id, .tokens = std::move(it->second.tokens), .finish = protocol::FinishReason::Aborted});
   running_.erase(it);
 }
@@ -83,11 +82,18 @@ void DecodeRank::abort_local(uint64_t id, const std::string& why) {
   });
   after_driver();
   drop(id);
+  // The ABORT above came from this rank, so the state machine tells nobody upstream: the router must
+  // hear it, or the client's stream would wait forever.
+  if (!opts_.router_endpoint.empty()) {
+    Status st = driver_->send_to_router(protocol::Failed{.request_id = id, .cause = protocol::AbortReason::Internal,
+                                                         .detail = "decode rank " + std::to_string(opts_.rank) + ": " + why});
+    if (!st.is_ok()) spdlog::warn("decode rank {}: FAILED for {} not sent: {}", opts_.rank, id, st.to_string());
+  }
 }
 
 void DecodeRank::finish(uint64_t id, protocol::FinishReason why) {
   auto it = running_.find(id);
-  engine_->close(it->second.seq);
+  batch_->remove(id);
   finished_.push_back({.request_id = id, .tokens = std::move(it->second.tokens), .finish = why});
   running_.erase(it);
   // Decoding ended normally: the state machine releases the transfer pool entries once.
@@ -124,20 +130,7 @@ void DecodeRank::admit(const transfer::ReadyAction& ready) {
   auto image = packed_image_from_region(layout_, driver_->pool(opts_.rank).geometry(), *mine,
                                         driver_->memory(opts_.rank), ready.prompt_len);
   if (!image.is_ok()) return abort_local(id, image.status().to_string());
-  auto seq = engine_->open();
-  if (!seq.is_ok()) return abort_local(id, "no free decode cache slot: " + seq.status().to_string());
-  Running r{.id = id, .seq = std::move(seq).value()};
-  if (Status st = engine_->caches().reserve(r.seq, ready.prompt_len); !st.is_ok()) {
-    engine_->close(r.seq);
-    return abort_local(id, "no room in the decode caches: " + st.to_string());
-  }
-  Status st = import_caches(backend_, engine_->caches(), r.seq, 0, cfg_.num_hidden_layers, ready.prompt_len,
-                            image->data(), image->size());
-  if (!st.is_ok()) {
-    engine_->close(r.seq);
-    return abort_local(id, "import of the transferred caches failed: " + st.to_string());
-  }
-  r.seq.num_tokens = ready.prompt_len;
+  Running r{.id = id};
   // The CLAIM's sampling params rule; a CLAIM without them (max_tokens 0) falls back to the flags.
   r.sampling = opts_.sampling;
   r.max_tokens = opts_.max_tokens;
@@ -150,35 +143,35 @@ void DecodeRank::admit(const transfer::ReadyAction& ready) {
   }
   auto [it, fresh] = running_.emplace(id, std::move(r));
   if (!fresh) return;  // a Ready is emitted once per request; a duplicate would be a driver bug
-  emit(it->second, ready.first_token);
+  const ops::SamplingRow sampling = it->second.sampling;
+  if (emit(it->second, ready.first_token)) return;  // ended with its first token
+  // It joins the batch when the decode cache has room (decode_batch.h); its image stays in host memory until then.
+  batch_->add(id, std::move(image).value(), ready.prompt_len, ready.first_token, sampling, /*step=*/1);
 }
 
 Status DecodeRank::decode_step() {
-  std::vector<uint64_t> ids;
-  std::vector<SeqCache*> seqs;
-  std::vector<std::vector<int32_t>> toks;
-  std::vector<ops::SamplingRow> rows;
-  for (auto& [id, r] : running_) {
-    ids.push_back(id);
-    seqs.push_back(&r.seq);
-    toks.push_back({r.tokens.back()});
-    ops::SamplingRow row = r.sampling;
-    row.step = r.tokens.size();
-    rows.push_back(row);
-  }
-  if (ids.empty()) return Status::ok();
-  auto logits = engine_->feed(seqs, toks);
-  if (!logits.is_ok()) {
-    for (uint64_t id : ids) abort_local(id, "decode step failed: " + logits.status().to_string());
-    return Status::ok();
-  }
-  std::vector<int32_t> next;
-  backend_.sample({.logits = *logits, .rows = rows, .out = &next});
-  for (size_t i = 0; i < ids.size(); ++i) {
-    auto it = running_.find(ids[i]);
-    if (it != running_.end()) emit(it->second, next.at(i));
+  if (batch_->size() == 0) return Status::ok();
+  DecodeBatch::StepResult step = batch_->step();
+  for (const auto& [id, why] : step.failed) abort_local(id, why);
+  for (const auto& [id, token] : step.tokens) {
+    auto it = running_.find(id);
+    if (it != running_.end()) emit(it->second, token);
   }
   return Status::ok();
+}
+
+protocol::DecodeRoom DecodeRank::room() {
+  transfer::RankPool& pool = driver_->pool(opts_.rank);
+  const CachePools& c = engine_->caches();
+  return {.pool_page_size = opts_.page_size, .pool_pages = opts_.num_pages, .pool_free_pages = pool.free_pages(),
+          .pool_slots = opts_.num_slots, .pool_free_slots = pool.free_slots(),
+          .cache_page_size = static_cast<uint32_t>(c.options().page_size),
+          .cache_pages = static_cast<uint32_t>(c.options().num_pages),
+          .cache_free_pages = static_cast<uint32_t>(c.free_pages()),
+          .cache_seqs = static_cast<uint32_t>(c.options().max_seqs),
+          .cache_free_seqs = static_cast<uint32_t>(c.free_slots()),
+          .paused = static_cast<uint32_t>(batch_->num_paused()),
+          .preemptions = batch_->preemptions()};
 }
 
 Status DecodeRank::run_once(std::chrono::milliseconds idle_wait) {

@@ -8,9 +8,12 @@
 //    the DecodeSide keeps the request in DECODING, so a router ABORT or a router death during decoding
 //    ends it through the state machine, which is how the rank learns to drop it. The pool is the
 //    admission budget of the rank.
-//  - Every step feeds all running requests in one batched forward (Engine::feed), samples per request
-//    (SamplingRow with its seed and step), stops on max_tokens or a stop id, and streams one TOKENS
-//    message per token to the router (finish set on the last one).
+//  - Every step feeds all running requests in one batched forward (DecodeBatch over Engine::feed),
+//    samples per request (SamplingRow with its seed and step), stops on max_tokens or a stop id, and
+//    streams one TOKENS message per token to the router (finish set on the last one).
+//  - When the Engine's cache runs out mid-decode the newest request is preempted (its caches copied out
+//    to host memory, resumed later with the same tokens; decode_batch.h) instead of failing. A request
+//    this rank ends on its own (a failed import or step) is reported to the router with FAILED.
 //
 // Sampling and stop conditions of decode steps come from the CLAIM's SamplingParams; a CLAIM without them
 // (max_tokens 0) falls back to this rank's options. The first token uses the PREFILL's params (last stage).
@@ -21,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "decode_node/decode_batch.h"
 #include "engine/engine.h"
 #include "transfer/ucx_decode_driver.h"
 
@@ -64,6 +68,9 @@ class DecodeRank {
   Status run_once(std::chrono::milliseconds idle_wait);
 
   size_t num_running() const { return running_.size(); }
+  // Capacity and free room of the transfer pool and the decode cache (the router's admission input).
+  protocol::DecodeRoom room();
+  uint64_t preemptions() const { return batch_ ? batch_->preemptions() : 0; }
   // Requests that ended since the last call (normally, or aborted: finish Aborted).
   std::vector<FinishedRequest> take_finished() { return std::exchange(finished_, {}); }
   uint64_t pool_free_bytes() { return driver_->pool(opts_.rank).free_bytes(); }
@@ -71,9 +78,9 @@ class DecodeRank {
   transfer::DecodeDriver& driver() { return *driver_; }
 
  private:
+  // A request past its transfer: what it generated and when it stops (its caches are in batch_).
   struct Running {
     uint64_t id = 0;
-    SeqCache seq;
     std::vector<int32_t> tokens;
     ops::SamplingRow sampling;
     int max_tokens = 16;
@@ -86,6 +93,7 @@ class DecodeRank {
   // Records the token, streams it, and ends the request when a stop condition holds. Returns true when ended.
   bool emit(Running& r, int32_t token);
   void finish(uint64_t id, protocol::FinishReason why);
+  // Ends a request this rank cannot continue: ABORT to its prefill stages, FAILED to the router.
   void abort_local(uint64_t id, const std::string& why);
   void drop(uint64_t id);
   Status decode_step();
@@ -95,6 +103,7 @@ class DecodeRank {
   ModelConfig cfg_;
   transfer::CacheLayout layout_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<DecodeBatch> batch_;
   protocol::MetricsRegistry metrics_;
   std::unique_ptr<transfer::DecodeDriver> driver_;
   std::map<uint64_t, Running> running_;

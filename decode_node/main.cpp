@@ -107,8 +107,10 @@ int main(int argc, char** argv) {
   const std::atomic<bool>& g_stop = install_stop_signals();
   say("READY " + d.endpoint());
   size_t live = 0;
-  // The router's load signal and memory gauges: a HEARTBEAT with the pool's free bytes and the running
-  // batch, every heartbeat interval.
+  // The router's admission input, load signal and memory gauges: a HEARTBEAT with the rank's room
+  // (capacity and free pages/slots of the transfer pool and the decode cache) and the running batch,
+  // right away (the router admits nothing onto this rank before it knows the capacity) and then every
+  // heartbeat interval.
   auto last_load = std::chrono::steady_clock::now() - o.heartbeat.interval;
   uint64_t load_seq = 0;
   while (!g_stop) {
@@ -119,7 +121,8 @@ int main(int argc, char** argv) {
       (void)d.driver().send_to_router(protocol::Heartbeat{.role = protocol::Role::Decode, .instance_id = o.instance_id,
                                                           .rank = o.rank, .seq = ++load_seq,
                                                           .free_bytes = d.pool_free_bytes(),
-                                                          .num_running = static_cast<uint32_t>(d.num_running())});
+                                                          .num_running = static_cast<uint32_t>(d.num_running()),
+                                                          .room = d.room()});
     }
     auto done = d.take_finished();
     for (const auto& f : done) {

@@ -108,6 +108,11 @@ void PrefillStage::fail_request(uint64_t id, const std::string& why) {
   spdlog::warn("prefill stage {}: request {} failed: {}", opts_.stage, id, why);
   absorb(driver_->inject_abort(id, protocol::AbortReason::Internal));
   end_request(id);
+  // The abort above is local, so the state machine tells nobody upstream: without this FAILED the
+  // router would wait for the request's tokens until its deadline.
+  Status st = driver_->send_to_router(protocol::Failed{.request_id = id, .cause = protocol::AbortReason::Internal,
+                                                       .detail = "prefill stage " + std::to_string(opts_.stage) + ": " + why});
+  if (!st.is_ok()) spdlog::debug("prefill stage {}: FAILED for {} not sent: {}", opts_.stage, id, st.to_string());
 }
 
 void PrefillStage::on_accepted(const protocol::Prefill& p) {

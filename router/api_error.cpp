@@ -39,6 +39,7 @@ ApiError api_error_from_status(const Status& s) {
   switch (s.code()) {
     case Code::ResourceExhausted: return ApiError(429, s.message(), "", "queue_full");
     case Code::Unavailable: return ApiError(503, s.message(), "", "service_unavailable");
+    case Code::DeadlineExceeded: return ApiError(504, s.message(), "", "deadline_exceeded");
     case Code::InvalidArgument:
     case Code::OutOfRange: return ApiError(400, s.message(), "", "invalid_value");
     default: return ApiError(500, s.message(), "", "internal_error");

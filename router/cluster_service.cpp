@@ -7,52 +7,24 @@
 #include <algorithm>
 
 #include "common/protocol/frame.h"
-#include "common/protocol/messages.h"
-#include "router/text_stream.h"
-#include "transfer/zmq_channel.h"
+#include "router/cluster_request.h"
 
 namespace k3::router {
 
 using Clock = std::chrono::steady_clock;
 namespace proto = k3::protocol;
 
-// ---------------------------------------------------------------------------------------------------
-// Request and worker state.
-
-struct ClusterService::Request {
-  RequestHandle id = 0;
-  GenerationParams params;
-  EventSink sink;
-  enum class Phase { New, Claiming, Running } phase = Phase::New;
-  int pair = -1;
-  uint64_t wire_id = 0;             // this attempt's protocol request id
-  int attempts = 0;
-  Clock::time_point claim_sent;
-  int64_t generated = 0;
-  bool streamed = false;            // a token reached the sink: no retry any more
-  std::unique_ptr<TextStream> text;
-};
-
-struct ClusterService::Worker {
-  zmq::context_t ctx;
-  std::unique_ptr<transfer::ControlServer> server;
-  std::map<RequestHandle, std::unique_ptr<Request>> requests;
-  std::map<uint64_t, RequestHandle> by_wire;
-  uint64_t next_wire = 0;
-  std::set<std::string> live;
-  std::map<std::string, proto::Heartbeat> heartbeats;  // by control name
-  std::unique_ptr<PlacementPolicy> policy;
-};
-
 // The worker's request logic, as member functions of a helper that sees the service's privates.
 class ClusterWorkerOps {
  public:
+  using Request = ClusterService::Request;
   explicit ClusterWorkerOps(ClusterService& s) : s_(s), w_(*s.w_) {}
 
+  // Every node of the pair is alive and its decode rank told its capacity (first heartbeat).
   bool pair_ready(const ClusterPair& p) const {
     for (const auto& n : pair_control_names(p))
       if (!w_.live.count(n)) return false;
-    return true;
+    return w_.ledger.capacity(decode_control_name(p)).has_value();
   }
   std::vector<int> ready_pairs() const {
     std::vector<int> r;
@@ -65,7 +37,7 @@ class ClusterWorkerOps {
     if (Status st = w_.server->send(peer, proto::encode(m)); !st.is_ok())
       spdlog::debug("router: {} to {} not sent: {}", proto::msg_type_name(proto::type_of(m)), peer, st.message());
   }
-  void abort_parties(ClusterService::Request& r, proto::AbortReason why) {
+  void abort_parties(Request& r, proto::AbortReason why) {
     if (r.pair < 0 || r.wire_id == 0) return;
     const proto::Abort a{.request_id = r.wire_id, .reason = why, .origin_role = proto::Role::Router};
     for (const auto& n : pair_control_names(s_.opts_.pairs[r.pair]))
@@ -73,7 +45,7 @@ class ClusterWorkerOps {
   }
 
   // Calls the sink unless the request was cancelled (cancel() waits on sink_mu_ for a call in progress).
-  void emit(ClusterService::Request& r, GenerationEvent&& ev) {
+  void emit(Request& r, GenerationEvent&& ev) {
     std::lock_guard sink_lk(s_.sink_mu_);
     {
       std::lock_guard lk(s_.mu_);
@@ -81,11 +53,21 @@ class ClusterWorkerOps {
     }
     r.sink(std::move(ev));
   }
+  // Whatever the request holds on the worker's books: its queue place, reservation, deadline, wire id.
+  void release(Request& r) {
+    if (r.phase == RequestPhase::Queued && w_.queue.remove(r.id)) {
+      std::lock_guard lk(s_.mu_);
+      --s_.queued_;
+    }
+    w_.ledger.give_back(r.id);
+    w_.deadlines.forget(r.id);
+    w_.by_wire.erase(r.wire_id);
+  }
   // Ends a request: the final event, then its state goes.
-  void end(ClusterService::Request& r, GenerationEvent&& ev) {
+  void end(Request& r, GenerationEvent&& ev) {
     emit(r, std::move(ev));
     const RequestHandle id = r.id;
-    w_.by_wire.erase(r.wire_id);
+    release(r);
     {
       std::lock_guard lk(s_.mu_);
       s_.live_.erase(id);
@@ -93,7 +75,7 @@ class ClusterWorkerOps {
     }
     w_.requests.erase(id);  // r is gone now
   }
-  void fail(ClusterService::Request& r, Status why, const std::string& cause) {
+  void fail(Request& r, Status why, const std::string& cause) {
     {
       std::lock_guard lk(s_.pub_mu_);
       ++s_.request_failures_[cause];
@@ -101,41 +83,99 @@ class ClusterWorkerOps {
     end(r, {.kind = GenerationEvent::Kind::Failed, .error = std::move(why)});
   }
 
-  // Places a new or retried request: CLAIM to the chosen pair's decode (PREFILL follows CLAIM_ACK).
-  void place(ClusterService::Request& r) {
-    if (r.attempts >= s_.opts_.max_attempts) {
-      fail(r, Status(Code::Unavailable, "no prefill/decode pair could take the request after " +
-                                            std::to_string(r.attempts) + " attempt(s)"),
-           "placement");
+  // A new request (or one sent back) waits in the queue; `front`: it keeps its place at the head.
+  void enqueue(Request& r, bool front) {
+    r.phase = RequestPhase::Queued;
+    if (front) {
+      w_.queue.push_front(r.id, r.queued_since);
+      std::lock_guard lk(s_.mu_);
+      ++s_.queued_;  // submit() counted it once already when it was new
+    } else if (!w_.queue.push(r.id, r.queued_since)) {  // submit() keeps this from happening
+      {
+        std::lock_guard lk(s_.mu_);
+        --s_.queued_;
+      }
+      fail(r, Status(Code::ResourceExhausted, "the admission queue is full"), "queue_full");
       return;
     }
+    w_.deadlines.enter(r.id, RequestPhase::Queued, r.queued_since);
+  }
+
+  // Admits from the queue's head while some ready pair has room for the head request.
+  void admit() {
+    w_.queue.drain([&](RequestHandle id) { return try_place(id); });
+  }
+  // True when the request left the queue (placed, or failed because it can never be placed).
+  bool try_place(RequestHandle id) {
+    auto it = w_.requests.find(id);
+    if (it == w_.requests.end()) return true;
+    Request& r = *it->second;
+    const std::vector<int> ready = ready_pairs();
+    if (ready.empty() || r.attempts >= s_.opts_.max_attempts) {
+      fail(r, Status(Code::Unavailable, ready.empty() ? "no prefill/decode pair is ready (nodes down or not registered)"
+                                                      : "no prefill/decode pair could take the request after " +
+                                                            std::to_string(r.attempts) + " attempt(s)"),
+           ready.empty() ? "no_pair" : "placement");
+      return true;
+    }
+    const auto prompt_len = static_cast<int64_t>(r.params.prompt.size());
+    std::vector<int> fitting;
+    std::string never;
+    int possible = 0;
+    for (int i : ready) {
+      const std::string rank = decode_control_name(s_.opts_.pairs[i]);
+      const DecodeCapacity cap = *w_.ledger.capacity(rank);
+      if (const std::string why = never_fits(cap, prompt_len, r.params.max_tokens); !why.empty()) {
+        never = why;
+        continue;
+      }
+      ++possible;
+      if (w_.ledger.fits(rank, demand(cap, r))) fitting.push_back(i);
+    }
+    if (possible == 0) {
+      fail(r, Status(Code::InvalidArgument, never), "never_fits");
+      return true;
+    }
+    if (fitting.empty()) return false;  // waits for room
     std::vector<PairLoad> load(s_.opts_.pairs.size());
-    for (auto& [id, q] : w_.requests)
+    for (auto& [rid, q] : w_.requests)
       if (q->pair >= 0) ++load[q->pair].in_flight;
     for (size_t i = 0; i < s_.opts_.pairs.size(); ++i) {
       auto hb = w_.heartbeats.find(decode_control_name(s_.opts_.pairs[i]));
       if (hb != w_.heartbeats.end()) load[i].reported_running = hb->second.num_running;
     }
-    const int chosen = w_.policy->pick(ready_pairs(), load, r.params.prompt);
-    if (chosen < 0) {
-      fail(r, Status(Code::Unavailable, "no prefill/decode pair is ready (nodes down or not registered)"), "no_pair");
-      return;
-    }
+    place(r, w_.policy->pick(fitting, load, r.params.prompt));
+    return true;
+  }
+  Demand demand(const DecodeCapacity& cap, const Request& r) const {
+    return demand_of(cap, static_cast<int64_t>(r.params.prompt.size()),
+                     std::min<int64_t>(r.params.max_tokens, s_.opts_.generation_reserve));
+  }
+
+  // Places a queued request on pair `chosen`: reserves its room, CLAIM to decode (PREFILL follows CLAIM_ACK).
+  void place(Request& r, int chosen) {
     const ClusterPair& p = s_.opts_.pairs[chosen];
+    const std::string rank = decode_control_name(p);
+    {
+      std::lock_guard lk(s_.mu_);
+      --s_.queued_;
+    }
     {
       std::lock_guard lk(s_.pub_mu_);
-      ++s_.placements_[decode_control_name(p)];
+      ++s_.placements_[rank];
+      s_.queue_wait_.observe(std::chrono::duration<double>(Clock::now() - r.queued_since).count());
     }
+    w_.ledger.take(r.id, rank, demand(*w_.ledger.capacity(rank), r));
     ++r.attempts;
     r.pair = chosen;
     r.wire_id = ++w_.next_wire;
     w_.by_wire[r.wire_id] = r.id;
-    r.phase = ClusterService::Request::Phase::Claiming;
-    r.claim_sent = Clock::now();
-    send(decode_control_name(p), proto::Claim{.request_id = r.wire_id, .prompt_len = static_cast<uint32_t>(r.params.prompt.size()),
-                                      .decode_ranks = {p.decode_rank}, .prefill_instance = p.prefill_instance,
-                                      .num_prefill_stages = p.stages, .timeout_ms = s_.opts_.request_timeout_ms,
-                                      .sampling = sampling_of(r.params)});
+    r.phase = RequestPhase::Claimed;
+    w_.deadlines.enter(r.id, RequestPhase::Claimed, Clock::now());
+    send(rank, proto::Claim{.request_id = r.wire_id, .prompt_len = static_cast<uint32_t>(r.params.prompt.size()),
+                            .decode_ranks = {p.decode_rank}, .prefill_instance = p.prefill_instance,
+                            .num_prefill_stages = p.stages, .timeout_ms = s_.opts_.request_timeout_ms,
+                            .sampling = sampling_of(r.params)});
   }
 
   static proto::SamplingParams sampling_of(const GenerationParams& g) {
@@ -143,25 +183,28 @@ class ClusterWorkerOps {
             .seed = g.sampling.seed, .max_tokens = static_cast<uint32_t>(g.max_tokens), .stop_token_ids = g.stop_ids};
   }
 
-  // This attempt failed: abort it everywhere, then place the request again if nothing was streamed.
-  void retry_or_fail(ClusterService::Request& r, const Status& why, proto::AbortReason cause) {
+  // This attempt failed: abort it everywhere, then queue the request again if nothing was streamed.
+  // A decode rank out of transfer memory sends it back to the queue's head without using an attempt.
+  void retry_or_fail(Request& r, const Status& why, proto::AbortReason cause) {
     abort_parties(r, cause);
-    w_.by_wire.erase(r.wire_id);
+    release(r);
     r.wire_id = 0;
     r.pair = -1;
+    const bool room = cause == proto::AbortReason::AllocFailed;
+    if (room && !r.streamed) --r.attempts;
     if (!r.streamed && r.attempts < s_.opts_.max_attempts && !ready_pairs().empty()) {
-      spdlog::info("router: request {} retried after: {}", r.id, why.message());
+      spdlog::info("router: request {} queued again after: {}", r.id, why.message());
       {
         std::lock_guard lk(s_.pub_mu_);
-        ++s_.retries_;
+        ++(room ? s_.requeued_ : s_.retries_);
       }
-      place(r);
+      enqueue(r, /*front=*/true);
       return;
     }
     fail(r, why, proto::abort_reason_name(cause));
   }
 
-  ClusterService::Request* by_wire(uint64_t wire) {
+  Request* by_wire(uint64_t wire) {
     auto it = w_.by_wire.find(wire);
     if (it == w_.by_wire.end()) return nullptr;
     auto r = w_.requests.find(it->second);
@@ -169,8 +212,8 @@ class ClusterWorkerOps {
   }
 
   void on_claim_ack(const proto::ClaimAck& a) {
-    ClusterService::Request* r = by_wire(a.request_id);
-    if (!r || r->phase != ClusterService::Request::Phase::Claiming) return;
+    Request* r = by_wire(a.request_id);
+    if (!r || r->phase != RequestPhase::Claimed) return;
     if (!a.ok) {
       retry_or_fail(*r, Status(Code::Unavailable, "decode refused the request: " + a.reason), proto::AbortReason::Rejected);
       return;
@@ -180,12 +223,19 @@ class ClusterWorkerOps {
                            .decode_instance = p.decode_instance, .decode_ranks = {p.decode_rank},
                            .timeout_ms = s_.opts_.request_timeout_ms};
     for (uint32_t st = 0; st < p.stages; ++st) send(stage_control_name(p, st), m);
-    r->phase = ClusterService::Request::Phase::Running;
+    r->phase = RequestPhase::Prefilling;
+    w_.deadlines.enter(r->id, RequestPhase::Prefilling, Clock::now());
   }
 
   void on_tokens(const proto::Tokens& t) {
-    ClusterService::Request* r = by_wire(t.request_id);
-    if (!r || r->phase != ClusterService::Request::Phase::Running) return;
+    Request* r = by_wire(t.request_id);
+    if (!r || (r->phase != RequestPhase::Prefilling && r->phase != RequestPhase::Decoding)) return;
+    if (r->phase == RequestPhase::Prefilling) {
+      r->phase = RequestPhase::Decoding;
+      w_.deadlines.enter(r->id, RequestPhase::Decoding, Clock::now());
+    } else {
+      w_.deadlines.progress(r->id, Clock::now());
+    }
     GenerationEvent ev;
     ev.kind = GenerationEvent::Kind::Tokens;
     std::string reason;
@@ -230,7 +280,7 @@ class ClusterWorkerOps {
   }
 
   void on_failed(const proto::Failed& f, const std::string& from) {
-    ClusterService::Request* r = by_wire(f.request_id);
+    Request* r = by_wire(f.request_id);
     if (!r) return;
     const Code code = f.cause == proto::AbortReason::Internal || f.cause == proto::AbortReason::PlanFailed
                           ? Code::Internal : Code::Unavailable;
@@ -280,25 +330,50 @@ class ClusterWorkerOps {
       if constexpr (std::is_same_v<T, proto::ClaimAck>) on_claim_ack(x);
       else if constexpr (std::is_same_v<T, proto::Tokens>) on_tokens(x);
       else if constexpr (std::is_same_v<T, proto::Failed>) on_failed(x, e.peer);
-      else if constexpr (std::is_same_v<T, proto::Heartbeat>) {
-        w_.heartbeats[e.peer] = x;
-        std::lock_guard lk(s_.pub_mu_);
-        s_.node_load_[e.peer] = {.pool_free_bytes = x.free_bytes, .running = x.num_running};
-      }
+      else if constexpr (std::is_same_v<T, proto::Heartbeat>) on_heartbeat(x, e.peer);
     }, m.value());
   }
 
-  void check_claim_timeouts() {
-    const auto now = Clock::now();
-    std::vector<RequestHandle> late;
-    for (auto& [id, r] : w_.requests)
-      if (r->phase == ClusterService::Request::Phase::Claiming && now - r->claim_sent > s_.opts_.claim_timeout)
-        late.push_back(id);
-    for (RequestHandle id : late) {
-      auto it = w_.requests.find(id);
-      if (it != w_.requests.end())
-        retry_or_fail(*it->second, Status(Code::Unavailable, "decode did not acknowledge the CLAIM in time"),
+
+  // A decode rank's heartbeat: its capacity (for admission) and its load (for the gauges).
+  void on_heartbeat(const proto::Heartbeat& x, const std::string& peer) {
+    w_.heartbeats[peer] = x;
+    const proto::DecodeRoom& room = x.room;
+    if (x.role == proto::Role::Decode && room.pool_page_size > 0 && room.cache_page_size > 0) {
+      const DecodeCapacity cap{.pool_page_size = room.pool_page_size, .pool_pages = room.pool_pages,
+                               .pool_slots = room.pool_slots, .cache_page_size = room.cache_page_size,
+                               .cache_pages = room.cache_pages, .cache_seqs = room.cache_seqs};
+      w_.ledger.set_capacity(peer, cap);
+      std::lock_guard lk(s_.pub_mu_);
+      s_.capacity_[peer] = cap;
+    }
+    std::lock_guard lk(s_.pub_mu_);
+    s_.node_load_[peer] = {.pool_free_bytes = x.free_bytes, .running = x.num_running, .room = room,
+                           .reserved = w_.ledger.used(peer)};
+  }
+
+  // Requests whose phase deadline passed. A late CLAIM_ACK is retried like before; any other phase ends
+  // the request with an error event, and every party gets an ABORT.
+  void check_deadlines() {
+    for (const auto& x : w_.deadlines.take_expired(Clock::now())) {
+      auto it = w_.requests.find(x.id);
+      if (it == w_.requests.end()) continue;
+      Request& r = *it->second;
+      const std::string phase = request_phase_name(x.phase);
+      {
+        std::lock_guard lk(s_.pub_mu_);
+        ++s_.deadline_expired_[phase];
+      }
+      const std::string why = "deadline: the request spent over " + std::to_string(x.budget.count()) + " ms " +
+                              (x.phase == RequestPhase::Decoding ? "without a token while decoding" : "in phase " + phase);
+      if (x.phase == RequestPhase::Claimed) {
+        retry_or_fail(r, Status(Code::Unavailable, "decode did not acknowledge the CLAIM in time"),
                       proto::AbortReason::Deadline);
+        continue;
+      }
+      spdlog::warn("router: request {} expired: {}", r.id, why);
+      abort_parties(r, proto::AbortReason::Deadline);
+      fail(r, Status(Code::DeadlineExceeded, why), "deadline");
     }
   }
 
@@ -308,7 +383,8 @@ class ClusterWorkerOps {
     std::lock_guard lk(s_.pub_mu_);
     s_.live_nodes_ = w_.live;
     s_.any_ready_ = any;
-    s_.running_ = static_cast<int64_t>(w_.requests.size());
+    s_.running_ = static_cast<int64_t>(w_.requests.size() - std::min(w_.requests.size(), w_.queue.size()));
+    for (auto& [node, l] : s_.node_load_) l.reserved = w_.ledger.used(node);
   }
 
  private:
@@ -324,7 +400,12 @@ Result<std::unique_ptr<ClusterService>> ClusterService::create(const ModelConfig
                                                                ClusterOptions opts) {
   if (!tokenizer) return invalid_argument("tokenizer is required");
   if (opts.pairs.empty()) return invalid_argument("cluster: at least one prefill/decode pair is required (--pair)");
-  if (opts.max_in_flight < 1) return invalid_argument("cluster: max_in_flight must be >= 1");
+  if (opts.max_queue < 1) return invalid_argument("cluster: max_queue must be >= 1");
+  if (opts.generation_reserve < 0) return invalid_argument("cluster: generation_reserve must be >= 0");
+  for (int ph = 0; ph < kNumRequestPhases; ++ph)
+    if (opts.deadlines.of(static_cast<RequestPhase>(ph)).count() < 1)
+      return invalid_argument(std::string("cluster: the ") + request_phase_name(static_cast<RequestPhase>(ph)) +
+                              " deadline must be positive");
   if (opts.max_attempts < 1) return invalid_argument("cluster: max_attempts must be >= 1");
   if (opts.heartbeat.count() < 1 || opts.heartbeat_misses < 1) return invalid_argument("cluster: heartbeat must be positive");
   std::set<std::string> prefill_seen;
@@ -335,7 +416,7 @@ Result<std::unique_ptr<ClusterService>> ClusterService::create(const ModelConfig
   s->cfg_ = cfg;
   s->tokenizer_ = std::move(tokenizer);
   s->opts_ = std::move(opts);
-  s->w_ = std::make_unique<Worker>();
+  s->w_ = std::make_unique<Worker>(s->opts_);
   s->w_->policy = std::make_unique<PlacementPolicy>(s->opts_.placement, s->opts_.affinity_tokens);
   // Wire ids stay unique across router restarts too (nodes tombstone ids they saw).
   s->w_->next_wire = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) & ~0xfffffull;
@@ -348,88 +429,6 @@ Result<std::unique_ptr<ClusterService>> ClusterService::create(const ModelConfig
   if (s->wake_fd_ < 0) return internal_error("eventfd failed");
   s->worker_ = std::thread([p = s.get()] { p->worker_loop(); });
   return s;
-}
-
-ClusterService::~ClusterService() {
-  shutdown();
-  if (worker_.joinable()) worker_.join();
-  if (wake_fd_ >= 0) ::close(wake_fd_);
-}
-
-void ClusterService::wake() {
-  const uint64_t one = 1;
-  (void)!::write(wake_fd_, &one, sizeof one);
-}
-
-Result<RequestHandle> ClusterService::submit(GenerationParams params, EventSink sink) {
-  // TOKENS carries ids only: say so instead of answering without the logprobs that were asked for.
-  K3_TRY(check_generation_params(params, bool(sink), cfg_.vocab_size, cfg_.max_position_embeddings,
-                                 "not supported in cluster mode (decode nodes stream token ids only)"));
-  if (!ready()) return Status(Code::Unavailable, "no prefill/decode pair is ready");
-  auto r = std::make_unique<Request>();
-  std::shared_ptr<const Tokenizer> tok = tokenizer_;
-  const std::vector<int32_t> stop_ids = params.stop_ids;
-  // The same text rules as the local engine: specials and stop ids add no text.
-  r->text = std::make_unique<TextStream>(
-      [tok](int32_t id) { return tok->decode_bytes(std::span<const int32_t>(&id, 1)); }, params.stop_strings,
-      [tok, stop_ids](int32_t id) {
-        return tok->is_special(id) || std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
-      });
-  r->params = std::move(params);
-  r->sink = std::move(sink);
-  RequestHandle id;
-  {
-    std::lock_guard lk(mu_);
-    if (stopping_) return Status(Code::Unavailable, "the router is shutting down");
-    if (static_cast<int>(live_.size()) >= opts_.max_in_flight)
-      return Status(Code::ResourceExhausted, "too many requests in flight (" + std::to_string(opts_.max_in_flight) + ")");
-    id = next_id_++;
-    r->id = id;
-    live_.insert(id);
-    submitted_.push_back(std::move(r));
-  }
-  wake();
-  return id;
-}
-
-void ClusterService::cancel(RequestHandle handle) {
-  {
-    std::lock_guard lk(mu_);
-    if (!live_.count(handle)) return;
-    cancelled_.insert(handle);
-  }
-  wake();
-  std::lock_guard sink_lk(sink_mu_);  // wait out a callback in progress; later ones see the mark
-}
-
-bool ClusterService::ready() const {
-  if (stopping_) return false;
-  std::lock_guard lk(pub_mu_);
-  return any_ready_;
-}
-
-ServiceStats ClusterService::stats() const {
-  int64_t queued;
-  {
-    std::lock_guard lk(mu_);
-    queued = static_cast<int64_t>(submitted_.size());
-  }
-  std::lock_guard lk(pub_mu_);
-  return {.waiting = queued, .running = running_, .free_slots = std::max<int64_t>(0, opts_.max_in_flight - running_ - queued),
-          .free_pages = -1};
-}
-
-void ClusterService::shutdown() {
-  {
-    std::lock_guard lk(mu_);
-    stopping_ = true;
-  }
-  if (wake_fd_ >= 0) wake();
-}
-
-std::set<std::string> ClusterService::live_nodes() const {
-  std::lock_guard lk(pub_mu_);
-  return live_nodes_;
 }
 
 void ClusterService::worker_loop() {
@@ -454,21 +453,22 @@ void ClusterService::worker_loop() {
     for (auto& r : fresh) {
       const RequestHandle id = r->id;
       w_->requests[id] = std::move(r);
-      ops.place(*w_->requests[id]);
+      ops.enqueue(*w_->requests[id], /*front=*/false);
     }
     // Cancelled requests: ABORT everywhere, forget them (the sink is never called again).
     for (RequestHandle h : cancelled) {
       auto it = w_->requests.find(h);
       if (it != w_->requests.end()) {
         ops.abort_parties(*it->second, protocol::AbortReason::ClientCancelled);
-        w_->by_wire.erase(it->second->wire_id);
+        ops.release(*it->second);
         w_->requests.erase(it);
       }
       std::lock_guard lk(mu_);
       cancelled_.erase(h);
       live_.erase(h);
     }
-    ops.check_claim_timeouts();
+    ops.check_deadlines();
+    ops.admit();
     ops.publish();
   }
   // Shutdown: every request fails and is aborted on its nodes; later submits are refused.

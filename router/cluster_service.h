@@ -2,13 +2,18 @@
 // ZeroMQ control plane: this service binds a ControlServer that every node's driver connects to as its
 // "router" connection.
 //
-// One worker thread owns the socket and every request's state. Per request it (1) places it on a
-// ready pair (every stage of a prefill instance and its decode rank alive) by the placement policy,
-// (2) sends CLAIM to decode and waits for decode's CLAIM_ACK, (3) sends PREFILL to every stage of the
-// prefill instance, (4) turns decode's TOKENS into text events (TextStream: stop strings, UTF-8).
-// A node that stops heartbeating is removed from the registry; requests on it fail at once with an
-// Unavailable event, or are placed again on another pair when no token has been streamed yet (each
-// attempt uses a fresh wire id: nodes tombstone the old one). Cancel, FAILED and stop strings send
+// One worker thread owns the socket and every request's state. Per request it (1) queues it (bounded
+// FIFO, admission_queue.h) until a ready pair (every stage of a prefill instance and its decode rank
+// alive) has room for it on its decode rank, (2) places it there by the placement policy: CLAIM to
+// decode, wait for CLAIM_ACK, (3) sends PREFILL to every stage of the prefill instance, (4) turns
+// decode's TOKENS into text events (TextStream: stop strings, UTF-8). Every phase has a deadline
+// (request_deadlines.h); an expired request ends with an error event and ABORTs to every party.
+// submit() decides everything the HTTP status depends on: 400 when the request can never fit one decode
+// rank (or the context), 429 when the queue is full; once it returns a handle the request ends with a
+// Finished or Failed event. A node that stops heartbeating is removed from the registry; requests on it
+// fail at once with an Unavailable event, or are queued again when no token has been streamed yet (each
+// attempt uses a fresh wire id: nodes tombstone the old one). A decode rank that could not allocate
+// transfer memory sends the request back to the head of the queue. Cancel, FAILED and stop strings send
 // ABORT to every party of the pair.
 #pragma once
 #include <atomic>
@@ -23,9 +28,13 @@
 #include <vector>
 
 #include "common/config/config.h"
+#include "common/protocol/messages.h"
 #include "common/tokenizer/tokenizer.h"
+#include "router/admission_queue.h"
 #include "router/cluster_placement.h"
 #include "router/generation_service.h"
+#include "router/request_deadlines.h"
+#include "router/router_metrics.h"
 
 namespace k3::router {
 
@@ -36,9 +45,10 @@ struct ClusterOptions {
   int affinity_tokens = 16;                      // prefix-affinity hashes this many leading prompt tokens
   std::chrono::milliseconds heartbeat{200};      // control heartbeat interval (nodes use --heartbeat-ms)
   int heartbeat_misses = 3;                      // silence of interval x misses = node dead
-  std::chrono::milliseconds claim_timeout{5000}; // CLAIM -> CLAIM_ACK
+  PhaseTimeouts deadlines;                       // per request phase (claimed = the CLAIM -> CLAIM_ACK wait)
   uint64_t request_timeout_ms = 0;               // carried in CLAIM / PREFILL (0 = the nodes' defaults)
-  int max_in_flight = 256;                       // submit() says ResourceExhausted beyond
+  int max_queue = 64;                            // requests waiting for room; submit() says ResourceExhausted beyond
+  int generation_reserve = 32;                   // decode cache tokens reserved per request beyond its prompt
   int max_attempts = 2;                          // placements per request (retries only before any token)
 };
 
@@ -70,6 +80,8 @@ class ClusterService final : public GenerationService {
   ClusterService() = default;
   void worker_loop();
   void wake();
+  // InvalidArgument naming the limit when no decode rank whose capacity is known could ever hold it.
+  Status check_fits(const GenerationParams& params) const;
 
   ModelConfig cfg_;
   std::shared_ptr<const Tokenizer> tokenizer_;
@@ -82,6 +94,7 @@ class ClusterService final : public GenerationService {
   std::vector<std::unique_ptr<Request>> submitted_;  // taken by the worker
   std::unordered_set<RequestHandle> cancelled_;      // to abort at the worker's next turn
   std::unordered_set<RequestHandle> live_;           // submitted, not yet ended
+  int64_t queued_ = 0;                               // submitted, not yet placed (the admission queue's length)
   RequestHandle next_id_ = 1;
   std::mutex sink_mu_;               // held by the worker while it calls a sink (cancel waits it out)
   std::atomic<bool> stopping_{false};
@@ -97,8 +110,15 @@ class ClusterService final : public GenerationService {
   struct NodeLoad {
     uint64_t pool_free_bytes = 0;  // decode transfer pool free bytes (its last HEARTBEAT)
     uint32_t running = 0;          // requests decoding there
+    protocol::DecodeRoom room;     // its last reported room (capacity and free)
+    CapacityLedger::Used reserved; // what this router has reserved there
   };
   std::map<std::string, NodeLoad> node_load_;       // decode node -> its last reported load
+  std::map<std::string, DecodeCapacity> capacity_;  // decode node -> capacity (submit's 400 check)
+  std::map<std::string, uint64_t> deadline_expired_; // phase -> requests expired in it
+  std::map<std::string, uint64_t> rejected_;         // reason -> submits refused (queue_full, never_fits)
+  uint64_t requeued_ = 0;                            // sent back to the queue by decode (allocation failed)
+  Histogram queue_wait_{{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}};
   int64_t running_ = 0;
   bool any_ready_ = false;
   std::thread worker_;

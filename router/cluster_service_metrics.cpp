@@ -1,5 +1,6 @@
 // ClusterService's Prometheus text: node registry, failures, retries, placements and the decode
 // nodes' last reported load (the router's own request histograms live in router_metrics).
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -11,6 +12,11 @@ std::string ClusterService::prometheus_text() const {
   std::set<std::string> expected;
   for (const auto& p : opts_.pairs)
     for (const auto& n : pair_control_names(p)) expected.insert(n);
+  int64_t queued;
+  {
+    std::lock_guard lk(mu_);
+    queued = queued_;
+  }
   std::lock_guard lk(pub_mu_);
   std::string o;
   auto line = [&](const std::string& s) { o += s + "\n"; };
@@ -51,6 +57,52 @@ std::string ClusterService::prometheus_text() const {
   line("# HELP k3_cluster_node_running Requests decoding on a decode node (its last heartbeat).");
   line("# TYPE k3_cluster_node_running gauge");
   for (const auto& [node, l] : node_load_) line("k3_cluster_node_running{node=\"" + node + "\"} " + std::to_string(l.running));
+  line("# HELP k3_cluster_node_pool_free_pages A decode node's transfer pool free pages (its last heartbeat).");
+  line("# TYPE k3_cluster_node_pool_free_pages gauge");
+  for (const auto& [node, l] : node_load_)
+    line("k3_cluster_node_pool_free_pages{node=\"" + node + "\"} " + std::to_string(l.room.pool_free_pages));
+  line("# HELP k3_cluster_node_cache_free_pages A decode node's decode cache free pages (its last heartbeat).");
+  line("# TYPE k3_cluster_node_cache_free_pages gauge");
+  for (const auto& [node, l] : node_load_)
+    line("k3_cluster_node_cache_free_pages{node=\"" + node + "\"} " + std::to_string(l.room.cache_free_pages));
+  line("# HELP k3_cluster_node_paused Requests a decode node preempted and has not resumed yet (its last heartbeat).");
+  line("# TYPE k3_cluster_node_paused gauge");
+  for (const auto& [node, l] : node_load_) line("k3_cluster_node_paused{node=\"" + node + "\"} " + std::to_string(l.room.paused));
+  line("# HELP k3_cluster_node_preemptions_total Requests a decode node preempted (caches swapped out) since it started.");
+  line("# TYPE k3_cluster_node_preemptions_total counter");
+  for (const auto& [node, l] : node_load_)
+    line("k3_cluster_node_preemptions_total{node=\"" + node + "\"} " + std::to_string(l.room.preemptions));
+  line("# HELP k3_cluster_node_reserved_requests Requests the router has admitted onto a decode node.");
+  line("# TYPE k3_cluster_node_reserved_requests gauge");
+  for (const auto& [node, l] : node_load_)
+    line("k3_cluster_node_reserved_requests{node=\"" + node + "\"} " + std::to_string(l.reserved.requests));
+  line("# HELP k3_cluster_queue_length Requests waiting in the admission queue for decode room.");
+  line("# TYPE k3_cluster_queue_length gauge");
+  line("k3_cluster_queue_length " + std::to_string(std::max<int64_t>(0, queued)));
+  line("# HELP k3_cluster_queue_capacity Admission queue bound (submits beyond get HTTP 429).");
+  line("# TYPE k3_cluster_queue_capacity gauge");
+  line("k3_cluster_queue_capacity " + std::to_string(opts_.max_queue));
+  line("# HELP k3_cluster_queue_wait_seconds Time from submit to placement on a decode rank.");
+  line("# TYPE k3_cluster_queue_wait_seconds histogram");
+  queue_wait_.render(o, "k3_cluster_queue_wait_seconds");
+  line("# HELP k3_cluster_rejected_total Submits refused before any response: queue_full (429), never_fits (400).");
+  line("# TYPE k3_cluster_rejected_total counter");
+  for (const char* why : {"queue_full", "never_fits"}) {
+    auto it = rejected_.find(why);
+    line(std::string("k3_cluster_rejected_total{reason=\"") + why + "\"} " +
+         std::to_string(it == rejected_.end() ? 0 : it->second));
+  }
+  line("# HELP k3_cluster_deadline_expired_total Requests ended by the router's deadline, by the phase they were in.");
+  line("# TYPE k3_cluster_deadline_expired_total counter");
+  for (int ph = 0; ph < kNumRequestPhases; ++ph) {
+    const std::string name = request_phase_name(static_cast<RequestPhase>(ph));
+    auto it = deadline_expired_.find(name);
+    line("k3_cluster_deadline_expired_total{phase=\"" + name + "\"} " +
+         std::to_string(it == deadline_expired_.end() ? 0 : it->second));
+  }
+  line("# HELP k3_cluster_requeued_total Requests a decode rank sent back to the queue (transfer memory ran out).");
+  line("# TYPE k3_cluster_requeued_total counter");
+  line("k3_cluster_requeued_total " + std::to_string(requeued_));
   line("# HELP k3_cluster_requests_in_flight Requests placed on the cluster now.");
   line("# TYPE k3_cluster_requests_in_flight gauge");
   line("k3_cluster_requests_in_flight " + std::to_string(running_));

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <algorithm>
 
 #include "router/api_handlers.h"
 #include "router/cluster_service.h"
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   std::string cluster_endpoint, placement = "round-robin";
   std::vector<std::string> pair_texts;
   int hb_ms = 200, hb_misses = 3, claim_timeout_ms = 5000, affinity_tokens = 16, max_attempts = 2;
+  int queued_timeout_ms = 300000, prefill_timeout_ms = 300000, decode_stall_ms = 60000, generation_reserve = 32;
   uint64_t request_timeout_ms = 0;
   bool metrics_require_key = false;
   HttpServerOptions http;
@@ -87,6 +89,16 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   cluster->add_option("--claim-timeout-ms", claim_timeout_ms, "CLAIM -> decode's CLAIM_ACK wait (default 5000)")
       ->check(CLI::PositiveNumber);
+  cluster->add_option("--queued-timeout-ms", queued_timeout_ms,
+                      "deadline of a request waiting in the admission queue (default 300000)")->check(CLI::PositiveNumber);
+  cluster->add_option("--prefill-timeout-ms", prefill_timeout_ms,
+                      "deadline from PREFILL to the first token: prefill compute and KV transfer (default 300000)")
+      ->check(CLI::PositiveNumber);
+  cluster->add_option("--decode-stall-ms", decode_stall_ms,
+                      "deadline of a decoding request without a new token (default 60000)")->check(CLI::PositiveNumber);
+  cluster->add_option("--generation-reserve", generation_reserve,
+                      "decode cache tokens reserved per request beyond its prompt when admitting it (default 32)")
+      ->check(CLI::NonNegativeNumber);
   cluster->add_option("--request-timeout-ms", request_timeout_ms, "protocol wait budget sent to the nodes (0 = theirs)");
   cluster->add_option("--max-attempts", max_attempts, "placements per request; retries only before any token (default 2)")
       ->check(CLI::PositiveNumber);
@@ -143,9 +155,13 @@ int main(int argc, char** argv) {
       co.affinity_tokens = affinity_tokens;
       co.heartbeat = std::chrono::milliseconds(hb_ms);
       co.heartbeat_misses = hb_misses;
-      co.claim_timeout = std::chrono::milliseconds(claim_timeout_ms);
+      co.deadlines = {.queued = std::chrono::milliseconds(queued_timeout_ms),
+                      .claimed = std::chrono::milliseconds(claim_timeout_ms),
+                      .prefilling = std::chrono::milliseconds(prefill_timeout_ms),
+                      .decoding = std::chrono::milliseconds(decode_stall_ms)};
+      co.generation_reserve = generation_reserve;
       co.request_timeout_ms = request_timeout_ms;
-      co.max_in_flight = max_queue + max_running;
+      co.max_queue = std::max(1, max_queue);
       co.max_attempts = max_attempts;
       auto cs = ClusterService::create(cfg, tokenizer, co);
       if (!cs.is_ok()) return fail(cs.status().message());

@@ -116,6 +116,11 @@ void PrefillDriver::execute(const Actions& actions, Actions& all) {
   }
 }
 
+Status PrefillDriver::send_to_router(const protocol::Message& m) {
+  if (!router_) return {Code::Unavailable, "no router connection"};
+  return router_->send(protocol::encode(m));
+}
+
 Actions PrefillDriver::inject_abort(uint64_t request_id, AbortReason reason) {
   if (in_hook_ && side_->state(request_id) == protocol::RequestState::Transferring) {
     abort_requested_.insert(request_id);  // applied by execute() around the writes

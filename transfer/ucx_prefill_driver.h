@@ -47,6 +47,8 @@ class PrefillDriver {
                          std::optional<int32_t> first_token);
   // Acts as if the router's ABORT for the request arrived now (failure injection and local cancel).
   Actions inject_abort(uint64_t request_id, AbortReason reason = AbortReason::ClientCancelled);
+  // Sends a message to the router (e.g. FAILED for a request the stage itself could not compute).
+  Status send_to_router(const protocol::Message& m);
 
   PrefillSide& side() { return *side_; }
   // True once decode's REGISTER arrived and its regions are usable.

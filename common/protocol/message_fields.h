@@ -21,9 +21,15 @@ K3_FIELDS(Register, v("role", m.role); v("instance_id", m.instance_id); v("rank"
           v("layer_ids", m.layer_ids); v("regions", m.regions); v("worker_address", m.worker_address);
           v("control_endpoint", m.control_endpoint))
 K3_FIELDS(RegisterAck, v("ok", m.ok); v("reason", m.reason))
+K3_FIELDS(DecodeRoom, v("pool_page_size", m.pool_page_size); v("pool_pages", m.pool_pages);
+          v("pool_free_pages", m.pool_free_pages); v("pool_slots", m.pool_slots);
+          v("pool_free_slots", m.pool_free_slots); v("cache_page_size", m.cache_page_size);
+          v("cache_pages", m.cache_pages); v("cache_free_pages", m.cache_free_pages);
+          v("cache_seqs", m.cache_seqs); v("cache_free_seqs", m.cache_free_seqs); v("paused", m.paused);
+          v("preemptions", m.preemptions))
 K3_FIELDS(Heartbeat, v("role", m.role); v("instance_id", m.instance_id); v("rank", m.rank);
           v("stage", m.stage); v("seq", m.seq); v("free_bytes", m.free_bytes);
-          v("num_running", m.num_running))
+          v("num_running", m.num_running); v("room", m.room))
 K3_FIELDS(SamplingParams, v("temperature", m.temperature); v("top_p", m.top_p); v("top_k", m.top_k);
           v("seed", m.seed); v("max_tokens", m.max_tokens); v("stop_token_ids", m.stop_token_ids))
 K3_FIELDS(Claim, v("request_id", m.request_id); v("prompt_len", m.prompt_len);

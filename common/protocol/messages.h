@@ -113,6 +113,26 @@ struct RegisterAck {
   bool operator==(const RegisterAck&) const = default;
 };
 
+// A decode rank's room, in its heartbeats (all zero from other roles). The totals are the rank's
+// capacity (fixed for its lifetime: the router learns them from the first heartbeat, sent as soon as the
+// rank connects); the free counts are what is unused now. The router admits a request onto a rank only
+// when its prompt fits the transfer pool and its prompt plus a generation reserve fits the decode cache.
+struct DecodeRoom {
+  uint32_t pool_page_size = 0;     // transfer pool: tokens per page
+  uint32_t pool_pages = 0;
+  uint32_t pool_free_pages = 0;
+  uint32_t pool_slots = 0;         // transfer pool KDA slots (one per request transferring or decoding)
+  uint32_t pool_free_slots = 0;
+  uint32_t cache_page_size = 0;    // decode engine MLA cache: tokens per page
+  uint32_t cache_pages = 0;
+  uint32_t cache_free_pages = 0;
+  uint32_t cache_seqs = 0;         // decode engine sequence slots (the running batch limit)
+  uint32_t cache_free_seqs = 0;
+  uint32_t paused = 0;             // requests preempted (caches swapped out) waiting to resume
+  uint64_t preemptions = 0;        // requests preempted since the rank started (a counter)
+  bool operator==(const DecodeRoom&) const = default;
+};
+
 struct Heartbeat {
   Role role = Role::Router;
   std::string instance_id;
@@ -121,6 +141,7 @@ struct Heartbeat {
   uint64_t seq = 0;
   uint64_t free_bytes = 0;         // decode pool free bytes (load hint for the router)
   uint32_t num_running = 0;
+  DecodeRoom room;                 // decode only
   bool operator==(const Heartbeat&) const = default;
 };
 

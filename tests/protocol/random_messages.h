@@ -55,7 +55,11 @@ class RandomMessages {
   RegisterAck ack() { return {.ok = coin(), .reason = str()}; }
   Heartbeat heartbeat() {
     return {.role = pick<Role>(kMaxRole), .instance_id = str(), .rank = u32(), .stage = u32(), .seq = u64(),
-            .free_bytes = u64(), .num_running = u32()};
+            .free_bytes = u64(), .num_running = u32(),
+            .room = {.pool_page_size = u32(), .pool_pages = u32(), .pool_free_pages = u32(), .pool_slots = u32(),
+                     .pool_free_slots = u32(), .cache_page_size = u32(), .cache_pages = u32(),
+                     .cache_free_pages = u32(), .cache_seqs = u32(), .cache_free_seqs = u32(), .paused = u32(),
+                     .preemptions = u64()}};
   }
   Claim claim() {
     return {.request_id = u64(), .prompt_len = u32(), .decode_ranks = u32s(), .prefill_instance = str(),

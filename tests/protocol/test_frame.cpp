@@ -165,6 +165,13 @@ TEST_CASE("field-level rejections name the message and field", "[frame][reject]"
     p[0] = 0xFF;
     require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.role");
   }
+  SECTION("HEARTBEAT without its decode room (an older peer's layout)") {
+    auto p = payload_of(encode(Heartbeat{.role = Role::Decode, .room = {.pool_page_size = 16, .paused = 3}}));
+    p.resize(p.size() - 8);
+    require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.room.preemptions: truncated");
+    p.resize(p.size() - 44);
+    require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.room.pool_page_size: truncated");
+  }
   SECTION("CLAIM decode_ranks count larger than the bytes left") {
     auto p = payload_of(encode(Claim{.request_id = 1, .decode_ranks = {0, 1}}));
     set_u32(p, 12, 1000);

@@ -1,0 +1,149 @@
+#include "decode_node/decode_batch.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "engine/cache_io.h"
+
+namespace k3::decode {
+
+DecodeBatch::~DecodeBatch() {
+  for (auto& [id, s] : seqs_) engine_.close(s.cache);
+}
+
+void DecodeBatch::add(uint64_t id, std::vector<uint8_t> image, int64_t num_tokens, int32_t last_token,
+                      ops::SamplingRow sampling, uint64_t step) {
+  remove(id);
+  seqs_[id] = Seq{.order = next_order_++, .running = false, .cache = {}, .image = std::move(image),
+                  .num_tokens = num_tokens, .last_token = last_token, .sampling = sampling, .step = step};
+}
+
+void DecodeBatch::remove(uint64_t id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  engine_.close(it->second.cache);
+  seqs_.erase(it);
+}
+
+size_t DecodeBatch::num_running() const {
+  return static_cast<size_t>(std::count_if(seqs_.begin(), seqs_.end(), [](const auto& kv) { return kv.second.running; }));
+}
+
+int64_t DecodeBatch::pages_for(int64_t tokens) const {
+  const int64_t ps = engine_.caches().options().page_size;
+  return (tokens + ps - 1) / ps;
+}
+
+int64_t DecodeBatch::growth_pages() const {
+  int64_t need = 0;
+  for (const auto& [id, s] : seqs_)
+    if (s.running) need += std::max<int64_t>(0, pages_for(s.num_tokens + 1) - static_cast<int64_t>(s.cache.pages.size()));
+  return need;
+}
+
+std::vector<uint64_t> DecodeBatch::by_order(bool running) const {
+  std::vector<std::pair<uint64_t, uint64_t>> v;
+  for (const auto& [id, s] : seqs_)
+    if (s.running == running) v.push_back({s.order, id});
+  std::sort(v.begin(), v.end());
+  std::vector<uint64_t> ids;
+  for (const auto& [order, id] : v) ids.push_back(id);
+  return ids;
+}
+
+Status DecodeBatch::resume(Seq& s) {
+  CachePools& pools = engine_.caches();
+  K3_ASSIGN_OR_RETURN(SeqCache cache, engine_.open());
+  if (Status st = pools.reserve(cache, s.num_tokens); !st.is_ok()) {
+    engine_.close(cache);
+    return st;
+  }
+  const int layers = engine_.config().num_hidden_layers;
+  if (Status st = import_caches(backend_, pools, cache, 0, layers, s.num_tokens, s.image.data(), s.image.size()); !st.is_ok()) {
+    engine_.close(cache);
+    return st;
+  }
+  cache.num_tokens = s.num_tokens;
+  s.cache = std::move(cache);
+  s.image = {};
+  s.image.shrink_to_fit();
+  s.running = true;
+  return Status::ok();
+}
+
+void DecodeBatch::preempt(Seq& s) {
+  export_caches(backend_, engine_.caches(), s.cache, 0, engine_.config().num_hidden_layers, s.image);
+  engine_.close(s.cache);
+  s.running = false;
+  ++preemptions_;
+}
+
+DecodeBatch::StepResult DecodeBatch::step() {
+  StepResult out;
+  CachePools& pools = engine_.caches();
+  const int64_t total_pages = pools.options().num_pages;
+  // Resume waiting requests, oldest first, while each fits with a page of headroom per running request.
+  for (uint64_t id : by_order(false)) {
+    Seq& s = seqs_.at(id);
+    const size_t running = num_running();
+    const int64_t need = pages_for(s.num_tokens + 1);
+    if (need > total_pages) {
+      out.failed.push_back({id, "the decode cache (" + std::to_string(total_pages) + " pages) cannot hold " +
+                                    std::to_string(s.num_tokens + 1) + " tokens"});
+      remove(id);
+      continue;
+    }
+    const int64_t headroom = growth_pages() + static_cast<int64_t>(running);
+    if (running > 0 && (pools.free_slots() == 0 || pools.free_pages() < need + headroom)) break;
+    if (Status st = resume(s); !st.is_ok()) {
+      if (running > 0) break;  // retried after the running ones made room
+      out.failed.push_back({id, "resume failed: " + st.to_string()});
+      remove(id);
+    }
+  }
+  // Every running request must be able to grow by one token: preempt the newest until they can.
+  for (std::vector<uint64_t> running = by_order(true); growth_pages() > pools.free_pages() && running.size() > 1;
+       running.pop_back()) {
+    spdlog::info("decode: cache full ({} free pages), request {} preempted", pools.free_pages(), running.back());
+    preempt(seqs_.at(running.back()));
+  }
+  std::vector<uint64_t> ids = by_order(true);
+  if (ids.empty()) return out;
+  if (growth_pages() > pools.free_pages()) {  // a single request that cannot grow in the whole cache
+    out.failed.push_back({ids[0], "the decode cache is full with this request alone"});
+    remove(ids[0]);
+    return out;
+  }
+  std::vector<SeqCache*> caches;
+  std::vector<std::vector<int32_t>> toks;
+  std::vector<ops::SamplingRow> rows;
+  for (uint64_t id : ids) {
+    Seq& s = seqs_.at(id);
+    caches.push_back(&s.cache);
+    toks.push_back({s.last_token});
+    ops::SamplingRow row = s.sampling;
+    row.step = s.step;
+    rows.push_back(row);
+  }
+  auto logits = engine_.feed(caches, toks);
+  if (!logits.is_ok()) {
+    for (uint64_t id : ids) {
+      out.failed.push_back({id, "decode step failed: " + logits.status().to_string()});
+      remove(id);
+    }
+    return out;
+  }
+  std::vector<int32_t> next;
+  backend_.sample({.logits = *logits, .rows = rows, .out = &next});
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Seq& s = seqs_.at(ids[i]);
+    s.num_tokens = s.cache.num_tokens;
+    s.last_token = next.at(i);
+    ++s.step;
+    out.tokens.push_back({ids[i], next.at(i)});
+  }
+  return out;
+}
+
+}  // namespace k3::decode

@@ -1,0 +1,46 @@
+// ClusterService's private state: one request as the worker tracks it, and the worker's own state
+// (socket, requests, admission queue, capacity ledger, deadlines). Included by the service's .cpp files only.
+#pragma once
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "common/protocol/messages.h"
+#include "router/cluster_service.h"
+#include "router/text_stream.h"
+#include "transfer/zmq_channel.h"
+
+namespace k3::router {
+
+struct ClusterService::Request {
+  RequestHandle id = 0;
+  GenerationParams params;
+  EventSink sink;
+  RequestPhase phase = RequestPhase::Queued;
+  int pair = -1;
+  uint64_t wire_id = 0;             // this attempt's protocol request id
+  int attempts = 0;
+  std::chrono::steady_clock::time_point queued_since;  // its place in the queue (kept when sent back)
+  int64_t generated = 0;
+  bool streamed = false;            // a token reached the sink: no retry any more
+  std::unique_ptr<TextStream> text;
+};
+
+struct ClusterService::Worker {
+  explicit Worker(const ClusterOptions& o) : queue(static_cast<size_t>(o.max_queue)), deadlines(o.deadlines) {}
+  zmq::context_t ctx;
+  std::unique_ptr<transfer::ControlServer> server;
+  std::map<RequestHandle, std::unique_ptr<Request>> requests;
+  std::map<uint64_t, RequestHandle> by_wire;
+  uint64_t next_wire = 0;
+  std::set<std::string> live;
+  std::map<std::string, protocol::Heartbeat> heartbeats;  // by control name
+  std::unique_ptr<PlacementPolicy> policy;
+  AdmissionQueue queue;
+  CapacityLedger ledger;            // by decode control name
+  RequestDeadlines deadlines;
+};
+
+}  // namespace k3::router

@@ -1,0 +1,123 @@
+// Preemption in a decode rank's batch (decode_node/decode_batch.h) with the real Engine on k3-tiny:
+// three requests whose caches together outgrow a small decode cache mid-decode. The newest running
+// request is paused (caches copied out, freed), resumed later, and every request produces exactly the
+// greedy tokens of an unconstrained run (a cache large enough for all of them, no preemption).
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <random>
+
+#include "engine/cache_io.h"
+#include "decode_node/decode_batch.h"
+#include "tests/engine/model_fixture.h"
+
+using namespace k3;
+using namespace k3::test;
+using k3::decode::DecodeBatch;
+
+namespace {
+
+struct Prefilled {
+  std::vector<uint8_t> image;
+  int64_t num_tokens = 0;
+  int32_t first = 0;
+};
+
+// Prefill on a roomy engine: the packed cache image and the greedy first token (what a prefill node sends).
+Prefilled prefill(Engine& e, Backend& be, const std::vector<int32_t>& prompt) {
+  SeqCache seq = e.open().value();
+  Tensor logits = e.prefill(seq, prompt).value();
+  std::vector<int32_t> next;
+  be.sample({.logits = logits, .rows = {ops::SamplingRow{}}, .out = &next});
+  Prefilled p{.num_tokens = static_cast<int64_t>(prompt.size()), .first = next.at(0)};
+  export_caches(be, e.caches(), seq, 0, e.config().num_hidden_layers, p.image);
+  e.close(seq);
+  return p;
+}
+
+struct Run {
+  std::map<uint64_t, std::vector<int32_t>> tokens;
+  uint64_t preemptions = 0;
+  size_t max_paused = 0;
+};
+
+// Decodes every request to `max_tokens` generated tokens (the first included) through a DecodeBatch.
+Run decode_all(Engine& e, Backend& be, const std::map<uint64_t, Prefilled>& reqs, int max_tokens) {
+  DecodeBatch batch(e, be);
+  Run run;
+  for (const auto& [id, p] : reqs) {
+    run.tokens[id] = {p.first};
+    batch.add(id, p.image, p.num_tokens, p.first, ops::SamplingRow{}, 1);
+  }
+  for (int guard = 0; batch.size() > 0; ++guard) {
+    REQUIRE(guard < 10 * max_tokens * static_cast<int>(reqs.size()));
+    auto step = batch.step();
+    REQUIRE(step.failed.empty());
+    run.max_paused = std::max(run.max_paused, batch.num_paused());
+    for (const auto& [id, tok] : step.tokens) {
+      auto& out = run.tokens[id];
+      out.push_back(tok);
+      if (static_cast<int>(out.size()) >= max_tokens) batch.remove(id);
+    }
+  }
+  run.preemptions = batch.preemptions();
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("decode batch: a cache that runs out mid-decode preempts the newest request; tokens unchanged",
+          "[cluster][preemption]") {
+  const ModelConfig cfg = tiny_config();
+  const WeightStore w = random_weights(cfg, 5, DType::F32);
+  auto be = make_cpu_backend({.threads = 1});
+  const int max_tokens = 40;
+  std::mt19937 rng(17);
+  std::map<uint64_t, Prefilled> reqs;
+  {
+    auto prefiller = Engine::create(*be, cfg, w, engine_options(0, 4)).value();
+    uint64_t id = 100;
+    for (int len : {40, 30, 20}) reqs[id++] = prefill(*prefiller, *be, random_tokens(rng, len, cfg.vocab_size));
+  }
+
+  // Unconstrained: 512 pages, nothing is ever paused.
+  auto roomy = Engine::create(*be, cfg, w, engine_options(0, 4)).value();
+  const Run ref = decode_all(*roomy, *be, reqs, max_tokens);
+  CHECK(ref.preemptions == 0);
+
+  // 8 pages of 16 tokens: the three requests need 5 + 5 + 4 pages at the end, any one alone fits.
+  EngineOptions small = engine_options(0, 3);
+  small.cache.num_pages = 8;
+  auto tight = Engine::create(*be, cfg, w, small).value();
+  const Run got = decode_all(*tight, *be, reqs, max_tokens);
+  CHECK(got.preemptions >= 1);
+  CHECK(got.max_paused >= 1);
+  for (const auto& [id, toks] : ref.tokens) {
+    INFO("request " << id);
+    REQUIRE(toks.size() == static_cast<size_t>(max_tokens));
+    CHECK(got.tokens.at(id) == toks);
+  }
+  // Every page came back.
+  CHECK(tight->caches().free_pages() == 8);
+  CHECK(tight->caches().free_slots() == 3);
+}
+
+TEST_CASE("decode batch: a request that can never fit the cache fails instead of stalling", "[cluster][preemption]") {
+  const ModelConfig cfg = tiny_config();
+  const WeightStore w = random_weights(cfg, 5, DType::F32);
+  auto be = make_cpu_backend({.threads = 1});
+  std::mt19937 rng(3);
+  auto prefiller = Engine::create(*be, cfg, w, engine_options(0, 2)).value();
+  const Prefilled big = prefill(*prefiller, *be, random_tokens(rng, 40, cfg.vocab_size));
+  EngineOptions small = engine_options(0, 2);
+  small.cache.num_pages = 2;  // 32 tokens: the 40-token prompt never fits
+  auto tight = Engine::create(*be, cfg, w, small).value();
+  DecodeBatch batch(*tight, *be);
+  batch.add(7, big.image, big.num_tokens, big.first, ops::SamplingRow{}, 1);
+  auto step = batch.step();
+  REQUIRE(step.failed.size() == 1);
+  CHECK(step.failed[0].first == 7);
+  CHECK_THAT(step.failed[0].second, Catch::Contains("cannot hold"));
+  CHECK(batch.size() == 0);
+  CHECK(tight->caches().free_pages() == 2);
+}
