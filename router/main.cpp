@@ -7,6 +7,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -40,7 +41,9 @@ int main(int argc, char** argv) {
   app.add_option("--served-model-name", served_name, "model id clients send (default: the model dir's name)");
   app.add_option("--host", host, "address to bind (default 127.0.0.1)");
   app.add_option("--port", port, "TCP port; 0 picks a free one (printed on stdout)")->check(CLI::Range(0, 65535));
-  app.add_option("--api-key", api_key, "require 'Authorization: Bearer <key>' on /v1/*");
+  app.add_option("--api-key", api_key,
+                 "require 'Authorization: Bearer <key>' on /v1/* (default: the environment variable K3_API_KEY, "
+                 "which keeps the key out of ps)");
   app.add_option("--max-queue", max_queue, "waiting requests before 429")->check(CLI::Range(0, 1 << 20));
   app.add_option("--max-running", max_running, "requests decoded together (engine sequence slots)")->check(CLI::Range(1, 4096));
   app.add_option("--threads", threads, "CPU threads for the engine (0 = all cores)")->check(CLI::NonNegativeNumber);
@@ -68,6 +71,8 @@ int main(int argc, char** argv) {
   cluster->add_option("--max-attempts", max_attempts, "placements per request; retries only before any token (default 2)")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  // k3-cluster hands the key over in the environment: argv is readable by every user (/proc/<pid>/cmdline).
+  if (const char* env_key = std::getenv("K3_API_KEY"); api_key.empty() && env_key) api_key = env_key;
 
   // Signals are taken by sigwait below; block them before any thread starts so none receives them.
   sigset_t sigs;
