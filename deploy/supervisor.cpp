@@ -44,6 +44,7 @@ Status Supervisor::spawn(Node& n, Clock::time_point now) {
   K3_ASSIGN_OR_RETURN(n.child, ChildProcess::start(n.recipe.name, n.recipe.exe, n.recipe.args, n.recipe.env));
   n.state = NodeState::Running;
   n.started_at = now;
+  publish();  // before the line: whoever reads it and then asks /status sees the new pid
   out_.say("STARTED " + n.recipe.name + " pid " + std::to_string(n.child->pid()));
   return Status::ok();
 }
@@ -51,9 +52,12 @@ Status Supervisor::spawn(Node& n, Clock::time_point now) {
 Result<ChildProcess*> Supervisor::start(NodeRecipe recipe) {
   if (find(recipe.name)) return invalid_argument("supervisor: node " + recipe.name + " is started twice");
   auto node = std::make_unique<Node>(Node{.recipe = std::move(recipe), .child = nullptr, .backoff = RestartBackoff(policy_)});
-  K3_TRY(spawn(*node, Clock::now()));
   nodes_.push_back(std::move(node));
-  publish();
+  if (Status s = spawn(*nodes_.back(), Clock::now()); !s.is_ok()) {
+    nodes_.pop_back();
+    publish();
+    return s;
+  }
   return nodes_.back()->child.get();
 }
 
@@ -62,18 +66,19 @@ void Supervisor::on_exit(Node& n, Clock::time_point now, std::vector<SupervisorE
   const std::string who = n.recipe.name + (n.child ? " (pid " + std::to_string(n.child->pid()) + ")" : "");
   any_crashed_ = true;
   n.last_exit = how;
+  const auto lived = std::chrono::duration_cast<milliseconds>(now - n.started_at);
+  const auto delay = n.backoff.on_exit(lived);
+  n.state = delay ? NodeState::WaitingRestart : NodeState::Failed;
+  if (delay) n.next_start = now + *delay;
+  publish();  // before the lines: a reader of CHILD_EXITED / FAILED then sees the same state in /status
   out_.say("CHILD_EXITED " + n.recipe.name + " " + how);
   events.push_back({SupervisorEvent::Kind::Exited, n.recipe.name, how});
-  const auto lived = std::chrono::duration_cast<milliseconds>(now - n.started_at);
-  if (auto delay = n.backoff.on_exit(lived)) {
-    n.state = NodeState::WaitingRestart;
-    n.next_start = now + *delay;
+  if (delay) {
     out_.note(who + " " + how + " after " + std::to_string(lived.count()) + " ms; restart " +
               std::to_string(n.restarts + 1) + " (crash " + std::to_string(n.backoff.consecutive()) + " in a row) in " +
               std::to_string(delay->count()) + " ms");
     return;
   }
-  n.state = NodeState::Failed;
   const std::string why = policy_.enabled ? "crashed " + std::to_string(n.backoff.consecutive()) +
                                                 " times in a row (restart.max_restarts " +
                                                 std::to_string(policy_.max_restarts) + "): given up"
@@ -85,12 +90,10 @@ void Supervisor::on_exit(Node& n, Clock::time_point now, std::vector<SupervisorE
 
 std::vector<SupervisorEvent> Supervisor::poll(Clock::time_point now) {
   std::vector<SupervisorEvent> events;
-  bool changed = false;
   for (auto& np : nodes_) {
     Node& n = *np;
     if (n.state == NodeState::Running && n.child->exited()) {
       on_exit(n, now, events);
-      changed = true;
     }
     if (n.state == NodeState::WaitingRestart && now >= n.next_start) {
       n.child.reset();
@@ -99,14 +102,13 @@ std::vector<SupervisorEvent> Supervisor::poll(Clock::time_point now) {
         on_exit(n, now, events);
       } else {
         ++n.restarts;
+        publish();
         out_.say("RESTARTED " + n.recipe.name + " pid " + std::to_string(n.child->pid()) + " restarts " +
                  std::to_string(n.restarts));
         events.push_back({SupervisorEvent::Kind::Restarted, n.recipe.name, std::to_string(n.child->pid())});
       }
-      changed = true;
     }
   }
-  if (changed) publish();
   return events;
 }
 

@@ -95,12 +95,17 @@ TEST_CASE("k3-cluster: the API key from the spec, --api-key or K3_API_KEY reache
 TEST_CASE("api key validation names its source and never quotes the key", "[cluster_e2e]") {
   using k3::deploy::resolve_api_key;
   k3::deploy::ClusterSpec spec;
-  CHECK(*resolve_api_key(spec, "", nullptr) == "");
-  CHECK(*resolve_api_key(spec, "", "") == "");
-  CHECK(*resolve_api_key(spec, "", "e") == "e");
-  CHECK(*resolve_api_key(spec, "f", "e") == "f");
+  auto key_of = [](const k3::deploy::ClusterSpec& s, const std::string& flag, const char* env) {
+    auto r = resolve_api_key(s, flag, env);
+    REQUIRE(r.is_ok());
+    return *r;
+  };
+  CHECK(key_of(spec, "", nullptr) == "");
+  CHECK(key_of(spec, "", "") == "");
+  CHECK(key_of(spec, "", "e") == "e");
+  CHECK(key_of(spec, "f", "e") == "f");
   spec.api_key = "s";
-  CHECK(*resolve_api_key(spec, "f", "e") == "s");
+  CHECK(key_of(spec, "f", "e") == "s");
   spec.api_key.clear();
   const auto bad = resolve_api_key(spec, "sec\x01ret", nullptr);
   REQUIRE_FALSE(bad.is_ok());

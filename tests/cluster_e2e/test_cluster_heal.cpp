@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <signal.h>
 
+#include <cstdio>
 #include <fstream>
 #include <thread>
 
@@ -51,7 +52,8 @@ struct HealCluster {
   }
   json status() { return json::parse(get(c.status_port, "/status").body); }
   json node(const std::string& name) {
-    for (const auto& n : status().at("nodes"))
+    const json st = status();
+    for (const auto& n : st.at("nodes"))
       if (n.at("name") == name) return n;
     FAIL("no node " << name << " in /status");
     return {};
@@ -90,6 +92,7 @@ std::chrono::duration<double> kill_and_time_recovery(HealCluster& h, const std::
     std::this_thread::sleep_for(100ms);
   }
   const std::chrono::duration<double> took = Clock::now() - killed;
+  std::printf("%s: SIGKILL -> served again in %.2f s\n", name.c_str(), took.count());
   const json n = h.node(name);
   CHECK(n.at("state") == "running");
   CHECK(n.at("pid").get<pid_t>() != old_pid);
@@ -143,9 +146,14 @@ TEST_CASE("k3-cluster restarts a SIGKILLed decode rank, prefill stage and router
 TEST_CASE("k3-cluster gives a crash-looping node up after restart.max_restarts and keeps running", "[cluster_e2e]") {
   HealCluster h({{"max_restarts", 1}, {"initial_backoff_ms", 100}, {"stable_ms", 600000}});
   REQUIRE(complete(h.c.port, 120s).size() == 4);
-  ::kill(h.node("decode/d").at("pid").get<pid_t>(), SIGKILL);
+  auto kill_decode = [&] {
+    const pid_t pid = h.node("decode/d").at("pid").get<pid_t>();
+    REQUIRE(pid > 0);
+    REQUIRE(::kill(pid, SIGKILL) == 0);
+  };
+  kill_decode();
   REQUIRE(h.c.proc->wait_for("RESTARTED decode/d pid", 30s));
-  ::kill(h.node("decode/d").at("pid").get<pid_t>(), SIGKILL);  // the second crash in a row: over the limit
+  kill_decode();  // the second crash in a row: over the limit
   REQUIRE(h.c.proc->wait_for("FAILED decode/d", 30s));
   const json n = h.node("decode/d");
   CHECK(n.at("state") == "failed");
