@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -33,7 +34,7 @@ using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
 struct SoakOptions {
-  std::string spec, cluster_exe, json_file, model = "k3-tiny", api_key, kill_node;
+  std::string spec, cluster_exe, json_file, model, api_key, kill_node;
   int duration_s = 60, concurrency = 0, seed = 0, startup_s = 300, request_deadline_s = 120, token_id_max = 256;
   int short_min = 4, short_max = 24, long_min = 120, long_max = 240, out_min = 4, out_max = 24;
   double long_fraction = 0.3, disconnect_fraction = 0.1, kill_at_s = -1;
@@ -51,8 +52,13 @@ double since(Clock::time_point t0, Clock::time_point t) { return std::chrono::du
 std::map<std::string, pid_t> node_pids(int status_port) {
   std::map<std::string, pid_t> out;
   auto r = deploy::http_get("127.0.0.1", status_port, "/status", std::chrono::milliseconds(5000));
-  if (!r.is_ok() || r->status != 200) return out;
-  for (const auto& n : json::parse(r->body).at("nodes"))
+  if (!r.is_ok() || r->status != 200) {
+    std::fprintf(stderr, "k3-bench soak: k3-cluster's /status on port %d: %s\n", status_port,
+                 r.is_ok() ? ("HTTP " + std::to_string(r->status)).c_str() : r.status().to_string().c_str());
+    return out;
+  }
+  const json status = json::parse(r->body);
+  for (const auto& n : status.at("nodes"))
     if (n.at("pid").get<int>() > 0) out[n.at("name").get<std::string>()] = n.at("pid").get<pid_t>();
   return out;
 }
@@ -65,16 +71,26 @@ std::map<std::string, std::pair<pid_t, long>> rss_snapshot(const SpawnedCluster&
   return out;
 }
 
-int decode_capacity(const std::string& spec_path) {
+struct SpecFacts {
+  int decode_capacity = 0;  // requests the decode ranks hold at once
+  std::string served_model;  // the model id the router serves (its rule: the name, else the dir's)
+};
+
+SpecFacts spec_facts(const std::string& spec_path) {
   auto spec = deploy::load_cluster_spec(spec_path);
   if (!spec.is_ok()) throw std::runtime_error(spec.status().message());
-  int cap = 0;
-  for (const auto& d : deploy::decode_processes(*spec)) cap += d.max_requests;
-  return cap;
+  SpecFacts f;
+  for (const auto& d : deploy::decode_processes(*spec)) f.decode_capacity += d.max_requests;
+  f.served_model = spec->served_model_name.empty()
+                       ? std::filesystem::path(spec->model).lexically_normal().filename().string()
+                       : spec->served_model_name;
+  return f;
 }
 
 int run_soak(const SoakOptions& o) {
-  const int capacity = decode_capacity(o.spec);
+  const SpecFacts facts = spec_facts(o.spec);
+  const int capacity = facts.decode_capacity;
+  const std::string model = o.model.empty() ? facts.served_model : o.model;
   const int concurrency = o.concurrency > 0 ? o.concurrency : 2 * capacity;
   auto cluster = SpawnedCluster::start(o.cluster_exe.empty() ? default_cluster_exe() : o.cluster_exe, o.spec,
                                        o.startup_s, "k3-bench soak");
@@ -92,13 +108,13 @@ int run_soak(const SoakOptions& o) {
   const auto end = t0 + std::chrono::seconds(o.duration_s);
   std::mutex mu;
   std::vector<Outcome> outcomes;
-  std::vector<std::thread> workers;
+  std::vector<std::jthread> workers;  // joined on every exit path (each ends by its request deadline)
   for (int w = 0; w < concurrency; ++w)
     workers.emplace_back([&, w] {
       std::mt19937_64 rng(static_cast<uint64_t>(o.seed) * 1000003 + static_cast<uint64_t>(w));
       auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
       while (Clock::now() < end) {
-        CompletionRequestSpec s{.port = port, .model = o.model, .prompt_ids = {}, .max_tokens = uniform(o.out_min, o.out_max),
+        CompletionRequestSpec s{.port = port, .model = model, .prompt_ids = {}, .max_tokens = uniform(o.out_min, o.out_max),
                                 .stream = true, .api_key = o.api_key};
         const bool long_prompt = std::uniform_real_distribution<double>(0, 1)(rng) < o.long_fraction;
         const int n_in = long_prompt ? uniform(o.long_min, o.long_max) : uniform(o.short_min, o.short_max);
@@ -162,8 +178,8 @@ int run_soak(const SoakOptions& o) {
     ++causes[cause];
     const bool in_chaos = killed && r.end >= *killed && r.start <= chaos_end;
     if (!(is_overload_cause(cause) || (in_chaos && is_node_death_cause(cause)))) {
-      ++unexpected[cause];
-      std::fprintf(stderr, "k3-bench soak: unexpected error at %.1f s: %s\n", since(t0, r.end), r.t.error.c_str());
+      if (++unexpected[cause] <= 5)  // a few examples per cause; the counts say the rest
+        std::fprintf(stderr, "k3-bench soak: unexpected error at %.1f s: %s\n", since(t0, r.end), r.t.error.c_str());
     }
   }
   const int errors = static_cast<int>(outcomes.size()) - ok - disconnected - hung;
@@ -216,7 +232,7 @@ void add_soak_command(CLI::App& app) {
                                          "disconnects, SIGKILL a node mid-run; report errors by cause, hung requests, RSS");
   cmd->add_option("--spawn-cluster", o->spec, "cluster spec to run (k3-cluster on a free port)")->required();
   cmd->add_option("--cluster-exe", o->cluster_exe, "k3-cluster binary (default: next to k3-bench)");
-  cmd->add_option("--model", o->model, "served model name (default k3-tiny)");
+  cmd->add_option("--model", o->model, "served model name (default: the spec's, as the router names it)");
   cmd->add_option("--api-key", o->api_key, "send 'Authorization: Bearer <key>'");
   cmd->add_option("--duration", o->duration_s, "seconds of load (default 60)")->check(CLI::Range(1, 86400));
   cmd->add_option("--concurrency", o->concurrency, "streams in flight (default 2 x the spec's decode max_requests)")
