@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "bench/bench_commands.h"
@@ -39,6 +40,7 @@ struct SoakOptions {
   int short_min = 4, short_max = 24, long_min = 120, long_max = 240, out_min = 4, out_max = 24;
   double long_fraction = 0.3, disconnect_fraction = 0.1, kill_at_s = -1;
   bool no_kill = false;
+  std::vector<std::string> cluster_args;
 };
 
 struct Outcome {
@@ -93,7 +95,7 @@ int run_soak(const SoakOptions& o) {
   const std::string model = o.model.empty() ? facts.served_model : o.model;
   const int concurrency = o.concurrency > 0 ? o.concurrency : 2 * capacity;
   auto cluster = SpawnedCluster::start(o.cluster_exe.empty() ? default_cluster_exe() : o.cluster_exe, o.spec,
-                                       o.startup_s, "k3-bench soak");
+                                       o.startup_s, "k3-bench soak", o.cluster_args);
   if (cluster->status_port() == 0) throw std::runtime_error("k3-cluster printed no STATUS line");
   const int port = std::atoi(cluster->url().c_str() + cluster->url().rfind(':') + 1);
   std::string kill_node = o.kill_node;
@@ -155,6 +157,14 @@ int run_soak(const SoakOptions& o) {
   for (auto& t : workers) t.join();
   const double wall = since(t0, Clock::now());
   const auto rss_end = rss_snapshot(*cluster);
+  // The router's view of the nodes at the end (pool free bytes, running, failures by cause): evidence
+  // for a run that went wrong.
+  std::vector<std::string> router_cluster_metrics;
+  if (auto m = deploy::http_get("127.0.0.1", port, "/metrics", std::chrono::milliseconds(5000)); m.is_ok()) {
+    std::istringstream lines(m->body);
+    for (std::string l; std::getline(lines, l);)
+      if (l.rfind("k3_cluster_", 0) == 0) router_cluster_metrics.push_back(l);
+  }
 
   // Served again: the first request started after the kill that completed (the killed node was needed).
   std::optional<Clock::time_point> served_again;
@@ -183,6 +193,13 @@ int run_soak(const SoakOptions& o) {
     }
   }
   const int errors = static_cast<int>(outcomes.size()) - ok - disconnected - hung;
+  // Requests ended per 5 s of the run, by outcome: shows when the cluster served and when it failed.
+  std::map<int, std::map<std::string, int>> timeline;
+  for (const auto& r : outcomes)
+    ++timeline[static_cast<int>(since(t0, r.end)) / 5 * 5]
+              [r.t.ok ? (r.t.disconnected ? "disconnected" : "completed") : r.t.timed_out ? "hung" : error_cause(r.t.error)];
+  json timeline_j = json::array();
+  for (const auto& [at, counts] : timeline) timeline_j.push_back({{"from_s", at}, {"ended", counts}});
 
   std::printf("k3-bench soak: %s, %d s (wall %.1f s), concurrency %d (2 x decode capacity %d)\n", cluster->url().c_str(),
               o.duration_s, wall, concurrency, capacity);
@@ -213,7 +230,7 @@ int run_soak(const SoakOptions& o) {
     json j = {{"duration_s", o.duration_s}, {"wall_s", wall}, {"concurrency", concurrency}, {"decode_capacity", capacity},
               {"requests", outcomes.size()}, {"completed", ok}, {"disconnected", disconnected}, {"errors", errors},
               {"hung", hung}, {"errors_by_cause", causes}, {"unexpected_errors_by_cause", unexpected}, {"kill", kill_j},
-              {"rss", rss}, {"cluster_lines", cluster_lines}};
+              {"rss", rss}, {"timeline", timeline_j}, {"router_cluster_metrics_end", router_cluster_metrics}, {"cluster_lines", cluster_lines}};
     std::ofstream f(o.json_file);
     f << j.dump(2) << "\n";
     if (!f) throw std::runtime_error("cannot write --json " + o.json_file);
@@ -232,6 +249,7 @@ void add_soak_command(CLI::App& app) {
                                          "disconnects, SIGKILL a node mid-run; report errors by cause, hung requests, RSS");
   cmd->add_option("--spawn-cluster", o->spec, "cluster spec to run (k3-cluster on a free port)")->required();
   cmd->add_option("--cluster-exe", o->cluster_exe, "k3-cluster binary (default: next to k3-bench)");
+  cmd->add_option("--cluster-arg", o->cluster_args, "extra k3-cluster argument, repeatable (e.g. --cluster-arg=--log-level=info)");
   cmd->add_option("--model", o->model, "served model name (default: the spec's, as the router names it)");
   cmd->add_option("--api-key", o->api_key, "send 'Authorization: Bearer <key>'");
   cmd->add_option("--duration", o->duration_s, "seconds of load (default 60)")->check(CLI::Range(1, 86400));

@@ -8,8 +8,10 @@
 namespace k3::bench {
 
 std::unique_ptr<SpawnedCluster> SpawnedCluster::start(const std::string& exe, const std::string& spec, int startup_s,
-                                                      const std::string& tag) {
-  auto child = deploy::ChildProcess::start("k3-cluster", exe, {"--spec", spec, "--port", "0"});
+                                                      const std::string& tag, const std::vector<std::string>& extra_args) {
+  std::vector<std::string> args = {"--spec", spec, "--port", "0"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  auto child = deploy::ChildProcess::start("k3-cluster", exe, args);
   if (!child.is_ok()) throw std::runtime_error("cannot start " + exe + ": " + child.status().to_string());
   std::unique_ptr<SpawnedCluster> c(new SpawnedCluster(std::move(*child), tag));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(startup_s);

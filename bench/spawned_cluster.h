@@ -14,7 +14,8 @@ class SpawnedCluster {
  public:
   // Throws std::runtime_error when k3-cluster exits or prints no ENDPOINT within startup_s.
   static std::unique_ptr<SpawnedCluster> start(const std::string& exe, const std::string& spec, int startup_s,
-                                               const std::string& tag = "k3-bench");
+                                               const std::string& tag = "k3-bench",
+                                               const std::vector<std::string>& extra_args = {});
   ~SpawnedCluster();
   const std::string& url() const { return url_; }
   int status_port() const { return status_port_; }  // k3-cluster's own status endpoint (0: none printed)

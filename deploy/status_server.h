@@ -1,7 +1,7 @@
 // k3-cluster's own status endpoint on 127.0.0.1 (operators and the soak driver; the router's /metrics
 // describes requests, this one the processes): GET /status is the supervisor's JSON (every node's
 // state, pid, restarts, last exit), GET /metrics its Prometheus text (k3_cluster_node_restarts_total
-// {node}, k3_cluster_node_running{node}, k3_cluster_node_failed{node}). Served by the router's HTTP
+// {node}, k3_cluster_process_up{node}, k3_cluster_process_failed{node}). Served by the router's HTTP
 // server class; read-only, no API key (it binds loopback only).
 #pragma once
 #include <cstdint>

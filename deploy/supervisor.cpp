@@ -169,9 +169,9 @@ std::string Supervisor::prometheus_text() const {
   };
   family("k3_cluster_node_restarts_total", "counter", "Times k3-cluster started the node again after it died.",
          [](const Published& n) { return n.restarts; });
-  family("k3_cluster_node_running", "gauge", "1 while the node's process runs (0: waiting for its restart, or failed).",
+  family("k3_cluster_process_up", "gauge", "1 while the node's process runs (0: waiting for its restart, or failed).",
          [](const Published& n) { return n.state == "running" ? 1 : 0; });
-  family("k3_cluster_node_failed", "gauge", "1 once k3-cluster gave the node up (crash-loop limit or restarts off).",
+  family("k3_cluster_process_failed", "gauge", "1 once k3-cluster gave the node up (crash-loop limit or restarts off).",
          [](const Published& n) { return n.state == "failed" ? 1 : 0; });
   return o;
 }

@@ -73,7 +73,7 @@ class Supervisor {
 
   // {"nodes":[{"name","state","pid","restarts","consecutive_crashes","last_exit"}...]}
   std::string status_json() const;
-  // k3_cluster_node_restarts_total{node}, k3_cluster_node_running{node}, k3_cluster_node_failed{node}.
+  // k3_cluster_node_restarts_total{node}, k3_cluster_process_up{node}, k3_cluster_process_failed{node}.
   std::string prometheus_text() const;
 
  private:

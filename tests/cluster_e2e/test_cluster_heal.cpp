@@ -127,7 +127,7 @@ TEST_CASE("k3-cluster restarts a SIGKILLed decode rank, prefill stage and router
   const std::string m = h.get(h.c.status_port, "/metrics").body;
   CHECK(m.find("k3_cluster_node_restarts_total{node=\"decode/d\"} 1") != std::string::npos);
   CHECK(m.find("k3_cluster_node_restarts_total{node=\"router\"} 1") != std::string::npos);
-  CHECK(m.find("k3_cluster_node_running{node=\"decode/d\"} 1") != std::string::npos);
+  CHECK(m.find("k3_cluster_process_up{node=\"decode/d\"} 1") != std::string::npos);
   const std::string rm = h.get(h.c.port, "/metrics").body;  // the restarted router sees every node again
   CHECK(rm.find("k3_cluster_node_up{node=\"decode/d\"} 1") != std::string::npos);
   CHECK(rm.find("k3_cluster_pairs_ready 1") != std::string::npos);
@@ -159,7 +159,7 @@ TEST_CASE("k3-cluster gives a crash-looping node up after restart.max_restarts a
   CHECK(n.at("state") == "failed");
   CHECK(n.at("restarts") == 1);
   CHECK(n.at("last_exit").get<std::string>().find("signal 9") != std::string::npos);
-  CHECK(h.get(h.c.status_port, "/metrics").body.find("k3_cluster_node_failed{node=\"decode/d\"} 1") != std::string::npos);
+  CHECK(h.get(h.c.status_port, "/metrics").body.find("k3_cluster_process_failed{node=\"decode/d\"} 1") != std::string::npos);
   // The rest keeps running: the router answers, 503 without a decode rank.
   CHECK(h.c.proc->running());
   const auto t0 = Clock::now();

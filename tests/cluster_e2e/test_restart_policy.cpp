@@ -108,6 +108,6 @@ TEST_CASE("Supervisor restarts a crashing child from its recipe, then gives it u
   CHECK(st["nodes"][0]["state"] == "failed");
   CHECK(st["nodes"][0]["restarts"] == 2);
   CHECK(sup.prometheus_text().find("k3_cluster_node_restarts_total{node=\"node/x\"} 2") != std::string::npos);
-  CHECK(sup.prometheus_text().find("k3_cluster_node_failed{node=\"node/x\"} 1") != std::string::npos);
+  CHECK(sup.prometheus_text().find("k3_cluster_process_failed{node=\"node/x\"} 1") != std::string::npos);
   CHECK(sup.any_crashed());
 }
