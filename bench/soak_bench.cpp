@@ -110,6 +110,7 @@ int run_soak(const SoakOptions& o) {
   const auto end = t0 + std::chrono::seconds(o.duration_s);
   std::mutex mu;
   std::vector<Outcome> outcomes;
+  std::atomic<int> workers_done{0};
   std::vector<std::jthread> workers;  // joined on every exit path (each ends by its request deadline)
   for (int w = 0; w < concurrency; ++w)
     workers.emplace_back([&, w] {
@@ -129,6 +130,7 @@ int run_soak(const SoakOptions& o) {
         std::lock_guard lk(mu);
         outcomes.push_back(std::move(out));
       }
+      ++workers_done;
     });
 
   // The chaos: SIGKILL one node at kill_at, then watch k3-cluster's status until a new pid runs it.
@@ -152,6 +154,12 @@ int run_soak(const SoakOptions& o) {
         new_pid = now_pid;
       }
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // The last requests end by their deadline; k3-cluster's stdout keeps being read meanwhile (a full
+  // pipe would stall its supervision loop).
+  while (workers_done < concurrency) {
+    for (auto& l : cluster->drain()) cluster_lines.push_back(std::move(l));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   for (auto& t : workers) t.join();

@@ -29,7 +29,9 @@ std::unique_ptr<SpawnedCluster> SpawnedCluster::start(const std::string& exe, co
 
 SpawnedCluster::~SpawnedCluster() {
   child_->terminate();
-  if (!child_->wait_exit(std::chrono::milliseconds(15000))) child_->kill_and_reap();
+  // Reading its stdout while it stops: a full pipe would block its last lines and its exit.
+  for (int i = 0; i < 150 && !child_->wait_exit(std::chrono::milliseconds(100)); ++i) child_->drain();
+  if (!child_->exited()) child_->kill_and_reap();
   std::fprintf(stderr, "%s: k3-cluster stopped (%s)\n", tag_.c_str(), child_->exit_description().c_str());
 }
 
