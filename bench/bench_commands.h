@@ -11,4 +11,7 @@ void add_transfer_command(CLI::App& app);
 // `k3-bench serve`: concurrent /v1/completions streams against a router (bench/serve_bench.cpp).
 void add_serve_command(CLI::App& app);
 
+// `k3-bench soak`: overload + client disconnects + a node SIGKILLed mid-run (bench/soak_bench.cpp).
+void add_soak_command(CLI::App& app);
+
 }  // namespace k3::bench

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <exception>
+#include <stdexcept>
 
 #include "tests/router/http_client.h"
 
@@ -11,6 +12,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
+
+// The deadline passed with the response unfinished.
+struct TimedOut : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
@@ -78,15 +84,21 @@ class StreamedBody {
   long content_length_ = -1, delivered_ = 0;  // for a plain (non-chunked) body, e.g. an error reply
 };
 
-void run_streaming(test::HttpConnection& conn, Clock::time_point sent, Clock::time_point deadline, CompletionTiming& t) {
+void run_streaming(test::HttpConnection& conn, Clock::time_point sent, Clock::time_point deadline, int disconnect_after,
+                   CompletionTiming& t) {
   StreamedBody body;
   std::string events;  // SSE text not yet split into events
   Clock::time_point last{};
   bool done = false;
   std::string error_body;
   while (!done) {
+    if (disconnect_after >= 0 && t.output_tokens >= disconnect_after) {
+      conn.close();  // the client goes away mid-stream; the router must cancel the request
+      t.disconnected = true;
+      return;
+    }
     const auto left = left_until(deadline);
-    if (left.count() <= 0) throw std::runtime_error("timed out after " + std::to_string(t.output_tokens) + " tokens");
+    if (left.count() <= 0) throw TimedOut("timed out after " + std::to_string(t.output_tokens) + " tokens");
     const std::string bytes = conn.read_some(left);
     if (bytes.empty()) {
       if (left_until(deadline).count() <= 0) continue;  // the timeout above reports it
@@ -126,7 +138,7 @@ void run_streaming(test::HttpConnection& conn, Clock::time_point sent, Clock::ti
 
 void run_whole(test::HttpConnection& conn, Clock::time_point deadline, CompletionTiming& t) {
   const auto left = left_until(deadline);
-  if (left.count() <= 0) throw std::runtime_error("timed out before the reply");
+  if (left.count() <= 0) throw TimedOut("timed out before the reply");
   const test::HttpReply r = conn.read_reply(left);
   if (r.status != 200) throw std::runtime_error("HTTP " + std::to_string(r.status) + ": " + r.body.substr(0, 4096));
   const json j = json::parse(r.body);
@@ -140,13 +152,22 @@ CompletionTiming run_completion(const CompletionRequestSpec& spec, Clock::time_p
   try {
     test::HttpConnection conn(spec.port);
     const auto sent = Clock::now();
-    conn.send_request("POST", "/v1/completions", request_body(spec));
-    if (spec.stream) run_streaming(conn, sent, deadline, t);
+    conn.send_request("POST", "/v1/completions", request_body(spec),
+                      spec.api_key.empty() ? "" : "Authorization: Bearer " + spec.api_key + "\r\n");
+    if (spec.stream) run_streaming(conn, sent, deadline, spec.disconnect_after_tokens, t);
     else run_whole(conn, deadline, t);
     t.e2e_s = seconds_between(sent, Clock::now());
+    if (t.disconnected) {
+      t.ok = true;
+      return t;
+    }
     if (t.output_tokens != spec.max_tokens)
       throw std::runtime_error("got " + std::to_string(t.output_tokens) + " tokens, asked for exactly " + std::to_string(spec.max_tokens));
     t.ok = true;
+  } catch (const TimedOut& e) {
+    t.ok = false;
+    t.timed_out = true;
+    t.error = e.what();
   } catch (const std::exception& e) {
     t.ok = false;
     t.error = e.what();

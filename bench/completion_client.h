@@ -15,6 +15,8 @@ struct CompletionRequestSpec {
   std::vector<int32_t> prompt_ids;
   int max_tokens = 1;
   bool stream = true;
+  std::string api_key;              // sent as 'Authorization: Bearer <key>' when not empty
+  int disconnect_after_tokens = -1; // streaming: >= 0 closes the connection once this many tokens arrived
 };
 
 struct CompletionTiming {
@@ -24,6 +26,8 @@ struct CompletionTiming {
   double ttft_s = 0;      // request sent → first token-carrying chunk (streaming only)
   double e2e_s = 0;       // request sent → response complete
   std::vector<double> itl_s;  // gaps between consecutive token-carrying chunks (streaming only)
+  bool disconnected = false;  // closed by us as asked (disconnect_after_tokens); counts as ok
+  bool timed_out = false;     // the deadline passed with the response unfinished (a hung request)
 };
 
 // Runs one request, giving up at `deadline`. Never throws: every failure lands in .error.

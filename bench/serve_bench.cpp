@@ -22,7 +22,7 @@
 #include "bench/bench_commands.h"
 #include "bench/completion_client.h"
 #include "bench/latency_summary.h"
-#include "deploy/child_process.h"
+#include "bench/spawned_cluster.h"
 #include "deploy/http_probe.h"
 
 namespace k3::bench {
@@ -76,43 +76,6 @@ std::pair<double, double> router_ttft_totals(int port) {
   return {value("k3_router_time_to_first_token_seconds_sum"), value("k3_router_time_to_first_token_seconds_count")};
 }
 
-// k3-cluster for the duration of the run: started on a free port, stopped (SIGTERM, then SIGKILL) on scope exit.
-class SpawnedCluster {
- public:
-  static std::unique_ptr<SpawnedCluster> start(const std::string& exe, const std::string& spec, int startup_s) {
-    auto child = deploy::ChildProcess::start("k3-cluster", exe, {"--spec", spec, "--port", "0"});
-    if (!child.is_ok()) throw std::runtime_error("cannot start " + exe + ": " + child.status().to_string());
-    std::unique_ptr<SpawnedCluster> c(new SpawnedCluster(std::move(*child)));
-    const auto deadline = Clock::now() + std::chrono::seconds(startup_s);
-    while (Clock::now() < deadline) {
-      if (c->child_->exited()) throw std::runtime_error("k3-cluster exited before serving: " + c->child_->exit_description());
-      auto line = c->child_->read_line(std::chrono::milliseconds(200));
-      if (line && line->rfind("ENDPOINT ", 0) == 0) {
-        c->url_ = line->substr(9);
-        return c;
-      }
-    }
-    throw std::runtime_error("k3-cluster printed no ENDPOINT line within " + std::to_string(startup_s) + " s");
-  }
-  ~SpawnedCluster() {
-    child_->terminate();
-    if (!child_->wait_exit(std::chrono::milliseconds(15000))) child_->kill_and_reap();
-    std::fprintf(stderr, "k3-bench serve: k3-cluster stopped (%s)\n", child_->exit_description().c_str());
-  }
-  const std::string& url() const { return url_; }
-
- private:
-  explicit SpawnedCluster(std::unique_ptr<deploy::ChildProcess> c) : child_(std::move(c)) {}
-  std::unique_ptr<deploy::ChildProcess> child_;
-  std::string url_;
-};
-
-std::string default_cluster_exe() {
-  std::error_code ec;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? "k3-cluster" : (self.parent_path() / "k3-cluster").string();
-}
-
 json summary_json(const LatencySummary& s) {
   return {{"count", s.count}, {"mean_ms", s.mean * 1e3}, {"p50_ms", s.p50 * 1e3}, {"p90_ms", s.p90 * 1e3},
           {"p99_ms", s.p99 * 1e3}, {"max_ms", s.max * 1e3}};
@@ -128,7 +91,8 @@ int run_serve(const ServeOptions& o) {
   std::unique_ptr<SpawnedCluster> cluster;
   std::string url = o.url;
   if (!o.spawn_spec.empty()) {
-    cluster = SpawnedCluster::start(o.cluster_exe.empty() ? default_cluster_exe() : o.cluster_exe, o.spawn_spec, o.startup_s);
+    cluster = SpawnedCluster::start(o.cluster_exe.empty() ? default_cluster_exe() : o.cluster_exe, o.spawn_spec, o.startup_s,
+                                    "k3-bench serve");
     url = cluster->url();
     std::fprintf(stderr, "k3-bench serve: spawned cluster at %s\n", url.c_str());
   }

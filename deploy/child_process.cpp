@@ -7,19 +7,44 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
 namespace k3::deploy {
 
+namespace {
+
+// The child's environment as "K=V" strings: ours minus env.unset and the names env.set replaces.
+// Built before fork: after it only async-signal-safe calls are allowed (the launcher has threads).
+std::vector<std::string> child_environment(const ChildEnvironment& env) {
+  std::vector<std::string> dropped = env.unset;
+  for (const auto& [k, v] : env.set) dropped.push_back(k);
+  std::vector<std::string> out;
+  for (char** e = ::environ; e && *e; ++e) {
+    const std::string entry = *e;
+    const std::string key = entry.substr(0, entry.find('='));
+    if (std::find(dropped.begin(), dropped.end(), key) == dropped.end()) out.push_back(entry);
+  }
+  for (const auto& [k, v] : env.set) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<ChildProcess>> ChildProcess::start(std::string name, const std::string& exe,
-                                                          const std::vector<std::string>& args) {
+                                                          const std::vector<std::string>& args,
+                                                          const ChildEnvironment& env) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return internal_error(name + ": pipe failed: " + std::strerror(errno));
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(exe.c_str()));
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  const std::vector<std::string> env_strings = child_environment(env);
+  std::vector<char*> envp;
+  for (const auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -35,7 +60,7 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::start(std::string name, cons
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
     ::dup2(fds[1], STDOUT_FILENO);
-    ::execv(exe.c_str(), argv.data());
+    ::execve(exe.c_str(), argv.data(), envp.data());
     ::_exit(127);
   }
   ::close(fds[1]);

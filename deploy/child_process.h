@@ -1,7 +1,9 @@
 // One supervised child process of the launcher: started with its stdout on a pipe (read line by
 // line, so the child never blocks on a full pipe), its stderr shared with the launcher, and
 // PR_SET_PDEATHSIG so it dies with the launcher even if the launcher is killed (no orphans).
-// The destructor kills and reaps a child still running.
+// The destructor kills and reaps a child still running. The child inherits the launcher's environment
+// with ChildEnvironment's changes (a secret such as the router's API key travels there, never in argv,
+// which every user can read in /proc/<pid>/cmdline).
 #pragma once
 #include <sys/types.h>
 
@@ -9,17 +11,25 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/core/status.h"
 
 namespace k3::deploy {
 
+// Changes to the inherited environment: `unset` names are dropped, then `set` entries are added.
+struct ChildEnvironment {
+  std::vector<std::string> unset;
+  std::vector<std::pair<std::string, std::string>> set;
+};
+
 class ChildProcess {
  public:
   // name: how reports call it, e.g. "decode/d"; exe: absolute path.
   static Result<std::unique_ptr<ChildProcess>> start(std::string name, const std::string& exe,
-                                                     const std::vector<std::string>& args);
+                                                     const std::vector<std::string>& args,
+                                                     const ChildEnvironment& env = {});
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
@@ -35,6 +45,8 @@ class ChildProcess {
   // Non-blocking: true once the child exited (its status is then in exit_description()).
   bool exited();
   std::string exit_description() const;
+  // The raw wait status once exited() (WIFEXITED / WIFSIGNALED decode it).
+  int wait_status() const { return status_; }
   // SIGTERM now (no wait).
   void terminate();
   // SIGKILL and reap (idempotent).

@@ -60,7 +60,7 @@ std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec) {
 Result<ClusterSpec> parse_cluster_spec(const json& j) {
   ClusterSpec s;
   if (!j.is_object()) return bad("(top level)", "must be a JSON object");
-  K3_TRY(known_keys(j, "", {"model", "generate", "router", "prefill", "decode", "threads", "timeouts"}));
+  K3_TRY(known_keys(j, "", {"model", "generate", "router", "prefill", "decode", "threads", "timeouts", "restart"}));
   K3_TRY(get_string(j, "", "model", s.model, true));
   K3_TRY(get_int(j, "", "threads", s.threads, 0, 1024));
   if (j.contains("generate")) {
@@ -76,11 +76,15 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
   if (j.contains("router")) {
     const json& r = j.at("router");
     if (!r.is_object()) return bad("router", "must be an object");
-    K3_TRY(known_keys(r, "router.", {"host", "port", "placement", "served_model_name"}));
+    K3_TRY(known_keys(r, "router.", {"host", "port", "placement", "served_model_name", "api_key"}));
     K3_TRY(get_string(r, "router.", "host", s.host));
     K3_TRY(get_int(r, "router.", "port", s.port, 0, 65535));
     K3_TRY(get_string(r, "router.", "placement", s.placement));
     K3_TRY(get_string(r, "router.", "served_model_name", s.served_model_name));
+    if (r.contains("api_key")) {
+      K3_TRY(get_string(r, "router.", "api_key", s.api_key));
+      K3_TRY(check_api_key(s.api_key, "spec: router.api_key"));
+    }
     if (s.placement != "round-robin" && s.placement != "least-loaded" && s.placement != "prefix-affinity")
       return bad("router.placement", "'" + s.placement + "' is not round-robin, least-loaded or prefix-affinity");
   }
@@ -143,7 +147,44 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
     K3_TRY(get_int(t, "timeouts.", "startup_s", s.startup_s, 1, 86400));
     K3_TRY(get_int(t, "timeouts.", "shutdown_ms", s.shutdown_ms, 1, 600000));
   }
+  if (j.contains("restart")) {
+    const json& r = j.at("restart");
+    if (!r.is_object()) return bad("restart", "must be an object");
+    K3_TRY(known_keys(r, "restart.", {"enabled", "initial_backoff_ms", "max_backoff_ms", "stable_ms", "max_restarts"}));
+    if (r.contains("enabled")) {
+      if (!r.at("enabled").is_boolean()) return bad("restart.enabled", "must be true or false");
+      s.restart.enabled = r.at("enabled").get<bool>();
+    }
+    K3_TRY(get_int(r, "restart.", "initial_backoff_ms", s.restart.initial_backoff_ms, 1, 3600000));
+    K3_TRY(get_int(r, "restart.", "max_backoff_ms", s.restart.max_backoff_ms, 1, 3600000));
+    K3_TRY(get_int(r, "restart.", "stable_ms", s.restart.stable_ms, 1, 86400000));
+    K3_TRY(get_int(r, "restart.", "max_restarts", s.restart.max_restarts, 0, 1000000));
+    if (s.restart.max_backoff_ms < s.restart.initial_backoff_ms)
+      return bad("restart.max_backoff_ms", "is below restart.initial_backoff_ms");
+  }
   return s;
+}
+
+Status check_api_key(const std::string& key, const std::string& source) {
+  if (key.empty()) return invalid_argument(source + ": the API key must not be empty");
+  for (char c : key)
+    if (c < 0x20 || c > 0x7e) return invalid_argument(source + ": the API key must be printable ASCII");
+  if (key.front() == ' ' || key.back() == ' ')
+    return invalid_argument(source + ": the API key must not start or end with a space");
+  return Status::ok();
+}
+
+Result<std::string> resolve_api_key(const ClusterSpec& spec, const std::string& flag, const char* env) {
+  if (!spec.api_key.empty()) return spec.api_key;  // validated when the spec was parsed
+  if (!flag.empty()) {
+    K3_TRY(check_api_key(flag, "--api-key"));
+    return flag;
+  }
+  if (env && *env) {
+    K3_TRY(check_api_key(env, "K3_API_KEY"));
+    return std::string(env);
+  }
+  return std::string();
 }
 
 Result<ClusterSpec> load_cluster_spec(const std::string& path) {

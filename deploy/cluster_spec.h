@@ -3,12 +3,15 @@
 // {
 //   "model": "models/k3-tiny",          model dir (relative paths: to the current directory)
 //   "generate": {"preset": "k3-tiny", "seed": 0},   how to make the model when the dir is missing
-//   "router": {"host": "127.0.0.1", "port": 8000, "placement": "round-robin", "served_model_name": ""},
+//   "router": {"host": "127.0.0.1", "port": 8000, "placement": "round-robin", "served_model_name": "",
+//              "api_key": "..."},        optional; see resolve_api_key for --api-key / K3_API_KEY
 //   "prefill": [{"id": "p", "stages": 2, "partition": [2, 2], "chunk_size": 256, "max_requests": 8}],
 //   "decode": [{"id": "d", "ranks": 1, "max_requests": 8}],
 //   "threads": 1,                        CPU threads per node process (0 = all cores)
 //   "timeouts": {"heartbeat_ms": 200, "heartbeat_misses": 3, "claim_ms": 5000, "startup_s": 180,
-//                "shutdown_ms": 5000}
+//                "shutdown_ms": 5000},
+//   "restart": {"enabled": true, "initial_backoff_ms": 200, "max_backoff_ms": 10000, "stable_ms": 30000,
+//               "max_restarts": 5}      how dead nodes are started again (restart_policy.h)
 // }
 // Only "model", "prefill" and "decode" are required. Decode processes are numbered by global rank over
 // the "decode" list; prefill instance i feeds decode process i mod (number of decode processes).
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "common/core/status.h"
+#include "deploy/restart_policy.h"
 
 namespace k3::deploy {
 
@@ -45,6 +49,7 @@ struct ClusterSpec {
   int port = 8000;  // 0 = pick a free one
   std::string placement = "round-robin";
   std::string served_model_name;
+  std::string api_key;  // empty: /v1 is open. A secret: never logged, never on a command line.
   std::vector<PrefillSpec> prefill;
   std::vector<DecodeSpec> decode;
   int threads = 1;
@@ -53,6 +58,7 @@ struct ClusterSpec {
   int claim_ms = 5000;
   int startup_s = 180;
   int shutdown_ms = 5000;
+  RestartPolicy restart;
 };
 
 // One decode process (a DP rank) as the launcher starts it.
@@ -66,6 +72,13 @@ std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec);
 
 Result<ClusterSpec> parse_cluster_spec(const nlohmann::json& j);
 Result<ClusterSpec> load_cluster_spec(const std::string& path);
+// An API key is non-empty printable ASCII without leading/trailing spaces. The error names `source`
+// (e.g. "spec: router.api_key", "--api-key", "K3_API_KEY") and never the key itself.
+Status check_api_key(const std::string& key, const std::string& source);
+// The router's API key by precedence: the spec's router.api_key, else --api-key (`flag`), else the
+// environment variable K3_API_KEY (`env`, null when unset); empty when none is given (/v1 open).
+Result<std::string> resolve_api_key(const ClusterSpec& spec, const std::string& flag, const char* env);
+
 // Checks what needs the model: each partition sums to `num_layers`.
 Status check_against_model(const ClusterSpec& spec, int num_layers);
 

@@ -1,15 +1,21 @@
 // k3-cluster: brings up a whole disaggregated cluster on this machine from a spec (cluster_spec.h):
 // the router (k3-router in cluster mode), every prefill stage (k3-prefill) and every decode rank
 // (k3-decode), wired through free ports; waits until /health answers and every node registered,
-// prints the endpoint, and supervises in the foreground: a child that dies is reported (the router
-// then fails its requests and answers 503 while no pair is complete; a dead router, or any death with
-// --exit-on-crash, stops everything); Ctrl-C / SIGTERM stops every child (SIGTERM, then SIGKILL after
-// the shutdown timeout) and exits, non-zero when a child had crashed.
+// prints the endpoint, and supervises in the foreground: a child that dies is reported and started
+// again in the same place after a backoff (deploy/supervisor.h; the router fails the dead node's
+// requests and answers 503 while no pair is complete); a node that crash-loops is given up and the
+// cluster serves with what is left (a given-up router, or any death with --exit-on-crash, stops
+// everything); Ctrl-C / SIGTERM stops every child (SIGTERM, then SIGKILL after the shutdown timeout) and
+// exits, non-zero when a child had crashed. The router's API key (spec router.api_key, --api-key or
+// K3_API_KEY) reaches it through its environment, never its command line. The status endpoint
+// (--status-port) serves GET /status (JSON: every node's state, pid, restarts) and GET /metrics
+// (k3_cluster_node_restarts_total{node} ...).
 //
-// stdout lines (tests read them): "STARTED <name> pid <pid>", then "ENDPOINT http://<host>:<port>",
-// "NODE <name> HELD <sources held> <requests computing>" (a prefill stage's state changed) and
-// "NODE <name> IDLE <pool free bytes> <pool capacity bytes>" (a decode rank ran out of requests),
-// and at the end "CHILD_EXITED <name> <description>" for a crash and "STOPPED".
+// stdout lines (tests read them): "STARTED <name> pid <pid>", then "STATUS http://127.0.0.1:<port>",
+// "ENDPOINT http://<host>:<port>", "NODE <name> HELD <sources held> <requests computing>" (a prefill
+// stage's state changed) and "NODE <name> IDLE <pool free bytes> <pool capacity bytes>" (a decode rank
+// ran out of requests); "CHILD_EXITED <name> <description>" for a crash, then "STARTED <name> pid <pid>"
+// + "RESTARTED <name> pid <pid> restarts <n>" or "FAILED <name>" (given up); at the end "STOPPED".
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -17,6 +23,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -27,6 +34,8 @@
 #include "deploy/child_process.h"
 #include "deploy/cluster_spec.h"
 #include "deploy/http_probe.h"
+#include "deploy/status_server.h"
+#include "deploy/supervisor.h"
 
 using namespace k3;
 using namespace k3::deploy;
@@ -53,20 +62,26 @@ bool stop_requested(const sigset_t& sigs) {
 
 class Launcher {
  public:
-  Launcher(ClusterSpec spec, std::string bin, std::string log_level, bool verbose, bool exit_on_crash, sigset_t sigs)
+  Launcher(ClusterSpec spec, std::string bin, std::string log_level, bool verbose, bool exit_on_crash, sigset_t sigs,
+           std::string api_key)
       : spec_(std::move(spec)), bin_(std::move(bin)), log_level_(std::move(log_level)), verbose_(verbose),
-        exit_on_crash_(exit_on_crash), sigs_(sigs) {}
+        exit_on_crash_(exit_on_crash), sigs_(sigs), api_key_(std::move(api_key)),
+        supervisor_(spec_.restart, {.say = say, .note = note}) {}
   ~Launcher() { shutdown(); }
 
   // Starts everything and waits until the cluster serves. Errors say what did not come up.
   Status start();
-  // Runs until a child dies (returns 1) or a signal arrives (returns 0); then shuts down.
+  // Heals the cluster (Supervisor::poll) until a signal arrives (returns 1 when a child had crashed, else
+  // 0) or the router is given up / a child dies with --exit-on-crash (returns 1); then shuts down.
   int supervise();
   void shutdown();
   int port() const { return port_; }
+  const Supervisor& supervisor() const { return supervisor_; }
 
  private:
   Result<ChildProcess*> spawn(const std::string& name, const std::string& exe, const std::vector<std::string>& args);
+  // The environment of every child: no inherited K3_API_KEY, except the router's own key.
+  ChildEnvironment child_env(const std::string& name) const;
   // The rest of a stdout line starting with `prefix` from `c`; fails when c dies, a signal arrives or time is up.
   Result<std::string> wait_line(ChildProcess& c, const std::string& prefix, Clock::time_point deadline);
   Status check_alive();
@@ -78,23 +93,27 @@ class Launcher {
   bool verbose_;
   bool exit_on_crash_;
   sigset_t sigs_;
-  bool interrupted_ = false;
-  std::vector<std::unique_ptr<ChildProcess>> children_;  // start order
+  std::string api_key_;
+  bool interrupted_ = false, stopped_ = false;
+  Supervisor supervisor_;
   int port_ = 0;
 };
 
+ChildEnvironment Launcher::child_env(const std::string& name) const {
+  ChildEnvironment env{.unset = {"K3_API_KEY"}, .set = {}};
+  if (name == "router" && !api_key_.empty()) env.set.emplace_back("K3_API_KEY", api_key_);
+  return env;
+}
+
 Result<ChildProcess*> Launcher::spawn(const std::string& name, const std::string& exe, const std::vector<std::string>& args) {
-  K3_ASSIGN_OR_RETURN(auto c, ChildProcess::start(name, bin_ + "/" + exe, args));
-  say("STARTED " + name + " pid " + std::to_string(c->pid()));
-  children_.push_back(std::move(c));
-  return children_.back().get();
+  return supervisor_.start({.name = name, .exe = bin_ + "/" + exe, .args = args, .env = child_env(name)});
 }
 
 Status Launcher::check_alive() {
   if (!interrupted_ && stop_requested(sigs_)) interrupted_ = true;
   if (interrupted_) return Status(Code::Aborted, "interrupted");
-  for (auto& c : children_)
-    if (c->exited()) return Status(Code::Unavailable, c->name() + " (pid " + std::to_string(c->pid()) + ") " + c->exit_description());
+  // Nothing restarts before the cluster first served: a node that dies while starting is a start failure.
+  if (auto dead = supervisor_.first_dead()) return Status(Code::Unavailable, *dead);
   return Status::ok();
 }
 
@@ -110,13 +129,14 @@ Result<std::string> Launcher::wait_line(ChildProcess& c, const std::string& pref
 }
 
 void Launcher::pump_outputs() {
-  for (auto& c : children_)
-    for (const auto& line : c->drain()) {
-      if (verbose_) note(c->name() + ": " + line);
+  supervisor_.for_each_child([&](const std::string& name, ChildProcess& c) {
+    for (const auto& line : c.drain()) {
+      if (verbose_) note(name + ": " + line);
       // The nodes' memory state lines (prefill "HELD <sources> <computing>", decode "IDLE <pool free>
       // <pool capacity>") are relayed so that memory release is observable from outside the cluster.
-      if (line.rfind("HELD ", 0) == 0 || line.rfind("IDLE ", 0) == 0) say("NODE " + c->name() + " " + line);
+      if (line.rfind("HELD ", 0) == 0 || line.rfind("IDLE ", 0) == 0) say("NODE " + name + " " + line);
     }
+  });
 }
 
 Status Launcher::wait_serving(Clock::time_point deadline) {
@@ -162,6 +182,9 @@ Status Launcher::start() {
   K3_ASSIGN_OR_RETURN(std::string listening, wait_line(*router, "listening on http://", deadline));
   port_ = std::atoi(listening.substr(listening.rfind(':') + 1).c_str());
   if (port_ <= 0) return internal_error("router printed no port: '" + listening + "'");
+  // A restarted router comes back on the same HTTP port and control endpoint (the nodes reconnect).
+  set_option(supervisor_.recipe("router").args, "--port", std::to_string(port_));
+  set_option(supervisor_.recipe("router").args, "--cluster-endpoint", control);
 
   // Decode ranks next: the prefill stages need their endpoints.
   std::vector<std::string> decode_eps;
@@ -173,6 +196,8 @@ Status Launcher::start() {
                                threads, "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_}));
     K3_ASSIGN_OR_RETURN(std::string ep, wait_line(*c, "READY ", deadline));
     decode_eps.push_back(ep);
+    // A restarted rank binds the same endpoint: the prefill stages' sockets reconnect and re-REGISTER.
+    set_option(supervisor_.recipe(c->name()).args, "--bind", ep);
   }
 
   // Each prefill instance, last stage first: a stage needs the LISTEN endpoint of the next.
@@ -196,6 +221,7 @@ Status Launcher::start() {
       K3_ASSIGN_OR_RETURN(ChildProcess * c, spawn("prefill/" + p.id + "/" + std::to_string(st), "k3-prefill", args));
       if (st > 0) {
         K3_ASSIGN_OR_RETURN(next, wait_line(*c, "LISTEN ", deadline));
+        set_option(supervisor_.recipe(c->name()).args, "--listen", next);  // the previous stage pushes there
       }
       stages.push_back(c);
     }
@@ -205,45 +231,33 @@ Status Launcher::start() {
 }
 
 int Launcher::supervise() {
-  std::set<std::string> reported;
   for (;;) {
     if (stop_requested(sigs_)) {
       note("signal received, shutting down");
       shutdown();
-      return reported.empty() ? 0 : 1;
+      return supervisor_.any_crashed() ? 1 : 0;
     }
-    for (auto& c : children_)
-      if (c->exited() && reported.insert(c->name()).second) {
-        say("CHILD_EXITED " + c->name() + " " + c->exit_description());
-        // Without the router nothing serves; a lost node leaves the cluster degraded (the router fails its
-        // requests and answers 503 while no pair is complete) unless --exit-on-crash.
-        const bool fatal = exit_on_crash_ || c->name() == "router";
-        note(c->name() + " (pid " + std::to_string(c->pid()) + ") " + c->exit_description() +
-             (fatal ? "; shutting the cluster down" : "; serving degraded (Ctrl-C stops)"));
-        if (fatal) {
-          shutdown();
-          return 1;
-        }
+    pump_outputs();  // before poll: a dead child's last lines are relayed before it is replaced
+    for (const SupervisorEvent& e : supervisor_.poll(Clock::now())) {
+      // Without the router nothing serves: a router given up (or any death with --exit-on-crash) stops all.
+      const bool fatal = (e.kind == SupervisorEvent::Kind::Exited && exit_on_crash_) ||
+                         (e.kind == SupervisorEvent::Kind::Failed && e.name == "router");
+      if (fatal) {
+        note(e.name + (exit_on_crash_ ? " died (--exit-on-crash)" : " is given up") + "; shutting the cluster down");
+        shutdown();
+        return 1;
       }
-    pump_outputs();
+    }
     std::this_thread::sleep_for(milliseconds(100));
   }
 }
 
 void Launcher::shutdown() {
-  if (children_.empty()) return;
+  if (stopped_) return;
+  stopped_ = true;
   // The router first (clients get their error events while the nodes are still up), then the nodes.
-  for (auto& c : children_) c->terminate();
-  const auto deadline = Clock::now() + milliseconds(spec_.shutdown_ms);
-  for (auto& c : children_) {
-    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-    if (!c->wait_exit(std::max(left, milliseconds(0)))) {
-      note(c->name() + " did not stop in time: killed");
-      c->kill_and_reap();
-    }
-  }
+  supervisor_.stop_all(milliseconds(spec_.shutdown_ms));
   pump_outputs();
-  children_.clear();
   say("STOPPED");
 }
 
@@ -291,11 +305,17 @@ int main(int argc, char** argv) {
       "Reads a cluster spec (JSON; see deploy/cluster-default.json: router + prefill PP2 + decode DP1 on k3-tiny, "
       "port 8000), generates the model with k3-genweights if its directory is missing, starts k3-router (cluster "
       "mode), every k3-decode rank and every k3-prefill stage on free ports, waits until /health is OK and every node "
-      "registered, and prints the endpoint. A node that dies is reported and the cluster serves degraded (503 while "
-      "no prefill/decode pair is complete); a dead router stops everything. Ctrl-C or SIGTERM stops it cleanly "
-      "(SIGTERM to every child, SIGKILL after timeouts.shutdown_ms; no process is left behind)."};
+      "registered, and prints the endpoint. A node that dies (the router too) is reported and started again in the same "
+      "place after a backoff (spec \"restart\": 0.2 s doubling to 10 s, reset after 30 s of stable running; after 5 "
+      "crashes in a row it is given up and the cluster serves with what is left, 503 while no prefill/decode pair is "
+      "complete; a given-up router stops everything). GET /status and /metrics on the status port show every node's "
+      "state, pid and restarts. Ctrl-C or SIGTERM stops it cleanly (SIGTERM to every child, SIGKILL after "
+      "timeouts.shutdown_ms; no process is left behind).\n"
+      "API key (/v1 needs 'Authorization: Bearer <key>'): the spec's router.api_key, else --api-key, else the "
+      "environment variable K3_API_KEY; it reaches k3-router through its environment, never a command line."};
   std::string spec_path = "deploy/cluster-default.json", bin, log_level = "warn", model_override;
-  int port = -1;
+  std::string api_key_flag;
+  int port = -1, status_port = 0;
   bool verbose = false, exit_on_crash = false;
   app.add_option("--spec", spec_path, "cluster spec JSON (default deploy/cluster-default.json)");
   app.add_option("--model", model_override, "model directory, overriding the spec's \"model\" (generated there if missing)");
@@ -306,6 +326,12 @@ int main(int argc, char** argv) {
   app.add_flag("--exit-on-crash", exit_on_crash,
                "stop the whole cluster when any child dies (default: only when the router dies; a lost node leaves "
                "the cluster serving degraded, new requests get 503 while no prefill/decode pair is complete)");
+  app.add_option("--api-key", api_key_flag,
+                 "require 'Authorization: Bearer <key>' on /v1/* (used when the spec has no router.api_key; "
+                 "prefer K3_API_KEY: a flag is visible in ps)");
+  app.add_option("--status-port", status_port,
+                 "port of k3-cluster's own status endpoint on 127.0.0.1 (GET /status, GET /metrics; 0 = a free one, "
+                 "printed as STATUS)")->check(CLI::Range(0, 65535));
   CLI11_PARSE(app, argc, argv);
   if (bin.empty()) bin = own_bin_dir();
 
@@ -323,6 +349,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (port >= 0) spec->port = port;
+  if (exit_on_crash) spec->restart.enabled = false;
+  auto api_key = resolve_api_key(*spec, api_key_flag, std::getenv("K3_API_KEY"));
+  if (!api_key.is_ok()) {
+    note(api_key.status().message());
+    return 2;
+  }
   if (!model_override.empty()) spec->model = model_override;
   if (Status s = ensure_model(*spec, bin); !s.is_ok()) {
     note(s.message());
@@ -332,7 +364,7 @@ int main(int argc, char** argv) {
     note(s.message());
     return 2;
   }
-  Launcher launcher(*spec, bin, log_level, verbose, exit_on_crash, sigs);
+  Launcher launcher(*spec, bin, log_level, verbose, exit_on_crash, sigs, *api_key);
   if (Status s = launcher.start(); !s.is_ok()) {
     const bool interrupted = s.code() == Code::Aborted;
     if (!interrupted) note("start failed: " + s.message());
@@ -344,6 +376,13 @@ int main(int argc, char** argv) {
   note("serving model " + spec->model + " on http://" + spec->host + ":" + std::to_string(launcher.port()) + " (" +
        std::to_string(spec->prefill.size()) + " prefill instance(s), " + std::to_string(stages) + " stage(s); " +
        std::to_string(decode_processes(*spec).size()) + " decode rank(s); Ctrl-C stops)");
+  auto status = start_status_server(static_cast<uint16_t>(status_port), launcher.supervisor());
+  if (!status.is_ok()) {
+    note("status endpoint: " + status.status().message());
+    launcher.shutdown();
+    return 1;
+  }
+  say("STATUS http://127.0.0.1:" + std::to_string((*status)->port()));
   say("ENDPOINT http://" + spec->host + ":" + std::to_string(launcher.port()));
   return launcher.supervise();
 }

@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <algorithm>
 
 #include "router/api_handlers.h"
 #include "router/cluster_service.h"

@@ -129,10 +129,23 @@ Actions PrefillSide::on_addrs(const protocol::Addrs& m, Millis now) {
 
 Actions PrefillSide::on_abort(const protocol::Abort& m, Millis now) {
   Actions out;
+  // Decode asks about a request this stage already ended and released, e.g. one it failed because it
+  // took decode for dead (a restarted decode rank it had not heard yet had claimed it): nothing of it
+  // is in flight here, so say so, or decode holds the request's memory for the whole quarantine.
+  if (m.origin_role == Role::Decode && !records_.count(m.request_id) && tombstones_.count(m.request_id)) {
+    out.push_back(SendAction{Peer{.role = Role::Decode, .instance = m.origin_instance},
+                             protocol::AbortAck{m.request_id, cfg_.stage}});
+    return out;
+  }
   if (tombstone_unknown_abort(records_, tombstones_, m.request_id, now + cfg_.timeouts.tombstone_ttl, out)) return out;
   Record* r = find(m.request_id, "ABORT", out);
   if (!r) return out;
   if (r->ended) {
+    // Ended with writes still posted: decode is alive and asking, so it gets its ABORT_ACK once they are flushed.
+    if (m.origin_role == Role::Decode) {
+      r->decode_dead = false;
+      r->tell = Record::Tell::Ack;
+    }
     out.push_back(IgnoredAction{m.request_id, "ABORT: request already ended"});
     return out;
   }

@@ -60,7 +60,7 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
 
 DecodeDriver::~DecodeDriver() = default;
 
-void DecodeDriver::send_to(const Peer& p, const protocol::Message& m) {
+bool DecodeDriver::send_to(const Peer& p, const protocol::Message& m) {
   const auto frame = protocol::encode(m);
   Status s;
   if (p.role == Role::Router) {
@@ -71,6 +71,7 @@ void DecodeDriver::send_to(const Peer& p, const protocol::Message& m) {
   if (!s.is_ok())
     spdlog::warn("decode {}: {} to {} not sent: {}", cfg_.side.instance_id, protocol::msg_type_name(protocol::type_of(m)),
                  control_name(p), s.message());
+  return s.is_ok();
 }
 
 Status DecodeDriver::send_to_router(const protocol::Message& m) {
@@ -96,7 +97,19 @@ void DecodeDriver::note_request(uint64_t request_id) {
 
 void DecodeDriver::execute(const Actions& actions) {
   for (const Action& a : actions) {
-    if (auto* s = std::get_if<SendAction>(&a)) send_to(s->to, s->message);
+    if (auto* s = std::get_if<SendAction>(&a); s && !send_to(s->to, s->message)) {
+      // A restarted decode may have to ABORT a request before a prefill stage connected to this
+      // incarnation (stage 0 sent COMPUTE_DONE, stage 1 has not spoken yet). A stage never heard from
+      // cannot hold our ADDRS (they travel on that connection), so it cannot write into our memory:
+      // its ABORT_ACK is implied. Without this the request's pool memory waited for an ack that could
+      // never come (until the transfer timeout) and a restarted rank refused every request.
+      const auto* abort = std::get_if<protocol::Abort>(&s->message);
+      if (abort && s->to.role == Role::Prefill && !peers_heard_.count(control_name(s->to))) {
+        Actions acked = side_->on_message(protocol::AbortAck{abort->request_id, s->to.stage}, steady_now());
+        execute(acked);
+        note_states(acked);
+      }
+    }
     if (auto* i = std::get_if<IgnoredAction>(&a)) spdlog::debug("decode: request {} input ignored: {}", i->request_id, i->reason);
   }
 }
@@ -159,6 +172,7 @@ Result<Actions> DecodeDriver::step(Millis max_wait) {
   for (size_t i = 0; i < events.size(); ++i) {
     const bool from_router = i == 1;
     for (const ControlEvent& e : events[i]) {
+      if (e.kind == ControlEventKind::PeerUp && !from_router) peers_heard_.insert(e.peer);
       if (e.kind == ControlEventKind::Message) {
         on_message(e, from_router, out);
       } else if (e.kind == ControlEventKind::PeerDown) {

@@ -73,7 +73,7 @@ class DecodeDriver {
   void note_states(const Actions& actions);
   void note_request(uint64_t request_id);
   void acknowledge_claim(const protocol::Claim& claim, const Actions& actions);
-  void send_to(const Peer& p, const protocol::Message& m);
+  bool send_to(const Peer& p, const protocol::Message& m);  // false: not sent (logged)
 
   DecodeDriverConfig cfg_;
   protocol::MetricsRegistry* metrics_;
@@ -85,6 +85,7 @@ class DecodeDriver {
   std::unique_ptr<ControlClient> router_;
   protocol::Register reg_;
   std::map<uint64_t, protocol::RequestState> seen_;  // last state reported to on_state
+  std::set<std::string> peers_heard_;                // prefill stages that spoke to this incarnation
 };
 
 }  // namespace k3::transfer

@@ -49,7 +49,9 @@ struct LaunchedCluster {
                        {"prefill", prefill},
                        {"decode", json::array({{{"id", "d"}, {"ranks", 1}}})},
                        {"threads", 1},
-                       {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 3}, {"startup_s", 240}}}};
+                       {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 3}, {"startup_s", 240}}},
+                       // These tests check the degraded cluster a lost node leaves (restarts: test_cluster_heal.cpp).
+                       {"restart", {{"enabled", false}}}};
     std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
     k3::test::LaunchedCluster launched = k3::test::launch_cluster(dir.path() + "/spec.json");
     proc = std::move(launched.proc);

@@ -172,3 +172,28 @@ TEST_CASE("random interleavings keep the release guarantees", "[lazy_alloc][chao
   CHECK(aborted > 0);
   CHECK(expired > 0);
 }
+
+TEST_CASE("a stage that took decode for dead still answers decode's ABORT, so decode frees at once", "[lazy_alloc][peer]") {
+  // A restarted decode rank claimed the request; stage 1 had not heard the new incarnation yet and, on
+  // learning of the restart, failed it as peer_dead (telling decode nothing) after ADDRS had reached it.
+  // When the router's ABORT reaches decode, decode asks the stages holding its ADDRS: stage 1 must answer
+  // ABORT_ACK from its tombstone, or decode keeps the memory for the whole quarantine.
+  Harness h;
+  for (int k = 0; k <= 4; ++k) h.step(k);  // ADDRS at stages 0 and 1, both posted writes
+  REQUIRE(h.posted.count(1));
+  h.take(h.stages[1]->on_peer_dead(Peer{Role::Decode, "decode-a", 0}, h.now), false);
+  h.flush(1, Status(Code::Aborted, "cancelled"));  // stage 1 released the request (its record is gone)
+  REQUIRE(h.stages[1]->num_live() == 0);
+  h.deliver_all();
+  h.take(h.decode->on_abort(Abort{.request_id = kId, .reason = AbortReason::PeerDead, .origin_role = Role::Router}, h.now),
+         true);
+  h.deliver_all();
+  h.flush_all();
+  h.deliver_all();
+  CHECK_FALSE(h.decode->holds_memory(kId));  // no quarantine wait: every stage with ADDRS answered
+  CHECK(h.free_bytes() == h.start_free);
+  bool acked_by_stage1 = false;
+  for (const auto& [to, m] : h.sent_log)
+    if (auto* a = std::get_if<AbortAck>(&m); a && to.role == Role::Decode && a->stage == 1) acked_by_stage1 = true;
+  CHECK(acked_by_stage1);
+}

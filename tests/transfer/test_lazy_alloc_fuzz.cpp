@@ -65,7 +65,7 @@ TEST_CASE("random messages and events never throw and never leak", "[lazy_alloc]
   testing::RandomMessages rnd(8);
   const DecodeLayout layout{{0, 1}, true};
   int total_posted = 0, total_ready = 0;
-  for (int run = 0; run < 300; ++run) {
+  for (int run = 0; run < 900; ++run) {
     std::vector<std::unique_ptr<RankPool>> pools;
     uint64_t start = 0;
     for (uint32_t i = 0; i < 2; ++i) {
