@@ -9,6 +9,7 @@
 #include "common/protocol/frame.h"
 #include "common/protocol/messages.h"
 #include "router/text_stream.h"
+#include "router/wire_ids.h"
 #include "transfer/zmq_channel.h"
 
 namespace k3::router {
@@ -38,7 +39,7 @@ struct ClusterService::Worker {
   std::unique_ptr<transfer::ControlServer> server;
   std::map<RequestHandle, std::unique_ptr<Request>> requests;
   std::map<uint64_t, RequestHandle> by_wire;
-  uint64_t next_wire = 0;
+  WireIds wire_ids;  // unguessable protocol request ids
   std::set<std::string> live;
   std::map<std::string, proto::Heartbeat> heartbeats;  // by control name
   std::unique_ptr<PlacementPolicy> policy;
@@ -128,7 +129,7 @@ class ClusterWorkerOps {
     }
     ++r.attempts;
     r.pair = chosen;
-    r.wire_id = ++w_.next_wire;
+    r.wire_id = w_.wire_ids.next([&](uint64_t id) { return w_.by_wire.count(id) != 0; });
     w_.by_wire[r.wire_id] = r.id;
     r.phase = ClusterService::Request::Phase::Claiming;
     r.claim_sent = Clock::now();
@@ -275,6 +276,11 @@ class ClusterWorkerOps {
       spdlog::warn("router: bad frame from {}: {}", e.peer, m.status().message());
       return;
     }
+    if (!s_.auth_->accept(e.peer, m.value(), [&](uint64_t wire) -> const ClusterPair* {
+          auto* r = by_wire(wire);
+          return r && r->pair >= 0 ? &s_.opts_.pairs[r->pair] : nullptr;
+        }))
+      return;
     std::visit([&](const auto& x) {
       using T = std::decay_t<decltype(x)>;
       if constexpr (std::is_same_v<T, proto::ClaimAck>) on_claim_ack(x);
@@ -303,6 +309,7 @@ class ClusterWorkerOps {
   }
 
   void publish() {
+    s_.auth_->set_socket_rejections(w_.server->rejections());
     bool any = false;
     for (const auto& p : s_.opts_.pairs) any = any || pair_ready(p);
     std::lock_guard lk(s_.pub_mu_);
@@ -337,11 +344,10 @@ Result<std::unique_ptr<ClusterService>> ClusterService::create(const ModelConfig
   s->opts_ = std::move(opts);
   s->w_ = std::make_unique<Worker>();
   s->w_->policy = std::make_unique<PlacementPolicy>(s->opts_.placement, s->opts_.affinity_tokens);
-  // Wire ids stay unique across router restarts too (nodes tombstone ids they saw).
-  s->w_->next_wire = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) & ~0xfffffull;
   transfer::ControlOptions co;
   co.name = "router";
   co.heartbeat = {s->opts_.heartbeat, s->opts_.heartbeat_misses};
+  co.keys = s->opts_.control_keys;
   K3_ASSIGN_OR_RETURN(s->w_->server, transfer::ControlServer::bind(s->w_->ctx, s->opts_.endpoint, co));
   s->endpoint_ = s->w_->server->endpoint();
   s->wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

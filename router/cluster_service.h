@@ -25,7 +25,9 @@
 #include "common/model/config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/cluster_placement.h"
+#include "router/control_auth.h"
 #include "router/generation_service.h"
+#include "transfer/control_keys.h"
 
 namespace k3::router {
 
@@ -40,6 +42,7 @@ struct ClusterOptions {
   uint64_t request_timeout_ms = 0;               // carried in CLAIM / PREFILL (0 = the nodes' defaults)
   int max_in_flight = 256;                       // submit() says ResourceExhausted beyond
   int max_attempts = 2;                          // placements per request (retries only before any token)
+  std::optional<transfer::ControlKeys> control_keys;  // CURVE keys ("router"); nullopt = plaintext (opt-out)
 };
 
 class ClusterService final : public GenerationService {
@@ -62,6 +65,8 @@ class ClusterService final : public GenerationService {
   std::string prometheus_text() const;
   // Control names of the nodes alive now.
   std::set<std::string> live_nodes() const;
+  // Control-plane rejections (ownership and socket), for tests and /metrics.
+  const ControlAuth& control_auth() const { return *auth_; }
 
   struct Request;  // cluster_service.cpp
 
@@ -75,6 +80,7 @@ class ClusterService final : public GenerationService {
   std::shared_ptr<const Tokenizer> tokenizer_;
   ClusterOptions opts_;
   std::string endpoint_;
+  std::shared_ptr<ControlAuth> auth_ = std::make_shared<ControlAuth>();  // checked by the worker, read by /metrics
   struct Worker;                     // the worker thread's state (socket, requests)
   std::unique_ptr<Worker> w_;
 

@@ -14,6 +14,7 @@
 #include "router/cluster_service.h"
 #include "router/http_server.h"
 #include "router/local_engine_service.h"
+#include "transfer/control_keys.h"
 
 using namespace k3;
 using namespace k3::router;
@@ -36,6 +37,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> pair_texts;
   int hb_ms = 200, hb_misses = 3, claim_timeout_ms = 5000, affinity_tokens = 16, max_attempts = 2;
   uint64_t request_timeout_ms = 0;
+  std::string control_key, control_public_keys;
+  bool insecure_control = false;
   app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tiktoken.model)")->required();
   app.add_option("--served-model-name", served_name, "model id clients send (default: the model dir's name)");
   app.add_option("--host", host, "address to bind (default 127.0.0.1)");
@@ -67,6 +70,9 @@ int main(int argc, char** argv) {
   cluster->add_option("--request-timeout-ms", request_timeout_ms, "protocol wait budget sent to the nodes (0 = theirs)");
   cluster->add_option("--max-attempts", max_attempts, "placements per request; retries only before any token (default 2)")
       ->check(CLI::PositiveNumber);
+  cluster->add_option("--control-key", control_key, transfer::kControlKeyHelp);
+  cluster->add_option("--control-public-keys", control_public_keys, transfer::kControlPublicKeysHelp);
+  cluster->add_flag("--insecure-control-plane", insecure_control, transfer::kInsecureControlHelp);
   CLI11_PARSE(app, argc, argv);
 
   // Signals are taken by sigwait below; block them before any thread starts so none receives them.
@@ -116,6 +122,9 @@ int main(int argc, char** argv) {
       co.request_timeout_ms = request_timeout_ms;
       co.max_in_flight = max_queue + max_running;
       co.max_attempts = max_attempts;
+      auto keys = transfer::control_keys_from_flags(control_key, control_public_keys, insecure_control);
+      if (!keys.is_ok()) return fail(keys.status().message());
+      co.control_keys = *keys;
       auto cs = ClusterService::create(cfg, tokenizer, co);
       if (!cs.is_ok()) return fail(cs.status().message());
       cluster_service = cs->get();

@@ -1,5 +1,5 @@
 // Starts k3-cluster on a spec file and waits for its ENDPOINT line, collecting the children's pids from
-// its STARTED lines. The ProcessGuard stops the launcher (and with it every child) when it goes away.
+// its STARTED lines (and the router's control endpoint from its CONTROL line). The ProcessGuard stops the launcher (and with it every child) when it goes away.
 #pragma once
 #include <catch2/catch.hpp>
 
@@ -16,13 +16,16 @@ struct LaunchedCluster {
   std::unique_ptr<ProcessGuard> proc;
   std::map<std::string, pid_t> pids;  // by node name ("router", "decode/d", "prefill/p/0", ...)
   int port = 0;
+  std::string control;                // the router's ZeroMQ control endpoint
 };
 
 inline LaunchedCluster launch_cluster(const std::string& spec_path,
-                                      std::chrono::seconds startup = std::chrono::seconds(300)) {
+                                      std::chrono::seconds startup = std::chrono::seconds(300),
+                                      const std::vector<std::string>& extra_args = {}) {
   LaunchedCluster c;
-  c.proc = std::make_unique<ProcessGuard>(std::string(K3_BIN_DIR) + "/k3-cluster",
-                                          std::vector<std::string>{"--spec", spec_path});
+  std::vector<std::string> args{"--spec", spec_path};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  c.proc = std::make_unique<ProcessGuard>(std::string(K3_BIN_DIR) + "/k3-cluster", args);
   const auto deadline = std::chrono::steady_clock::now() + startup;
   while (c.port == 0) {
     REQUIRE(std::chrono::steady_clock::now() < deadline);
@@ -35,6 +38,7 @@ inline LaunchedCluster launch_cluster(const std::string& spec_path,
       const auto sp = line->find(' ', 8);
       c.pids[line->substr(8, sp - 8)] = std::stoi(line->substr(line->rfind(' ') + 1));
     }
+    if (line->rfind("CONTROL ", 0) == 0) c.control = line->substr(8);
     if (line->rfind("ENDPOINT http://127.0.0.1:", 0) == 0) c.port = std::stoi(line->substr(26));
   }
   return c;
