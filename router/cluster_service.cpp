@@ -276,11 +276,8 @@ class ClusterWorkerOps {
       spdlog::warn("router: bad frame from {}: {}", e.peer, m.status().message());
       return;
     }
-    if (!s_.auth_->accept(e.peer, m.value(), [&](uint64_t wire) -> const ClusterPair* {
-          auto* r = by_wire(wire);
-          return r && r->pair >= 0 ? &s_.opts_.pairs[r->pair] : nullptr;
-        }))
-      return;
+    auto placed_on = [&](uint64_t w) -> const ClusterPair* { auto* r = by_wire(w); return r && r->pair >= 0 ? &s_.opts_.pairs[r->pair] : nullptr; };
+    if (!s_.auth_->accept(e.peer, m.value(), placed_on)) return;  // not from the request's own nodes
     std::visit([&](const auto& x) {
       using T = std::decay_t<decltype(x)>;
       if constexpr (std::is_same_v<T, proto::ClaimAck>) on_claim_ack(x);
