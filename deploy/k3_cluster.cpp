@@ -21,10 +21,10 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <set>

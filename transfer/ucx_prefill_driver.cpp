@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/protocol/compat.h"
+#include "transfer/partner_auth.h"
 
 namespace k3::transfer {
 
@@ -178,8 +179,9 @@ void PrefillDriver::on_message(const ControlEvent& e, bool from_router, StepResu
   }
   if (from_router != std::holds_alternative<protocol::Prefill>(*msg) &&
       !std::holds_alternative<protocol::Abort>(*msg)) {
-    spdlog::warn("prefill {}: {} from {} dropped (wrong sender)", cfg_.side.stage,
-                 protocol::msg_type_name(protocol::type_of(*msg)), e.peer);
+    spdlog::warn("prefill {}: {} for request {} from {} dropped (wrong sender)", cfg_.side.stage,
+                 protocol::msg_type_name(protocol::type_of(*msg)), request_id_of(*msg), e.peer);
+    count_control_refusal(metrics_, from_router ? "not_partner" : "not_router", *msg);
     return;
   }
   Actions a = side_->on_message(*msg, steady_now());

@@ -88,13 +88,16 @@ void ZapHandler::answer(std::vector<zmq::message_t>& rq) {
   const std::string address = rq[3].to_string(), mechanism = rq[5].to_string();
   if (mechanism != "CURVE" || rq.size() != 7 || rq[6].size() != kCurveKeyBytes) {
     ++refused_;
-    spdlog::warn("control: refused a {} handshake from {}: only CURVE with a known key is accepted", mechanism, address);
+    spdlog::debug("control: refused a {} handshake from {}: only CURVE with a known key is accepted", mechanism, address);
     return reply("400", "CURVE required", "");
   }
   const std::string key = raw_to_z85(rq[6].to_string());
   if (auto name = allowed_->name_of(key)) return reply("200", "OK", *name);
   ++refused_;
-  spdlog::warn("control: refused a CURVE client with unknown key {} from {}", key, address);
+  // Logged at warn once per key (a refused client retries every reconnect interval); the memory of
+  // logged keys is bounded so that a flood of fresh keys cannot grow it.
+  constexpr size_t kMaxWarned = 1024;
+  if (warned_.size() < kMaxWarned && warned_.insert(key).second) spdlog::warn("control: refused a CURVE client with unknown key {} from {}", key, address);
   reply("400", "unknown key", "");
 }
 

@@ -11,6 +11,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <set>
+#include <string>
 #include <thread>
 #include <zmq.hpp>
 
@@ -39,6 +41,7 @@ class ZapHandler {
   zmq::socket_t stop_rx_;
   zmq::socket_t stop_tx_;
   std::atomic<uint64_t> refused_{0};
+  std::set<std::string> warned_;  // unknown keys already logged (handler thread only; at most 1024)
   std::thread thread_;
 };
 

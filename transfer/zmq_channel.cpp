@@ -80,8 +80,9 @@ void ControlSocket::drain_monitor() {
     std::memcpy(&event, ev[0].data(), sizeof event);
     const std::string peer = ev.size() > 1 ? ev[1].to_string() : std::string();
     const char* kind = event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? "unknown_key" : "handshake_failed";
-    ++rejections_[kind];
-    spdlog::warn("control {}: refused a connection on {} ({})", opt_.name, peer, kind);
+    const uint64_t n = ++rejections_[kind];
+    // A refused client keeps reconnecting: log the 1st, 2nd, 4th, 8th, ... refusal, count them all.
+    if ((n & (n - 1)) == 0) spdlog::warn("control {}: refused a connection on {} ({}, {} so far)", opt_.name, peer, kind, n);
   }
 }
 
