@@ -51,6 +51,8 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
   dc.bind_endpoint = opts.bind_endpoint;
   dc.router_endpoint = opts.router_endpoint;
   dc.heartbeat = opts.heartbeat;
+  dc.control_keys = opts.control_keys;
+  dc.ucx_net_devices = opts.ucx_net_devices;
   DecodeRank* self = d.get();
   dc.on_state = [self](uint64_t id, protocol::RequestState st) {
     // Called inside driver calls: note it; the rank reacts after the call returns.

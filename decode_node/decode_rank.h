@@ -42,6 +42,8 @@ struct DecodeRankOptions {
   std::string router_endpoint;         // empty: tokens are only reported through finished()
   transfer::ProtocolTimeouts timeouts;
   transfer::HeartbeatConfig heartbeat;
+  std::optional<transfer::ControlKeys> control_keys;  // CURVE control plane (nullopt: --insecure-control-plane)
+  std::string ucx_net_devices;         // the data plane's network device (from --interface)
   // Decode-step sampling when a CLAIM carries none (max_tokens 0).
   int max_tokens = 16;                 // generated tokens including the first
   std::vector<int32_t> stop_ids;

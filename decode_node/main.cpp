@@ -17,6 +17,8 @@
 #include "common/tokenizer/tokenizer.h"
 #include "common/core/parse.h"
 #include "decode_node/decode_rank.h"
+#include "transfer/control_keys.h"
+#include "transfer/net_interface.h"
 
 #include "common/core/node_process.h"
 
@@ -43,7 +45,15 @@ int main(int argc, char** argv) {
   uint32_t dp_size = 0;
   app.add_option("--dp-size", dp_size, "decode DP ranks in the deployment (default: --rank + 1)");
   app.add_option("--instance", o.instance_id, "decode instance id (control name decode/<id>; default d)");
-  app.add_option("--bind", o.bind_endpoint, "control endpoint to bind (default tcp://127.0.0.1:*, port printed as READY)");
+  std::string bind_endpoint, interface = "127.0.0.1", key_file, public_keys_file;
+  bool insecure = false;
+  app.add_option("--interface", interface,
+                 "IPv4 address of the interface the control socket and the UCX data plane listen on "
+                 "(default 127.0.0.1: local runs are not reachable from other hosts)");
+  app.add_option("--bind", bind_endpoint, "control endpoint to bind (default tcp://<--interface>:*, port printed as READY)");
+  app.add_option("--control-key", key_file, transfer::kControlKeyHelp);
+  app.add_option("--control-public-keys", public_keys_file, transfer::kControlPublicKeysHelp);
+  app.add_flag("--insecure-control-plane", insecure, transfer::kInsecureControlHelp);
   app.add_option("--router-endpoint", o.router_endpoint, "router control endpoint (CLAIM / ABORT in, TOKENS out)");
   app.add_option("--page-size", o.page_size, "tokens per transfer pool page (= k3-prefill --transfer-page-size; default 16)")
       ->check(CLI::PositiveNumber);
@@ -75,6 +85,14 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "spdlog level: trace, debug, info, warn (default), error");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
+
+  auto keys = transfer::control_keys_from_flags(key_file, public_keys_file, insecure);
+  if (!keys.is_ok()) return fail(keys.status());
+  o.control_keys = *keys;
+  auto device = transfer::net_device_of(interface);
+  if (!device.is_ok()) return fail(device.status());
+  o.ucx_net_devices = *device;
+  o.bind_endpoint = bind_endpoint.empty() ? "tcp://" + interface + ":*" : bind_endpoint;
 
   auto cfg = load_model_config(model_dir + "/config.json");
   if (!cfg.is_ok()) return fail(cfg.status());

@@ -16,6 +16,9 @@
 // stage's state changed) and "NODE <name> IDLE <pool free bytes> <pool capacity bytes>" (a decode rank
 // ran out of requests); "CHILD_EXITED <name> <description>" for a crash, then "STARTED <name> pid <pid>"
 // + "RESTARTED <name> pid <pid> restarts <n>" or "FAILED <name>" (given up); at the end "STOPPED".
+// Control-plane keys: a CURVE keypair per process (and the router's) in <run dir>/keys, 0600 files in a
+// 0700 directory (transfer/cluster_key_files.h); every child gets its keypair and the cluster's public keys.
+// ("CONTROL <router control endpoint>" follows the router's STARTED line.)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -28,6 +31,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -36,6 +40,7 @@
 #include "deploy/http_probe.h"
 #include "deploy/status_server.h"
 #include "deploy/supervisor.h"
+#include "transfer/cluster_key_files.h"
 
 using namespace k3;
 using namespace k3::deploy;
@@ -63,9 +68,9 @@ bool stop_requested(const sigset_t& sigs) {
 class Launcher {
  public:
   Launcher(ClusterSpec spec, std::string bin, std::string log_level, bool verbose, bool exit_on_crash, sigset_t sigs,
-           std::string api_key)
+           std::string api_key, std::string run_dir)
       : spec_(std::move(spec)), bin_(std::move(bin)), log_level_(std::move(log_level)), verbose_(verbose),
-        exit_on_crash_(exit_on_crash), sigs_(sigs), api_key_(std::move(api_key)),
+        exit_on_crash_(exit_on_crash), sigs_(sigs), api_key_(std::move(api_key)), run_dir_(std::move(run_dir)),
         supervisor_(spec_.restart, {.say = say, .note = note}) {}
   ~Launcher() { shutdown(); }
 
@@ -97,6 +102,8 @@ class Launcher {
   bool interrupted_ = false, stopped_ = false;
   Supervisor supervisor_;
   int port_ = 0;
+  std::string run_dir_;
+  std::optional<transfer::ClusterKeyFiles> keys_;  // every child's control-plane keys (by control name = child name)
 };
 
 ChildEnvironment Launcher::child_env(const std::string& name) const {
@@ -106,7 +113,12 @@ ChildEnvironment Launcher::child_env(const std::string& name) const {
 }
 
 Result<ChildProcess*> Launcher::spawn(const std::string& name, const std::string& exe, const std::vector<std::string>& args) {
-  return supervisor_.start({.name = name, .exe = bin_ + "/" + exe, .args = args, .env = child_env(name)});
+  std::vector<std::string> all = args;
+  if (keys_) {
+    const auto key_flags = keys_->flags(name);
+    all.insert(all.end(), key_flags.begin(), key_flags.end());
+  }
+  return supervisor_.start({.name = name, .exe = bin_ + "/" + exe, .args = all, .env = child_env(name)});
 }
 
 Status Launcher::check_alive() {
@@ -165,6 +177,11 @@ Status Launcher::start() {
   const std::string hb = std::to_string(spec_.heartbeat_ms), misses = std::to_string(spec_.heartbeat_misses);
   const std::string threads = std::to_string(spec_.threads);
   const auto decodes = decode_processes(spec_);
+  std::vector<std::string> names = {"router"};
+  for (const auto& d : decodes) names.push_back("decode/" + d.instance);
+  for (const auto& p : spec_.prefill)
+    for (int st = 0; st < p.stages; ++st) names.push_back("prefill/" + p.id + "/" + std::to_string(st));
+  K3_ASSIGN_OR_RETURN(keys_, transfer::ClusterKeyFiles::write(run_dir_ + "/keys", names));
 
   // Router first: the nodes connect to its control endpoint (ZeroMQ retries until it is there).
   std::vector<std::string> rargs = {"--model", spec_.model, "--host", spec_.host, "--port", std::to_string(spec_.port),
@@ -179,6 +196,7 @@ Status Launcher::start() {
   }
   K3_ASSIGN_OR_RETURN(ChildProcess * router, spawn("router", "k3-router", rargs));
   K3_ASSIGN_OR_RETURN(std::string control, wait_line(*router, "CLUSTER ", deadline));
+  say("CONTROL " + control);
   K3_ASSIGN_OR_RETURN(std::string listening, wait_line(*router, "listening on http://", deadline));
   port_ = std::atoi(listening.substr(listening.rfind(':') + 1).c_str());
   if (port_ <= 0) return internal_error("router printed no port: '" + listening + "'");
@@ -323,6 +341,10 @@ int main(int argc, char** argv) {
   app.add_option("--bin-dir", bin, "where k3-router, k3-prefill, k3-decode, k3-genweights are (default: next to k3-cluster)");
   app.add_option("--log-level", log_level, "the nodes' log level: trace, debug, info, warn (default), error");
   app.add_flag("--verbose", verbose, "echo every child's stdout lines on stderr");
+  std::string run_dir;
+  app.add_option("--run-dir", run_dir,
+                 "where the control-plane keys are written (<dir>/keys: a CURVE keypair per process, mode 0600, and "
+                 "the public keys; kept); default: a private temporary directory removed at exit");
   app.add_flag("--exit-on-crash", exit_on_crash,
                "stop the whole cluster when any child dies (default: only when the router dies; a lost node leaves "
                "the cluster serving degraded, new requests get 503 while no prefill/decode pair is complete)");
@@ -364,7 +386,23 @@ int main(int argc, char** argv) {
     note(s.message());
     return 2;
   }
-  Launcher launcher(*spec, bin, log_level, verbose, exit_on_crash, sigs, *api_key);
+  // The default run dir is private (mkdtemp: 0700) and goes with the launcher; a given one is kept.
+  struct OwnedDir {
+    std::string path;
+    ~OwnedDir() {
+      std::error_code ec;
+      if (!path.empty()) fs::remove_all(path, ec);
+    }
+  } owned;
+  if (run_dir.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "k3-cluster-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) {
+      note("cannot create a run directory under " + fs::temp_directory_path().string());
+      return 1;
+    }
+    run_dir = owned.path = tmpl;
+  }
+  Launcher launcher(*spec, bin, log_level, verbose, exit_on_crash, sigs, *api_key, run_dir);
   if (Status s = launcher.start(); !s.is_ok()) {
     const bool interrupted = s.code() == Code::Aborted;
     if (!interrupted) note("start failed: " + s.message());

@@ -16,6 +16,8 @@
 #include "common/model/weights.h"
 #include "prefill_node/partition.h"
 #include "prefill_node/prefill_stage.h"
+#include "transfer/control_keys.h"
+#include "transfer/net_interface.h"
 
 #include "common/core/node_process.h"
 
@@ -59,6 +61,14 @@ int main(int argc, char** argv) {
                  "stages > 0: bind for activations from the previous stage, e.g. tcp://127.0.0.1:* (port picked, "
                  "printed as LISTEN)");
   app.add_option("--next-endpoint", o.next_endpoint, "stages before the last: the next stage's LISTEN endpoint");
+  std::string interface = "127.0.0.1", key_file, public_keys_file;
+  bool insecure = false;
+  app.add_option("--interface", interface,
+                 "IPv4 address of the interface the UCX data plane uses (default 127.0.0.1); --listen should "
+                 "bind the same address");
+  app.add_option("--control-key", key_file, transfer::kControlKeyHelp);
+  app.add_option("--control-public-keys", public_keys_file, transfer::kControlPublicKeysHelp);
+  app.add_flag("--insecure-control-plane", insecure, transfer::kInsecureControlHelp);
   app.add_option("--threads", threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
   app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval (default 1000)")->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-misses", hb_misses, "missed heartbeats before a peer is dead (default 3)")
@@ -68,6 +78,13 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "spdlog level: trace, debug, info, warn (default), error");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
+
+  auto keys = transfer::control_keys_from_flags(key_file, public_keys_file, insecure);
+  if (!keys.is_ok()) return fail(keys.status());
+  o.control_keys = *keys;
+  auto device = transfer::net_device_of(interface);
+  if (!device.is_ok()) return fail(device.status());
+  o.ucx_net_devices = *device;
 
   auto cfg = load_model_config(model_dir + "/config.json");
   if (!cfg.is_ok()) return fail(cfg.status());

@@ -68,17 +68,26 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   dc.decode_endpoint = opts.decode_endpoint;
   dc.router_endpoint = opts.router_endpoint;
   dc.heartbeat = opts.heartbeat;
+  dc.control_keys = opts.control_keys;
+  dc.ucx_net_devices = opts.ucx_net_devices;
   PrefillStage* self = s.get();
   dc.on_state = [self](uint64_t id, protocol::RequestState st) {
     // Called inside driver calls: only note it; the loop frees the request after the call returns.
     if (protocol::is_terminal(st)) self->pending_end_.push_back(id);
   };
   K3_ASSIGN_OR_RETURN(s->driver_, transfer::PrefillDriver::create(std::move(dc), zctx, &s->metrics_));
+  // The neighbours' control names: each link accepts / trusts only the adjacent stage's key.
+  auto stage_name = [](const std::string& instance, int stage) {
+    return transfer::control_name(
+        transfer::Peer{.role = protocol::Role::Prefill, .instance = instance, .stage = static_cast<uint32_t>(stage)});
+  };
   if (opts.stage > 0) {
-    K3_ASSIGN_OR_RETURN(s->from_prev_, StageReceiver::bind(zctx, opts.listen_endpoint));
+    K3_ASSIGN_OR_RETURN(s->from_prev_, StageReceiver::bind(zctx, opts.listen_endpoint, opts.control_keys,
+                                                           stage_name(opts.instance_id, opts.stage - 1)));
   }
   if (!last) {
-    K3_ASSIGN_OR_RETURN(s->to_next_, StageSender::connect(zctx, opts.next_endpoint));
+    K3_ASSIGN_OR_RETURN(s->to_next_, StageSender::connect(zctx, opts.next_endpoint, opts.control_keys,
+                                                          stage_name(opts.instance_id, opts.stage + 1)));
   }
   return s;
 }

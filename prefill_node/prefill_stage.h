@@ -50,6 +50,8 @@ struct PrefillStageOptions {
   std::string next_endpoint;           // stages < last: stage s+1's listen endpoint
   transfer::ProtocolTimeouts timeouts;
   transfer::HeartbeatConfig heartbeat;
+  std::optional<transfer::ControlKeys> control_keys;  // CURVE control plane (nullopt: --insecure-control-plane)
+  std::string ucx_net_devices;         // the data plane's network device (from --interface)
 };
 
 class PrefillStage {

@@ -1,5 +1,7 @@
 #include "prefill_node/stage_link.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstring>
 
 namespace k3::prefill {
@@ -85,10 +87,16 @@ Result<ActivationChunk> decode_chunk(std::span<const uint8_t> bytes) {
   return c;
 }
 
-Result<std::unique_ptr<StageSender>> StageSender::connect(zmq::context_t& ctx, const std::string& endpoint) {
+Result<std::unique_ptr<StageSender>> StageSender::connect(zmq::context_t& ctx, const std::string& endpoint,
+                                                          const std::optional<transfer::ControlKeys>& keys,
+                                                          const std::string& next_stage) {
   try {
     zmq::socket_t s(ctx, zmq::socket_type::push);
     s.set(zmq::sockopt::linger, 2000);  // a stage shutting down still delivers chunks it queued
+    if (keys) {
+      Status st = transfer::apply_curve_client(s.handle(), *keys, next_stage);
+      if (!st.is_ok()) return Status(st.code(), "--next-endpoint " + endpoint + ": " + st.message());
+    }
     s.connect(endpoint);
     return std::unique_ptr<StageSender>(new StageSender(std::move(s)));
   } catch (const zmq::error_t& e) {
@@ -106,13 +114,23 @@ Status StageSender::send(const ActivationChunk& c) {
   return Status::ok();
 }
 
-Result<std::unique_ptr<StageReceiver>> StageReceiver::bind(zmq::context_t& ctx, const std::string& endpoint) {
+Result<std::unique_ptr<StageReceiver>> StageReceiver::bind(zmq::context_t& ctx, const std::string& endpoint,
+                                                           const std::optional<transfer::ControlKeys>& keys,
+                                                           const std::string& prev_stage) {
   try {
     zmq::socket_t s(ctx, zmq::socket_type::pull);
     s.set(zmq::sockopt::linger, 0);
+    std::unique_ptr<transfer::ZapHandler> zap;
+    if (keys) {
+      K3_TRY(transfer::apply_curve_server(s.handle(), *keys));
+      K3_ASSIGN_OR_RETURN(zap, transfer::ZapHandler::start(ctx, keys->cluster));
+    }
     s.bind(endpoint);
     std::string ep = s.get(zmq::sockopt::last_endpoint);
-    return std::unique_ptr<StageReceiver>(new StageReceiver(std::move(s), std::move(ep)));
+    std::unique_ptr<StageReceiver> r(new StageReceiver(std::move(s), std::move(ep)));
+    r->zap_ = std::move(zap);
+    r->prev_stage_ = keys ? prev_stage : "";
+    return r;
   } catch (const zmq::error_t& e) {
     return invalid_argument("--listen " + endpoint + ": " + e.what());
   }
@@ -120,11 +138,18 @@ Result<std::unique_ptr<StageReceiver>> StageReceiver::bind(zmq::context_t& ctx, 
 
 Result<std::optional<std::vector<uint8_t>>> StageReceiver::try_receive() {
   zmq::message_t msg;
-  try {
-    auto got = sock_.recv(msg, zmq::recv_flags::dontwait);
-    if (!got) return std::optional<std::vector<uint8_t>>();
-  } catch (const zmq::error_t& e) {
-    return Status(Code::Unavailable, std::string("receiving activations: ") + e.what());
+  for (;;) {
+    try {
+      auto got = sock_.recv(msg, zmq::recv_flags::dontwait);
+      if (!got) return std::optional<std::vector<uint8_t>>();
+    } catch (const zmq::error_t& e) {
+      return Status(Code::Unavailable, std::string("receiving activations: ") + e.what());
+    }
+    if (prev_stage_.empty()) break;
+    const char* uid = zmq_msg_gets(msg.handle(), "User-Id");
+    if (uid && prev_stage_ == uid) break;
+    ++rejected_;
+    spdlog::warn("prefill: activations from '{}' dropped: only {} may send them", uid ? uid : "?", prev_stage_);
   }
   const auto* p = static_cast<const uint8_t*>(msg.data());
   return std::optional<std::vector<uint8_t>>(std::vector<uint8_t>(p, p + msg.size()));

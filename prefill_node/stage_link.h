@@ -3,6 +3,10 @@
 // per link keeps chunks of a request in order (one connection, FIFO), and stage s computes chunk c+1 while
 // stage s+1 computes chunk c, which is what overlaps the pipeline.
 //
+// With control keys the link runs CURVE like the control plane (docs/SECURITY.md): the receiver accepts
+// only the previous stage's key (ZapHandler + the "User-Id" of each frame), the sender only the next
+// stage's key, so no other process can read activations (prompt-derived) or inject them.
+//
 // Frame (little-endian, host order): magic u32 "K3AC", version u32, request_id u64, chunk_start u64,
 // prompt_len u32, rows u32, width u32, bank_count u32, then P [rows, width] F32, then each bank entry
 // [rows, width] F32.
@@ -18,6 +22,8 @@
 
 #include "common/core/status.h"
 #include "engine/model.h"
+#include "transfer/control_keys.h"
+#include "transfer/zap_handler.h"
 
 namespace k3::prefill {
 
@@ -35,7 +41,10 @@ Result<ActivationChunk> decode_chunk(std::span<const uint8_t> bytes);
 // The sending end (stage s): connects to the next stage's bound endpoint.
 class StageSender {
  public:
-  static Result<std::unique_ptr<StageSender>> connect(zmq::context_t& ctx, const std::string& endpoint);
+  // keys: CURVE with the next stage's key pinned (its control name `next_stage`); nullopt = plaintext.
+  static Result<std::unique_ptr<StageSender>> connect(zmq::context_t& ctx, const std::string& endpoint,
+                                                      const std::optional<transfer::ControlKeys>& keys = std::nullopt,
+                                                      const std::string& next_stage = "");
   Status send(const ActivationChunk& c);
 
  private:
@@ -46,15 +55,22 @@ class StageSender {
 // The receiving end (stage s+1): binds (a "*" port is picked by the OS) and reads without blocking.
 class StageReceiver {
  public:
-  static Result<std::unique_ptr<StageReceiver>> bind(zmq::context_t& ctx, const std::string& endpoint);
+  // keys: CURVE, frames accepted only from `prev_stage` (a control name); nullopt = plaintext.
+  static Result<std::unique_ptr<StageReceiver>> bind(zmq::context_t& ctx, const std::string& endpoint,
+                                                     const std::optional<transfer::ControlKeys>& keys = std::nullopt,
+                                                     const std::string& prev_stage = "");
   const std::string& endpoint() const { return endpoint_; }
-  // Next received frame, or nullopt when none is waiting.
+  // Next received frame, or nullopt when none is waiting (frames from another key are dropped).
   Result<std::optional<std::vector<uint8_t>>> try_receive();
+  uint64_t rejected() const { return rejected_; }
 
  private:
   StageReceiver(zmq::socket_t s, std::string ep) : sock_(std::move(s)), endpoint_(std::move(ep)) {}
+  std::unique_ptr<transfer::ZapHandler> zap_;  // with keys (declared first: outlives sock_)
   zmq::socket_t sock_;
   std::string endpoint_;
+  std::string prev_stage_;  // with keys: the only accepted sender
+  uint64_t rejected_ = 0;
 };
 
 }  // namespace k3::prefill

@@ -10,6 +10,7 @@
 #include "common/protocol/messages.h"
 #include "router/cluster_service.h"
 #include "router/text_stream.h"
+#include "router/wire_ids.h"
 #include "transfer/zmq_channel.h"
 
 namespace k3::router {
@@ -34,7 +35,7 @@ struct ClusterService::Worker {
   std::unique_ptr<transfer::ControlServer> server;
   std::map<RequestHandle, std::unique_ptr<Request>> requests;
   std::map<uint64_t, RequestHandle> by_wire;
-  uint64_t next_wire = 0;
+  WireIds wire_ids;  // unguessable protocol request ids
   std::set<std::string> live;
   std::map<std::string, protocol::Heartbeat> heartbeats;  // by control name
   std::unique_ptr<PlacementPolicy> policy;

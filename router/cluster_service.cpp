@@ -8,6 +8,7 @@
 
 #include "common/protocol/frame.h"
 #include "router/cluster_request.h"
+#include "router/wire_ids.h"
 
 namespace k3::router {
 
@@ -168,7 +169,7 @@ class ClusterWorkerOps {
     w_.ledger.take(r.id, rank, demand(*w_.ledger.capacity(rank), r));
     ++r.attempts;
     r.pair = chosen;
-    r.wire_id = ++w_.next_wire;
+    r.wire_id = w_.wire_ids.next([&](uint64_t id) { return w_.by_wire.count(id) != 0; });
     w_.by_wire[r.wire_id] = r.id;
     r.phase = RequestPhase::Claimed;
     w_.deadlines.enter(r.id, RequestPhase::Claimed, Clock::now());
@@ -325,6 +326,8 @@ class ClusterWorkerOps {
       spdlog::warn("router: bad frame from {}: {}", e.peer, m.status().message());
       return;
     }
+    auto placed_on = [&](uint64_t w) -> const ClusterPair* { auto* r = by_wire(w); return r && r->pair >= 0 ? &s_.opts_.pairs[r->pair] : nullptr; };
+    if (!s_.auth_->accept(e.peer, m.value(), placed_on)) return;  // not from the request's own nodes
     std::visit([&](const auto& x) {
       using T = std::decay_t<decltype(x)>;
       if constexpr (std::is_same_v<T, proto::ClaimAck>) on_claim_ack(x);
@@ -378,6 +381,7 @@ class ClusterWorkerOps {
   }
 
   void publish() {
+    s_.auth_->set_socket_rejections(w_.server->rejections());
     bool any = false;
     for (const auto& p : s_.opts_.pairs) any = any || pair_ready(p);
     std::lock_guard lk(s_.pub_mu_);
@@ -418,11 +422,10 @@ Result<std::unique_ptr<ClusterService>> ClusterService::create(const ModelConfig
   s->opts_ = std::move(opts);
   s->w_ = std::make_unique<Worker>(s->opts_);
   s->w_->policy = std::make_unique<PlacementPolicy>(s->opts_.placement, s->opts_.affinity_tokens);
-  // Wire ids stay unique across router restarts too (nodes tombstone ids they saw).
-  s->w_->next_wire = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) & ~0xfffffull;
   transfer::ControlOptions co;
   co.name = "router";
   co.heartbeat = {s->opts_.heartbeat, s->opts_.heartbeat_misses};
+  co.keys = s->opts_.control_keys;
   K3_ASSIGN_OR_RETURN(s->w_->server, transfer::ControlServer::bind(s->w_->ctx, s->opts_.endpoint, co));
   s->endpoint_ = s->w_->server->endpoint();
   s->wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

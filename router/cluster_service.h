@@ -32,9 +32,11 @@
 #include "common/tokenizer/tokenizer.h"
 #include "router/admission_queue.h"
 #include "router/cluster_placement.h"
+#include "router/control_auth.h"
 #include "router/generation_service.h"
 #include "router/request_deadlines.h"
 #include "router/router_metrics.h"
+#include "transfer/control_keys.h"
 
 namespace k3::router {
 
@@ -50,6 +52,7 @@ struct ClusterOptions {
   int max_queue = 64;                            // requests waiting for room; submit() says ResourceExhausted beyond
   int generation_reserve = 32;                   // decode cache tokens reserved per request beyond its prompt
   int max_attempts = 2;                          // placements per request (retries only before any token)
+  std::optional<transfer::ControlKeys> control_keys;  // CURVE keys ("router"); nullopt = plaintext (opt-out)
 };
 
 class ClusterService final : public GenerationService {
@@ -72,6 +75,8 @@ class ClusterService final : public GenerationService {
   std::string prometheus_text() const;
   // Control names of the nodes alive now.
   std::set<std::string> live_nodes() const;
+  // Control-plane rejections (ownership and socket), for tests and /metrics.
+  const ControlAuth& control_auth() const { return *auth_; }
 
   struct Request;  // cluster_service.cpp
 
@@ -87,6 +92,7 @@ class ClusterService final : public GenerationService {
   std::shared_ptr<const Tokenizer> tokenizer_;
   ClusterOptions opts_;
   std::string endpoint_;
+  std::shared_ptr<ControlAuth> auth_ = std::make_shared<ControlAuth>();  // checked by the worker, read by /metrics
   struct Worker;                     // the worker thread's state (socket, requests)
   std::unique_ptr<Worker> w_;
 

@@ -16,6 +16,7 @@
 #include "router/http_server.h"
 #include "router/local_engine_service.h"
 #include "router/open_file_limit.h"
+#include "transfer/control_keys.h"
 
 using namespace k3;
 using namespace k3::router;
@@ -42,6 +43,8 @@ int main(int argc, char** argv) {
   bool metrics_require_key = false;
   HttpServerOptions http;
   int header_timeout_ms = 10000, body_timeout_ms = 30000, idle_timeout_ms = 60000, write_timeout_ms = 30000;
+  std::string control_key, control_public_keys;
+  bool insecure_control = false;
   app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tiktoken.model)")->required();
   app.add_option("--served-model-name", served_name, "model id clients send (default: the model dir's name)");
   app.add_option("--host", host, "address to bind (default 127.0.0.1)");
@@ -101,6 +104,9 @@ int main(int argc, char** argv) {
   cluster->add_option("--request-timeout-ms", request_timeout_ms, "protocol wait budget sent to the nodes (0 = theirs)");
   cluster->add_option("--max-attempts", max_attempts, "placements per request; retries only before any token (default 2)")
       ->check(CLI::PositiveNumber);
+  cluster->add_option("--control-key", control_key, transfer::kControlKeyHelp);
+  cluster->add_option("--control-public-keys", control_public_keys, transfer::kControlPublicKeysHelp);
+  cluster->add_flag("--insecure-control-plane", insecure_control, transfer::kInsecureControlHelp);
   CLI11_PARSE(app, argc, argv);
 
   // Signals are taken by sigwait below; block them before any thread starts so none receives them.
@@ -162,6 +168,9 @@ int main(int argc, char** argv) {
       co.request_timeout_ms = request_timeout_ms;
       co.max_queue = std::max(1, max_queue);
       co.max_attempts = max_attempts;
+      auto keys = transfer::control_keys_from_flags(control_key, control_public_keys, insecure_control);
+      if (!keys.is_ok()) return fail(keys.status().message());
+      co.control_keys = *keys;
       auto cs = ClusterService::create(cfg, tokenizer, co);
       if (!cs.is_ok()) return fail(cs.status().message());
       cluster_service = cs->get();

@@ -34,9 +34,16 @@ Status ucx_status(ucs_status_t s, const std::string& what) {
 }
 
 // ---------------------------------------------------------------------------------------------
-Result<std::shared_ptr<UcxContext>> UcxContext::create(uint64_t features, bool wakeup) {
+Result<std::shared_ptr<UcxContext>> UcxContext::create(uint64_t features, bool wakeup, const std::string& net_devices) {
   ucp_config_t* config = nullptr;
   K3_TRY(ucx_status(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read"));
+  if (!net_devices.empty()) {
+    const ucs_status_t mst = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
+    if (mst != UCS_OK) {
+      ucp_config_release(config);
+      return ucx_status(mst, "UCX NET_DEVICES=" + net_devices);
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = wakeup ? (features | UCP_FEATURE_WAKEUP) : (features & ~uint64_t{UCP_FEATURE_WAKEUP});

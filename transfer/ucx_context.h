@@ -35,8 +35,10 @@ class UcxContext {
   // one host leaves out shared memory for RMA (puts fall back to tcp, ~1 GB/s, docs/PERF.md). A data
   // plane context that initiates puts may therefore pass wakeup = false: its workers then sleep in
   // short timed naps between progress calls (no spinning, at most ~1 ms extra latency).
+  // net_devices: UCX_NET_DEVICES for this context only (e.g. "lo": the tcp transport then listens on
+  // that interface alone, docs/SECURITY.md); empty keeps the environment's choice.
   static Result<std::shared_ptr<UcxContext>> create(uint64_t features = UCP_FEATURE_RMA | UCP_FEATURE_TAG,
-                                                    bool wakeup = true);
+                                                    bool wakeup = true, const std::string& net_devices = "");
   ~UcxContext();
   UcxContext(const UcxContext&) = delete;
   UcxContext& operator=(const UcxContext&) = delete;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/protocol/compat.h"
+#include "transfer/partner_auth.h"
 
 namespace k3::transfer {
 
@@ -13,7 +14,7 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
   if (cfg.ranks.empty()) return invalid_argument("DecodeDriverConfig.ranks is empty");
   std::unique_ptr<DecodeDriver> d(new DecodeDriver(std::move(cfg), metrics));
   auto& c = d->cfg_;
-  K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG));
+  K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, true, c.ucx_net_devices));
   K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_));
   const DecodeLayout layout{.ranks = c.ranks, .kda_head_sliced = c.side.kda_head_sliced};
   K3_TRY(layout.validate(c.side.model));
@@ -48,11 +49,13 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
   ControlOptions opt;
   opt.name = control_name(Peer{.role = Role::Decode, .instance = c.side.instance_id});
   opt.heartbeat = c.heartbeat;
+  opt.keys = c.control_keys;
   K3_ASSIGN_OR_RETURN(d->server_, ControlServer::bind(zctx, c.bind_endpoint, opt));
   d->reg_.control_endpoint = d->server_->endpoint();
   if (!c.router_endpoint.empty()) {
     ControlOptions ropt = opt;
     ropt.incarnation = d->server_->incarnation();
+    ropt.server_name = "router";
     K3_ASSIGN_OR_RETURN(d->router_, ControlClient::connect(zctx, c.router_endpoint, ropt));
   }
   return d;
@@ -136,7 +139,17 @@ void DecodeDriver::on_message(const ControlEvent& e, bool from_router, Actions& 
   const bool router_type = std::holds_alternative<protocol::Claim>(*msg);
   if (router_type && !from_router) {
     spdlog::warn("decode: CLAIM from non-router {} dropped", e.peer);
+    count_control_refusal(metrics_, "not_router", *msg);
     return;
+  }
+  if (!from_router) {
+    const uint64_t id = request_id_of(*msg);
+    if (auto why = stage_message_refusal(e.peer, *msg, side_->claim(id)); !why.empty()) {
+      spdlog::warn("decode: {} for request {} from {} refused: {}", protocol::msg_type_name(protocol::type_of(*msg)), id,
+                   e.peer, why);
+      count_control_refusal(metrics_, "not_owner", *msg);
+      return;
+    }
   }
   Actions a = side_->on_message(*msg, steady_now());
   execute(a);

@@ -32,6 +32,8 @@ struct DecodeDriverConfig {
   std::string bind_endpoint = "tcp://127.0.0.1:*";
   std::string router_endpoint;           // empty: no router connection (the host injects CLAIMs)
   HeartbeatConfig heartbeat;
+  std::optional<ControlKeys> control_keys;  // CURVE on both sockets; nullopt = plaintext (opt-out)
+  std::string ucx_net_devices;           // UCX_NET_DEVICES for the data plane (e.g. "lo"); empty = UCX's choice
   StateHook on_state;                    // may be empty
 };
 

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/protocol/compat.h"
+#include "transfer/partner_auth.h"
 
 namespace k3::transfer {
 
@@ -16,7 +17,8 @@ Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig
   // No WAKEUP feature and no peer error mode on the writer: with either, UCX 1.13 drops shared-memory
   // RMA and puts go over tcp at ~1/20 of the bandwidth (docs/PERF.md). Liveness of decode comes from
   // the control plane's heartbeats; writes are bounded by WriterOptions.timeout.
-  K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, /*wakeup=*/false));
+  K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, /*wakeup=*/false,
+                                                  c.ucx_net_devices));
   K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_));
   K3_ASSIGN_OR_RETURN(d->writer_, UcxWriter::create(d->worker_, std::make_shared<HostSourceReader>(), c.writer));
   d->side_ = std::make_unique<PrefillSide>(c.side, metrics);
@@ -24,10 +26,13 @@ Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig
   ControlOptions opt;
   opt.name = control_name(Peer{.role = Role::Prefill, .instance = c.side.instance_id, .stage = c.side.stage});
   opt.heartbeat = c.heartbeat;
+  opt.keys = c.control_keys;
+  opt.server_name = control_name(Peer{.role = Role::Decode, .instance = c.decode_instance});
   K3_ASSIGN_OR_RETURN(d->decode_, ControlClient::connect(zctx, c.decode_endpoint, opt));
   if (!c.router_endpoint.empty()) {
     ControlOptions ropt = opt;
     ropt.incarnation = d->decode_->incarnation();
+    ropt.server_name = "router";
     K3_ASSIGN_OR_RETURN(d->router_, ControlClient::connect(zctx, c.router_endpoint, ropt));
   }
   return d;
@@ -179,8 +184,9 @@ void PrefillDriver::on_message(const ControlEvent& e, bool from_router, StepResu
   }
   if (from_router != std::holds_alternative<protocol::Prefill>(*msg) &&
       !std::holds_alternative<protocol::Abort>(*msg)) {
-    spdlog::warn("prefill {}: {} from {} dropped (wrong sender)", cfg_.side.stage,
-                 protocol::msg_type_name(protocol::type_of(*msg)), e.peer);
+    spdlog::warn("prefill {}: {} for request {} from {} dropped (wrong sender)", cfg_.side.stage,
+                 protocol::msg_type_name(protocol::type_of(*msg)), request_id_of(*msg), e.peer);
+    count_control_refusal(metrics_, from_router ? "not_partner" : "not_router", *msg);
     return;
   }
   Actions a = side_->on_message(*msg, steady_now());

@@ -27,6 +27,8 @@ struct PrefillDriverConfig {
   std::string decode_endpoint;
   std::string router_endpoint;       // empty: no router connection (the host injects PREFILLs)
   HeartbeatConfig heartbeat;
+  std::optional<ControlKeys> control_keys;  // CURVE on both connections; nullopt = plaintext (opt-out)
+  std::string ucx_net_devices;       // UCX_NET_DEVICES for the data plane (e.g. "lo"); empty = UCX's choice
   WriterOptions writer;
   StateHook on_state;                // may be empty; may call inject_abort() for the request
 };

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 namespace k3::transfer {
@@ -55,15 +56,58 @@ Status ControlSocket::send_parts(const std::string& route, EnvelopeKind kind, st
   return Status::ok();
 }
 
+Status ControlSocket::configure_curve() {
+  if (!opt_.keys) return Status::ok();
+  const ControlKeys& k = *opt_.keys;
+  if (k.self.name != opt_.name)
+    return invalid_argument("control " + opt_.name + ": the keypair given is the one of '" + k.self.name + "'");
+  Status s = is_router() ? apply_curve_server(sock_.handle(), k) : apply_curve_client(sock_.handle(), k, opt_.server_name);
+  if (!s.is_ok()) return {s.code(), "control " + opt_.name + ": " + s.message()};
+  return Status::ok();
+}
+
+void ControlSocket::drain_monitor() {
+  if (!monitor_) return;
+  for (;;) {
+    std::vector<zmq::message_t> ev;
+    try {
+      if (!zmq::recv_multipart(monitor_, std::back_inserter(ev), zmq::recv_flags::dontwait)) return;
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (ev.empty() || ev[0].size() < 6) continue;
+    uint16_t event = 0;
+    std::memcpy(&event, ev[0].data(), sizeof event);
+    const std::string peer = ev.size() > 1 ? ev[1].to_string() : std::string();
+    const char* kind = event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? "unknown_key" : "handshake_failed";
+    const uint64_t n = ++rejections_[kind];
+    // A refused client keeps reconnecting: log the 1st, 2nd, 4th, 8th, ... refusal, count them all.
+    if ((n & (n - 1)) == 0) spdlog::warn("control {}: refused a connection on {} ({}, {} so far)", opt_.name, peer, kind, n);
+  }
+}
+
 void ControlSocket::handle(std::vector<zmq::message_t>& parts, std::vector<ControlEvent>& out) {
   const size_t first = is_router() ? 1 : 0;
-  auto reject = [&](const std::string& why) {
+  auto reject = [&](const std::string& why, const char* kind = "malformed") {
     rejected_++;
+    ++rejections_[kind];
     spdlog::warn("control {}: dropped a frame: {}", opt_.name, why);
   };
   if (parts.size() < first + 1) return reject("no envelope part");
   auto env = decode_envelope(bytes_of(parts[first]));
   if (!env.is_ok()) return reject(env.status().message());
+  if (opt_.keys) {
+    // The name a frame claims must be the one its connection authenticated as: the ZAP user id on a
+    // server, the pinned server's name on a client.
+    std::string authenticated = opt_.server_name;
+    if (is_router()) {
+      const char* uid = zmq_msg_gets(parts[first].handle(), "User-Id");
+      authenticated = uid ? uid : "";
+    }
+    if (env->name != authenticated)
+      return reject("envelope names '" + env->name + "' but the connection authenticated as '" + authenticated + "'",
+                    "name_mismatch");
+  }
   const size_t payload_parts = parts.size() - first - 1;
   const size_t want = env->kind == EnvelopeKind::Data ? 1 : 0;
   if (payload_parts != want)
@@ -120,6 +164,7 @@ Clock::time_point ControlSocket::wake_time(Clock::time_point limit) const {
 }
 
 void ControlSocket::collect(std::vector<ControlEvent>& out) {
+  drain_monitor();
   const size_t before = out.size();
   drain(out);
   for (size_t i = before; i < out.size(); ++i)
@@ -166,6 +211,22 @@ Result<std::unique_ptr<ControlServer>> ControlServer::bind(zmq::context_t& ctx, 
   if (opt.heartbeat.interval.count() <= 0 || opt.heartbeat.misses < 1)
     return invalid_argument("ControlOptions.heartbeat: interval must be > 0 and misses >= 1");
   std::unique_ptr<ControlServer> s(new ControlServer(ctx, std::move(opt)));
+  if (s->opt_.keys) {
+    K3_TRY(s->configure_curve());
+    K3_ASSIGN_OR_RETURN(s->zap_, ZapHandler::start(ctx, s->opt_.keys->cluster));
+    char mon[64];
+    std::snprintf(mon, sizeof mon, "inproc://k3-control-monitor-%p", static_cast<void*>(s.get()));
+    if (zmq_socket_monitor(s->sock_.handle(), mon, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
+      return internal_error(std::string("control monitor: ") + zmq_strerror(zmq_errno()));
+    try {
+      s->monitor_ = zmq::socket_t(ctx, zmq::socket_type::pair);
+      s->monitor_.set(zmq::sockopt::linger, 0);
+      s->monitor_.connect(mon);
+    } catch (const zmq::error_t& e) {
+      return zmq_failure(e, "control monitor");
+    }
+  }
   try {
     s->sock_.set(zmq::sockopt::router_mandatory, 1);
     s->sock_.bind(endpoint);
@@ -211,6 +272,7 @@ Result<std::unique_ptr<ControlClient>> ControlClient::connect(zmq::context_t& ct
   if (opt.heartbeat.interval.count() <= 0 || opt.heartbeat.misses < 1)
     return invalid_argument("ControlOptions.heartbeat: interval must be > 0 and misses >= 1");
   std::unique_ptr<ControlClient> c(new ControlClient(ctx, std::move(opt)));
+  K3_TRY(c->configure_curve());
   try {
     // A per-incarnation routing id: the server never confuses a restarted process with its old connection.
     char id[300];

@@ -7,6 +7,11 @@
 // due time, an expiry, the timeout, or one of the caller's extra fds (e.g. a UCX worker's armed event
 // fd) becomes readable. Payloads are opaque here (one protocol frame each); a malformed envelope or a
 // frame with the wrong number of parts is logged, counted and dropped.
+//
+// With ControlOptions.keys the socket runs CURVE (docs/SECURITY.md): a server accepts only clients
+// whose public key is in the cluster's public keys (its ZapHandler), and a frame only when the name its
+// envelope claims is the name that key belongs to; a client pins its server's key and accepts only
+// frames naming that server. Refused handshakes and frames are counted by kind (rejections()).
 #pragma once
 #include <chrono>
 #include <deque>
@@ -21,6 +26,8 @@
 #include <zmq_addon.hpp>
 
 #include "common/core/status.h"
+#include "transfer/control_keys.h"
+#include "transfer/zap_handler.h"
 #include "transfer/zmq_envelope.h"
 #include "transfer/zmq_liveness.h"
 
@@ -31,6 +38,10 @@ struct ControlOptions {
   HeartbeatConfig heartbeat;
   size_t max_payload_bytes = size_t{64} << 20;
   uint64_t incarnation = 0;         // 0 = draw a random one (tests may pin it)
+  // CURVE keys; nullopt = plaintext (every envelope's name is trusted: tests and opt-out only).
+  // keys->self.name must equal `name`.
+  std::optional<ControlKeys> keys;
+  std::string server_name;          // client with keys: the server's name in keys->cluster (its key is pinned)
 };
 
 // Draws a fresh random incarnation id (never 0).
@@ -55,6 +66,11 @@ class ControlSocket {
   const std::string& name() const { return opt_.name; }
   const PeerLiveness& liveness() const { return live_; }
   uint64_t rejected_frames() const { return rejected_; }
+  // Refused handshakes and dropped frames by kind: malformed, name_mismatch (an envelope naming
+  // another party than the authenticated key), unknown_key (ZAP refused the client's key),
+  // handshake_failed (no CURVE, or a broken handshake).
+  const std::map<std::string, uint64_t>& rejections() const { return rejections_; }
+  bool secure() const { return opt_.keys.has_value(); }
 
  protected:
   ControlSocket(zmq::context_t& ctx, zmq::socket_type type, ControlOptions opt);
@@ -66,8 +82,11 @@ class ControlSocket {
   // A peer came up: the ROUTER greets it at once so the peer need not wait an interval to see us.
   virtual void on_peer_up(const std::string& peer) {}
   virtual bool is_router() const = 0;
+  // Sets the CURVE options (server or client side) before bind/connect.
+  Status configure_curve();
 
   zmq::socket_t sock_;
+  zmq::socket_t monitor_;  // server with keys: handshake failure events of sock_
   ControlOptions opt_;
   PeerLiveness live_;
   Clock::time_point next_heartbeat_;
@@ -78,7 +97,9 @@ class ControlSocket {
   void collect(std::vector<ControlEvent>& out);
   void drain(std::vector<ControlEvent>& out);
   void handle(std::vector<zmq::message_t>& parts, std::vector<ControlEvent>& out);
+  void drain_monitor();
   uint64_t rejected_ = 0;
+  std::map<std::string, uint64_t> rejections_;
 };
 
 class ControlServer final : public ControlSocket {
@@ -98,6 +119,7 @@ class ControlServer final : public ControlSocket {
   void on_route(const std::string& peer, const std::string& route) override { routes_[peer] = route; }
   void on_peer_up(const std::string& peer) override;
   bool is_router() const override { return true; }
+  std::unique_ptr<ZapHandler> zap_;  // with keys: answers this context's CURVE handshakes
   std::string endpoint_;
   std::map<std::string, std::string> routes_;  // peer name -> ZeroMQ routing id of its current connection
 };

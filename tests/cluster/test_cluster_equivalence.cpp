@@ -20,6 +20,7 @@
 #include "common/protocol/frame.h"
 #include "tests/support/generate_reference.h"
 #include "tests/support/run_command.h"
+#include "tests/support/control_keys.h"
 #include "tests/transfer/process_guard.h"
 #include "tests/transfer/test_router.h"
 #include "transfer/zmq_channel.h"
@@ -83,7 +84,7 @@ struct Router : k3::test::TestRouter {
   std::map<uint64_t, std::vector<int32_t>> tokens;
   std::map<uint64_t, protocol::FinishReason> finish;
   std::map<uint64_t, std::vector<protocol::AbortReason>> failed;
-  Router() : TestRouter(200ms) {
+  explicit Router(transfer::ControlKeys keys) : TestRouter(200ms, std::move(keys)) {
     on_message = [this](const std::string&, const protocol::Message& m) {
       if (auto* t = std::get_if<protocol::Tokens>(&m)) {
         CHECK(finish.count(t->request_id) == 0);  // nothing after the last message
@@ -108,8 +109,16 @@ struct ClusterSpec {
   protocol::SamplingParams sampling;
 };
 
+// Control-plane keys of every process a test starts, as k3-cluster writes them.
+k3::test::TestControlKeys cluster_keys(int stages) {
+  std::vector<std::string> names = {"router", "decode/d"};
+  for (int st = 0; st < stages; ++st) names.push_back("prefill/p/" + std::to_string(st));
+  return k3::test::TestControlKeys(names);
+}
+
 struct Cluster {
-  Router router;
+  k3::test::TestControlKeys keys;
+  Router router{keys.load("router")};
   ClusterSpec spec;
   std::unique_ptr<ProcessGuard> decode;
   std::vector<std::unique_ptr<ProcessGuard>> stages;  // by stage index
@@ -117,7 +126,7 @@ struct Cluster {
   std::vector<std::string> held;                      // each stage's last HELD line
   std::vector<std::string> decode_said;               // decode's stdout (shown when a wait fails)
 
-  explicit Cluster(ClusterSpec s) : spec(std::move(s)) {
+  explicit Cluster(ClusterSpec s) : keys(cluster_keys(s.stages)), spec(std::move(s)) {
     const std::string model = model_of(spec.preset).path();
     const std::string router_ep = router.server->endpoint();
     decode = std::make_unique<ProcessGuard>(
@@ -127,7 +136,9 @@ struct Cluster {
                                                       "--top-k", std::to_string(spec.sampling.top_k),
                                                       "--top-p", std::to_string(spec.sampling.top_p),
                                                       "--seed", std::to_string(spec.sampling.seed), "--threads", "1",
-                                                      "--heartbeat-ms", "200", "--log-level", log_level()});
+                                                      "--heartbeat-ms", "200", "--log-level", log_level(),
+                                                      "--control-key", keys.files.keypair("decode/d"),
+                                                      "--control-public-keys", keys.files.public_keys()});
     auto ep = decode->wait_for("READY ", 60s);
     REQUIRE(ep);
     // Last stage first: each stage needs the LISTEN endpoint of the next.
@@ -140,6 +151,8 @@ struct Cluster {
                                        "--decode-endpoint", *ep, "--router-endpoint", router_ep, "--threads", "1",
                                        "--heartbeat-ms", "200", "--log-level", log_level(),
                                        "--max-requests", std::to_string(spec.prefill_slots)};
+      const auto key_flags = keys.flags("prefill/p/" + std::to_string(st));
+      args.insert(args.end(), key_flags.begin(), key_flags.end());
       if (!spec.partition.empty()) args.insert(args.end(), {"--partition", spec.partition});
       if (st > 0) args.insert(args.end(), {"--listen", "tcp://127.0.0.1:*"});
       if (!next.empty()) args.insert(args.end(), {"--next-endpoint", next});

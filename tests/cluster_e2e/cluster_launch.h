@@ -1,5 +1,6 @@
 // Starts k3-cluster on a spec file and waits for its ENDPOINT line, collecting the children's pids from
-// its STARTED lines (and k3-cluster's status port from its STATUS line). The ProcessGuard stops the launcher (and with it every child) when it goes away.
+// its STARTED lines (k3-cluster's status port from its STATUS line, the router's control endpoint from its
+// CONTROL line). The ProcessGuard stops the launcher (and with it every child) when it goes away.
 #pragma once
 #include <catch2/catch.hpp>
 
@@ -17,6 +18,7 @@ struct LaunchedCluster {
   std::map<std::string, pid_t> pids;  // by node name ("router", "decode/d", "prefill/p/0", ...)
   int port = 0;
   int status_port = 0;  // k3-cluster's own GET /status, /metrics
+  std::string control;                // the router's ZeroMQ control endpoint
 };
 
 inline LaunchedCluster launch_cluster(const std::string& spec_path,
@@ -39,6 +41,7 @@ inline LaunchedCluster launch_cluster(const std::string& spec_path,
       c.pids[line->substr(8, sp - 8)] = std::stoi(line->substr(line->rfind(' ') + 1));
     }
     if (line->rfind("STATUS http://127.0.0.1:", 0) == 0) c.status_port = std::stoi(line->substr(24));
+    if (line->rfind("CONTROL ", 0) == 0) c.control = line->substr(8);
     if (line->rfind("ENDPOINT http://127.0.0.1:", 0) == 0) c.port = std::stoi(line->substr(26));
   }
   return c;

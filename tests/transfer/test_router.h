@@ -1,13 +1,15 @@
 // A stand-in for the router in multi-process transfer/cluster tests: a ControlServer every node connects
 // to, the set of peers whose heartbeats are up, and the router's one duty these tests rely on: a FAILED
 // from one party becomes an ABORT to every other live party of the request. Tests add their own handling
-// of received messages through `on_message`.
+// of received messages through `on_message`. With keys (tests/support/control_keys.h) its socket runs
+// CURVE like the real router's.
 #pragma once
 #include <catch2/catch.hpp>
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -24,10 +26,11 @@ struct TestRouter {
   std::vector<std::string> parties;  // who gets the ABORT that answers a FAILED
   std::function<void(const std::string& peer, const protocol::Message&)> on_message;  // may be empty
 
-  explicit TestRouter(std::chrono::milliseconds heartbeat) {
+  explicit TestRouter(std::chrono::milliseconds heartbeat, std::optional<transfer::ControlKeys> keys = std::nullopt) {
     transfer::ControlOptions o;
     o.name = "router";
     o.heartbeat = {heartbeat, 3};
+    o.keys = std::move(keys);
     server = transfer::ControlServer::bind(ctx, "tcp://127.0.0.1:*", o).value();
   }
 
