@@ -27,11 +27,10 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
   if (opts.cache.max_seqs < static_cast<int>(opts.num_slots))
     return invalid_argument("--max-requests (" + std::to_string(opts.cache.max_seqs) + ") must be >= --pool-slots (" +
                             std::to_string(opts.num_slots) + ")");
-  if (backend.compute_dtype() != DType::F32)
-    return invalid_argument("k3-decode runs F32 caches only (the backend computes in another dtype)");
   std::unique_ptr<DecodeRank> d(new DecodeRank(opts, backend));
   d->cfg_ = cfg;
-  K3_ASSIGN_OR_RETURN(d->layout_, transfer::TransferModelLayout::from_config(cfg, 4, 4, 4));
+  const CacheElementBytes eb = cache_element_bytes(backend);
+  K3_ASSIGN_OR_RETURN(d->layout_, transfer::TransferModelLayout::from_config(cfg, eb.kv, eb.conv, eb.state));
   EngineOptions eo;
   eo.cache = opts.cache;
   eo.top_logits = 0;
@@ -44,7 +43,7 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
   dc.num_pages = opts.num_pages;
   dc.num_slots = opts.num_slots;
   dc.compat.model_hash = protocol::model_config_hash(cfg);
-  dc.compat.kv_dtype = DType::F32;
+  dc.compat.kv_dtype = backend.compute_dtype();
   dc.compat.state_dtype = DType::F32;
   dc.compat.page_size = opts.page_size;
   dc.compat.layout.dp_size = opts.dp_size;  // registration requires rank < dp_size * dcp_size

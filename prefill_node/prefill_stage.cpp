@@ -44,13 +44,12 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
     return invalid_argument("--next-endpoint is required on every stage but the last");
   if (opts.stage > 0 && opts.listen_endpoint.empty())
     return invalid_argument("--listen is required on every stage but the first");
-  if (backend.compute_dtype() != DType::F32)
-    return invalid_argument("k3-prefill runs F32 caches only (the backend computes in another dtype)");
   std::unique_ptr<PrefillStage> s(new PrefillStage(opts, backend));
   s->cfg_ = cfg;
   s->begin_ = stage_begin(opts.partition, opts.stage);
   s->end_ = s->begin_ + opts.partition[opts.stage];
-  K3_ASSIGN_OR_RETURN(s->layout_, transfer::TransferModelLayout::from_config(cfg, 4, 4, 4));
+  const CacheElementBytes eb = cache_element_bytes(backend);
+  K3_ASSIGN_OR_RETURN(s->layout_, transfer::TransferModelLayout::from_config(cfg, eb.kv, eb.conv, eb.state));
   for (int n : opts.partition) s->prefill_layout_.partition.push_back(static_cast<uint32_t>(n));
   K3_TRY(s->prefill_layout_.validate(s->layout_));
   K3_ASSIGN_OR_RETURN(s->model_, Model::create(backend, cfg, weights, s->begin_, s->end_));
@@ -60,7 +59,7 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   dc.side = {.instance_id = opts.instance_id, .stage = static_cast<uint32_t>(opts.stage), .model = s->layout_,
              .prefill = s->prefill_layout_, .decode_kda_head_sliced = true, .timeouts = opts.timeouts};
   dc.compat.model_hash = protocol::model_config_hash(cfg);
-  dc.compat.kv_dtype = DType::F32;
+  dc.compat.kv_dtype = backend.compute_dtype();
   dc.compat.state_dtype = DType::F32;
   dc.compat.page_size = opts.transfer_page_size;
   dc.compat.layout.pp_partition = s->prefill_layout_.partition;

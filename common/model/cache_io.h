@@ -11,6 +11,14 @@
 
 namespace k3 {
 
+// Element sizes of the pools a backend keeps (kv_cache.cpp): MLA latent rows and KDA conv caches in
+// the compute dtype, KDA recurrent state always F32. Prefill and decode must agree on them (the
+// transfer layout and the handshake's kv_dtype carry them).
+struct CacheElementBytes {
+  uint32_t kv = 4, conv = 4, state = 4;
+};
+CacheElementBytes cache_element_bytes(const Backend& backend);
+
 // Bytes of the packed image of `num_tokens` tokens over layers [begin, end).
 uint64_t packed_cache_bytes(const ModelConfig& cfg, const CachePools& pools, int begin, int end, int64_t num_tokens);
 

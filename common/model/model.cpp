@@ -131,7 +131,9 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   for (const BatchItem& it : batch) slot_ids.push_back(it.seq->slot);
   Tensor slots = backend_.from_host(Tensor::from_i32({n}, slot_ids), DType::I32);
 
-  if (all_single_token_decode(batch)) {
+  // The fused decode kernel where the backend has one for this head shape (CUDA: D in {64, 128});
+  // otherwise the general path below, which handles one-token items as well.
+  if (all_single_token_decode(batch) && backend_.supports("kda_decode", {H, D}).empty()) {
     backend_.kda_decode({.qkv = qkv, .conv_w = lw.conv_w, .conv_cache = caches.kda_conv(l), .f = f,
                          .a_log = lw.a_log, .dt_bias = lw.dt_bias, .b = blog, .state = caches.kda_state(l),
                          .slots = slots, .o = o, .heads = static_cast<int>(H), .g_min = cfg_.kda.gate_lower_bound});

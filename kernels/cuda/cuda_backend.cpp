@@ -22,22 +22,39 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   K3_CUDA_OK(cudaGetDeviceProperties(&prop, device));
   num_sms_ = prop.multiProcessorCount;
   device_name_ = prop.name;
-  K3_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  stream_owner_ = std::make_shared<Stream>();
+  K3_CUDA_OK(cudaStreamCreateWithFlags(&stream_owner_->stream, cudaStreamNonBlocking));
+  stream_ = stream_owner_->stream;
+  // Activations are allocated and freed per op: keep freed blocks in the pool instead of returning
+  // them to the driver at every synchronization (the default threshold of 0 would).
+  cudaMemPool_t pool = nullptr;
+  K3_CUDA_OK(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t keep = UINT64_MAX;
+  K3_CUDA_OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   gemm_ = std::make_unique<CublasLtGemm>();
   host_ = make_cpu_backend({1});
 }
 
+CudaBackend::Stream::~Stream() {
+  if (stream) {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+}
+
 CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
   gemm_.reset();
-  if (stream_) cudaStreamDestroy(stream_);
 }
 
 Tensor CudaBackend::alloc(const Shape& shape, DType dtype) {
   const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
   if (bytes == 0) return Tensor::view(nullptr, shape, dtype, Device::Cuda);
+  // Stream-ordered: no device-wide synchronization per allocation or free (cudaMalloc/cudaFree would
+  // serialize every op of a forward with the host).
   void* p = nullptr;
-  K3_CUDA_OK(cudaMalloc(&p, bytes));
-  std::shared_ptr<void> owner(p, [](void* q) { cudaFree(q); });
+  K3_CUDA_OK(cudaMallocAsync(&p, bytes, stream_));
+  std::shared_ptr<void> owner(p, [s = stream_owner_](void* q) { cudaFreeAsync(q, s->stream); });
   K3_CUDA_OK(cudaMemsetAsync(p, 0, bytes, stream_));
   return Tensor::view(p, shape, dtype, Device::Cuda, owner);
 }
@@ -255,7 +272,8 @@ void CudaBackend::moe_experts(const ops::MoeExpertsParams& p) {
   need_shape(op, "y", p.y, {a.M, a.Dl});
   a.beta = p.beta;
   a.beta_linear = p.beta_linear;
-  launch_moe_experts(a, stream_);
+  if (moe_grouped_supported(a)) launch_moe_grouped(a, stream_);
+  else launch_moe_experts(a, stream_);
 }
 
 void CudaBackend::add(const ops::AddParams& p) {

@@ -74,7 +74,14 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   bool mla_wgmma_ = true;  // set_mla_decode_wgmma
   std::string device_name_;
-  cudaStream_t stream_ = nullptr;
+  // The stream is shared with every tensor this backend allocates: their memory returns to the
+  // stream-ordered pool (cudaFreeAsync) on this stream, even when a tensor outlives the backend.
+  struct Stream {
+    cudaStream_t stream = nullptr;
+    ~Stream();
+  };
+  std::shared_ptr<Stream> stream_owner_;
+  cudaStream_t stream_ = nullptr;  // stream_owner_->stream
   std::unique_ptr<CublasLtGemm> gemm_;  // created after cudaSetDevice
   DeviceBuffer work_;     // float workspaces (KDA chunk/decode, MLA split partials)
   DeviceBuffer ints_;     // staged index arrays

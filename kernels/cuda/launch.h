@@ -139,5 +139,9 @@ struct MoeArgs {
   float beta = 4.f, beta_linear = 25.f;
 };
 void launch_moe_experts(const MoeArgs& a, cudaStream_t s);
+// ---- moe_grouped.cu: pairs sorted by expert on the device, one grouped tensor-core GEMM per
+// projection (W1 and W3 together, then W2). Needs bf16 z and weights and E <= 4096.
+bool moe_grouped_supported(const MoeArgs& a);
+void launch_moe_grouped(const MoeArgs& a, cudaStream_t s);
 
 }  // namespace k3::cuda
