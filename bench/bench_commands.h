@@ -11,4 +11,7 @@ void add_transfer_command(CLI::App& app);
 // `k3-bench serve`: concurrent /v1/completions streams against a router (bench/serve_bench.cpp).
 void add_serve_command(CLI::App& app);
 
+// `k3-bench engine`: whole-model decode / prefill on one GPU against the roofline (bench/engine_bench.cpp).
+void add_engine_command(CLI::App& app);
+
 }  // namespace k3::bench

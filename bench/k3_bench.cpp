@@ -1,5 +1,5 @@
 // k3-bench: benchmarks, each a subcommand (transfer: bench/transfer_bench.cpp; kernels:
-// bench/kernels_bench.cpp; serve: bench/serve_bench.cpp).
+// bench/kernels_bench.cpp; serve: bench/serve_bench.cpp; engine: bench/engine_bench.cpp).
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_commands.h"
@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   k3::bench::add_transfer_command(app);
   k3::bench::add_kernels_command(app);
   k3::bench::add_serve_command(app);
+  k3::bench::add_engine_command(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

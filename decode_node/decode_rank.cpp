@@ -166,7 +166,7 @@ Status DecodeRank::decode_step() {
     rows.push_back(row);
   }
   if (ids.empty()) return Status::ok();
-  auto logits = engine_->feed(seqs, toks);
+  auto logits = engine_->feed_on_backend(seqs, toks);  // sampled on the backend: only ids come back
   if (!logits.is_ok()) {
     for (uint64_t id : ids) abort_local(id, "decode step failed: " + logits.status().to_string());
     return Status::ok();

@@ -195,7 +195,7 @@ Status PrefillStage::compute_chunk(Request& r) {
                                           .prompt_len = r.prompt_len, .act = host_copy(backend_, act)}));
   } else if (r.computed == r.prompt_len) {
     const int32_t row = static_cast<int32_t>(n - 1);
-    r.last_logits = model_->logits(act, std::span(&row, 1));
+    r.last_logits = model_->backend_logits(act, std::span(&row, 1));
   }
   maybe_report(r);
   return Status::ok();

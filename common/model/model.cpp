@@ -272,6 +272,10 @@ void Model::ffn_layer(int l, const Tensor& x, Tensor& out) {
 }
 
 Tensor Model::logits(const Activations& act, std::span<const int32_t> rows) {
+  return backend_.to_host(backend_logits(act, rows));
+}
+
+Tensor Model::backend_logits(const Activations& act, std::span<const int32_t> rows) {
   K3_CHECK(end_ == cfg_.num_hidden_layers, "logits() on a model range that does not end at the last layer");
   Tensor h = attn_res_mix(w_->out_query, act);
   const int64_t n = static_cast<int64_t>(rows.size());
@@ -280,7 +284,7 @@ Tensor Model::logits(const Activations& act, std::span<const int32_t> rows) {
   Tensor hn = rmsnorm(sel, w_->final_norm, cfg_.rms_norm_eps);
   Tensor lg = alloc({n, cfg_.vocab_size}, DType::F32);
   backend_.gemm({.x = hn, .w = w_->lm_head, .y = lg});
-  return backend_.to_host(lg);
+  return lg;
 }
 
 }  // namespace k3

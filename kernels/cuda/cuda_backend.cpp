@@ -150,6 +150,12 @@ void CudaBackend::gemm(const ops::GemmParams& p) {
     if (p.y.nbytes()) K3_CUDA_OK(cudaMemsetAsync(p.y.data(), 0, p.y.nbytes(), stream_));
     return;
   }
+  if (batch_invariant_) {
+    launch_gemm_fixed({.x = p.x.data(), .w = p.w.data(), .y = fout(op, "y", p.y), .M = M, .N = N, .K = K, .ldx = K,
+                       .ldw = K, .ldy = N, .alpha = p.alpha, .beta = p.beta},
+                      stream_);
+    return;
+  }
   GemmShape s{.M = M, .N = N, .K = K, .ldx = K, .ldw = K, .ldy = N, .y_f32 = p.y.dtype() == DType::F32};
   gemm_->run(s, p.x.data(), p.w.data(), p.y.data(), p.alpha, p.beta, stream_);
 }
@@ -163,6 +169,13 @@ void CudaBackend::head_gemm(const ops::HeadGemmParams& p) {
   const int64_t M = p.x.dim(0), H = p.x.dim(1), K = p.x.dim(2), N = p.w.dim(1);
   need_shape(op, "w", p.w, {H, N, K});
   need_shape(op, "y", p.y, {M, H, N});
+  if (batch_invariant_) {
+    launch_gemm_fixed({.x = p.x.data(), .w = p.w.data(), .y = fout(op, "y", p.y), .M = M, .N = N, .K = K,
+                       .ldx = H * K, .ldw = K, .ldy = H * N, .batch = H, .stride_x = K, .stride_w = N * K,
+                       .stride_y = N},
+                      stream_);
+    return;
+  }
   GemmShape s{.M = M, .N = N, .K = K, .ldx = H * K, .ldw = K, .ldy = H * N, .batch = H, .stride_x = K,
               .stride_w = N * K, .stride_y = N, .y_f32 = p.y.dtype() == DType::F32};
   gemm_->run(s, p.x.data(), p.w.data(), p.y.data(), 1.f, 0.f, stream_);
@@ -308,10 +321,37 @@ void CudaBackend::embedding(const ops::EmbeddingParams& p) {
   launch_embedding(table, ids, fout(op, "y", p.y), M, D, p.table.dim(0), stream_);
 }
 
+// Greedy rows are decided on the device and only their ids come back; a row with temperature > 0
+// brings its logits row to the host sampler (the CPU rule, bit for bit: same order, same uniform).
 void CudaBackend::sample(const ops::SampleParams& p) {
-  ops::SampleParams h = p;
-  if (p.logits.device() == Device::Cuda) h.logits = to_host(p.logits);
-  host_->sample(h);
+  if (p.logits.device() == Device::Cpu) {
+    host_->sample(p);
+    return;
+  }
+  const char* op = "sample";
+  const int64_t B = p.logits.dim(0), V = p.logits.ndim() == 2 ? p.logits.dim(1) : 0;
+  K3_CHECK(p.logits.ndim() == 2 && V >= 1, "sample: logits must be [B, V] with V >= 1");
+  f32(op, "logits", p.logits);
+  K3_CHECK(static_cast<int64_t>(p.rows.size()) == B, "sample: rows: expected " + std::to_string(B) + " entries");
+  K3_CHECK(p.out != nullptr, "sample: out: must not be null");
+  for (int64_t b = 0; b < B; ++b) {
+    const ops::SamplingRow& r = p.rows[b];
+    const std::string at = "sample: rows[" + std::to_string(b) + "].";
+    K3_CHECK(std::isfinite(r.temperature) && r.temperature >= 0.f, at + "temperature must be finite and >= 0");
+    K3_CHECK(r.top_k >= 0, at + "top_k must be >= 0");
+    K3_CHECK(r.top_p > 0.f && r.top_p <= 1.f, at + "top_p must be in (0, 1]");
+  }
+  auto* ids = static_cast<int32_t*>(sample_ids_.ensure(size_t(std::max<int64_t>(B, 1)) * 4));
+  launch_argmax_rows(static_cast<const float*>(p.logits.data()), B, V, ids, stream_);
+  p.out->assign(B, 0);
+  K3_CUDA_OK(cudaMemcpyAsync(p.out->data(), ids, size_t(B) * 4, cudaMemcpyDeviceToHost, stream_));
+  K3_CUDA_OK(cudaStreamSynchronize(stream_));
+  for (int64_t b = 0; b < B; ++b) {
+    if (p.rows[b].temperature <= 0.f) continue;
+    std::vector<int32_t> one;
+    host_->sample({.logits = to_host(p.logits.slice_rows(b, b + 1)), .rows = {p.rows[b]}, .out = &one});
+    (*p.out)[b] = one.at(0);
+  }
 }
 
 void CudaBackend::copy_cols(const ops::CopyColsParams& p) {

@@ -1,5 +1,6 @@
 // CudaBackend's attention-family ops (KDA gate / recurrence / chunked prefill / decode step, MLA
 // prefill and decode, the LSE merge): argument checks, workspaces, then the launchers.
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -188,7 +189,15 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
   a.block_table = ptrs[0];
   a.seq_lens = ptrs[1];
-  const MlaDecodePlan plan = plan_mla_decode(a.B, a.H, a.max_pages * a.page_size, num_sms_);
+  MlaDecodePlan plan = plan_mla_decode(a.B, a.H, a.max_pages * a.page_size, num_sms_);
+  if (batch_invariant_) {
+    // Splits of a fixed size, so a request's partials do not depend on the batch (up to 64 splits,
+    // the merge's limit; past 64 x kInvariantSplitTokens tokens the size grows in whole multiples).
+    const int ctx = std::max(a.max_pages * a.page_size, 1);
+    const int units = (ctx + kInvariantSplitTokens - 1) / kInvariantSplitTokens;
+    plan.tokens_per_split = kInvariantSplitTokens * ((units + 63) / 64);
+    plan.splits = (ctx + plan.tokens_per_split - 1) / plan.tokens_per_split;
+  }
   auto* work = static_cast<float*>(work_.ensure(size_t(mla_decode_workspace_floats(plan, a.B, a.H, a.R)) * 4 + 256));
   launch_mla_decode(a, plan, work, stream_);
 }

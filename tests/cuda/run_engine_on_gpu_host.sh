@@ -18,13 +18,13 @@ source /tmp/k3kit/env.sh
 B=build-gpu
 t0=$(date +%s)
 cmake -S . -B $B -G Ninja -DK3_CUDA=ON -DCMAKE_BUILD_TYPE=Release >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-TARGETS="cuda_test_cuda_ops cuda_test_cuda_engine k3-generate k3-genweights $*"
+TARGETS="cuda_test_cuda_ops cuda_test_cuda_engine cuda_test_cuda_batch_invariance k3-generate k3-genweights $*"
 # shellcheck disable=SC2086
 ninja -C $B -j16 $TARGETS >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "configure+build: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/build.log"
-for t in cuda_test_cuda_ops cuda_test_cuda_engine; do
+for t in cuda_test_cuda_ops cuda_test_cuda_engine cuda_test_cuda_batch_invariance; do
   s=$(date +%s)
-  $B/tests/$t -s 2>&1 | grep -E "GPU-ENGINE|FAILED|passed|failed|REQUIRE|with expansion|SKIPPED|rel err" | tee -a "$OUT/tests.log" | tail -30
+  timeout 300 $B/tests/$t 2>&1 | tee -a "$OUT/tests.log" | grep -E "GPU-ENGINE|BATCH-INV|FAILED|passed|failed|SKIPPED" -A2 | tail -30
   echo "$t: $(( $(date +%s) - s )) s" | tee -a "$OUT/tests.log"
 done
 M=/tmp/k3-tiny

@@ -185,14 +185,22 @@ TEST_CASE("cuda moe_experts matches cpu", "[cuda]") {
   }
 }
 
-TEST_CASE("cuda sample (greedy) matches cpu", "[cuda]") {
+TEST_CASE("cuda sample (greedy on the device, seeded rows on the host) matches cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
   std::mt19937 rng(18);
-  Tensor logits = randn({3, 1000}, rng, 1.f, false);
-  std::vector<int32_t> a, b;
-  std::vector<ops::SamplingRow> rows(3);
-  bk.cpu->sample({.logits = logits, .rows = rows, .out = &a});
-  g.sample({.logits = g.from_host(logits, DType::F32), .rows = rows, .out = &b});
-  CHECK(a == b);
+  // Vocab of K3 size and a small one; ties (a repeated maximum) must pick the lowest id.
+  for (const int64_t V : {int64_t(1000), int64_t(163840)}) {
+    Tensor logits = randn({6, V}, rng, 1.f, false);
+    logits.f32()[1 * V + 7] = logits.f32()[1 * V + 900] = 50.f;
+    std::vector<ops::SamplingRow> rows(6);
+    rows[3] = {.temperature = 0.8f, .top_k = 0, .top_p = 0.9f, .seed = 5, .step = 2};
+    rows[4] = {.temperature = 1.2f, .top_k = 40, .top_p = 1.f, .seed = 6, .step = 9};
+    std::vector<int32_t> a, b;
+    bk.cpu->sample({.logits = logits, .rows = rows, .out = &a});
+    g.sample({.logits = g.from_host(logits, DType::F32), .rows = rows, .out = &b});
+    INFO("V=" << V);
+    CHECK(a == b);
+    CHECK(b[1] == 7);
+  }
 }
