@@ -87,8 +87,10 @@ Tensor CudaBackend::from_host(const Tensor& host, DType dtype) {
   }
   Tensor d = alloc(host.shape(), dtype);
   if (d.nbytes()) {
+    // No stream sync: `staged` is pageable host memory, which the driver has consumed (copied to its
+    // own staging) by the time an H2D cudaMemcpyAsync returns, so it may die at return. A sync here
+    // cost a device drain per small upload (slots, page ids: several per layer in a decode step).
     K3_CUDA_OK(cudaMemcpyAsync(d.data(), staged.data(), d.nbytes(), cudaMemcpyHostToDevice, stream_));
-    K3_CUDA_OK(cudaStreamSynchronize(stream_));  // `staged` dies at return
   }
   return d;
 }
@@ -129,8 +131,7 @@ std::vector<const int32_t*> CudaBackend::device_ints(std::initializer_list<const
   }
   if (!staged.empty()) {
     auto* d = static_cast<int32_t*>(ints_.ensure(staged.size() * 4));
-    K3_CUDA_OK(cudaMemcpyAsync(d, staged.data(), staged.size() * 4, cudaMemcpyHostToDevice, stream_));
-    K3_CUDA_OK(cudaStreamSynchronize(stream_));
+    K3_CUDA_OK(cudaMemcpyAsync(d, staged.data(), staged.size() * 4, cudaMemcpyHostToDevice, stream_));  // pageable: no sync (from_host)
     for (auto [i, off] : where) out[i] = d + off;
   }
   return out;
