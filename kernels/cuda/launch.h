@@ -136,6 +136,11 @@ struct MlaPrefillArgs {
   float scale = 0.f;
 };
 void launch_mla_prefill(const MlaPrefillArgs& a, cudaStream_t s);
+// The GEMM form's middle step (CudaBackend::mla_prefill): for heads h0 .. h0+heads-1, rows
+// (head, t) of scores [heads, T, S] F32 (already scaled) -> probs bf16 (0 past the causal limit
+// past + t), lse [T, H] F32 at column h0 + head (lse may be null).
+void launch_causal_softmax(const float* scores, __nv_bfloat16* probs, float* lse, int heads, int T, int S, int H,
+                           int h0, int64_t past, cudaStream_t s);
 
 // o[r, :] = merge over n of (o_parts[n, r, :], lse_parts[n, r]); rows r = B*H; lse may be null.
 void launch_lse_merge(FIn o_parts /*[N, rows, D]*/, const float* lse_parts /*[N, rows]*/, FOut o /*[rows, D]*/,
