@@ -34,6 +34,7 @@ int k3::bench::run_kernels_bench(const KernelsBenchOptions&) {
   std::fprintf(stderr, "k3-bench kernels: this build has no CUDA backend\n");
   return 2;
 }
+k3::bench::BenchCeilings k3::bench::measure_bench_ceilings(Backend&, bool) { return {}; }
 #else
 #include <cuda_runtime.h>
 
@@ -401,6 +402,12 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
   }
   if (!opts.out_json.empty()) std::ofstream(opts.out_json) << out.dump(2) << "\n";
   return 0;
+}
+
+BenchCeilings measure_bench_ceilings(Backend& backend, bool quick) {
+  std::vector<Line> lines;
+  const Ceilings c = measure_ceilings(static_cast<CudaBackend&>(backend), quick, lines);
+  return {.copy_bytes_per_us = c.copy_bytes_per_us, .gemm_flops_per_us = c.gemm_flops_per_us};
 }
 
 }  // namespace k3::bench

@@ -7,7 +7,19 @@
 #include <string>
 #include <vector>
 
+namespace k3 {
+class Backend;
+}
+
 namespace k3::bench {
+
+// The two ceilings of a run on a CUDA backend: device-to-device copy (bytes read + written per us, of
+// 1 GiB) and the bf16 GEMM rate of an 8192^3 product through the backend's GEMM (FLOP per us).
+// CUDA builds only (bench/kernels_bench.cpp); `backend` must be the CUDA backend.
+struct BenchCeilings {
+  double copy_bytes_per_us = 0, gemm_flops_per_us = 0;
+};
+BenchCeilings measure_bench_ceilings(Backend& backend, bool quick);
 
 struct KernelsBenchOptions {
   int device = 0;

@@ -126,7 +126,7 @@ DecodeBatch::StepResult DecodeBatch::step() {
     row.step = s.step;
     rows.push_back(row);
   }
-  auto logits = engine_.feed(caches, toks);
+  auto logits = engine_.feed_on_backend(caches, toks);  // sampled on the backend: only ids come back
   if (!logits.is_ok()) {
     for (uint64_t id : ids) {
       out.failed.push_back({id, "decode step failed: " + logits.status().to_string()});

@@ -25,8 +25,6 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
   if (opts.cache.max_seqs < static_cast<int>(opts.num_slots))
     return invalid_argument("--max-requests (" + std::to_string(opts.cache.max_seqs) + ") must be >= --pool-slots (" +
                             std::to_string(opts.num_slots) + ")");
-  if (backend.compute_dtype() != DType::F32)
-    return invalid_argument("k3-decode runs F32 caches only (the backend computes in another dtype)");
   std::unique_ptr<DecodeRank> d(new DecodeRank(opts, backend));
   d->cfg_ = cfg;
   K3_ASSIGN_OR_RETURN(d->layout_, cache_layout(cfg, backend));

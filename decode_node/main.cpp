@@ -21,6 +21,7 @@
 #include "transfer/net_interface.h"
 
 #include "common/core/node_process.h"
+#include "kernels/backend_select.h"
 
 using namespace k3;
 
@@ -75,6 +76,9 @@ int main(int argc, char** argv) {
   app.add_option("--top-p", o.sampling.top_p, "decode-step top-p (1 = off)")->check(CLI::Range(0.f, 1.f));
   app.add_option("--seed", o.sampling.seed, "decode-step sampling seed (default 0; the router must give PREFILLs the same seed)");
   app.add_option("--threads", threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
+  BackendChoice bc;
+  app.add_option("--backend", bc.kind, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--device", bc.device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
   app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval (default 1000)")->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-misses", hb_misses, "missed heartbeats before a peer is dead (default 3)")
       ->check(CLI::PositiveNumber);
@@ -116,9 +120,11 @@ int main(int argc, char** argv) {
 
   auto weights = load_weights(model_dir, *cfg);
   if (!weights.is_ok()) return fail(weights.status());
-  auto backend = make_cpu_backend({.threads = threads});
+  bc.threads = threads;
+  auto backend = make_backend(bc);
+  if (!backend.is_ok()) return fail(backend.status());
   zmq::context_t zctx;
-  auto rank = decode::DecodeRank::create(o, *backend, *cfg, *weights, zctx);
+  auto rank = decode::DecodeRank::create(o, **backend, *cfg, *weights, zctx);
   if (!rank.is_ok()) return fail(rank.status());
   decode::DecodeRank& d = **rank;
 

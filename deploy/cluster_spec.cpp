@@ -60,9 +60,11 @@ std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec) {
 Result<ClusterSpec> parse_cluster_spec(const json& j) {
   ClusterSpec s;
   if (!j.is_object()) return bad("(top level)", "must be a JSON object");
-  K3_TRY(known_keys(j, "", {"model", "generate", "router", "prefill", "decode", "threads", "timeouts", "restart"}));
+  K3_TRY(known_keys(j, "", {"model", "generate", "router", "prefill", "decode", "threads", "backend", "timeouts", "restart"}));
   K3_TRY(get_string(j, "", "model", s.model, true));
   K3_TRY(get_int(j, "", "threads", s.threads, 0, 1024));
+  K3_TRY(get_string(j, "", "backend", s.backend));
+  if (s.backend != "cpu" && s.backend != "cuda") return bad("backend", "must be \"cpu\" or \"cuda\", got \"" + s.backend + "\"");
   if (j.contains("generate")) {
     const json& g = j.at("generate");
     if (!g.is_object()) return bad("generate", "must be an object");

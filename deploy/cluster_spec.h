@@ -8,6 +8,8 @@
 //   "prefill": [{"id": "p", "stages": 2, "partition": [2, 2], "chunk_size": 256, "max_requests": 8}],
 //   "decode": [{"id": "d", "ranks": 1, "max_requests": 8}],
 //   "threads": 1,                        CPU threads per node process (0 = all cores)
+//   "backend": "cpu",                    node compute backend: "cpu" (fp32) or "cuda" (bf16, GPU 0);
+//                                        every node uses the same one (the cache bytes must agree)
 //   "timeouts": {"heartbeat_ms": 200, "heartbeat_misses": 3, "claim_ms": 5000, "startup_s": 180,
 //                "shutdown_ms": 5000},
 //   "restart": {"enabled": true, "initial_backoff_ms": 200, "max_backoff_ms": 10000, "stable_ms": 30000,
@@ -53,6 +55,7 @@ struct ClusterSpec {
   std::vector<PrefillSpec> prefill;
   std::vector<DecodeSpec> decode;
   int threads = 1;
+  std::string backend = "cpu";  // "cpu" | "cuda": passed to every k3-prefill / k3-decode as --backend
   int heartbeat_ms = 200;
   int heartbeat_misses = 3;
   int claim_ms = 5000;

@@ -211,7 +211,7 @@ Status Launcher::start() {
                         spawn("decode/" + d.instance, "k3-decode",
                               {"--model", spec_.model, "--router-endpoint", control, "--instance", d.instance, "--rank",
                                std::to_string(d.rank), "--dp-size", std::to_string(decodes.size()), "--max-requests", std::to_string(d.max_requests), "--threads",
-                               threads, "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_}));
+                               threads, "--backend", spec_.backend, "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_}));
     K3_ASSIGN_OR_RETURN(std::string ep, wait_line(*c, "READY ", deadline));
     decode_eps.push_back(ep);
     // A restarted rank binds the same endpoint: the prefill stages' sockets reconnect and re-REGISTER.
@@ -231,7 +231,7 @@ Status Launcher::start() {
                                        std::to_string(p.stages), "--chunk-size", std::to_string(p.chunk_size),
                                        "--max-requests", std::to_string(p.max_requests), "--instance", p.id,
                                        "--decode-instance", decodes[di].instance, "--decode-endpoint", decode_eps[di],
-                                       "--router-endpoint", control, "--threads", threads, "--heartbeat-ms", hb,
+                                       "--router-endpoint", control, "--threads", threads, "--backend", spec_.backend, "--heartbeat-ms", hb,
                                        "--heartbeat-misses", misses, "--log-level", log_level_};
       if (!partition.empty()) args.insert(args.end(), {"--partition", partition});
       if (st > 0) args.insert(args.end(), {"--listen", "tcp://127.0.0.1:*"});

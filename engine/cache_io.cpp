@@ -33,6 +33,19 @@ std::vector<int32_t> rows_of(const SeqCache& seq, int64_t n, int page_size) {
   return ids;
 }
 
+// The backend's bytes of a device tensor, unconverted (to_host widens BF16 to F32; BF16 -> F32 -> BF16
+// is exact, so narrowing back restores the stored bytes).
+Tensor raw_host(Backend& backend, const Tensor& t) {
+  Tensor h = backend.to_host(t);
+  if (h.dtype() == t.dtype()) return h;
+  K3_CHECK(t.dtype() == DType::BF16 && h.dtype() == DType::F32, "cache export: cannot restore dtype " + std::string(dtype_name(t.dtype())));
+  Tensor b = Tensor::zeros(t.shape(), DType::BF16);
+  const float* s = h.f32();
+  uint16_t* d = b.ptr<uint16_t>();
+  for (int64_t i = 0; i < h.numel(); ++i) d[i] = f32_to_bf16(s[i]);
+  return b;
+}
+
 }  // namespace
 
 uint64_t packed_cache_bytes(const ModelConfig& cfg, const CachePools& pools, int begin, int end, int64_t num_tokens) {
@@ -51,12 +64,12 @@ void export_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int
          Tensor rows = backend.alloc({n, w}, pool.dtype());
          backend.embedding({.table = pool.reshape({pool.dim(0) * pool.dim(1), w}),
                             .ids = backend.from_host(Tensor::from_i32({n}, ids), DType::I32), .y = rows});
-         Tensor host = backend.to_host(rows);
+         Tensor host = raw_host(backend, rows);
          std::memcpy(out.data() + off, host.data(), host.nbytes());
        },
        [&](int, Tensor& conv, Tensor& state, const PackedEntry& e) {
-         Tensor c = backend.to_host(conv.slice_rows(seq.slot, seq.slot + 1));
-         Tensor s = backend.to_host(state.slice_rows(seq.slot, seq.slot + 1));
+         Tensor c = raw_host(backend, conv.slice_rows(seq.slot, seq.slot + 1));
+         Tensor s = raw_host(backend, state.slice_rows(seq.slot, seq.slot + 1));
          std::memcpy(out.data() + e.conv, c.data(), layout.kda_conv_bytes());
          std::memcpy(out.data() + e.state, s.data(), layout.kda_state_bytes());
        });

@@ -18,6 +18,11 @@ Result<std::unique_ptr<Engine>> Engine::create(Backend& backend, const ModelConf
 Result<SeqCache> Engine::open() { return caches_->open(); }
 
 Result<Tensor> Engine::feed(std::span<SeqCache* const> seqs, std::span<const std::vector<int32_t>> tokens) {
+  K3_ASSIGN_OR_RETURN(Tensor logits, feed_on_backend(seqs, tokens));
+  return model_->backend().to_host(logits);
+}
+
+Result<Tensor> Engine::feed_on_backend(std::span<SeqCache* const> seqs, std::span<const std::vector<int32_t>> tokens) {
   if (seqs.size() != tokens.size() || seqs.empty()) return invalid_argument("feed: one token list per sequence required");
   std::vector<BatchItem> batch;
   std::vector<int32_t> all, last_rows;
@@ -33,19 +38,25 @@ Result<Tensor> Engine::feed(std::span<SeqCache* const> seqs, std::span<const std
   }
   Activations act = model_->embed(all);
   model_->forward(batch, act, *caches_);
-  Tensor logits = model_->logits(act, last_rows);
+  Tensor logits = model_->backend_logits(act, last_rows);
   for (const BatchItem& it : batch) it.seq->num_tokens += it.num_new;
   return logits;
 }
 
 Result<Tensor> Engine::prefill(SeqCache& seq, std::span<const int32_t> tokens) {
+  K3_ASSIGN_OR_RETURN(Tensor logits, prefill_on_backend(seq, tokens));
+  return model_->backend().to_host(logits);
+}
+
+Result<Tensor> Engine::prefill_on_backend(SeqCache& seq, std::span<const int32_t> tokens) {
   if (tokens.empty()) return invalid_argument("prefill: empty prompt");
   const size_t chunk = opts_.prefill_chunk > 0 ? static_cast<size_t>(opts_.prefill_chunk) : tokens.size();
   Tensor logits;
   for (size_t at = 0; at < tokens.size(); at += chunk) {
     std::vector<int32_t> piece(tokens.begin() + at, tokens.begin() + std::min(tokens.size(), at + chunk));
     SeqCache* s = &seq;
-    K3_ASSIGN_OR_RETURN(logits, feed(std::span<SeqCache* const>(&s, 1), std::span<const std::vector<int32_t>>(&piece, 1)));
+    K3_ASSIGN_OR_RETURN(logits, feed_on_backend(std::span<SeqCache* const>(&s, 1),
+                                                std::span<const std::vector<int32_t>>(&piece, 1)));
   }
   return logits;
 }
@@ -76,23 +87,36 @@ Result<std::vector<GenerateResult>> Engine::generate(std::span<const GenerateReq
   const int64_t vocab = model_->config().vocab_size;
   Backend& be = model_->backend();
 
-  auto emit = [&](size_t i, const float* row) {
-    Live& l = live[i];
-    const GenerateRequest& rq = requests[i];
-    std::vector<int32_t> token;
-    ops::SamplingRow srow = rq.sampling;
-    srow.step = l.result.tokens.size();
-    Tensor one = Tensor::from_f32({1, vocab}, std::span<const float>(row, vocab));
-    be.sample({.logits = one, .rows = {srow}, .out = &token});
-    l.next = token.at(0);
-    l.result.tokens.push_back(l.next);
-    if (opts_.top_logits > 0) l.result.top.push_back(top_logits(row, vocab, opts_.top_logits));
-    if (std::find(rq.stop_ids.begin(), rq.stop_ids.end(), l.next) != rq.stop_ids.end()) {
-      l.done = true;
-      l.result.finish_reason = "stop";
-    } else if (static_cast<int>(l.result.tokens.size()) >= rq.max_tokens) {
-      l.done = true;
-      l.result.finish_reason = "length";
+  // With recorded top logits the rows come to the host; otherwise they stay on the backend and only
+  // the sampled ids come back.
+  const bool host_rows = opts_.top_logits > 0;
+  auto next_logits = [&](Result<Tensor> r) -> Result<Tensor> {
+    if (!r.is_ok() || !host_rows) return r;
+    return be.to_host(*r);
+  };
+  // Samples row j of `logits` for request which[j] (the (seed, step) rule of every backend) and records it.
+  auto emit = [&](const Tensor& logits, const std::vector<size_t>& which) {
+    std::vector<ops::SamplingRow> rows;
+    for (size_t i : which) {
+      ops::SamplingRow r = requests[i].sampling;
+      r.step = live[i].result.tokens.size();
+      rows.push_back(r);
+    }
+    std::vector<int32_t> ids;
+    be.sample({.logits = logits, .rows = rows, .out = &ids});
+    for (size_t j = 0; j < which.size(); ++j) {
+      Live& l = live[which[j]];
+      const GenerateRequest& rq = requests[which[j]];
+      l.next = ids.at(j);
+      l.result.tokens.push_back(l.next);
+      if (host_rows) l.result.top.push_back(top_logits(logits.f32() + j * vocab, vocab, opts_.top_logits));
+      if (std::find(rq.stop_ids.begin(), rq.stop_ids.end(), l.next) != rq.stop_ids.end()) {
+        l.done = true;
+        l.result.finish_reason = "stop";
+      } else if (static_cast<int>(l.result.tokens.size()) >= rq.max_tokens) {
+        l.done = true;
+        l.result.finish_reason = "length";
+      }
     }
   };
 
@@ -105,10 +129,10 @@ Result<std::vector<GenerateResult>> Engine::generate(std::span<const GenerateReq
     live[i].seq = std::move(seq).value();
     live[i].result.prompt_tokens = static_cast<int64_t>(rq.prompt.size());
     auto t0 = Clock::now();
-    auto logits = prefill(live[i].seq, rq.prompt);
+    auto logits = next_logits(prefill_on_backend(live[i].seq, rq.prompt));
     if (!logits.is_ok()) { close_all(); return logits.status(); }
+    emit(*logits, {i});
     live[i].result.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    emit(i, logits->f32());
   }
 
   // Continuous decode: every running request advances one token per batched step.
@@ -124,13 +148,11 @@ Result<std::vector<GenerateResult>> Engine::generate(std::span<const GenerateReq
       }
     if (seqs.empty()) break;
     auto t0 = Clock::now();
-    auto logits = feed(seqs, toks);
+    auto logits = next_logits(feed_on_backend(seqs, toks));
     if (!logits.is_ok()) { close_all(); return logits.status(); }
+    emit(*logits, which);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    for (size_t j = 0; j < which.size(); ++j) {
-      live[which[j]].result.decode_seconds += dt;
-      emit(which[j], logits->f32() + j * vocab);
-    }
+    for (size_t i : which) live[i].result.decode_seconds += dt;
   }
   std::vector<GenerateResult> out;
   for (Live& l : live) out.push_back(std::move(l.result));

@@ -14,7 +14,8 @@ namespace k3 {
 struct EngineOptions {
   CacheOptions cache;
   int prefill_chunk = 0;   // tokens per prefill forward; 0 = whole prompt at once
-  int top_logits = 5;      // per-step top (id, logit) pairs recorded in results (0 = none)
+  int top_logits = 5;      // per-step top (id, logit) pairs recorded in results (0 = none: decode
+                           // steps then sample on the backend and bring back only token ids)
 };
 
 struct GenerateRequest {
@@ -42,8 +43,12 @@ class Engine {
   void close(SeqCache& seq) { caches_->close(seq); }
   // Returns [n, vocab] F32 host logits of each sequence's last new token; advances num_tokens.
   Result<Tensor> feed(std::span<SeqCache* const> seqs, std::span<const std::vector<int32_t>> tokens);
+  // The same logits left on the backend (F32; device memory on CUDA): pass them to backend().sample
+  // so that only token ids leave the device.
+  Result<Tensor> feed_on_backend(std::span<SeqCache* const> seqs, std::span<const std::vector<int32_t>> tokens);
   // Prefill in chunks of opts.prefill_chunk (all tokens at once when 0); returns the last logits [1, vocab].
   Result<Tensor> prefill(SeqCache& seq, std::span<const int32_t> tokens);
+  Result<Tensor> prefill_on_backend(SeqCache& seq, std::span<const int32_t> tokens);
 
   // Runs several requests to completion with continuous decode batching.
   Result<std::vector<GenerateResult>> generate(std::span<const GenerateRequest> requests);

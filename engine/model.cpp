@@ -131,7 +131,9 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   for (const BatchItem& it : batch) slot_ids.push_back(it.seq->slot);
   Tensor slots = backend_.from_host(Tensor::from_i32({n}, slot_ids), DType::I32);
 
-  if (all_single_token_decode(batch)) {
+  // The fused decode kernel where the backend has one for this head shape (CUDA: D in {64, 128});
+  // otherwise the general path below, which handles one-token items as well.
+  if (all_single_token_decode(batch) && backend_.supports("kda_decode", {H, D}).empty()) {
     backend_.kda_decode({.qkv = qkv, .conv_w = lw.conv_w, .conv_cache = caches.kda_conv(l), .f = f,
                          .a_log = lw.a_log, .dt_bias = lw.dt_bias, .b = blog, .state = caches.kda_state(l),
                          .slots = slots, .o = o, .heads = static_cast<int>(H), .g_min = cfg_.kda.gate_lower_bound});
@@ -270,6 +272,10 @@ void Model::ffn_layer(int l, const Tensor& x, Tensor& out) {
 }
 
 Tensor Model::logits(const Activations& act, std::span<const int32_t> rows) {
+  return backend_.to_host(backend_logits(act, rows));
+}
+
+Tensor Model::backend_logits(const Activations& act, std::span<const int32_t> rows) {
   K3_CHECK(end_ == cfg_.num_hidden_layers, "logits() on a model range that does not end at the last layer");
   Tensor h = attn_res_mix(w_->out_query, act);
   const int64_t n = static_cast<int64_t>(rows.size());
@@ -278,7 +284,7 @@ Tensor Model::logits(const Activations& act, std::span<const int32_t> rows) {
   Tensor hn = rmsnorm(sel, w_->final_norm, cfg_.rms_norm_eps);
   Tensor lg = alloc({n, cfg_.vocab_size}, DType::F32);
   backend_.gemm({.x = hn, .w = w_->lm_head, .y = lg});
-  return backend_.to_host(lg);
+  return lg;
 }
 
 }  // namespace k3

@@ -48,6 +48,8 @@ class Model {
   void forward(std::span<const BatchItem> batch, Activations& act, CachePools& caches);
   // Last stage only: logits of the given rows (e.g. each item's last row) -> [rows.size(), vocab] F32 host.
   Tensor logits(const Activations& act, std::span<const int32_t> rows);
+  // The same logits left on the backend (F32), for sampling there.
+  Tensor backend_logits(const Activations& act, std::span<const int32_t> rows);
 
   struct Weights;
 

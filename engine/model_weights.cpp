@@ -6,25 +6,38 @@
 namespace k3 {
 namespace {
 
-// Host-side preparation in F32; the backend converts to its compute dtype on upload.
+// Host-side preparation. Tensors used as stored go to the backend in their file dtype when the
+// backend takes it directly (bf16 files on the CUDA backend upload without an F32 round trip);
+// tensors that need arithmetic here (transposes, products) are prepared in F32.
 class Uploader {
  public:
   Uploader(Backend& b, const WeightStore& s) : b_(b), s_(s) {}
 
   Tensor host(const std::string& name) const { return s_.get(name).to_f32(); }
-  Tensor up(const Tensor& host_f32) { return b_.from_host(host_f32, b_.compute_dtype()); }
+  // The stored tensor when it is already in the compute dtype, else its F32 widening.
+  Tensor native(const std::string& name) const {
+    const Tensor& t = s_.get(name);
+    return t.dtype() == b_.compute_dtype() ? t : t.to_f32();
+  }
+  Tensor up(const Tensor& host) { return b_.from_host(host, b_.compute_dtype()); }
   Tensor up_f32(const Tensor& host_f32) { return b_.from_host(host_f32, DType::F32); }
-  Tensor get(const std::string& name) { return up(host(name)); }
+  Tensor get(const std::string& name) { return up(native(name)); }
 
-  // Concatenates host F32 tensors along dim 0.
-  static Tensor cat_rows(const std::vector<Tensor>& parts, Shape per_part_shape) {
+  // Concatenates host tensors along dim 0 (F32 unless every part has the same dtype).
+  static Tensor cat_rows(std::vector<Tensor> parts, Shape per_part_shape) {
+    const DType dt = parts.at(0).dtype();
+    for (Tensor& p : parts)
+      if (p.dtype() != dt) {
+        for (Tensor& q : parts) q = q.to_f32();
+        break;
+      }
     Shape out = per_part_shape;
     out[0] *= static_cast<int64_t>(parts.size());
-    Tensor t = Tensor::zeros(out, DType::F32);
+    Tensor t = Tensor::zeros(out, parts[0].dtype());
     size_t off = 0;
     for (const Tensor& p : parts) {
-      std::memcpy(t.f32() + off, p.f32(), p.nbytes());
-      off += p.numel();
+      std::memcpy(static_cast<uint8_t*>(t.data()) + off, p.data(), p.nbytes());
+      off += p.nbytes();
     }
     return t;
   }
@@ -44,7 +57,7 @@ class Uploader {
 
 void load_kda(Uploader& u, const ModelConfig& cfg, const std::string& p, LayerWeights& lw) {
   const int64_t P = cfg.kda_proj_dim(), W = cfg.kda.short_conv_kernel_size, d = cfg.hidden_size, H = cfg.kda.num_heads;
-  lw.w_qkv = u.up(Uploader::cat_rows({u.host(p + "q_proj.weight"), u.host(p + "k_proj.weight"), u.host(p + "v_proj.weight")}, {P, d}));
+  lw.w_qkv = u.up(Uploader::cat_rows({u.native(p + "q_proj.weight"), u.native(p + "k_proj.weight"), u.native(p + "v_proj.weight")}, {P, d}));
   lw.conv_w = u.up(Uploader::cat_rows({u.host(p + "q_conv1d.weight").reshape({P, W}), u.host(p + "k_conv1d.weight").reshape({P, W}),
                                        u.host(p + "v_conv1d.weight").reshape({P, W})}, {P, W}));
   lw.w_fa = u.get(p + "f_a_proj.weight");
@@ -66,7 +79,7 @@ void load_mla(Uploader& u, const ModelConfig& cfg, const std::string& p, LayerWe
   lw.w_kva = u.get(p + "kv_a_proj_with_mqa.weight");
   lw.kva_norm = u.get(p + "kv_a_layernorm.weight");
   Tensor kvb = u.host(p + "kv_b_proj.weight");   // [H*(dn+dv), r]
-  lw.w_kvb = u.up(kvb);
+  lw.w_kvb = u.get(p + "kv_b_proj.weight");
   Tensor uk_t = Tensor::zeros({H, r, dn}), uv = Tensor::zeros({H, dv, r});
   const float* src = kvb.f32();
   for (int64_t h = 0; h < H; ++h) {
@@ -89,7 +102,7 @@ void load_ffn(Uploader& u, const ModelConfig& cfg, int l, const std::string& p, 
     return;
   }
   const int64_t E = cfg.num_experts, f = cfg.moe_intermediate_size, dl = cfg.routed_expert_hidden_size;
-  lw.router = u.up_f32(u.host(p + "gate.weight"));
+  lw.router = u.get(p + "gate.weight");  // compute dtype (the GEMM's operand); logits come out F32
   lw.router_bias = u.up_f32(u.host(p + "gate.e_score_correction_bias"));
   lw.lat_down = u.get(p + "routed_expert_down_proj.weight");
   lw.lat_norm = u.get(p + "routed_expert_norm.weight");
@@ -97,9 +110,9 @@ void load_ffn(Uploader& u, const ModelConfig& cfg, int l, const std::string& p, 
   std::vector<Tensor> w1, w3, w2;
   for (int64_t e = 0; e < E; ++e) {
     const std::string ep = p + "experts." + std::to_string(e) + ".";
-    w1.push_back(u.host(ep + "w1.weight"));
-    w3.push_back(u.host(ep + "w3.weight"));
-    w2.push_back(u.host(ep + "w2.weight"));
+    w1.push_back(u.native(ep + "w1.weight"));
+    w3.push_back(u.native(ep + "w3.weight"));
+    w2.push_back(u.native(ep + "w2.weight"));
   }
   lw.w1 = u.up(Uploader::cat_rows(w1, {f, dl}).reshape({E, f, dl}));
   lw.w3 = u.up(Uploader::cat_rows(w3, {f, dl}).reshape({E, f, dl}));

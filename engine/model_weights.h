@@ -27,7 +27,7 @@ struct LayerWeights {
   Tensor w_uv;                        // [H, dv, r_kv]
   // FFN
   Tensor dense_gate, dense_up, dense_down;
-  Tensor router, router_bias;         // [E, d] F32, [E] F32
+  Tensor router, router_bias;         // [E, d] compute dtype, [E] F32
   Tensor lat_down, lat_norm, lat_up;  // [dl, d], [dl], [d, dl]
   Tensor w1, w3, w2;                  // [E, f, dl], [E, f, dl], [E, dl, f]
   Tensor shared_gate, shared_up, shared_down;

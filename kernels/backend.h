@@ -27,6 +27,12 @@ class Backend {
   virtual void copy(const Tensor& src, Tensor& dst) = 0;   // same device, same bytes
   virtual void synchronize() {}
 
+  // Batch invariance: a row's results independent of the other rows in the same call (fixed-order
+  // GEMMs, attention splits of a fixed size). The CPU backend always is; CUDA when this is on (it
+  // costs GEMM speed: docs/PERF.md).
+  virtual void set_batch_invariant(bool on) {}
+  virtual bool batch_invariant() const { return kind() == BackendKind::Cpu; }
+
   // Empty string: supported; otherwise the reason it is not.
   virtual std::string supports(const std::string& op, const Shape& shape) const { return {}; }
 

@@ -20,6 +20,7 @@
 #include "transfer/net_interface.h"
 
 #include "common/core/node_process.h"
+#include "kernels/backend_select.h"
 
 using namespace k3;
 
@@ -70,6 +71,9 @@ int main(int argc, char** argv) {
   app.add_option("--control-public-keys", public_keys_file, transfer::kControlPublicKeysHelp);
   app.add_flag("--insecure-control-plane", insecure, transfer::kInsecureControlHelp);
   app.add_option("--threads", threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
+  BackendChoice bc;
+  app.add_option("--backend", bc.kind, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--device", bc.device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
   app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval (default 1000)")->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-misses", hb_misses, "missed heartbeats before a peer is dead (default 3)")
       ->check(CLI::PositiveNumber);
@@ -99,9 +103,11 @@ int main(int argc, char** argv) {
   const int begin = prefill::stage_begin(o.partition, o.stage);
   auto weights = load_weights(model_dir, *cfg, begin, begin + o.partition[o.stage]);
   if (!weights.is_ok()) return fail(weights.status());
-  auto backend = make_cpu_backend({.threads = threads});
+  bc.threads = threads;
+  auto backend = make_backend(bc);
+  if (!backend.is_ok()) return fail(backend.status());
   zmq::context_t zctx;
-  auto stage = prefill::PrefillStage::create(o, *backend, *cfg, *weights, zctx);
+  auto stage = prefill::PrefillStage::create(o, **backend, *cfg, *weights, zctx);
   if (!stage.is_ok()) return fail(stage.status());
   prefill::PrefillStage& s = **stage;
 

@@ -44,8 +44,6 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
     return invalid_argument("--next-endpoint is required on every stage but the last");
   if (opts.stage > 0 && opts.listen_endpoint.empty())
     return invalid_argument("--listen is required on every stage but the first");
-  if (backend.compute_dtype() != DType::F32)
-    return invalid_argument("k3-prefill runs F32 caches only (the backend computes in another dtype)");
   std::unique_ptr<PrefillStage> s(new PrefillStage(opts, backend));
   s->cfg_ = cfg;
   s->begin_ = stage_begin(opts.partition, opts.stage);
@@ -210,7 +208,7 @@ Status PrefillStage::compute_chunk(Request& r) {
                                           .prompt_len = r.prompt_len, .act = host_copy(backend_, act)}));
   } else if (r.computed == r.prompt_len) {
     const int32_t row = static_cast<int32_t>(n - 1);
-    r.last_logits = model_->logits(act, std::span(&row, 1));
+    r.last_logits = model_->backend_logits(act, std::span(&row, 1));
   }
   maybe_report(r);
   return Status::ok();

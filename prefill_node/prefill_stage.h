@@ -82,7 +82,7 @@ class PrefillStage {
     bool open = false;
     uint32_t prompt_len = 0;                    // known from the PREFILL or the first chunk
     int64_t computed = 0;                       // tokens through this stage's layers
-    Tensor last_logits;                         // last stage: logits of the prompt's final row
+    Tensor last_logits;                         // last stage: logits of the prompt's final row (on the backend)
   };
   PrefillStage(const PrefillStageOptions& opts, Backend& backend) : opts_(opts), backend_(backend) {}
 

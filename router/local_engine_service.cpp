@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/backend_select.h"
 #include "router/text_stream.h"
 
 namespace k3::router {
@@ -48,7 +49,7 @@ Result<std::unique_ptr<LocalEngineService>> LocalEngineService::create(const Mod
   s->opts_ = opts;
   s->tokenizer_ = std::move(tokenizer);
   s->weights_ = std::move(weights);
-  s->backend_ = make_cpu_backend({.threads = opts.threads});
+  K3_ASSIGN_OR_RETURN(s->backend_, make_backend({.kind = opts.backend, .device = opts.device, .threads = opts.threads}));
   EngineOptions eo;
   eo.prefill_chunk = opts.prefill_chunk;
   eo.top_logits = 0;

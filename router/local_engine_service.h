@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_set>
 
@@ -26,6 +27,8 @@ struct LocalEngineOptions {
   int max_queue = 64;        // waiting requests (beyond free slots) before submit() says ResourceExhausted
   int prefill_chunk = 256;   // tokens per prefill forward (0 = whole prompt)
   int threads = 0;           // CPU backend threads (0 = all cores)
+  std::string backend = "cpu";  // "cpu" | "cuda" (kernels/backend_select.h)
+  int device = 0;               // CUDA device ordinal
   int page_size = 16;
 };
 

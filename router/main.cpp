@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "kernels/backend_select.h"
 #include "router/api_handlers.h"
 #include "router/cluster_service.h"
 #include "router/http_server.h"
@@ -35,7 +36,8 @@ int main(int argc, char** argv) {
   std::string model_dir, served_name, api_key, host = "127.0.0.1";
   int port = 8000, max_queue = 64, threads = 0, max_running = 8, prefill_chunk = 256, default_max_tokens = 256;
   size_t max_body = 4 << 20;
-  std::string cluster_endpoint, placement = "round-robin";
+  std::string cluster_endpoint, placement = "round-robin", backend = "cpu";
+  int device = 0;
   std::vector<std::string> pair_texts;
   int hb_ms = 200, hb_misses = 3, claim_timeout_ms = 5000, affinity_tokens = 16, max_attempts = 2;
   int queued_timeout_ms = 300000, prefill_timeout_ms = 300000, decode_stall_ms = 60000, generation_reserve = 32;
@@ -71,6 +73,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-queue", max_queue, "waiting requests before 429")->check(CLI::Range(0, 1 << 20));
   app.add_option("--max-running", max_running, "requests decoded together (engine sequence slots)")->check(CLI::Range(1, 4096));
   app.add_option("--threads", threads, "CPU threads for the engine (0 = all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--backend", backend, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--device", device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
   app.add_option("--prefill-chunk", prefill_chunk, "prompt tokens per prefill forward (0 = whole prompt)")->check(CLI::NonNegativeNumber);
   app.add_option("--max-body-bytes", max_body, "largest accepted request body (413 beyond)")->check(CLI::Range(size_t{1}, size_t{1} << 30));
   app.add_option("--default-max-tokens", default_max_tokens, "max_tokens when a request gives none")->check(CLI::Range(1, 1 << 20));
@@ -134,7 +138,8 @@ int main(int argc, char** argv) {
     ModelConfig cfg;
     if (cluster_endpoint.empty()) {
       auto local = LocalEngineService::open(model_dir, {.max_running = max_running, .max_queue = max_queue,
-                                                        .prefill_chunk = prefill_chunk, .threads = threads});
+                                                        .prefill_chunk = prefill_chunk, .threads = threads,
+                                                        .backend = backend, .device = device});
       if (!local.is_ok()) return fail(local.status().to_string());
       tokenizer = (*local)->tokenizer();
       cfg = (*local)->config();

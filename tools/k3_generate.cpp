@@ -13,6 +13,7 @@
 #include "common/model/weights.h"
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
+#include "kernels/backend_select.h"
 
 using namespace k3;
 
@@ -37,7 +38,8 @@ int main(int argc, char** argv) {
   CLI::App app{"k3-generate: run the K3 model monolithically (the reference engine) and print the generated tokens.\n"
                "Exactly one of --prompt, --prompt-ids, --messages is required."};
   std::string model_dir, prompt, prompt_ids, messages_file;
-  int max_tokens = 16, threads = 0, top_k = 0, chunk = 0, top_n = 5;
+  int max_tokens = 16, top_k = 0, chunk = 0, top_n = 5;
+  BackendChoice bc;
   float temperature = 0.f, top_p = 1.f;
   uint64_t seed = 0;
   bool json = false, raw = false, ignore_eos = false;
@@ -53,7 +55,9 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-p", top_p, "nucleus sampling mass (1 = off)")->check(CLI::Range(0.f, 1.f));
   app.add_option("--seed", seed, "sampling seed (draws depend only on seed, step and logits)");
-  app.add_option("--threads", threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", bc.threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
+  app.add_option("--backend", bc.kind, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--device", bc.device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
   app.add_option("--prefill-chunk", chunk, "prefill chunk size in tokens (0 = whole prompt)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-logits", top_n, "top logits recorded per step in --json output")->check(CLI::Range(0, 100));
   app.add_flag("--ignore-eos", ignore_eos, "do not stop at the tokenizer's end-of-sequence tokens");
@@ -99,14 +103,15 @@ int main(int argc, char** argv) {
 
     auto weights = load_weights(model_dir, *cfg);
     if (!weights.is_ok()) return fail(weights.status());
-    auto backend = make_cpu_backend({.threads = threads});
+    auto backend = make_backend(bc);
+    if (!backend.is_ok()) return fail(backend.status());
     EngineOptions eo;
     eo.prefill_chunk = chunk;
     eo.top_logits = top_n;
     eo.cache.max_seqs = 1;
     eo.cache.page_size = 16;
     eo.cache.num_pages = static_cast<int>((ids.size() + max_tokens) / eo.cache.page_size + 2);
-    auto engine = Engine::create(*backend, *cfg, *weights, eo);
+    auto engine = Engine::create(**backend, *cfg, *weights, eo);
     if (!engine.is_ok()) return fail(engine.status());
 
     GenerateRequest rq;

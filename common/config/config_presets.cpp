@@ -62,7 +62,10 @@ ModelConfig tiny_preset(int layers, int block) {
 }
 
 // One H200: real KDA/MLA head shapes and the real 93-layer pattern at d = 2048. About 8.3 B
-// parameters (16.6 GB in bf16), which leaves most of the 141 GB for KV pages and KDA states.
+// parameters (16.6 GB in bf16), which leaves most of the 141 GB for KV pages and KDA states:
+// MLA latent KV 24 layers x 576 x 2 B = 27.6 KB per token, KDA state 69 layers x 16 x 128^2 x 4 B
+// = 72 MB per request. 256 requests at 8k context (58.8 GB of pages + 18.5 GB of state) plus the
+// weights ran on one H200 in `k3-bench engine` (docs/PERF.md), with ~40 GB to spare.
 ModelConfig small_preset() {
   ModelConfig c = k3_family_defaults();
   c.hidden_size = 2048;

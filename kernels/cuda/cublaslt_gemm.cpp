@@ -45,10 +45,12 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& s) {
   auto* p = new Plan();
   try {
     K3_CUBLAS_OK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    // w [N, K] row-major is column-major K x N (transposed in); w [K, N] row-major is column-major N x K.
+    const cublasOperation_t ta = s.w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
     K3_CUBLAS_OK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     K3_CUBLAS_OK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    K3_CUBLAS_OK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, s.K, s.N, s.ldw));
+    K3_CUBLAS_OK(s.w_kn ? cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, s.N, s.K, s.ldw)
+                        : cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, s.K, s.N, s.ldw));
     K3_CUBLAS_OK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, s.K, s.M, s.ldx));
     K3_CUBLAS_OK(cublasLtMatrixLayoutCreate(&p->c, s.y_f32 ? CUDA_R_32F : CUDA_R_16BF, s.N, s.M, s.ldy));
     set_batch(p->a, s.batch, s.stride_w);

@@ -1,4 +1,4 @@
-// bf16 GEMMs through cuBLASLt: y[M,N] = alpha x[M,K] w[N,K]^T + beta y, optionally batched over
+// bf16 GEMMs through cuBLASLt: y[M,N] = alpha x[M,K] w[N,K]^T + beta y (or x w with w [K,N]), optionally batched over
 // heads with strides (MLA absorb / un-absorb). Owns the handle and a workspace; algorithms are
 // chosen once per shape and cached, so repeated calls (and graph capture) skip the heuristic.
 #pragma once
@@ -16,7 +16,10 @@ struct GemmShape {
   int64_t ldx = 0, ldw = 0, ldy = 0;                  // row pitches in elements
   int64_t batch = 1, stride_x = 0, stride_w = 0, stride_y = 0;
   bool y_f32 = false;                                 // y in F32 (router logits) or BF16
-  auto key() const { return std::make_tuple(M, N, K, ldx, ldw, ldy, batch, stride_x, stride_w, stride_y, y_f32); }
+  bool w_kn = false;                                  // w stored [K, N] (row pitch ldw) instead of [N, K]
+  auto key() const {
+    return std::make_tuple(M, N, K, ldx, ldw, ldy, batch, stride_x, stride_w, stride_y, y_f32, w_kn);
+  }
 };
 
 class CublasLtGemm {

@@ -22,22 +22,39 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   K3_CUDA_OK(cudaGetDeviceProperties(&prop, device));
   num_sms_ = prop.multiProcessorCount;
   device_name_ = prop.name;
-  K3_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  stream_owner_ = std::make_shared<Stream>();
+  K3_CUDA_OK(cudaStreamCreateWithFlags(&stream_owner_->stream, cudaStreamNonBlocking));
+  stream_ = stream_owner_->stream;
+  // Activations are allocated and freed per op: keep freed blocks in the pool instead of returning
+  // them to the driver at every synchronization (the default threshold of 0 would).
+  cudaMemPool_t pool = nullptr;
+  K3_CUDA_OK(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t keep = UINT64_MAX;
+  K3_CUDA_OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   gemm_ = std::make_unique<CublasLtGemm>();
   host_ = make_cpu_backend({1});
 }
 
+CudaBackend::Stream::~Stream() {
+  if (stream) {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+}
+
 CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
   gemm_.reset();
-  if (stream_) cudaStreamDestroy(stream_);
 }
 
 Tensor CudaBackend::alloc(const Shape& shape, DType dtype) {
   const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
   if (bytes == 0) return Tensor::view(nullptr, shape, dtype, Device::Cuda);
+  // Stream-ordered: no device-wide synchronization per allocation or free (cudaMalloc/cudaFree would
+  // serialize every op of a forward with the host).
   void* p = nullptr;
-  K3_CUDA_OK(cudaMalloc(&p, bytes));
-  std::shared_ptr<void> owner(p, [](void* q) { cudaFree(q); });
+  K3_CUDA_OK(cudaMallocAsync(&p, bytes, stream_));
+  std::shared_ptr<void> owner(p, [s = stream_owner_](void* q) { cudaFreeAsync(q, s->stream); });
   K3_CUDA_OK(cudaMemsetAsync(p, 0, bytes, stream_));
   return Tensor::view(p, shape, dtype, Device::Cuda, owner);
 }
@@ -70,8 +87,10 @@ Tensor CudaBackend::from_host(const Tensor& host, DType dtype) {
   }
   Tensor d = alloc(host.shape(), dtype);
   if (d.nbytes()) {
+    // No stream sync: `staged` is pageable host memory, which the driver has consumed (copied to its
+    // own staging) by the time an H2D cudaMemcpyAsync returns, so it may die at return. A sync here
+    // cost a device drain per small upload (slots, page ids: several per layer in a decode step).
     K3_CUDA_OK(cudaMemcpyAsync(d.data(), staged.data(), d.nbytes(), cudaMemcpyHostToDevice, stream_));
-    K3_CUDA_OK(cudaStreamSynchronize(stream_));  // `staged` dies at return
   }
   return d;
 }
@@ -112,8 +131,7 @@ std::vector<const int32_t*> CudaBackend::device_ints(std::initializer_list<const
   }
   if (!staged.empty()) {
     auto* d = static_cast<int32_t*>(ints_.ensure(staged.size() * 4));
-    K3_CUDA_OK(cudaMemcpyAsync(d, staged.data(), staged.size() * 4, cudaMemcpyHostToDevice, stream_));
-    K3_CUDA_OK(cudaStreamSynchronize(stream_));
+    K3_CUDA_OK(cudaMemcpyAsync(d, staged.data(), staged.size() * 4, cudaMemcpyHostToDevice, stream_));  // pageable: no sync (from_host)
     for (auto [i, off] : where) out[i] = d + off;
   }
   return out;
@@ -133,6 +151,12 @@ void CudaBackend::gemm(const ops::GemmParams& p) {
     if (p.y.nbytes()) K3_CUDA_OK(cudaMemsetAsync(p.y.data(), 0, p.y.nbytes(), stream_));
     return;
   }
+  if (batch_invariant_) {
+    launch_gemm_fixed({.x = p.x.data(), .w = p.w.data(), .y = fout(op, "y", p.y), .M = M, .N = N, .K = K, .ldx = K,
+                       .ldw = K, .ldy = N, .alpha = p.alpha, .beta = p.beta},
+                      stream_);
+    return;
+  }
   GemmShape s{.M = M, .N = N, .K = K, .ldx = K, .ldw = K, .ldy = N, .y_f32 = p.y.dtype() == DType::F32};
   gemm_->run(s, p.x.data(), p.w.data(), p.y.data(), p.alpha, p.beta, stream_);
 }
@@ -146,6 +170,13 @@ void CudaBackend::head_gemm(const ops::HeadGemmParams& p) {
   const int64_t M = p.x.dim(0), H = p.x.dim(1), K = p.x.dim(2), N = p.w.dim(1);
   need_shape(op, "w", p.w, {H, N, K});
   need_shape(op, "y", p.y, {M, H, N});
+  if (batch_invariant_) {
+    launch_gemm_fixed({.x = p.x.data(), .w = p.w.data(), .y = fout(op, "y", p.y), .M = M, .N = N, .K = K,
+                       .ldx = H * K, .ldw = K, .ldy = H * N, .batch = H, .stride_x = K, .stride_w = N * K,
+                       .stride_y = N},
+                      stream_);
+    return;
+  }
   GemmShape s{.M = M, .N = N, .K = K, .ldx = H * K, .ldw = K, .ldy = H * N, .batch = H, .stride_x = K,
               .stride_w = N * K, .stride_y = N, .y_f32 = p.y.dtype() == DType::F32};
   gemm_->run(s, p.x.data(), p.w.data(), p.y.data(), 1.f, 0.f, stream_);
@@ -255,7 +286,8 @@ void CudaBackend::moe_experts(const ops::MoeExpertsParams& p) {
   need_shape(op, "y", p.y, {a.M, a.Dl});
   a.beta = p.beta;
   a.beta_linear = p.beta_linear;
-  launch_moe_experts(a, stream_);
+  if (moe_grouped_supported(a)) launch_moe_grouped(a, stream_);
+  else launch_moe_experts(a, stream_);
 }
 
 void CudaBackend::add(const ops::AddParams& p) {
@@ -290,10 +322,37 @@ void CudaBackend::embedding(const ops::EmbeddingParams& p) {
   launch_embedding(table, ids, fout(op, "y", p.y), M, D, p.table.dim(0), stream_);
 }
 
+// Greedy rows are decided on the device and only their ids come back; a row with temperature > 0
+// brings its logits row to the host sampler (the CPU rule, bit for bit: same order, same uniform).
 void CudaBackend::sample(const ops::SampleParams& p) {
-  ops::SampleParams h = p;
-  if (p.logits.device() == Device::Cuda) h.logits = to_host(p.logits);
-  host_->sample(h);
+  if (p.logits.device() == Device::Cpu) {
+    host_->sample(p);
+    return;
+  }
+  const char* op = "sample";
+  const int64_t B = p.logits.dim(0), V = p.logits.ndim() == 2 ? p.logits.dim(1) : 0;
+  K3_CHECK(p.logits.ndim() == 2 && V >= 1, "sample: logits must be [B, V] with V >= 1");
+  f32(op, "logits", p.logits);
+  K3_CHECK(static_cast<int64_t>(p.rows.size()) == B, "sample: rows: expected " + std::to_string(B) + " entries");
+  K3_CHECK(p.out != nullptr, "sample: out: must not be null");
+  for (int64_t b = 0; b < B; ++b) {
+    const ops::SamplingRow& r = p.rows[b];
+    const std::string at = "sample: rows[" + std::to_string(b) + "].";
+    K3_CHECK(std::isfinite(r.temperature) && r.temperature >= 0.f, at + "temperature must be finite and >= 0");
+    K3_CHECK(r.top_k >= 0, at + "top_k must be >= 0");
+    K3_CHECK(r.top_p > 0.f && r.top_p <= 1.f, at + "top_p must be in (0, 1]");
+  }
+  auto* ids = static_cast<int32_t*>(sample_ids_.ensure(size_t(std::max<int64_t>(B, 1)) * 4));
+  launch_argmax_rows(static_cast<const float*>(p.logits.data()), B, V, ids, stream_);
+  p.out->assign(B, 0);
+  K3_CUDA_OK(cudaMemcpyAsync(p.out->data(), ids, size_t(B) * 4, cudaMemcpyDeviceToHost, stream_));
+  K3_CUDA_OK(cudaStreamSynchronize(stream_));
+  for (int64_t b = 0; b < B; ++b) {
+    if (p.rows[b].temperature <= 0.f) continue;
+    std::vector<int32_t> one;
+    host_->sample({.logits = to_host(p.logits.slice_rows(b, b + 1)), .rows = {p.rows[b]}, .out = &one});
+    (*p.out)[b] = one.at(0);
+  }
 }
 
 void CudaBackend::copy_cols(const ops::CopyColsParams& p) {

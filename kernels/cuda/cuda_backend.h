@@ -60,6 +60,11 @@ class CudaBackend final : public Backend {
   // on by default: 1.4x the mma.sync kernel at the K3 shape on the H200); false selects the mma.sync
   // kernel (mla_decode.cu), which also serves every other shape.
   void set_mla_decode_wgmma(bool on) { mla_wgmma_ = on; }
+  // On: gemm and head_gemm use the fixed-order kernel (gemm_fixed.cu) instead of cuBLASLt, and
+  // mla_decode splits the context in pieces of kInvariantSplitTokens whatever the batch.
+  void set_batch_invariant(bool on) override { batch_invariant_ = on; }
+  bool batch_invariant() const override { return batch_invariant_; }
+  static constexpr int kInvariantSplitTokens = 1024;
   bool mla_decode_wgmma() const { return mla_wgmma_; }
 
   cudaStream_t stream() const { return stream_; }
@@ -73,12 +78,21 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   int num_sms_ = 0;
   bool mla_wgmma_ = true;  // set_mla_decode_wgmma
+  bool batch_invariant_ = false;
   std::string device_name_;
-  cudaStream_t stream_ = nullptr;
+  // The stream is shared with every tensor this backend allocates: their memory returns to the
+  // stream-ordered pool (cudaFreeAsync) on this stream, even when a tensor outlives the backend.
+  struct Stream {
+    cudaStream_t stream = nullptr;
+    ~Stream();
+  };
+  std::shared_ptr<Stream> stream_owner_;
+  cudaStream_t stream_ = nullptr;  // stream_owner_->stream
   std::unique_ptr<CublasLtGemm> gemm_;  // created after cudaSetDevice
   DeviceBuffer work_;     // float workspaces (KDA chunk/decode, MLA split partials)
   DeviceBuffer ints_;     // staged index arrays
-  std::unique_ptr<Backend> host_;  // sampling runs on the host reference
+  DeviceBuffer sample_ids_;  // sampled token ids of one step
+  std::unique_ptr<Backend> host_;  // the host sampler for rows with temperature > 0
 };
 
 }  // namespace k3::cuda

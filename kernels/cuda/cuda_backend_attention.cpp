@@ -1,5 +1,6 @@
 // CudaBackend's attention-family ops (KDA gate / recurrence / chunked prefill / decode step, MLA
 // prefill and decode, the LSE merge): argument checks, workspaces, then the launchers.
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -155,7 +156,34 @@ void CudaBackend::mla_prefill(const ops::MlaPrefillParams& p) {
   K3_CHECK(p.past >= 0 && p.past + a.T <= a.S, "mla_prefill: past + T must be <= S");
   a.past = p.past;
   a.scale = p.scale != 0.f ? p.scale : 1.f / std::sqrt(float(a.Dqk));
-  launch_mla_prefill(a, stream_);
+  if (!(a.q.bf16 && a.k.bf16 && a.v.bf16) || a.T < 16) {
+    launch_mla_prefill(a, stream_);  // the simple kernel: any dtype, short chunks
+    return;
+  }
+  // GEMM form on the tensor cores, a group of heads at a time (scores bounded to ~2 GiB):
+  // S_h = scale Q_h K_h^T (F32), P_h = causal softmax (bf16), O_h = P_h V_h.
+  const int64_t T = a.T, S = a.S, H = a.H, Dqk = a.Dqk, Dv = a.Dv;
+  const int64_t per_head = T * S;
+  const int64_t group = std::clamp<int64_t>((int64_t(2) << 30) / std::max<int64_t>(per_head * 6, 1), 1, H);
+  void* raw = nullptr;
+  K3_CUDA_OK(cudaMallocAsync(&raw, size_t(group * per_head) * 6, stream_));
+  auto* scores = static_cast<float*>(raw);
+  auto* probs = reinterpret_cast<__nv_bfloat16*>(scores + group * per_head);
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q.data());
+  const auto* k = static_cast<const __nv_bfloat16*>(p.k.data());
+  const auto* v = static_cast<const __nv_bfloat16*>(p.v.data());
+  for (int64_t h0 = 0; h0 < H; h0 += group) {
+    const int64_t g = std::min(group, H - h0);
+    GemmShape qk{.M = T, .N = S, .K = Dqk, .ldx = H * Dqk, .ldw = H * Dqk, .ldy = S, .batch = g, .stride_x = Dqk,
+                 .stride_w = Dqk, .stride_y = per_head, .y_f32 = true};
+    gemm_->run(qk, q + h0 * Dqk, k + h0 * Dqk, scores, a.scale, 0.f, stream_);
+    launch_causal_softmax(scores, probs, a.lse, int(g), int(T), int(S), int(H), int(h0), a.past, stream_);
+    GemmShape pv{.M = T, .N = Dv, .K = S, .ldx = S, .ldw = H * Dv, .ldy = H * Dv, .batch = g, .stride_x = per_head,
+                 .stride_w = Dv, .stride_y = Dv, .y_f32 = p.o.dtype() == DType::F32, .w_kn = true};
+    const size_t esz = dtype_size(p.o.dtype());
+    gemm_->run(pv, probs, v + h0 * Dv, static_cast<char*>(p.o.data()) + h0 * Dv * esz, 1.f, 0.f, stream_);
+  }
+  K3_CUDA_OK(cudaFreeAsync(raw, stream_));
 }
 
 void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
@@ -188,7 +216,15 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
   a.block_table = ptrs[0];
   a.seq_lens = ptrs[1];
-  const MlaDecodePlan plan = plan_mla_decode(a.B, a.H, a.max_pages * a.page_size, num_sms_);
+  MlaDecodePlan plan = plan_mla_decode(a.B, a.H, a.max_pages * a.page_size, num_sms_);
+  if (batch_invariant_) {
+    // Splits of a fixed size, so a request's partials do not depend on the batch (up to 64 splits,
+    // the merge's limit; past 64 x kInvariantSplitTokens tokens the size grows in whole multiples).
+    const int ctx = std::max(a.max_pages * a.page_size, 1);
+    const int units = (ctx + kInvariantSplitTokens - 1) / kInvariantSplitTokens;
+    plan.tokens_per_split = kInvariantSplitTokens * ((units + 63) / 64);
+    plan.splits = (ctx + plan.tokens_per_split - 1) / plan.tokens_per_split;
+  }
   auto* work = static_cast<float*>(work_.ensure(size_t(mla_decode_workspace_floats(plan, a.B, a.H, a.R)) * 4 + 256));
   launch_mla_decode(a, plan, work, stream_);
 }

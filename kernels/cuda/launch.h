@@ -29,6 +29,20 @@ void launch_copy_cols(const void* src, int64_t src_rows, int64_t src_cols, void*
 void launch_scatter_rows(const void* src /*[R,W]*/, const int32_t* ids /*[R]*/, void* dst /*[N,W]*/, int64_t R,
                          int64_t row_bytes, cudaStream_t s);
 
+// ---- gemm_fixed.cu: y = alpha x w^T + beta y in a fixed order (batch-invariant), bf16 x and w ----
+struct FixedGemmArgs {
+  const void* x = nullptr;  // bf16 [batch][M, K] (row pitch ldx)
+  const void* w = nullptr;  // bf16 [batch][N, K] (row pitch ldw)
+  FOut y;                   // [batch][M, N] (row pitch ldy), bf16 or f32
+  int64_t M = 0, N = 0, K = 0, ldx = 0, ldw = 0, ldy = 0;
+  int64_t batch = 1, stride_x = 0, stride_w = 0, stride_y = 0;
+  float alpha = 1.f, beta = 0.f;
+};
+void launch_gemm_fixed(const FixedGemmArgs& a, cudaStream_t s);
+
+// ---- sampling.cu: out[b] = argmax of row b (lowest id on ties), logits [B, V] F32 ----
+void launch_argmax_rows(const float* logits, int64_t B, int64_t V, int32_t* out, cudaStream_t s);
+
 // ---- attnres_mix.cu ----
 constexpr int kMaxAttnResCandidates = 16;
 struct AttnResCandidates {
@@ -122,6 +136,11 @@ struct MlaPrefillArgs {
   float scale = 0.f;
 };
 void launch_mla_prefill(const MlaPrefillArgs& a, cudaStream_t s);
+// The GEMM form's middle step (CudaBackend::mla_prefill): for heads h0 .. h0+heads-1, rows
+// (head, t) of scores [heads, T, S] F32 (already scaled) -> probs bf16 (0 past the causal limit
+// past + t), lse [T, H] F32 at column h0 + head (lse may be null).
+void launch_causal_softmax(const float* scores, __nv_bfloat16* probs, float* lse, int heads, int T, int S, int H,
+                           int h0, int64_t past, cudaStream_t s);
 
 // o[r, :] = merge over n of (o_parts[n, r, :], lse_parts[n, r]); rows r = B*H; lse may be null.
 void launch_lse_merge(FIn o_parts /*[N, rows, D]*/, const float* lse_parts /*[N, rows]*/, FOut o /*[rows, D]*/,
@@ -139,5 +158,9 @@ struct MoeArgs {
   float beta = 4.f, beta_linear = 25.f;
 };
 void launch_moe_experts(const MoeArgs& a, cudaStream_t s);
+// ---- moe_grouped.cu: pairs sorted by expert on the device, one grouped tensor-core GEMM per
+// projection (W1 and W3 together, then W2). Needs bf16 z and weights and E <= 4096.
+bool moe_grouped_supported(const MoeArgs& a);
+void launch_moe_grouped(const MoeArgs& a, cudaStream_t s);
 
 }  // namespace k3::cuda

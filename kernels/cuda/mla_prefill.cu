@@ -68,3 +68,38 @@ void launch_mla_prefill(const MlaPrefillArgs& a, cudaStream_t s) {
 }
 
 }  // namespace k3::cuda
+
+// ---- the GEMM form's softmax: scores [rows = heads x T, S] F32 -> P bf16, causal, natural-log lse ----
+namespace k3::cuda {
+namespace {
+
+__global__ void causal_softmax_kernel(const float* scores, __nv_bfloat16* probs, float* lse, int T, int S, int H,
+                                      int h0, int64_t past) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;  // (head in group) * T + t
+  const int t = int(row % T), hg = int(row / T);
+  const float* s = scores + row * S;
+  __nv_bfloat16* p = probs + row * S;
+  const int64_t n = std::min<int64_t>(past + t + 1, S);  // keys j <= past + t
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, s[j]);
+  m = block_max(m, scratch);
+  float l = 0.f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) l += __expf(s[j] - m);
+  l = block_sum(l, scratch);
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x)
+    p[j] = __float2bfloat16(j < n ? __expf(s[j] - m) * inv : 0.f);
+  if (lse != nullptr && threadIdx.x == 0) lse[int64_t(t) * H + h0 + hg] = l > 0.f ? m + logf(l) : -INFINITY;
+}
+
+}  // namespace
+
+void launch_causal_softmax(const float* scores, __nv_bfloat16* probs, float* lse, int heads, int T, int S, int H,
+                           int h0, int64_t past, cudaStream_t s) {
+  if (heads == 0 || T == 0) return;
+  causal_softmax_kernel<<<unsigned(int64_t(heads) * T), 256, 0, s>>>(scores, probs, lse, T, S, H, h0, past);
+  K3_CUDA_LAUNCHED("causal_softmax_kernel");
+}
+
+}  // namespace k3::cuda

@@ -1,5 +1,6 @@
 // LatentMoE routed experts, simple form: one thread block per token, experts visited in turn,
-// one warp per weight row. Correct for any shape; the grouped-GEMM fast path is later work.
+// one warp per weight row. Correct for any dtype mix; bf16 inputs take the grouped-GEMM path
+// (moe_grouped.cu) instead.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/reduce.cuh"

@@ -41,6 +41,11 @@ TEST_CASE("cluster spec: defaults, the default spec file, decode processes", "[c
   CHECK(def->prefill[0].stages == 2);
   CHECK(deploy::decode_processes(*def).size() == 1);
   CHECK(def->preset == "k3-tiny");
+  CHECK(def->backend == "cpu");  // the embedded default stays on the CPU
+  CHECK(s->backend == "cpu");
+  json gpu = minimal();
+  gpu["backend"] = "cuda";
+  CHECK(deploy::parse_cluster_spec(gpu)->backend == "cuda");
 
   json two = minimal();
   two["decode"] = json::array({{{"id", "a"}, {"ranks", 2}}, {{"id", "b"}}});
@@ -78,6 +83,8 @@ TEST_CASE("cluster spec: every bad field is named", "[cluster_e2e]") {
       {[](json& j) { j["router"] = {{"placement", "random"}}; }, "router.placement"},
       {[](json& j) { j["timeouts"] = {{"heartbeat_ms", 1}}; }, "timeouts.heartbeat_ms"},
       {[](json& j) { j["threads"] = -1; }, "threads"},
+      {[](json& j) { j["backend"] = "tpu"; }, "backend"},
+      {[](json& j) { j["backend"] = 1; }, "backend"},
       {[](json& j) { j["extra"] = true; }, "extra"},
   };
   for (const auto& c : cases) {

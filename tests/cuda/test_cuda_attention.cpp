@@ -240,7 +240,8 @@ TEST_CASE("cuda mla_prefill matches cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
   std::mt19937 rng(26);
-  for (auto [T, past] : std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {5, 7}, {70, 0}}) {
+  // T >= 16 with bf16 inputs takes the GEMM form (cuBLASLt + causal softmax), shorter the simple kernel.
+  for (auto [T, past] : std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {5, 7}, {70, 0}, {300, 45}, {64, 1000}}) {
     const int64_t H = 3, Dqk = 192, Dv = 128, S = past + T;
     Tensor q = randn({T, H, Dqk}, rng, 0.3f), k = randn({S, H, Dqk}, rng, 0.3f), v = randn({S, H, Dv}, rng);
     Tensor o = Tensor::zeros({T, H, Dv}), lse = Tensor::zeros({T, H});

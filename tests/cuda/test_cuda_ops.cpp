@@ -160,28 +160,47 @@ TEST_CASE("cuda moe_experts matches cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
   std::mt19937 rng(17);
-  const int64_t M = 3, k = 2, E = 4, F = 64, Dl = 96;
-  Tensor z = randn({M, Dl}, rng), w1 = randn({E, F, Dl}, rng, 0.1f), w3 = randn({E, F, Dl}, rng, 0.1f),
-         w2 = randn({E, Dl, F}, rng, 0.1f);
-  Tensor ids = Tensor::from_i32({M, k}, std::vector<int32_t>{0, 3, 2, 1, 3, 0});
-  Tensor wt = uniform({M, k}, rng, 0.1f, 1.f, false);
-  Tensor y = Tensor::zeros({M, Dl});
-  bk.cpu->moe_experts({.z = z, .ids = ids, .weights = wt, .w1 = w1, .w3 = w3, .w2 = w2, .y = y});
-  Tensor gy = poisoned(g, {M, Dl}, DType::BF16);
-  g.moe_experts({.z = g.from_host(z, DType::BF16), .ids = g.from_host(ids, DType::I32),
-                 .weights = g.from_host(wt, DType::F32), .w1 = g.from_host(w1, DType::BF16),
-                 .w3 = g.from_host(w3, DType::BF16), .w2 = g.from_host(w2, DType::BF16), .y = gy});
-  expect_close(g, gy, y, tol("moe"), "moe_experts");
+  // bf16 weights take the grouped-GEMM path (segments of 1..many tiles, F and Dl not multiples of
+  // the 64 tile, an expert nobody picks); f32 weights the simple per-token kernel.
+  struct Shape { int64_t M, k, E, F, Dl; DType wdt; };
+  for (const Shape sh : {Shape{3, 2, 4, 64, 96, DType::BF16}, Shape{300, 4, 8, 80, 96, DType::BF16},
+                         Shape{1, 4, 32, 512, 1024, DType::BF16}, Shape{5, 2, 3, 40, 24, DType::BF16},
+                         Shape{3, 2, 4, 64, 96, DType::F32}}) {
+    const int64_t M = sh.M, k = sh.k, E = sh.E, F = sh.F, Dl = sh.Dl;
+    Tensor z = randn({M, Dl}, rng), w1 = randn({E, F, Dl}, rng, 0.1f), w3 = randn({E, F, Dl}, rng, 0.1f),
+           w2 = randn({E, Dl, F}, rng, 0.1f);
+    std::vector<int32_t> idv;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < k; ++j) idv.push_back(int32_t((m * 7 + j * 3 + (m % 5)) % std::max<int64_t>(E - 1, 1)));
+    Tensor ids = Tensor::from_i32({M, k}, idv);
+    Tensor wt = uniform({M, k}, rng, 0.1f, 1.f, false);
+    Tensor y = Tensor::zeros({M, Dl});
+    bk.cpu->moe_experts({.z = z, .ids = ids, .weights = wt, .w1 = w1, .w3 = w3, .w2 = w2, .y = y});
+    Tensor gy = poisoned(g, {M, Dl}, DType::BF16);
+    g.moe_experts({.z = g.from_host(z, DType::BF16), .ids = g.from_host(ids, DType::I32),
+                   .weights = g.from_host(wt, DType::F32), .w1 = g.from_host(w1, sh.wdt),
+                   .w3 = g.from_host(w3, sh.wdt), .w2 = g.from_host(w2, sh.wdt), .y = gy});
+    expect_close(g, gy, y, tol("moe"), "moe_experts M=" + std::to_string(M) + " E=" + std::to_string(E) +
+                                           " F=" + std::to_string(F) + " " + dtype_name(sh.wdt));
+  }
 }
 
-TEST_CASE("cuda sample (greedy) matches cpu", "[cuda]") {
+TEST_CASE("cuda sample (greedy on the device, seeded rows on the host) matches cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
   std::mt19937 rng(18);
-  Tensor logits = randn({3, 1000}, rng, 1.f, false);
-  std::vector<int32_t> a, b;
-  std::vector<ops::SamplingRow> rows(3);
-  bk.cpu->sample({.logits = logits, .rows = rows, .out = &a});
-  g.sample({.logits = g.from_host(logits, DType::F32), .rows = rows, .out = &b});
-  CHECK(a == b);
+  // Vocab of K3 size and a small one; ties (a repeated maximum) must pick the lowest id.
+  for (const int64_t V : {int64_t(1000), int64_t(163840)}) {
+    Tensor logits = randn({6, V}, rng, 1.f, false);
+    logits.f32()[1 * V + 7] = logits.f32()[1 * V + 900] = 50.f;
+    std::vector<ops::SamplingRow> rows(6);
+    rows[3] = {.temperature = 0.8f, .top_k = 0, .top_p = 0.9f, .seed = 5, .step = 2};
+    rows[4] = {.temperature = 1.2f, .top_k = 40, .top_p = 1.f, .seed = 6, .step = 9};
+    std::vector<int32_t> a, b;
+    bk.cpu->sample({.logits = logits, .rows = rows, .out = &a});
+    g.sample({.logits = g.from_host(logits, DType::F32), .rows = rows, .out = &b});
+    INFO("V=" << V);
+    CHECK(a == b);
+    CHECK(b[1] == 7);
+  }
 }

@@ -7,7 +7,7 @@
 
 #include <mutex>
 
-#include "common/model/config.h"
+#include "common/config/config.h"
 #include "common/protocol/frame.h"
 #include "common/tokenizer/tiny_tokenizer.h"
 #include "router/cluster_service.h"

@@ -75,4 +75,12 @@ TEST_CASE("k3-generate names bad input", "[cli]") {
   r = run_command(kBin + "/k3-generate --help");
   REQUIRE(r.exit_code == 0);
   REQUIRE_THAT(r.out, Catch::Contains("--prompt-ids"));
+  REQUIRE_THAT(r.out, Catch::Contains("--backend"));
+  r = run_command(kBin + "/k3-generate --model " + model + " --prompt hi --backend tpu 2>&1");
+  REQUIRE(r.exit_code != 0);
+  REQUIRE_THAT(r.out, Catch::Contains("--backend"));
+  // Without a GPU (or without CUDA in the build) --backend cuda fails and says why; with one it runs.
+  r = run_command(kBin + "/k3-generate --model " + model + " --prompt hi --max-tokens 2 --backend cuda 2>&1");
+  if (r.exit_code != 0) REQUIRE_THAT(r.out, Catch::Contains("backend cuda (device 0) is unavailable"));
+  else REQUIRE_THAT(r.out, Catch::Contains("tokens:"));
 }

@@ -1,0 +1,243 @@
+// `k3-bench engine`: the whole model on one GPU through the engine (engine/engine.h).
+//   decode: tok/s per request and in total at each batch size and context, against the roofline of
+//           the bytes one step must move (weights it touches + MLA latent KV + KDA state read and
+//           written) at the copy bandwidth measured in the same run;
+//   prefill: tok/s of one prompt of each length, against the bf16 GEMM rate of the same run;
+//   gemm: the fixed-order (batch-invariant) GEMM against cuBLASLt at decode and prefill shapes.
+// Weights are random bf16 views of one host pattern (no per-tensor generation: k3-small has 8 G
+// parameters); the caches of a decode benchmark are left as allocated (zeros), their lengths set
+// without a prefill: timing only, the tokens are meaningless.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/bench_commands.h"
+#include "bench/kernels_bench.h"
+#include "engine/engine.h"
+#include "common/model/weights_init.h"
+#include "kernels/backend_select.h"
+
+namespace k3::bench {
+namespace {
+
+struct EngineBenchOptions {
+  std::string preset = "k3-small";
+  int layers = 0;  // 0: the preset's
+  int device = 0;
+  std::vector<int> batches = {1, 8, 64, 256};
+  std::vector<int> contexts = {1024, 8192};
+  std::vector<int> prefill = {8192, 32768};
+  int steps = 10;
+  bool batch_invariant = false;
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Every tensor of the config as a view into one random pattern (bf16 matrices, F32 where required).
+struct PatternWeights {
+  std::vector<uint16_t> bf16;
+  std::vector<float> f32;
+  WeightStore store;
+  PatternWeights(const ModelConfig& cfg) {
+    const auto specs = expected_tensors(cfg);
+    int64_t most = 1;
+    for (const auto& s : specs) most = std::max(most, shape_numel(s.shape));
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> ud(-0.04f, 0.04f);
+    std::vector<uint16_t> pattern(1 << 20);
+    for (auto& v : pattern) v = f32_to_bf16(ud(rng));
+    bf16.resize(size_t(most));
+    for (size_t i = 0; i < bf16.size(); i += pattern.size())
+      std::copy_n(pattern.begin(), std::min(pattern.size(), bf16.size() - i), bf16.begin() + i);
+    f32.resize(size_t(most));
+    for (size_t i = 0; i < f32.size(); ++i) f32[i] = bf16_to_f32(pattern[i % pattern.size()]);
+    for (const auto& s : specs) {
+      const DType dt = init_dtype(s, DType::BF16);
+      void* p = dt == DType::F32 ? static_cast<void*>(f32.data()) : static_cast<void*>(bf16.data());
+      store.put(s.name, Tensor::view(p, s.shape, dt));
+    }
+  }
+};
+
+// Bytes of weights one decode step reads for B requests: everything but the embedding table, the
+// routed experts only as many as B*k draws touch (uniform routing: E (1 - (1 - k/E)^B) per layer).
+double decode_weight_bytes(const ModelConfig& cfg, const WeightStore& w, int B) {
+  double bytes = 0, expert_bytes = 0;
+  for (const auto& [name, t] : w.all()) {
+    if (name == "model.embed_tokens.weight") continue;
+    if (name.find(".experts.") != std::string::npos) expert_bytes += double(t.numel()) * 2;
+    else bytes += double(t.numel()) * (t.dtype() == DType::F32 ? 4 : 2);
+  }
+  const double E = cfg.num_experts, k = cfg.num_experts_per_token;
+  const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - k / E, B)) / E : 0.0;
+  return bytes + expert_bytes * touched;
+}
+
+// Per token, the parameters a prefill multiplies by (routed experts: k of E) and the attention FLOPs.
+double prefill_flops(const ModelConfig& cfg, const WeightStore& w, int64_t T) {
+  double params = 0;
+  for (const auto& [name, t] : w.all()) {
+    if (name == "model.embed_tokens.weight") continue;
+    double n = double(t.numel());
+    if (name.find(".experts.") != std::string::npos) n *= double(cfg.num_experts_per_token) / cfg.num_experts;
+    params += n;
+  }
+  int mla = 0;
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) mla += cfg.layer_kind(l) == LayerKind::Mla;
+  const double dqk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, dv = cfg.v_head_dim;
+  const double attn = double(mla) * cfg.num_attention_heads * (dqk + dv) * double(T) * double(T);  // causal: 2*T^2/2
+  return 2.0 * params * double(T) + attn;
+}
+
+int run_engine_bench(const EngineBenchOptions& o) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash mid-run keeps the rows already measured
+  auto cfg_r = preset_config(o.preset);
+  if (!cfg_r.is_ok()) {
+    std::fprintf(stderr, "k3-bench engine: %s\n", cfg_r.status().to_string().c_str());
+    return 2;
+  }
+  ModelConfig cfg = *cfg_r;
+  if (o.layers > 0) {
+    cfg.num_hidden_layers = o.layers;
+    cfg.attn_res_block_size = std::min(cfg.attn_res_block_size, o.layers);
+    fill_k3_layer_pattern(cfg);
+  }
+  auto be_r = make_backend({.kind = "cuda", .device = o.device});
+  if (!be_r.is_ok()) {
+    std::fprintf(stderr, "k3-bench engine: %s\n", be_r.status().to_string().c_str());
+    return 2;
+  }
+  Backend& be = **be_r;
+  const BenchCeilings c = measure_bench_ceilings(be, false);
+  std::printf("## k3-bench engine: %s, %d layers, %s\n", o.preset.c_str(), cfg.num_hidden_layers,
+              o.batch_invariant ? "batch-invariant GEMMs" : "cuBLASLt GEMMs");
+  std::printf("ceilings: copy %.0f GB/s (read+write), bf16 GEMM %.0f TFLOP/s\n\n", c.copy_bytes_per_us / 1e3,
+              c.gemm_flops_per_us / 1e6);
+
+  // GEMM cost of batch invariance: fixed-order kernel vs cuBLASLt at decode and prefill row counts.
+  {
+    const int64_t N = cfg.hidden_size, K = cfg.hidden_size;
+    std::printf("| GEMM M x %lld x %lld | cuBLASLt (us) | fixed-order (us) | fixed / cuBLASLt |\n|---|---:|---:|---:|\n",
+                (long long)N, (long long)K);
+    for (int64_t M : {1, 8, 64, 256, 8192}) {
+      Tensor x = be.alloc({M, K}, DType::BF16), w = be.alloc({N, K}, DType::BF16), y = be.alloc({M, N}, DType::BF16);
+      double us[2];
+      for (int inv = 0; inv < 2; ++inv) {
+        be.set_batch_invariant(inv == 1);
+        for (int i = 0; i < 3; ++i) be.gemm({.x = x, .w = w, .y = y});
+        be.synchronize();
+        const auto t0 = Clock::now();
+        const int reps = 50;
+        for (int i = 0; i < reps; ++i) be.gemm({.x = x, .w = w, .y = y});
+        be.synchronize();
+        us[inv] = seconds_since(t0) * 1e6 / reps;
+      }
+      std::printf("| %lld | %.1f | %.1f | %.2f |\n", (long long)M, us[0], us[1], us[1] / us[0]);
+    }
+    std::printf("\n");
+  }
+  be.set_batch_invariant(o.batch_invariant);
+
+  const int bmax = *std::max_element(o.batches.begin(), o.batches.end());
+  const int cmax = *std::max_element(o.contexts.begin(), o.contexts.end());
+  const int pmax = *std::max_element(o.prefill.begin(), o.prefill.end());
+  PatternWeights pw(cfg);
+  EngineOptions eo;
+  eo.top_logits = 0;
+  eo.prefill_chunk = 8192;
+  eo.cache.max_seqs = bmax;
+  eo.cache.page_size = 64;
+  eo.cache.num_pages = std::max(bmax * ((cmax + o.steps + 4 + 63) / 64 + 1), (pmax + 63) / 64 + 1);
+  const auto t_load = Clock::now();
+  auto engine_r = Engine::create(be, cfg, pw.store, eo);
+  if (!engine_r.is_ok()) {
+    std::fprintf(stderr, "k3-bench engine: %s\n", engine_r.status().to_string().c_str());
+    return 2;
+  }
+  Engine& e = **engine_r;
+  be.synchronize();
+  std::printf("model upload + cache pools: %.1f s (%d pages of 64 tokens, %d slots)\n\n", seconds_since(t_load),
+              eo.cache.num_pages, eo.cache.max_seqs);
+
+  int kda = 0, mla = 0;
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) (cfg.layer_kind(l) == LayerKind::Mla ? mla : kda)++;
+  const double kv_row = double(mla) * cfg.mla_cache_width() * 2;
+  const double state = double(kda) * cfg.kda.num_heads * cfg.kda.head_dim * cfg.kda.head_dim * 4;
+  std::printf("| decode: batch | context | step (ms) | tok/s per request | tok/s total | roofline step (ms) | "
+              "roofline fraction |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int ctx : o.contexts)
+    for (int B : o.batches) {
+      std::vector<SeqCache> seqs;
+      std::vector<SeqCache*> ptrs;
+      for (int i = 0; i < B; ++i) {
+        seqs.push_back(e.open().value());
+        (void)e.caches().reserve(seqs.back(), ctx + o.steps + 4);
+        seqs.back().num_tokens = ctx;
+      }
+      for (auto& s : seqs) ptrs.push_back(&s);
+      std::vector<std::vector<int32_t>> toks(B, std::vector<int32_t>{7});
+      std::vector<ops::SamplingRow> rows(B);
+      std::vector<int32_t> ids;
+      auto step = [&] {
+        Tensor lg = e.feed_on_backend(ptrs, toks).value();
+        be.sample({.logits = lg, .rows = rows, .out = &ids});
+      };
+      step();
+      step();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < o.steps; ++i) step();
+      const double dt = seconds_since(t0) / o.steps;
+      const double bytes = decode_weight_bytes(cfg, pw.store, B) + double(B) * (ctx + o.steps) * kv_row + 2.0 * B * state;
+      const double roof = bytes / c.copy_bytes_per_us / 1e6;
+      std::printf("| %d | %d | %.2f | %.1f | %.0f | %.2f | %.2f |\n", B, ctx, dt * 1e3, 1.0 / dt, B / dt, roof * 1e3,
+                  roof / dt);
+      std::fflush(stdout);
+      for (auto& s : seqs) e.close(s);
+    }
+
+  std::printf("\n| prefill: prompt | seconds | tok/s | TFLOP/s | fraction of bf16 GEMM peak |\n|---:|---:|---:|---:|---:|\n");
+  for (int P : o.prefill) {
+    std::vector<int32_t> prompt(P);
+    for (int i = 0; i < P; ++i) prompt[i] = (i * 131 + 7) % cfg.vocab_size;
+    SeqCache s = e.open().value();
+    const auto t0 = Clock::now();
+    Tensor lg = e.prefill_on_backend(s, prompt).value();
+    be.synchronize();
+    const double dt = seconds_since(t0);
+    e.close(s);
+    const double flops = prefill_flops(cfg, pw.store, P);
+    std::printf("| %d | %.2f | %.0f | %.1f | %.3f |\n", P, dt, P / dt, flops / dt / 1e12,
+                flops / dt / 1e6 / c.gemm_flops_per_us);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_engine_command(CLI::App& app) {
+  auto o = std::make_shared<EngineBenchOptions>();
+  auto* cmd = app.add_subcommand("engine", "whole-model decode and prefill on one GPU against the roofline");
+  cmd->add_option("--preset", o->preset, "model preset (default k3-small)");
+  cmd->add_option("--layers", o->layers, "override the layer count (0 = the preset's)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", o->device, "CUDA device")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batches", o->batches, "decode batch sizes")->check(CLI::PositiveNumber);
+  cmd->add_option("--contexts", o->contexts, "decode context lengths")->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill", o->prefill, "prefill prompt lengths")->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", o->steps, "timed decode steps per point")->check(CLI::PositiveNumber);
+  cmd->add_flag("--batch-invariant", o->batch_invariant, "fixed-order GEMMs and fixed attention splits");
+  cmd->callback([o] {
+    const int rc = run_engine_bench(*o);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace k3::bench

@@ -1,0 +1,28 @@
+// Which backend a process runs on, chosen by its --backend / --device flags (or a cluster spec's
+// "backend" field), and the one place that turns that choice into a Backend.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "common/core/status.h"
+#include "kernels/backend.h"
+
+namespace k3 {
+
+struct BackendChoice {
+  std::string kind = "cpu";  // "cpu" | "cuda"
+  int device = 0;            // CUDA device ordinal (cuda only)
+  int threads = 0;           // CPU threads (cpu only; 0 = all cores or K3_THREADS)
+};
+
+// Help text for the flags, shared by every role's command line.
+inline constexpr const char* kBackendFlagHelp = "compute backend: cpu (fp32 reference) or cuda (bf16 on one GPU)";
+inline constexpr const char* kDeviceFlagHelp = "CUDA device ordinal for --backend cuda";
+
+// Checks the kind's spelling and the device ordinal; names the field.
+Status validate(const BackendChoice& c);
+// Creates the backend. For cuda, an error names why it is unavailable (no CUDA in this build, no GPU
+// visible, device out of range), as make_cuda_backend reports it.
+Result<std::unique_ptr<Backend>> make_backend(const BackendChoice& c);
+
+}  // namespace k3

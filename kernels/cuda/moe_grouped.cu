@@ -1,0 +1,231 @@
+// LatentMoE routed experts as grouped GEMMs (bf16 operands, fp32 accumulate on the tensor cores):
+//   1. route: the M*k (token, expert) pairs are placed by expert into 64-row tiles, each tile owned
+//      by one expert (a segment is padded to a whole tile), all on the device: no host round-trip;
+//   2. one grouped GEMM for W1 and W3 together (A rows gathered from z on load), SiTU in the epilogue,
+//      h stored bf16;
+//   3. one grouped GEMM for W2, fp32 out;
+//   4. combine: y[m] = sum_j weights[m,j] * out[pair (m,j)], in j order.
+// A row's result depends only on its own inputs (the K loop order is fixed), so where a pair lands
+// inside its expert's segment (atomics pick it) never changes a value.
+#include <mma.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace k3::cuda {
+namespace {
+
+using namespace nvcuda;
+constexpr int kTile = 64;   // rows and columns of a block's output tile
+constexpr int kK = 32;      // K step
+constexpr int kLd = kK + 8; // bf16 smem row pitch (16-byte multiple, shifts banks)
+constexpr int kCLd = kTile + 4;
+constexpr int kMaxExperts = 4096;
+
+// One block: counts per expert, tile ownership, and each pair's row.
+__global__ void moe_route_kernel(const int32_t* ids, int P, int E, int tiles_max, int32_t* tile_expert,
+                                 int32_t* row_token, int32_t* pos_of, int k) {
+  extern __shared__ int smem_i[];
+  int* count = smem_i;       // [E]
+  int* cursor = count + E;   // [E]
+  for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+  for (int r = threadIdx.x; r < tiles_max * kTile; r += blockDim.x) row_token[r] = -1;
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = ids[p];
+    if (e >= 0 && e < E) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int tile = 0;
+    for (int e = 0; e < E; ++e) {
+      cursor[e] = tile * kTile;
+      const int n = (count[e] + kTile - 1) / kTile;
+      for (int t = 0; t < n; ++t) tile_expert[tile + t] = e;
+      tile += n;
+    }
+    for (int t = tile; t < tiles_max; ++t) tile_expert[t] = -1;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = ids[p];
+    if (e < 0 || e >= E) {
+      pos_of[p] = -1;
+      continue;
+    }
+    const int r = atomicAdd(&cursor[e], 1);
+    pos_of[p] = r;
+    row_token[r] = p / k;
+  }
+}
+
+// 8 bf16 from row `src` at column k0 into smem, zero past K (or for a null row).
+__device__ __forceinline__ void load8(__nv_bfloat16* dst, const __nv_bfloat16* src, int k0, int K) {
+  if (src != nullptr && k0 + 8 <= K && (K % 8) == 0) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src + k0);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) dst[i] = (src != nullptr && k0 + i < K) ? src[k0 + i] : __float2bfloat16(0.f);
+}
+
+// out tile (t, blockIdx.y) = A[rows of tile t] @ W_e[n0 .. n0+63]^T over K; DUAL: two weights (W1, W3),
+// SiTU(g, u) -> bf16 h [rows, N]; else fp32 out [rows, N].
+template <bool DUAL>
+__global__ void __launch_bounds__(128) moe_gemm_kernel(const __nv_bfloat16* a_src, const int32_t* row_token,
+                                                       const int32_t* tile_expert, const __nv_bfloat16* w_a,
+                                                       const __nv_bfloat16* w_b, void* out, int N, int K, float beta,
+                                                       float beta_linear) {
+  const int t = blockIdx.x, n0 = blockIdx.y * kTile;
+  const int e = tile_expert[t];
+  if (e < 0) return;
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto* As = reinterpret_cast<__nv_bfloat16*>(smem);          // [64][kLd]
+  auto* Bs = As + kTile * kLd;                                  // [64][kLd]
+  auto* Bs2 = Bs + kTile * kLd;                                 // [64][kLd] (DUAL)
+  const int r0 = t * kTile;
+  const __nv_bfloat16* wa = w_a + int64_t(e) * N * K;
+  const __nv_bfloat16* wb = DUAL ? w_b + int64_t(e) * N * K : nullptr;
+  const int warp = threadIdx.x >> 5, wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2], acc2[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wmma::fill_fragment(acc[i][j], 0.f);
+      if (DUAL) wmma::fill_fragment(acc2[i][j], 0.f);
+    }
+
+  for (int k0 = 0; k0 < K; k0 += kK) {
+    // 64 rows x 4 chunks of 8 per operand: 2 chunks per thread.
+    for (int c = threadIdx.x; c < kTile * (kK / 8); c += blockDim.x) {
+      const int row = c / (kK / 8), kc = (c % (kK / 8)) * 8;
+      const __nv_bfloat16* arow;
+      if (row_token != nullptr) {
+        const int tok = row_token[r0 + row];
+        arow = tok >= 0 ? a_src + int64_t(tok) * K : nullptr;
+      } else {
+        arow = a_src + int64_t(r0 + row) * K;
+      }
+      load8(As + row * kLd + kc, arow, k0 + kc, K);
+      const bool n_ok = n0 + row < N;
+      load8(Bs + row * kLd + kc, n_ok ? wa + int64_t(n0 + row) * K : nullptr, k0 + kc, K);
+      if (DUAL) load8(Bs2 + row * kLd + kc, n_ok ? wb + int64_t(n0 + row) * K : nullptr, k0 + kc, K);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], As + (wm + 16 * i) * kLd + kk, kLd);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        // W rows are output columns: W [n][k] row-major is B = W^T column-major with ld kLd.
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+        wmma::load_matrix_sync(fb, Bs + (wn + 16 * j) * kLd + kk, kLd);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
+        if (DUAL) {
+          wmma::load_matrix_sync(fb, Bs2 + (wn + 16 * j) * kLd + kk, kLd);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) wmma::mma_sync(acc2[i][j], fa[i], fb, acc2[i][j]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  // Epilogue through shared memory (reusing the operand tiles' space and beyond).
+  auto* Cs = reinterpret_cast<float*>(smem);          // [64][kCLd]
+  auto* Cs2 = Cs + kTile * kCLd;                      // [64][kCLd] (DUAL)
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wmma::store_matrix_sync(Cs + (wm + 16 * i) * kCLd + wn + 16 * j, acc[i][j], kCLd, wmma::mem_row_major);
+      if (DUAL) wmma::store_matrix_sync(Cs2 + (wm + 16 * i) * kCLd + wn + 16 * j, acc2[i][j], kCLd, wmma::mem_row_major);
+    }
+  __syncthreads();
+  for (int c = threadIdx.x; c < kTile * kTile; c += blockDim.x) {
+    const int row = c / kTile, col = c % kTile;
+    if (n0 + col >= N) continue;
+    const int64_t o = int64_t(r0 + row) * N + n0 + col;
+    if (DUAL) {
+      const float g = Cs[row * kCLd + col], u = Cs2[row * kCLd + col];
+      const float h = beta * tanhf(g / beta) * sigmoidf(g) * beta_linear * tanhf(u / beta_linear);
+      static_cast<__nv_bfloat16*>(out)[o] = __float2bfloat16(h);
+    } else {
+      static_cast<float*>(out)[o] = Cs[row * kCLd + col];
+    }
+  }
+}
+
+__global__ void moe_combine_kernel(const float* out, const int32_t* pos_of, const float* weights, FOut y, int k,
+                                   int Dl) {
+  const int64_t m = blockIdx.x;
+  for (int d = threadIdx.x; d < Dl; d += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) {
+      const int r = pos_of[m * k + j];
+      if (r >= 0) acc += weights[m * k + j] * out[int64_t(r) * Dl + d];
+    }
+    y.set(m * Dl + d, acc);
+  }
+}
+
+size_t gemm_smem(bool dual) {
+  const size_t tiles = size_t(kTile) * kLd * sizeof(__nv_bfloat16) * (dual ? 3 : 2);
+  const size_t epi = size_t(kTile) * kCLd * sizeof(float) * (dual ? 2 : 1);
+  return std::max(tiles, epi);
+}
+
+template <class T>
+T* async_alloc(size_t n, cudaStream_t s) {
+  void* p = nullptr;
+  K3_CUDA_OK(cudaMallocAsync(&p, std::max<size_t>(n, 1) * sizeof(T), s));
+  return static_cast<T*>(p);
+}
+
+}  // namespace
+
+bool moe_grouped_supported(const MoeArgs& a) {
+  return a.z.bf16 && a.w1.bf16 && a.w3.bf16 && a.w2.bf16 && a.E <= kMaxExperts;
+}
+
+void launch_moe_grouped(const MoeArgs& a, cudaStream_t s) {
+  if (a.M == 0) return;
+  const int P = a.M * a.k;
+  const int tiles_max = P / kTile + std::min(a.E, P);
+  const int64_t rows = int64_t(tiles_max) * kTile;
+  auto* tile_expert = async_alloc<int32_t>(tiles_max, s);
+  auto* row_token = async_alloc<int32_t>(rows, s);
+  auto* pos_of = async_alloc<int32_t>(P, s);
+  auto* h = async_alloc<__nv_bfloat16>(rows * a.F, s);
+  auto* out = async_alloc<float>(rows * a.Dl, s);
+
+  moe_route_kernel<<<1, 1024, 2 * a.E * sizeof(int), s>>>(a.ids, P, a.E, tiles_max, tile_expert, row_token, pos_of, a.k);
+  K3_CUDA_LAUNCHED("moe_route_kernel");
+
+  const size_t smem1 = gemm_smem(true), smem2 = gemm_smem(false);
+  K3_CUDA_OK(cudaFuncSetAttribute(moe_gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem1)));
+  K3_CUDA_OK(cudaFuncSetAttribute(moe_gemm_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem2)));
+  const auto* z = static_cast<const __nv_bfloat16*>(a.z.p);
+  moe_gemm_kernel<true><<<dim3(tiles_max, (a.F + kTile - 1) / kTile), 128, smem1, s>>>(
+      z, row_token, tile_expert, static_cast<const __nv_bfloat16*>(a.w1.p), static_cast<const __nv_bfloat16*>(a.w3.p),
+      h, a.F, a.Dl, a.beta, a.beta_linear);
+  K3_CUDA_LAUNCHED("moe_gemm_kernel<w1,w3>");
+  moe_gemm_kernel<false><<<dim3(tiles_max, (a.Dl + kTile - 1) / kTile), 128, smem2, s>>>(
+      h, nullptr, tile_expert, static_cast<const __nv_bfloat16*>(a.w2.p), nullptr, out, a.Dl, a.F, 0.f, 0.f);
+  K3_CUDA_LAUNCHED("moe_gemm_kernel<w2>");
+  moe_combine_kernel<<<a.M, 256, 0, s>>>(out, pos_of, a.weights, a.y, a.k, a.Dl);
+  K3_CUDA_LAUNCHED("moe_combine_kernel");
+
+  for (void* p : {static_cast<void*>(tile_expert), static_cast<void*>(row_token), static_cast<void*>(pos_of),
+                  static_cast<void*>(h), static_cast<void*>(out)})
+    K3_CUDA_OK(cudaFreeAsync(p, s));
+}
+
+}  // namespace k3::cuda
