@@ -49,6 +49,13 @@ struct Harness {
     o.control_keys = keys.load("router");
     service = ClusterService::create(cfg, tok, o).value();
     for (const char* name : {"decode/d", "prefill/p/0", "decode/e", "prefill/q/0"}) nodes[name].sock = connect(name, keys.load(name));
+    // A pair is ready once its decode rank told its room (the first HEARTBEAT of a real k3-decode).
+    for (const char* instance : {"d", "e"})
+      send(std::string("decode/") + instance,
+           proto::Heartbeat{.role = proto::Role::Decode, .instance_id = instance,
+                            .room = {.pool_page_size = 16, .pool_pages = 256, .pool_free_pages = 256, .pool_slots = 8,
+                                     .pool_free_slots = 8, .cache_page_size = 16, .cache_pages = 256,
+                                     .cache_free_pages = 256, .cache_seqs = 8, .cache_free_seqs = 8}});
   }
   std::unique_ptr<transfer::ControlClient> connect(const std::string& name, transfer::ControlKeys k) {
     transfer::ControlOptions co;
