@@ -347,10 +347,10 @@ Status validate(const ModelConfig& c) {
     K3_TRY(positive_finite("routed_scaling_factor", c.routed_scaling_factor));
     if (c.num_expert_group != 1)
       return unsupported("num_expert_group must be 1 (got " + std::to_string(c.num_expert_group) +
-                         "): grouped top-k is not implemented");
+                         "): grouped top-k is not supported (K3 uses one group)");
     if (c.topk_group != 1)
       return unsupported("topk_group must be 1 (got " + std::to_string(c.topk_group) +
-                         "): grouped top-k is not implemented");
+                         "): grouped top-k is not supported (K3 uses one group)");
   }
   K3_TRY(must_equal("hidden_act", c.hidden_act, "situ", "every K3 MLP uses SiTU"));
   K3_TRY(positive_finite("activation_situ_beta", c.activation_situ_beta));
@@ -361,7 +361,7 @@ Status validate(const ModelConfig& c) {
                             "] (got " + std::to_string(c.attn_res_block_size) + ")");
   if (c.num_nextn_predict_layers != 0)
     return unsupported("num_nextn_predict_layers must be 0 (got " + std::to_string(c.num_nextn_predict_layers) +
-                       "): MTP layers are not implemented");
+                       "): MTP layers are not supported (K3 ships none)");
 
   if (c.bos_token_id != -1) K3_TRY(validate_token_id("bos_token_id", c.bos_token_id, c.vocab_size));
   for (int id : c.eos_token_ids) K3_TRY(validate_token_id("eos_token_id", id, c.vocab_size));
