@@ -54,6 +54,15 @@ Status prepare_out_dir(const fs::path& dir, bool force) {
   return Status::ok();
 }
 
+// Removes the staging folder when the run ends early with an error (after a commit it is gone).
+struct StagingCleanup {
+  fs::path staging;
+  ~StagingCleanup() {
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+  }
+};
+
 bool is_model_weights_file(const std::string& name) {
   return name == kSingleSafetensorsName || name == kSafetensorsIndexName ||
          (name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
@@ -206,6 +215,7 @@ int main(int argc, char** argv) {
     const fs::path dir(out_dir);
     const fs::path staging = dir / kStagingName;
     if (auto s = prepare_out_dir(dir, force); !s.is_ok()) return fail(s);
+    const StagingCleanup cleanup{staging};
     if (auto s = adopt_tokenizer(staging.string(), vocab_from_tokenizer || tiny_preset, *cfg); !s.is_ok()) return fail(s);
     if (auto s = validate(*cfg); !s.is_ok()) return fail(s);
     // Planned again: adopting the tokenizer may have changed vocab_size (k3-tiny presets).

@@ -126,12 +126,29 @@ TEST_CASE("k3-genweights --shard-size writes shards that load bitwise like the s
     REQUIRE(tokens.size() == 8);
     REQUIRE(greedy_tokens(sharded) == tokens);
   }
-  SECTION("--force rewriting as one file removes the old shards and index") {
+  SECTION("a run that fails after starting to write leaves no staging folder and no config.json") {
+    json small_vocab = read_json(single + "/config.json");
+    small_vocab["vocab_size"] = 16;  // below the generated tokenizer's vocabulary: refused after the
+    small_vocab.erase("eos_token_id");  // tokenizer is written (the config itself stays valid)
+    small_vocab.erase("bos_token_id");
+    std::ofstream(scratch.file("small_vocab.json")) << small_vocab.dump();
+    const std::string failed = scratch.file("failed");
+    auto f = genweights("--config " + scratch.file("small_vocab.json") + " --shard-size 300KB --out " + failed);
+    INFO(f.out);
+    REQUIRE(f.exit_code != 0);
+    REQUIRE(f.out.find("smaller than the generated tokenizer") != std::string::npos);
+    REQUIRE_FALSE(fs::exists(failed + "/.k3-genweights-partial"));
+    REQUIRE_FALSE(fs::exists(failed + "/config.json"));
+  }
+  SECTION("--force rewriting as one file removes the old shards, index and an interrupted run's staging") {
+    fs::create_directories(sharded + "/.k3-genweights-partial");
+    std::ofstream(sharded + "/.k3-genweights-partial/model-00001-of-00009.safetensors.tmp") << "partial";
     auto c = genweights("--preset k3-tiny --seed 7 --force --quiet --out " + sharded);
     INFO(c.out);
     REQUIRE(c.exit_code == 0);
     REQUIRE(c.out.empty());  // --quiet: no progress, no summary
     REQUIRE(fs::exists(sharded + "/model.safetensors"));
+    REQUIRE_FALSE(fs::exists(sharded + "/.k3-genweights-partial"));
     REQUIRE_FALSE(fs::exists(sharded + "/" + kSafetensorsIndexName));
     for (size_t i = 0; i < files.size(); ++i) REQUIRE_FALSE(fs::exists(sharded + "/" + safetensors_shard_name(i, files.size())));
     auto again = load_weights(sharded, *cfg);
