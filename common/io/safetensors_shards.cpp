@@ -6,12 +6,6 @@
 
 namespace k3 {
 
-uint64_t safetensors_data_bytes(const std::vector<SafetensorsLayoutEntry>& layout) {
-  uint64_t n = 0;
-  for (const auto& e : layout) n += static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
-  return n;
-}
-
 std::string safetensors_shard_name(size_t index, size_t count) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", index + 1, count);

@@ -29,9 +29,6 @@ std::vector<SafetensorsShard> plan_safetensors_shards(const std::vector<Safetens
 // "model-00002-of-00005.safetensors" for index 1 of 5.
 std::string safetensors_shard_name(size_t index, size_t count);
 
-// Sum of the tensor data bytes of a layout (what the index calls total_size).
-uint64_t safetensors_data_bytes(const std::vector<SafetensorsLayoutEntry>& layout);
-
 // The text of model.safetensors.index.json for `shards`:
 // {"metadata": {"total_size": N}, "weight_map": {name: file}}, keys sorted, 2-space indent.
 std::string safetensors_index_json(const std::vector<SafetensorsShard>& shards);
