@@ -174,7 +174,8 @@ int main(int argc, char** argv) {
       "are always F32. Models larger than 4 GiB (k3-small, k3) need --allow-large.\n"
       "Progress goes to stderr: a bar on a terminal, a line every 5 % otherwise (--quiet: none).\n"
       "Files are written into OUT/.k3-genweights-partial and moved into OUT at the end, config.json last,\n"
-      "so an interrupted run leaves no config.json. A non-empty OUT is refused unless --force."};
+      "so an interrupted run never leaves a half-written model with a config.json (a new OUT has none; with\n"
+      "--force the previous model stays as it was). A non-empty OUT is refused unless --force."};
   std::string preset, config_file, out_dir, dtype_text = "bf16", shard_size_text = "5GB";
   uint64_t seed = 0;
   bool force = false, allow_large = false, vocab_from_tokenizer = false, quiet = false;
