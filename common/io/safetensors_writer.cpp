@@ -30,12 +30,6 @@ std::string make_header(const std::vector<SafetensorsLayoutEntry>& layout,
   return text;
 }
 
-uint64_t data_bytes(const std::vector<SafetensorsLayoutEntry>& layout) {
-  uint64_t n = 0;
-  for (const auto& e : layout) n += static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
-  return n;
-}
-
 Status write_all(int fd, const void* data, size_t n, const std::string& path) {
   auto* p = static_cast<const uint8_t*>(data);
   while (n > 0) {
@@ -78,9 +72,15 @@ void sort_layout_for_alignment(std::vector<SafetensorsLayoutEntry>& layout) {
   });
 }
 
+uint64_t safetensors_data_bytes(const std::vector<SafetensorsLayoutEntry>& layout) {
+  uint64_t n = 0;
+  for (const auto& e : layout) n += static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
+  return n;
+}
+
 uint64_t safetensors_file_size(const std::vector<SafetensorsLayoutEntry>& layout,
                                const std::map<std::string, std::string>& metadata) {
-  return 8 + make_header(layout, metadata).size() + data_bytes(layout);
+  return 8 + make_header(layout, metadata).size() + safetensors_data_bytes(layout);
 }
 
 Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, std::vector<SafetensorsLayoutEntry> layout,
@@ -98,7 +98,7 @@ Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, std
   s->tmp_path = path + ".tmp";
   s->layout = std::move(layout);
   const std::string header = make_header(s->layout, metadata);
-  s->total = 8 + header.size() + data_bytes(s->layout);
+  s->total = 8 + header.size() + safetensors_data_bytes(s->layout);
 
   s->fd = ::open(s->tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (s->fd < 0) return io_error("cannot create '" + s->tmp_path + "': " + std::strerror(errno));

@@ -49,6 +49,9 @@ class SafetensorsWriter {
 // starts aligned to its element size, which keeps readers' views zero-copy. Stable otherwise.
 void sort_layout_for_alignment(std::vector<SafetensorsLayoutEntry>& layout);
 
+// Sum of the tensor data bytes of a layout (the file size less the header; an index's total_size).
+uint64_t safetensors_data_bytes(const std::vector<SafetensorsLayoutEntry>& layout);
+
 // Size of the file that `layout` + `metadata` would produce.
 uint64_t safetensors_file_size(const std::vector<SafetensorsLayoutEntry>& layout,
                                const std::map<std::string, std::string>& metadata = {});
