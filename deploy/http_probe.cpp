@@ -1,6 +1,7 @@
 #include "deploy/http_probe.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -46,8 +47,16 @@ Result<ProbeReply> http_get(const std::string& host, int port, const std::string
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &a.sin_addr) != 1)
-    return invalid_argument("host '" + host + "' is not an IPv4 address");
+  if (::inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &a.sin_addr) != 1) {
+    // A name (a Kubernetes Service, a Slurm node): its first IPv4 address.
+    addrinfo hints{}, *found = nullptr;
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found)
+      return Status(Code::Unavailable, "host '" + host + "' is neither an IPv4 address nor a name that resolves");
+    a.sin_addr = reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr;
+    ::freeaddrinfo(found);
+  }
   if (::connect(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
     return Status(Code::Unavailable, "connect to " + host + ":" + std::to_string(port) + " refused");
   const std::string rq = "GET " + path + " HTTP/1.0\r\nHost: " + host + "\r\nConnection: close\r\n\r\n";

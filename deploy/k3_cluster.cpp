@@ -37,6 +37,7 @@
 
 #include "deploy/child_process.h"
 #include "deploy/cluster_spec.h"
+#include "deploy/cluster_tools.h"
 #include "deploy/http_probe.h"
 #include "deploy/status_server.h"
 #include "deploy/supervisor.h"
@@ -318,6 +319,7 @@ Status check_model(const ClusterSpec& spec) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && is_cluster_tool(argv[1])) return cluster_tool_main(argc, argv);  // render, keys, probe
   CLI::App app{
       "k3-cluster: start a disaggregated k3serve cluster on this machine and supervise it in the foreground.\n"
       "Reads a cluster spec (JSON; see deploy/cluster-default.json: router + prefill PP2 + decode DP1 on k3-tiny, "

@@ -1,0 +1,138 @@
+#include "deploy/node_commands.h"
+
+#include <algorithm>
+
+namespace k3::deploy {
+
+std::vector<NodeProcess> node_processes(const ClusterSpec& spec, const PortLayout& ports) {
+  std::vector<NodeProcess> out;
+  out.push_back({.kind = NodeProcess::Kind::Router, .name = "router", .port = ports.control_port});
+  int rank = 0;
+  for (size_t g = 0; g < spec.decode.size(); ++g)
+    for (int r = 0; r < spec.decode[g].ranks; ++r, ++rank) {
+      const std::string instance = spec.decode[g].ranks == 1 ? spec.decode[g].id : spec.decode[g].id + "-" + std::to_string(r);
+      out.push_back({.kind = NodeProcess::Kind::Decode, .name = "decode/" + instance, .instance_index = int(g),
+                     .local_index = r, .global_index = rank, .port = ports.decode_port + rank});
+    }
+  int stage_no = 0;
+  for (size_t i = 0; i < spec.prefill.size(); ++i)
+    for (int s = 0; s < spec.prefill[i].stages; ++s, ++stage_no)
+      out.push_back({.kind = NodeProcess::Kind::Prefill, .name = "prefill/" + spec.prefill[i].id + "/" + std::to_string(s),
+                     .instance_index = int(i), .local_index = s, .global_index = stage_no,
+                     .port = s > 0 ? ports.prefill_port + stage_no : 0});
+  return out;
+}
+
+const DecodeProcess& fed_decode(const std::vector<DecodeProcess>& decodes, size_t prefill_instance) {
+  return decodes[prefill_instance % decodes.size()];
+}
+
+std::string key_file_of(const std::string& control_name) {
+  std::string f = control_name;
+  std::replace(f.begin(), f.end(), '/', '_');
+  return f + ".key";
+}
+
+nlohmann::json spec_for_render(nlohmann::json raw, const std::string& model) {
+  raw["model"] = model;
+  if (raw.contains("router") && raw["router"].is_object()) raw["router"].erase("api_key");
+  return raw;
+}
+
+std::string shell_word(const std::string& arg) {
+  if (arg.find("${") != std::string::npos) {
+    std::string out = "\"";
+    for (char c : arg) {
+      if (c == '"' || c == '\\' || c == '`') out += '\\';
+      out += c;
+    }
+    return out + "\"";
+  }
+  std::string out = "'";
+  for (char c : arg) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string shell_join(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const auto& a : argv) out += (out.empty() ? "" : " ") + shell_word(a);
+  return out;
+}
+
+namespace {
+
+std::string exe(const NodeContext& ctx, const std::string& name) {
+  return ctx.bin_dir.empty() ? name : ctx.bin_dir + "/" + name;
+}
+
+void add_keys(std::vector<std::string>& a, const NodeContext& ctx, const std::string& name) {
+  a.insert(a.end(), {"--control-key", ctx.keys_dir + "/" + key_file_of(name), "--control-public-keys",
+                     ctx.keys_dir + "/public_keys"});
+}
+
+// Flags every node shares.
+void add_node_common(std::vector<std::string>& a, const ClusterSpec& spec, const NodeContext& ctx) {
+  a.insert(a.end(), {"--threads", std::to_string(spec.threads), "--backend",
+                     ctx.backend.empty() ? spec.backend : ctx.backend, "--heartbeat-ms",
+                     std::to_string(spec.heartbeat_ms), "--heartbeat-misses", std::to_string(spec.heartbeat_misses),
+                     "--log-level", ctx.log_level, "--interface", ctx.address});
+}
+
+}  // namespace
+
+std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p,
+                                      const NodeContext& ctx) {
+  const auto decodes = decode_processes(spec);
+  const std::string router_ep = "tcp://" + ctx.router_host + ":" + std::to_string(ports.control_port);
+  std::vector<std::string> a;
+  switch (p.kind) {
+    case NodeProcess::Kind::Router: {
+      a = {exe(ctx, "k3-router"), "--model", ctx.model, "--host", ctx.address, "--port", std::to_string(spec.port),
+           "--cluster-endpoint", "tcp://" + ctx.address + ":" + std::to_string(ports.control_port), "--placement",
+           spec.placement, "--heartbeat-ms", std::to_string(spec.heartbeat_ms), "--heartbeat-misses",
+           std::to_string(spec.heartbeat_misses), "--claim-timeout-ms", std::to_string(spec.claim_ms)};
+      if (!spec.served_model_name.empty()) a.insert(a.end(), {"--served-model-name", spec.served_model_name});
+      for (size_t i = 0; i < spec.prefill.size(); ++i) {
+        const auto& d = fed_decode(decodes, i);
+        a.insert(a.end(), {"--pair", spec.prefill[i].id + ":" + std::to_string(spec.prefill[i].stages) + ":" + d.instance +
+                                         ":" + std::to_string(d.rank)});
+      }
+      break;
+    }
+    case NodeProcess::Kind::Decode: {
+      const DecodeProcess& d = decodes[p.global_index];
+      a = {exe(ctx, "k3-decode"), "--model", ctx.model, "--router-endpoint", router_ep, "--instance", d.instance,
+           "--rank", std::to_string(d.rank), "--dp-size", std::to_string(decodes.size()), "--max-requests",
+           std::to_string(d.max_requests), "--bind", "tcp://" + ctx.address + ":" + std::to_string(p.port)};
+      add_node_common(a, spec, ctx);
+      break;
+    }
+    case NodeProcess::Kind::Prefill: {
+      const PrefillSpec& ps = spec.prefill[p.instance_index];
+      const DecodeProcess& d = fed_decode(decodes, p.instance_index);
+      const int decode_port = ports.decode_port + static_cast<int>(d.rank);
+      a = {exe(ctx, "k3-prefill"), "--model", ctx.model, "--stage", std::to_string(p.local_index), "--stages",
+           std::to_string(ps.stages), "--chunk-size", std::to_string(ps.chunk_size), "--max-requests",
+           std::to_string(ps.max_requests), "--instance", ps.id, "--decode-instance", d.instance, "--decode-endpoint",
+           "tcp://" + ctx.host_of("decode/" + d.instance) + ":" + std::to_string(decode_port), "--router-endpoint",
+           router_ep};
+      if (!ps.partition.empty()) {
+        std::string part;
+        for (int n : ps.partition) part += (part.empty() ? "" : ",") + std::to_string(n);
+        a.insert(a.end(), {"--partition", part});
+      }
+      if (p.local_index > 0) a.insert(a.end(), {"--listen", "tcp://" + ctx.address + ":" + std::to_string(p.port)});
+      if (p.local_index + 1 < ps.stages) {
+        const std::string next = "prefill/" + ps.id + "/" + std::to_string(p.local_index + 1);
+        a.insert(a.end(), {"--next-endpoint", "tcp://" + ctx.host_of(next) + ":" +
+                                                  std::to_string(ports.prefill_port + p.global_index + 1)});
+      }
+      add_node_common(a, spec, ctx);
+      break;
+    }
+  }
+  add_keys(a, ctx, p.name);
+  return a;
+}
+
+}  // namespace k3::deploy

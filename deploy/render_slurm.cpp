@@ -1,0 +1,93 @@
+#include "deploy/render_slurm.h"
+
+#include <sstream>
+
+namespace k3::deploy {
+namespace {
+
+// The node (index into the allocation) of process j (0 = the router).
+int node_of(size_t j, int per_node) { return j == 0 || per_node <= 0 ? 0 : static_cast<int>((j - 1) / per_node); }
+
+std::string step_file(const std::string& name) {
+  std::string f = name;
+  for (char& c : f)
+    if (c == '/') c = '_';
+  return f;
+}
+
+}  // namespace
+
+Result<std::string> render_slurm(const ClusterSpec& spec, const nlohmann::json& raw, const SlurmOptions& opt) {
+  if (opt.per_node < 0) return invalid_argument("--per-node must be >= 0");
+  const auto procs = node_processes(spec, opt.ports);
+  const int nodes = node_of(procs.size() - 1, opt.per_node) + 1;
+  const bool gpu = spec.backend == "cuda";
+  std::ostringstream o;
+  o << "#!/bin/bash\n"
+    << "# k3serve on Slurm: the router, " << spec.prefill.size() << " prefill instance(s) and "
+    << decode_processes(spec).size() << " decode rank(s), one srun step per process.\n"
+    << "# Rendered by `k3-cluster render --target slurm`; see docs/DEPLOY.md. Submit with sbatch; the\n"
+    << "# router's URL is printed as the job output's ENDPOINT line; scancel stops everything.\n"
+    << "# Environment: K3_BIN (binaries on the nodes), K3_RUN_DIR (shared directory for the spec, keys\n"
+    << "# and logs), K3_API_KEY (the router's API key, optional), K3_ADDR (bind address; default: what the\n"
+    << "# node's name resolves to), K3_MAX_RESTARTS (per process, default 5).\n"
+    << "#SBATCH --job-name=" << opt.job_name << "\n"
+    << "#SBATCH --nodes=" << nodes << "\n"
+    << "#SBATCH --ntasks=" << procs.size() << "\n"
+    << "#SBATCH --output=" << opt.job_name << "-%j.out\n";
+  if (gpu) o << "#SBATCH --gres=gpu:" << (opt.per_node > 0 ? opt.per_node : int(procs.size()) - 1) << "\n";
+  else o << "#SBATCH --overcommit\n";
+  if (!opt.partition.empty()) o << "#SBATCH --partition=" << opt.partition << "\n";
+  if (!opt.time_limit.empty()) o << "#SBATCH --time=" << opt.time_limit << "\n";
+  o << "set -euo pipefail\n"
+    << "export K3_BIN=\"${K3_BIN:-" << opt.bin_dir << "}\"\n"
+    << "export K3_RUN_DIR=\"${K3_RUN_DIR:-$PWD/" << opt.job_name << "-$SLURM_JOB_ID}\"\n"
+    << "export K3_MAX_RESTARTS=\"${K3_MAX_RESTARTS:-5}\"\n"
+    << "mkdir -p \"$K3_RUN_DIR/logs\" \"$K3_RUN_DIR/steps\"\n"
+    << "cat > \"$K3_RUN_DIR/spec.json\" <<'K3_SPEC'\n" << raw.dump(2) << "\nK3_SPEC\n"
+    << "# One CURVE keypair per process (0600 files in a 0700 directory) and the public keys.\n"
+    << "\"$K3_BIN/k3-cluster\" keys --spec \"$K3_RUN_DIR/spec.json\" --out \"$K3_RUN_DIR/keys\"\n"
+    << "mapfile -t K3_HOSTS < <(scontrol show hostnames \"$SLURM_JOB_NODELIST\")\n"
+    << "if (( ${#K3_HOSTS[@]} < " << nodes << " )); then echo \"need " << nodes
+    << " nodes, got ${#K3_HOSTS[@]}\" >&2; exit 1; fi\n"
+    << "for i in \"${!K3_HOSTS[@]}\"; do export \"K3_HOST_$i=${K3_HOSTS[$i]}\"; done\n"
+    << "echo \"ENDPOINT http://${K3_HOSTS[0]}:" << spec.port << "\"\n"
+    << "echo \"RUN_DIR $K3_RUN_DIR\"\n";
+
+  NodeContext ctx;
+  ctx.bin_dir = "${K3_BIN}";
+  ctx.model = spec.model;
+  ctx.keys_dir = "${K3_RUN_DIR}/keys";
+  ctx.address = "${K3_ADDR}";
+  ctx.router_host = "${K3_HOST_0}";
+  std::map<std::string, int> node_by_name;
+  for (size_t j = 0; j < procs.size(); ++j) node_by_name[procs[j].name] = node_of(j, opt.per_node);
+  ctx.host_of = [&](const std::string& name) { return "${K3_HOST_" + std::to_string(node_by_name.at(name)) + "}"; };
+
+  for (size_t j = 0; j < procs.size(); ++j) {
+    const NodeProcess& p = procs[j];
+    const std::string file = step_file(p.name);
+    o << "\n# " << p.name << (p.port ? " (port " + std::to_string(p.port) + ")" : "") << "\n"
+      << "cat > \"$K3_RUN_DIR/steps/" << file << ".sh\" <<'K3_STEP'\n"
+      << "#!/bin/bash\n"
+      << "K3_ADDR=\"${K3_ADDR:-$(getent ahostsv4 \"$SLURMD_NODENAME\" | awk 'NR==1{print $1}')}\"\n";
+    if (p.kind != NodeProcess::Kind::Router) o << "unset K3_API_KEY  # the router's alone\n";
+    o << "restarts=0\n"
+      << "while :; do\n"
+      << "  rc=0\n"
+      << "  " << shell_join(node_command(spec, opt.ports, p, ctx)) << " || rc=$?\n"
+      << "  if (( rc == 0 || restarts >= K3_MAX_RESTARTS )); then exit $rc; fi\n"
+      << "  restarts=$((restarts + 1))\n"
+      << "  echo \"" << p.name << " exited with $rc; restart $restarts of $K3_MAX_RESTARTS\" >&2\n"
+      << "  sleep $((restarts < 10 ? restarts : 10))\n"
+      << "done\n"
+      << "K3_STEP\n"
+      << "srun --nodes=1 --ntasks=1 --exact " << (gpu ? "--gres=gpu:1 " : "--overcommit ")
+      << "--nodelist=\"${K3_HOSTS[" << node_of(j, opt.per_node) << "]}\" --job-name=" << shell_word(p.name)
+      << " --output=\"$K3_RUN_DIR/logs/" << file << ".log\" bash \"$K3_RUN_DIR/steps/" << file << ".sh\" &\n";
+  }
+  o << "\n# Serve until cancelled; a step that gave up leaves the others serving (degraded).\nwait\n";
+  return o.str();
+}
+
+}  // namespace k3::deploy

@@ -1,0 +1,71 @@
+// k3-cluster render --target k8s: the Kustomize base and both overlays build with kubectl kustomize,
+// every resource passes kubernetes-validate (strict) against the Kubernetes schemas, and the layout is
+// the spec's (a StatefulSet per prefill instance and decode group, a pod per stage / rank, probes,
+// GPUs in the k3 overlay, the model generated in the k3-tiny-cpu one): tests/deploy/check_manifests.py.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "deploy/node_commands.h"
+#include "tests/deploy/deploy_tools.h"
+#include "transfer/cluster_key_files.h"
+
+using namespace k3;
+using k3::test::run_command;
+
+namespace {
+
+const char* kSpec = R"({
+  "model": "models/k3-tiny",
+  "router": {"port": 8000, "api_key": "not-in-any-manifest"},
+  "prefill": [{"id": "p", "stages": 2, "chunk_size": 64}, {"id": "q", "stages": 3, "partition": [3, 3, 2]}],
+  "decode": [{"id": "d", "ranks": 1}, {"id": "e", "ranks": 2}],
+  "backend": "cpu"
+})";
+
+std::string write_spec(const std::string& dir, const std::string& text) {
+  const std::string path = dir + "/spec.json";
+  std::ofstream(path) << text;
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("rendered Kubernetes manifests build and validate against the schemas", "[deploy][k8s]") {
+  const std::string kubectl = test::deploy_tool("kubectl"), python = test::deploy_tool("python3");
+  INFO("kubectl and a python3 with kubernetes-validate come from tests/requirements.txt (tools/test.sh installs them)");
+  REQUIRE(!kubectl.empty());
+  REQUIRE(run_command(python + " -c 'import kubernetes_validate, yaml'").exit_code == 0);
+  test::TempDir dir("render-k8s");
+  const std::string spec = write_spec(dir.path(), kSpec);
+  auto r = run_command(std::string(K3_BIN_DIR) + "/k3-cluster render --target k8s --spec " + spec + " --out " +
+                       dir.path() + "/out --image registry.example/k3serve:1");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("RENDERED " + dir.path() + "/out/base/prefill-q.yaml") != std::string::npos);
+  // No manifest carries the API key.
+  CHECK(run_command("grep -rl not-in-any-manifest " + dir.path() + "/out").out.empty());
+  const auto check = run_command(python + " " + K3_SOURCE_DIR + "/tests/deploy/check_manifests.py " + dir.path() +
+                                 "/out " + kubectl + " '{\"prefill\": {\"p\": 2, \"q\": 3}, \"decode\": {\"d\": 1, \"e\": 2}}' 2>&1");
+  INFO(check.out);
+  CHECK(check.exit_code == 0);
+  CHECK(check.out.find("checked ") != std::string::npos);
+}
+
+TEST_CASE("the key file names the manifests mount are the ones k3-cluster keys writes", "[deploy][k8s]") {
+  test::TempDir dir("render-keys");
+  const std::vector<std::string> names = {"router", "decode/e-1", "prefill/q/2"};
+  auto keys = transfer::ClusterKeyFiles::write(dir.path() + "/keys", names);
+  REQUIRE(keys.is_ok());
+  for (const auto& n : names) CHECK(keys->keypair(n) == dir.path() + "/keys/" + deploy::key_file_of(n));
+  CHECK(keys->public_keys() == dir.path() + "/keys/public_keys");
+}
+
+TEST_CASE("render refuses ids Kubernetes cannot name, and names the field", "[deploy][k8s]") {
+  test::TempDir dir("render-bad");
+  const std::string spec = write_spec(dir.path(), R"({"model": "m", "prefill": [{"id": "P_1"}], "decode": [{"id": "d"}]})");
+  auto r = run_command(std::string(K3_BIN_DIR) + "/k3-cluster render --target k8s --spec " + spec + " --out " +
+                       dir.path() + "/out 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("prefill[0].id: 'P_1' must be a DNS label") != std::string::npos);
+}
