@@ -1,0 +1,127 @@
+// The rendered sbatch script, run for real: a local slurmctld + slurmd + munged on 127.0.0.1
+// (local_slurm.h), `k3-cluster render --target slurm` from a k3-tiny spec (router + prefill PP2 +
+// decode DP1, each its own srun step), sbatch, wait for /health and every node registered, greedy
+// completions equal to k3-generate's tokens, then scancel and nothing of the job left running.
+#include <catch2/catch.hpp>
+#include <dirent.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "deploy/http_probe.h"
+#include "tests/deploy/local_slurm.h"
+#include "tests/router/http_client.h"
+#include "tests/support/generate_reference.h"
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using k3::test::run_command;
+
+namespace {
+
+// Pids of processes whose command line mentions `needle` (the job's run directory).
+std::vector<int> processes_mentioning(const std::string& needle) {
+  std::vector<int> out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    const int pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::ifstream in("/proc/" + std::string(e->d_name) + "/cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmd.find(needle) != std::string::npos) out.push_back(pid);
+  }
+  ::closedir(d);
+  return out;
+}
+
+// /health answers 200 and the router counts every node registered.
+bool serving(int port) {
+  auto h = k3::deploy::http_get("127.0.0.1", port, "/health", 2000ms);
+  if (!h.is_ok() || h->status != 200) return false;
+  auto m = k3::deploy::http_get("127.0.0.1", port, "/metrics", 2000ms);
+  if (!m.is_ok()) return false;
+  auto value = [&](const std::string& name) {
+    const auto at = m->body.find("\n" + name + " ");
+    return at == std::string::npos ? -1L : std::atol(m->body.c_str() + at + name.size() + 2);
+  };
+  return value("k3_cluster_nodes_expected") > 0 && value("k3_cluster_nodes_registered") == value("k3_cluster_nodes_expected");
+}
+
+std::vector<int32_t> complete(int port, const std::vector<int32_t>& prompt, int max_tokens) {
+  k3::test::HttpConnection c(port);
+  const json body = {{"model", "model"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
+                     {"ignore_eos", true}, {"return_token_ids", true}};
+  c.send_request("POST", "/v1/completions", body.dump());
+  const auto r = c.read_reply(120s);
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  return json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("the rendered sbatch script serves k3-tiny on a real local Slurm and scancel stops all of it", "[deploy][slurm]") {
+  k3::test::TempDir tmp("slurm-job");
+  REQUIRE(!tmp.path().empty());
+  struct { std::string p; const std::string& path() const { return p; } } dir{std::filesystem::canonical(tmp.path()).string()};
+  k3::test::LocalSlurm slurm(dir.path() + "/slurm");
+
+  const std::string model = dir.path() + "/model";
+  REQUIRE(run_command(std::string(K3_BIN_DIR) + "/k3-genweights --preset k3-tiny --seed 0 --out " + model +
+                      " --quiet >/dev/null").exit_code == 0);
+  const int http_port = k3::test::free_tcp_port();
+  const json spec = {{"model", model},
+                     {"router", {{"port", http_port}}},
+                     {"prefill", json::array({{{"id", "p"}, {"stages", 2}, {"chunk_size", 16}}})},
+                     {"decode", json::array({{{"id", "d"}, {"ranks", 1}}})},
+                     {"threads", 1},
+                     {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 10}}}};
+  std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
+  const int decode_port = k3::test::free_tcp_port(), stage1_port = k3::test::free_tcp_port();
+  auto rendered = run_command(std::string(K3_BIN_DIR) + "/k3-cluster render --target slurm --spec " + dir.path() +
+                              "/spec.json --out " + dir.path() + " --job-name k3slurmtest --control-port " +
+                              std::to_string(k3::test::free_tcp_port()) + " --decode-port " + std::to_string(decode_port) +
+                              " --prefill-port " + std::to_string(stage1_port - 1));
+  REQUIRE(rendered.exit_code == 0);
+
+  auto submitted = run_command("cd " + dir.path() + " && " + slurm.env() + "sbatch --parsable k3slurmtest.sbatch");
+  REQUIRE(submitted.exit_code == 0);
+  const std::string job = submitted.out.substr(0, submitted.out.find_first_of(";\n"));
+  const std::string run_dir = dir.path() + "/k3slurmtest-" + job;
+  INFO("job " << job << ", run dir " << run_dir);
+
+  const auto deadline = std::chrono::steady_clock::now() + 240s;
+  while (!serving(http_port)) {
+    const auto state = run_command(slurm.env() + "squeue -h -j " + job + " -o %T").out;
+    INFO("job state: " << state << "\njob output:\n" << slurp(dir.path() + "/k3slurmtest-" + job + ".out") << "\nlogs:\n"
+                       << run_command("tail -n 20 " + run_dir + "/logs/*.log 2>&1").out);
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    REQUIRE(state.find("FAILED") == std::string::npos);
+    std::this_thread::sleep_for(500ms);
+  }
+  // The job printed where it serves; every process is one srun step.
+  CHECK(slurp(dir.path() + "/k3slurmtest-" + job + ".out").find("ENDPOINT http://localhost:" + std::to_string(http_port)) !=
+        std::string::npos);
+  const auto steps = run_command(slurm.env() + "squeue -h -s -j " + job + " -o %j").out;
+  for (const char* name : {"router", "decode/d", "prefill/p/0", "prefill/p/1"}) CHECK(steps.find(name) != std::string::npos);
+
+  for (const auto& prompt : {std::vector<int32_t>{5, 17, 42, 7, 99, 3, 250, 11, 64, 8, 21, 300, 2, 45, 77, 19, 6, 120},
+                             std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}})
+    CHECK(complete(http_port, prompt, 6) == k3::test::k3_generate_tokens(model, prompt, 6));
+
+  CHECK(!processes_mentioning(run_dir).empty());
+  REQUIRE(run_command(slurm.env() + "scancel " + job).exit_code == 0);
+  CHECK(slurm.cancel_all(60s));
+  const auto gone = std::chrono::steady_clock::now() + 30s;
+  while (!processes_mentioning(run_dir).empty() && std::chrono::steady_clock::now() < gone) std::this_thread::sleep_for(200ms);
+  CHECK(processes_mentioning(run_dir).empty());
+  CHECK(!serving(http_port));
+}
