@@ -10,9 +10,8 @@
 #include <fstream>
 #include <thread>
 
-#include "deploy/http_probe.h"
 #include "tests/deploy/local_slurm.h"
-#include "tests/router/http_client.h"
+#include "tests/deploy/serving_checks.h"
 #include "tests/support/generate_reference.h"
 
 using namespace std::chrono_literals;
@@ -35,30 +34,6 @@ std::vector<int> processes_mentioning(const std::string& needle) {
   }
   ::closedir(d);
   return out;
-}
-
-// /health answers 200 and the router counts every node registered.
-bool serving(int port) {
-  auto h = k3::deploy::http_get("127.0.0.1", port, "/health", 2000ms);
-  if (!h.is_ok() || h->status != 200) return false;
-  auto m = k3::deploy::http_get("127.0.0.1", port, "/metrics", 2000ms);
-  if (!m.is_ok()) return false;
-  auto value = [&](const std::string& name) {
-    const auto at = m->body.find("\n" + name + " ");
-    return at == std::string::npos ? -1L : std::atol(m->body.c_str() + at + name.size() + 2);
-  };
-  return value("k3_cluster_nodes_expected") > 0 && value("k3_cluster_nodes_registered") == value("k3_cluster_nodes_expected");
-}
-
-std::vector<int32_t> complete(int port, const std::vector<int32_t>& prompt, int max_tokens) {
-  k3::test::HttpConnection c(port);
-  const json body = {{"model", "model"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
-                     {"ignore_eos", true}, {"return_token_ids", true}};
-  c.send_request("POST", "/v1/completions", body.dump());
-  const auto r = c.read_reply(120s);
-  INFO(r.body);
-  REQUIRE(r.status == 200);
-  return json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
 }
 
 std::string slurp(const std::string& path) {
@@ -99,7 +74,7 @@ TEST_CASE("the rendered sbatch script serves k3-tiny on a real local Slurm and s
   INFO("job " << job << ", run dir " << run_dir);
 
   const auto deadline = std::chrono::steady_clock::now() + 240s;
-  while (!serving(http_port)) {
+  while (!k3::test::cluster_serving(http_port)) {
     const auto state = run_command(slurm.env() + "squeue -h -j " + job + " -o %T").out;
     INFO("job state: " << state << "\njob output:\n" << slurp(dir.path() + "/k3slurmtest-" + job + ".out") << "\nlogs:\n"
                        << run_command("tail -n 20 " + run_dir + "/logs/*.log 2>&1").out);
@@ -115,7 +90,7 @@ TEST_CASE("the rendered sbatch script serves k3-tiny on a real local Slurm and s
 
   for (const auto& prompt : {std::vector<int32_t>{5, 17, 42, 7, 99, 3, 250, 11, 64, 8, 21, 300, 2, 45, 77, 19, 6, 120},
                              std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}})
-    CHECK(complete(http_port, prompt, 6) == k3::test::k3_generate_tokens(model, prompt, 6));
+    CHECK(k3::test::greedy_completion(http_port, prompt, 6) == k3::test::k3_generate_tokens(model, prompt, 6));
 
   CHECK(!processes_mentioning(run_dir).empty());
   REQUIRE(run_command(slurm.env() + "scancel " + job).exit_code == 0);
@@ -123,5 +98,5 @@ TEST_CASE("the rendered sbatch script serves k3-tiny on a real local Slurm and s
   const auto gone = std::chrono::steady_clock::now() + 30s;
   while (!processes_mentioning(run_dir).empty() && std::chrono::steady_clock::now() < gone) std::this_thread::sleep_for(200ms);
   CHECK(processes_mentioning(run_dir).empty());
-  CHECK(!serving(http_port));
+  CHECK(!k3::test::cluster_serving(http_port));
 }
