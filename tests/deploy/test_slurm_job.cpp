@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -73,7 +74,8 @@ TEST_CASE("the rendered sbatch script serves k3-tiny on a real local Slurm and s
   const std::string run_dir = dir.path() + "/k3slurmtest-" + job;
   INFO("job " << job << ", run dir " << run_dir);
 
-  const auto deadline = std::chrono::steady_clock::now() + 240s;
+  const auto submitted_at = std::chrono::steady_clock::now();
+  const auto deadline = submitted_at + 240s;
   while (!k3::test::cluster_serving(http_port)) {
     const auto state = run_command(slurm.env() + "squeue -h -j " + job + " -o %T").out;
     INFO("job state: " << state << "\njob output:\n" << slurp(dir.path() + "/k3slurmtest-" + job + ".out") << "\nlogs:\n"
@@ -82,6 +84,8 @@ TEST_CASE("the rendered sbatch script serves k3-tiny on a real local Slurm and s
     REQUIRE(state.find("FAILED") == std::string::npos);
     std::this_thread::sleep_for(500ms);
   }
+  const std::chrono::duration<double> up = std::chrono::steady_clock::now() - submitted_at;
+  std::printf("sbatch -> serving (every node registered) in %.2f s\n", up.count());
   // The job printed where it serves; every process is one srun step.
   CHECK(slurp(dir.path() + "/k3slurmtest-" + job + ".out").find("ENDPOINT http://localhost:" + std::to_string(http_port)) !=
         std::string::npos);
@@ -93,10 +97,13 @@ TEST_CASE("the rendered sbatch script serves k3-tiny on a real local Slurm and s
     CHECK(k3::test::greedy_completion(http_port, prompt, 6) == k3::test::k3_generate_tokens(model, prompt, 6));
 
   CHECK(!processes_mentioning(run_dir).empty());
+  const auto cancelled_at = std::chrono::steady_clock::now();
   REQUIRE(run_command(slurm.env() + "scancel " + job).exit_code == 0);
   CHECK(slurm.cancel_all(60s));
   const auto gone = std::chrono::steady_clock::now() + 30s;
   while (!processes_mentioning(run_dir).empty() && std::chrono::steady_clock::now() < gone) std::this_thread::sleep_for(200ms);
   CHECK(processes_mentioning(run_dir).empty());
+  const std::chrono::duration<double> stopped = std::chrono::steady_clock::now() - cancelled_at;
+  std::printf("scancel -> no process of the job left in %.2f s\n", stopped.count());
   CHECK(!k3::test::cluster_serving(http_port));
 }

@@ -1,0 +1,87 @@
+// k3-cluster render --target slurm on a spec spread over several nodes: the router on the first node,
+// the other processes `--per-node` to a node in spec order, every endpoint naming the node its peer
+// runs on, GPUs asked for with the cuda backend, and the API key in no rendered line. (The script is run
+// for real on one node by test_slurm_job.cpp.)
+#include <catch2/catch.hpp>
+
+#include <regex>
+
+#include "deploy/render_slurm.h"
+
+using namespace k3;
+
+namespace {
+
+// The srun line of process `name` and the text of its step script.
+std::string step_of(const std::string& script, const std::string& name, std::string& srun) {
+  std::string file = name;
+  for (char& c : file)
+    if (c == '/') c = '_';
+  const auto begin = script.find("steps/" + file + ".sh\" <<'K3_STEP'");
+  REQUIRE(begin != std::string::npos);
+  const auto end = script.find("\nK3_STEP\n", begin);
+  const auto line_end = script.find('\n', end + 9);
+  srun = script.substr(end + 9, line_end - end - 9);
+  return script.substr(begin, end - begin);
+}
+
+}  // namespace
+
+TEST_CASE("render_slurm places processes per node and points every endpoint at its peer's node", "[deploy][slurm]") {
+  const nlohmann::json raw = {{"model", "/models/k3"},
+                              {"router", {{"port", 8100}}},
+                              {"prefill", {{{"id", "p"}, {"stages", 2}}, {{"id", "q"}, {"stages", 2}}}},
+                              {"decode", {{{"id", "d"}, {"ranks", 2}}}},
+                              {"backend", "cuda"}};
+  auto spec = deploy::parse_cluster_spec(raw);
+  REQUIRE(spec.is_ok());
+  deploy::SlurmOptions opt;
+  opt.bin_dir = "/opt/k3/bin";
+  opt.per_node = 2;
+  auto script = deploy::render_slurm(*spec, raw, opt);
+  REQUIRE(script.is_ok());
+  const std::string& s = *script;
+  // 7 processes: router + 2 decode ranks + 4 stages; 6 after the router, 2 a node -> 3 nodes.
+  CHECK(s.find("#SBATCH --nodes=3\n") != std::string::npos);
+  CHECK(s.find("#SBATCH --ntasks=7\n") != std::string::npos);
+  CHECK(s.find("#SBATCH --gres=gpu:2\n") != std::string::npos);
+  CHECK(s.find("k3-cluster\" keys --spec") != std::string::npos);
+  CHECK(s.find("echo \"ENDPOINT http://${K3_HOSTS[0]}:8100\"") != std::string::npos);
+
+  std::string srun;
+  step_of(s, "router", srun);
+  CHECK(srun.find("--nodelist=\"${K3_HOSTS[0]}\"") != std::string::npos);
+  const std::string d1 = step_of(s, "decode/d-1", srun);  // process 2: node 0
+  CHECK(srun.find("--nodelist=\"${K3_HOSTS[0]}\"") != std::string::npos);
+  CHECK(srun.find("--gres=gpu:1") != std::string::npos);
+  CHECK(d1.find("'--bind' \"tcp://${K3_ADDR}:5701\"") != std::string::npos);
+  CHECK(d1.find("'--rank' '1' '--dp-size' '2'") != std::string::npos);
+  CHECK(d1.find("unset K3_API_KEY") != std::string::npos);
+  // prefill q (instance 1) feeds decode rank 1 (d-1, on node 0); its stage 0 (process 5: node 2) pushes
+  // to its stage 1 (process 6: node 2, global stage 3 -> port 5803).
+  const std::string q0 = step_of(s, "prefill/q/0", srun);
+  CHECK(srun.find("--nodelist=\"${K3_HOSTS[2]}\"") != std::string::npos);
+  CHECK(q0.find("'--decode-endpoint' \"tcp://${K3_HOST_0}:5701\"") != std::string::npos);
+  CHECK(q0.find("'--next-endpoint' \"tcp://${K3_HOST_2}:5803\"") != std::string::npos);
+  CHECK(q0.find("'--router-endpoint' \"tcp://${K3_HOST_0}:5600\"") != std::string::npos);
+  CHECK(q0.find("'--control-key' \"${K3_RUN_DIR}/keys/prefill_q_0.key\"") != std::string::npos);
+  const std::string q1 = step_of(s, "prefill/q/1", srun);
+  CHECK(q1.find("'--listen' \"tcp://${K3_ADDR}:5803\"") != std::string::npos);
+  // prefill p (instance 0) feeds decode rank 0.
+  CHECK(step_of(s, "prefill/p/0", srun).find("'--decode-endpoint' \"tcp://${K3_HOST_0}:5700\"") != std::string::npos);
+  step_of(s, "prefill/p/1", srun);
+  CHECK(srun.find("--nodelist=\"${K3_HOSTS[1]}\"") != std::string::npos);  // process 4: node 1
+}
+
+TEST_CASE("render_slurm with the cpu backend overcommits instead of asking for GPUs", "[deploy][slurm]") {
+  const nlohmann::json raw = {{"model", "/m"}, {"prefill", {{{"id", "p"}}}}, {"decode", {{{"id", "d"}}}}};
+  auto spec = deploy::parse_cluster_spec(raw);
+  REQUIRE(spec.is_ok());
+  auto script = deploy::render_slurm(*spec, raw, deploy::SlurmOptions{.bin_dir = "/b"});
+  REQUIRE(script.is_ok());
+  CHECK(script->find("#SBATCH --nodes=1\n") != std::string::npos);
+  CHECK(script->find("#SBATCH --overcommit\n") != std::string::npos);
+  CHECK(script->find("gres") == std::string::npos);
+  CHECK(deploy::render_slurm(*spec, raw, deploy::SlurmOptions{.per_node = -1}).status().message().find("--per-node") !=
+        std::string::npos);
+}
