@@ -4,7 +4,8 @@
 kubernetes-validate, and checks what the deployment needs: one StatefulSet per prefill instance (a pod
 per stage) and per decode group (a pod per rank), headless Services that publish not-ready pods, probes
 on every container, the spec in a ConfigMap without the API key, a GPU per node pod in the k3 overlay,
-the model generated in the k3-tiny-cpu overlay.
+the model generated in the k3-tiny-cpu overlay, and
+every shell script in a container command or probe parses (sh -n).
 
 usage: check_manifests.py RENDER_DIR KUBECTL EXPECT_JSON
 EXPECT_JSON: {"prefill": {"<id>": stages}, "decode": {"<id>": ranks}}
@@ -67,6 +68,11 @@ def main():
         check(len(sets) == sum(len(g) for g in expect.values()), f"{name}: {len(sets)} StatefulSets")
         for w in list(sets.values()) + list(by_kind(docs, "Deployment").values()):
             c = w["spec"]["template"]["spec"]["containers"][0]
+            scripts = [c["command"][2]] + [c[p]["exec"]["command"][2] for p in ("startupProbe", "readinessProbe", "livenessProbe")
+                                           if "exec" in c.get(p, {})]
+            for script in scripts:
+                syntax = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
+                check(syntax.returncode == 0, f"{name}: {w['metadata']['name']}: shell syntax: {syntax.stderr.strip()}")
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 check(probe in c, f"{name}: {w['metadata']['name']} has no {probe}")
             gpu = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")

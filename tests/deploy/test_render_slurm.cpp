@@ -4,9 +4,10 @@
 // for real on one node by test_slurm_job.cpp.)
 #include <catch2/catch.hpp>
 
-#include <regex>
+#include <fstream>
 
 #include "deploy/render_slurm.h"
+#include "tests/support/run_command.h"
 
 using namespace k3;
 
@@ -41,6 +42,11 @@ TEST_CASE("render_slurm places processes per node and points every endpoint at i
   auto script = deploy::render_slurm(*spec, raw, opt);
   REQUIRE(script.is_ok());
   const std::string& s = *script;
+  {  // bash parses it
+    test::TempDir dir("render-slurm");
+    std::ofstream(dir.path() + "/k3.sbatch") << s;
+    CHECK(test::run_command("bash -n " + dir.path() + "/k3.sbatch").exit_code == 0);
+  }
   // 7 processes: router + 2 decode ranks + 4 stages; 6 after the router, 2 a node -> 3 nodes.
   CHECK(s.find("#SBATCH --nodes=3\n") != std::string::npos);
   CHECK(s.find("#SBATCH --ntasks=7\n") != std::string::npos);
