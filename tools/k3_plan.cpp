@@ -1,12 +1,16 @@
 // k3-plan: sizing a deployment before running it (docs/DEPLOY.md).
 //   k3-plan memory --preset k3 [--json] [--gpu-memory 141GiB] [--decode-tp 8 ...]   bytes per rank by role
+//   k3-plan ratio --profile P.json --rate R --input N --output M --ttft-ms T --itl-ms I [--total N]
+//                                                       prefill instances and decode ranks for an SLA
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "common/core/parse.h"
 #include "deploy/memory_plan.h"
+#include "deploy/ratio_plan.h"
 
 using namespace k3;
 
@@ -84,6 +88,58 @@ int run_memory(MemoryArgs& a) {
   return 0;
 }
 
+struct RatioArgs {
+  std::string profile;
+  deploy::RatioWorkload w;
+  double ttft_ms = 0, itl_ms = 0;
+  int total = 0, prefill = 0, decode = 0;
+  bool json = false;
+};
+
+void add_ratio_command(CLI::App& app, RatioArgs& a) {
+  auto* r = app.add_subcommand("ratio", "prefill instances and decode ranks for a request rate under a TTFT/ITL SLA, "
+                                        "from capacity profiles (docs/DEPLOY.md); the predicted goodput and what binds");
+  r->add_option("--profile", a.profile, "capacity profile JSON (prefill seconds vs input tokens, decode ITL vs batch)")->required();
+  r->add_option("--rate", a.w.rate, "requests per second")->required();
+  r->add_option("--input", a.w.input_tokens, "input tokens per request")->required();
+  r->add_option("--output", a.w.output_tokens, "output tokens per request")->required();
+  r->add_option("--prefix-hit", a.w.prefix_hit, "share of input tokens found in the prefix cache (default 0)");
+  r->add_option("--ttft-ms", a.ttft_ms, "time-to-first-token SLA")->required();
+  r->add_option("--itl-ms", a.itl_ms, "inter-token latency SLA")->required();
+  r->add_option("--total", a.total, "split this many processes between prefill and decode (default: the smallest P and D)");
+  r->add_option("--prefill", a.prefill, "with --decode: predict this split instead of recommending one");
+  r->add_option("--decode", a.decode, "with --prefill: predict this split");
+  r->add_flag("--json", a.json, "print JSON");
+}
+
+int run_ratio(RatioArgs& a) {
+  a.w.ttft_seconds = a.ttft_ms / 1000.0;
+  a.w.itl_seconds = a.itl_ms / 1000.0;
+  std::ifstream in(a.profile);
+  if (!in) return fail("cannot read --profile " + a.profile);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    return fail(a.profile + ": " + e.what());
+  }
+  auto profile = deploy::parse_capacity_profile(j);
+  if (!profile.is_ok()) return fail(profile.status().message());
+  auto r = a.prefill > 0 || a.decode > 0 ? deploy::predict_ratio(*profile, a.w, a.prefill, a.decode)
+                                         : deploy::recommend_ratio(*profile, a.w, a.total);
+  if (!r.is_ok()) return fail(r.status().message());
+  if (a.json) {
+    std::printf("%s\n", deploy::ratio_prediction_json(*r).dump(2).c_str());
+  } else {
+    std::printf("P=%d prefill instance(s), D=%d decode rank(s): goodput %.3f req/s of %.3f offered; binding: %s\n"
+                "prefill: %.3f s per request alone, %.3f req/s within the TTFT SLA, predicted TTFT %.3f s\n"
+                "decode: batch %.0f per rank within the ITL SLA, %.3f req/s\n",
+                r->prefill, r->decode, r->goodput, a.w.rate, r->binding.c_str(), r->prefill_seconds, r->prefill_capacity,
+                r->ttft_seconds, r->decode_batch, r->decode_capacity);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,6 +148,9 @@ int main(int argc, char** argv) {
   MemoryArgs mem;
   mem.in.decode_dp = 16;
   add_memory_command(app, mem);
+  RatioArgs ratio;
+  add_ratio_command(app, ratio);
   CLI11_PARSE(app, argc, argv);
+  if (app.got_subcommand("ratio")) return run_ratio(ratio);
   return run_memory(mem);
 }
