@@ -13,6 +13,8 @@ void add_serve_command(CLI::App& app);
 
 // `k3-bench soak`: overload + client disconnects + a node SIGKILLed mid-run (bench/soak_bench.cpp).
 void add_soak_command(CLI::App& app);
+// `k3-bench profile`: capacity profile for k3-plan ratio (bench/profile_bench.cpp).
+void add_profile_command(CLI::App& app);
 // `k3-bench engine`: whole-model decode / prefill on one GPU against the roofline (bench/engine_bench.cpp).
 void add_engine_command(CLI::App& app);
 

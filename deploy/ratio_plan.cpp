@@ -115,7 +115,11 @@ Result<RatioPrediction> recommend_ratio(const CapacityProfile& profile, const Ra
     std::optional<RatioPrediction> best;
     for (int p = 1; p < total; ++p) {
       K3_ASSIGN_OR_RETURN(RatioPrediction r, predict_ratio(profile, w, p, total - p));
-      if (!best || r.goodput > best->goodput * (1 + 1e-9)) best = r;
+      // The most goodput; among splits that serve the same, the one with the most headroom on its weaker side.
+      auto headroom = [](const RatioPrediction& x) { return std::min(x.prefill_capacity, x.decode_capacity); };
+      if (!best || r.goodput > best->goodput * (1 + 1e-9) ||
+          (r.goodput >= best->goodput * (1 - 1e-9) && headroom(r) > headroom(*best) * (1 + 1e-9)))
+        best = r;
     }
     return *best;
   }

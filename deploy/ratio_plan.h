@@ -62,7 +62,8 @@ struct RatioPrediction {
 Result<RatioPrediction> predict_ratio(const CapacityProfile& profile, const RatioWorkload& w, int prefill, int decode);
 
 // The smallest P and D that serve the whole rate within the SLA (total = 0), or the split of `total`
-// processes with the best predicted goodput (ties: the smaller P).
+// processes with the best predicted goodput (ties: the most SLA-respecting capacity on the weaker side,
+// i.e. the most headroom for a higher rate).
 Result<RatioPrediction> recommend_ratio(const CapacityProfile& profile, const RatioWorkload& w, int total = 0);
 
 nlohmann::json ratio_prediction_json(const RatioPrediction& p);

@@ -88,6 +88,12 @@ TEST_CASE("recommend_ratio: the smallest P and D for the rate, or the best split
   auto d = deploy::recommend_ratio(profile(), w, 8);
   REQUIRE(d.is_ok());
   CHECK(d->decode > d->prefill);
+  // When every split serves the whole rate, the one with the most headroom: at 1 req/s over 4 processes,
+  // 1:3 leaves 1.33 req/s of prefill, 2:2 2.67 (decode 13.3), 3:1 4.0 (decode 6.67): 3:1.
+  auto low = deploy::recommend_ratio(profile(), workload(1), 4);
+  REQUIRE(low.is_ok());
+  CHECK(low->goodput == Approx(1));
+  CHECK(low->prefill == 3);
   CHECK(!deploy::recommend_ratio(profile(), workload(1), 1).is_ok());
 }
 
