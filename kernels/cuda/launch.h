@@ -70,7 +70,18 @@ struct KdaArgs {
   const int32_t* cu_seqlens = nullptr;  // [N+1] device
   FOut o;                        // [T, H, V]
   int N = 0, H = 0, K = 0, V = 0;
+  // Optional checkpoints (ops::KdaParams): after (j+1)·ckpt_interval tokens of sequence n the state
+  // goes to ckpt + slot·H·V·K, slot = ckpt_slots[n·ckpt_m + j] when j < ckpt_m and slot >= 0.
+  float* ckpt = nullptr;                 // [ckpt slots, H, V, K]; null: none
+  const int32_t* ckpt_slots = nullptr;   // [N, ckpt_m] device
+  int ckpt_m = 0, ckpt_interval = 0;
 };
+// The checkpoint slot for `done` tokens of sequence n, or -1 (device and host).
+__host__ __device__ inline int kda_ckpt_slot(const KdaArgs& a, int n, int done) {
+  if (a.ckpt == nullptr || done <= 0 || done % a.ckpt_interval != 0) return -1;
+  const int j = done / a.ckpt_interval - 1;
+  return j < a.ckpt_m ? a.ckpt_slots[int64_t(n) * a.ckpt_m + j] : -1;
+}
 void launch_kda_recurrent(const KdaArgs& a, cudaStream_t s);
 
 // Chunked form, K = V = 128, chunk 64. `chunk_table` [num_chunks, 4] I32 on device: (first token,
