@@ -292,10 +292,11 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
   lines.push_back(l);
 }
 
-// wgmma: CudaBackend::set_mla_decode_wgmma (the default, on, takes H >= 64); the mma.sync kernel is
-// reported beside it as an "_mma" line for those shapes.
+// wgmma: CudaBackend::set_mla_decode_wgmma (the default, on, takes H >= 64); with --with-mma the
+// mma.sync kernel is reported beside it as an "_mma" line for those shapes; at H = 96 the wgmma
+// kernel with its first P·V form (four m64n64 per step) as a "_pvn64" line.
 void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool quick, std::vector<Line>& lines,
-                     bool wgmma = true) {
+                     bool wgmma = true, bool pv_n64 = false) {
   const int64_t R = 512, Dr = 64, page = 64, pages_per = ctx / page, num_pages = B * pages_per;
   Tensor kv = be.alloc({num_pages, page, R + Dr}, DType::BF16);
   Tensor q_lat = be.alloc({B, H, R}, DType::BF16), q_rope = be.alloc({B, H, Dr}, DType::BF16);
@@ -309,15 +310,17 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   Tensor table = be.from_host(Tensor::from_i32({B, pages_per}, perm), DType::I32);
   Tensor lens = dev_ints(be, std::vector<int32_t>(B, int32_t(ctx)));
   const float scale = 1.f / std::sqrt(192.f);
-  const bool was = be.mla_decode_wgmma();
+  const bool was = be.mla_decode_wgmma(), was_n64 = be.mla_decode_pv_n64();
   be.set_mla_decode_wgmma(wgmma);
+  be.set_mla_decode_pv_n64(pv_n64);
   const double us = time_graphs(be.stream(), quick ? 50 : 200, {[&] {
     be.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = table, .seq_lens = lens, .o = o,
                    .lse = lse, .scale = scale});
   }});
   be.set_mla_decode_wgmma(was);
+  be.set_mla_decode_pv_n64(was_n64);
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
-                 (wgmma || H < 64 ? "" : "_mma"),
+                 (wgmma || H < 64 ? "" : "_mma") + (pv_n64 && wgmma && H >= 64 ? "_pvn64" : ""),
          .us = us};
   l.bytes = double(B) * ctx * (R + Dr) * 2 + double(B) * H * (R + Dr) * 2 + double(B) * H * R * 2 + double(B) * H * 4;
   l.flops = 2.0 * B * H * ctx * (R + Dr + R);
@@ -394,6 +397,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{
              {96, 32, 4096}, {96, 64, 8192}, {96, 128, 16384}, {64, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
+      if (H == 96) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*pv_n64=*/true);
       if (H >= 64 && opts.with_mma) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/false);
     }
   if (wanted("lse_merge")) lse_merge_case(be, 8, 128, 96, 512, opts.quick, lines);

@@ -96,7 +96,9 @@ void check_kda_checkpoints(const char* op, const ops::KdaParams& p, KdaArgs& a, 
 void CudaBackend::kda_recurrent(const ops::KdaParams& p) {
   KdaCheck c = check_kda("kda_recurrent", p);
   check_kda_checkpoints("kda_recurrent", p, c.args, 1, stream_);
-  const auto ptrs = device_ints({&p.slots, &p.cu_seqlens, &p.checkpoint_slots});
+  // An absent checkpoint table is a default (0-d) tensor: staged only when checkpoints are asked for.
+  const auto ptrs = c.args.ckpt ? device_ints({&p.slots, &p.cu_seqlens, &p.checkpoint_slots})
+                                : device_ints({&p.slots, &p.cu_seqlens});
   c.args.slots = ptrs[0];
   c.args.cu_seqlens = ptrs[1];
   if (c.args.ckpt) c.args.ckpt_slots = ptrs[2];
@@ -130,7 +132,8 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   const int num_chunks = int(table.size() / 4);
   Tensor table_t = Tensor::from_i32({int64_t(table.size())}, table);
   Tensor seq0_t = Tensor::from_i32({int64_t(seq0.size())}, seq0);
-  const auto ptrs = device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t, &p.checkpoint_slots});
+  const auto ptrs = a.ckpt ? device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t, &p.checkpoint_slots})
+                          : device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t});
   a.slots = ptrs[0];
   a.cu_seqlens = ptrs[1];
   if (a.ckpt) a.ckpt_slots = ptrs[4];
@@ -253,6 +256,7 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   a.lse = f32(op, "lse", p.lse);
   a.scale = p.scale;
   a.use_wgmma = mla_wgmma_;
+  a.wgmma_pv_n256 = !mla_pv_n64_;
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
   a.block_table = ptrs[0];
   a.seq_lens = ptrs[1];

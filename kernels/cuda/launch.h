@@ -122,6 +122,9 @@ struct MlaDecodeArgs {
   // The Hopper wgmma kernel (mla_decode_wgmma.cu) for R = 512, Dr = 64, H >= 64 (CudaBackend sets it
   // from set_mla_decode_wgmma, default on); otherwise the mma.sync kernel.
   bool use_wgmma = false;
+  // wgmma kernel, P·V: one m64n256 per 16-token step and warpgroup (true, the default) or four
+  // m64n64 (the first form, kept to measure against: CudaBackend::set_mla_decode_pv_n64).
+  bool wgmma_pv_n256 = true;
 };
 // Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.
 struct MlaDecodePlan {

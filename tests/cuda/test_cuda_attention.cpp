@@ -280,7 +280,7 @@ TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused page
 }
 
 // The Hopper wgmma kernel (mla_decode_wgmma.cu), the default for H >= 64: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
-// 64, 300, 5000 (one split and several, merged); pages of 64, 16 and 48; bf16 and fp32 o.
+// 64, 300, 5000 (one split and several, merged); pages of 64, 16 and 48; bf16 and fp32 o; both P·V forms.
 TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
@@ -294,7 +294,11 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
                                       {96, 512, 64, 64, {1, 300}},
                                       {128, 512, 64, 48, {700, 64, 129}},
                                       {64, 512, 64, 16, {5000, 0, 1, 300}}};
-  check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, "mla_decode wgmma");
+  for (bool n64 : {false, true}) {  // P·V as one m64n256 per step (default) and as four m64n64
+    cb->set_mla_decode_pv_n64(n64);
+    check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, n64 ? "mla_decode wgmma pv n64" : "mla_decode wgmma");
+  }
+  cb->set_mla_decode_pv_n64(false);
   cb->set_mla_decode_wgmma(false);
 }
 
