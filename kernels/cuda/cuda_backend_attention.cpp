@@ -173,6 +173,7 @@ void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {
   a.o = fout(op, "o", p.o);
   need_shape(op, "o", p.o, {a.B, a.H, a.D});
   a.g_min = p.g_min;
+  a.l2_prefetch = kda_l2_prefetch_;
   a.slots = device_ints({&p.slots})[0];
   launch_kda_decode(a, stream_);
 }
@@ -257,6 +258,7 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   a.scale = p.scale;
   a.use_wgmma = mla_wgmma_;
   a.wgmma_pv_n256 = !mla_pv_n64_;
+  a.l2_prefetch_tiles = std::max(0, mla_l2_prefetch_);
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
   a.block_table = ptrs[0];
   a.seq_lens = ptrs[1];

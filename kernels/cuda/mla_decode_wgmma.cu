@@ -92,6 +92,20 @@ __device__ __forceinline__ void issue_tile(unsigned char* dst, const MlaDecodeAr
   }
 }
 
+// L2 prefetch of tokens [t0, min(t0 + 64, end)): one bulk prefetch per page run, issued by the first
+// lanes of warp 0 (a tile spans at most 64 / page_size + 1 page runs; 65 lanes cover page size 1).
+__device__ __forceinline__ void prefetch_tile_l2(const MlaDecodeArgs& a, const int32_t* pages, int t0, int end) {
+  if (t0 >= end) return;
+  const int t1 = min(end, t0 + kTok);
+  const int ps = a.page_size;
+  const int first_page = t0 / ps, last_page = (t1 - 1) / ps;
+  for (int pg = first_page + threadIdx.x; pg <= last_page; pg += 32) {
+    const int lo = max(t0, pg * ps), hi = min(t1, (pg + 1) * ps);
+    const __nv_bfloat16* src = a.kv + (int64_t(pages[pg]) * ps + (lo - pg * ps)) * kDk;
+    prefetch_l2_bulk(src, unsigned(hi - lo) * kDk * 2);  // rows of 1152 bytes: 16-byte multiples
+  }
+}
+
 template <bool kPvN256>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse) {
@@ -119,13 +133,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t* pages = a.block_table + int64_t(b) * a.max_pages;
   const int page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __ffs(a.page_size) - 1 : -1;
 
-  // The first tile goes in flight before Q is staged, so both latencies overlap.
+  // The first tile goes in flight before Q is staged, so both latencies overlap; the tiles after
+  // the ones loaded into shared memory are prefetched into L2 (l2_prefetch_tiles of them ahead).
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     const int ts = begin + s * kTok;
     if (ts < end) issue_tile(kv_s + s * kTileBytes, a, pages, ts, end, page_shift);
     cp_async_commit();
   }
+  const int pf = a.l2_prefetch_tiles;
+  if (tid < 32)  // tiles kStages .. kStages + pf - 2; the loop below prefetches from kStages + pf - 1 on
+    for (int i = 0; i + 1 < pf; ++i) prefetch_tile_l2(a, pages, begin + (kStages + i) * kTok, end);
   for (int idx = tid; idx < kHeads * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     uint4 v = make_uint4(0, 0, 0, 0);  // heads >= H: zero rows (scores 0, never written out)
@@ -159,6 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int sn = (stage + kStages - 1) % kStages;
       if (tn < end) issue_tile(kv_s + sn * kTileBytes, a, pages, tn, end, page_shift);
       cp_async_commit();  // possibly empty: keeps the group count uniform for the wait above
+      if (pf > 0 && tid < 32) prefetch_tile_l2(a, pages, tn + pf * kTok, end);
     }
     const uint32_t kt = kv_addr + stage * kTileBytes;
 
