@@ -6,8 +6,8 @@ fla (flash-linear-attention, Triton) chunk_kda / fused_recurrent_kda, FlashMLA (
 and PyTorch references for MLA decode and the LSE merge, on the shapes of
 bench/kernels_bench.cpp; writes {key: microseconds} JSON that `k3-bench-kernels --ref` merges.
 fla and FlashMLA are only measured against, never vendored: they are installed from wheels at run
-time (deploy/OFFLINE_KIT.md). FlashMLA runs 128 heads for our 96-head rows (what a user of it
-would run: SGLang pads K3's 96 heads so) and 64 heads beside our 64-head row.
+time (docs/PERF.md, "Kernels, second pass"). FlashMLA runs 128 heads for our 96-head rows (what a
+user of it would run: SGLang pads K3's 96 heads so) and 64 heads beside our 64-head row.
 
 Method: inputs random (never zeros); fla warmed (its autotuning) outside the timed region;
 prefill: median of 10 event-timed calls; decode-size: CUDA-graph replays timed one by one,

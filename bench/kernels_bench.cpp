@@ -254,8 +254,7 @@ void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt
   lines.push_back(l);
 }
 
-// prefetch: the kernel's L2 prefetch of the next wave's states (default on); off: a "_pf0" line.
-void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vector<Line>& lines, bool prefetch = true) {
+void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vector<Line>& lines) {
   const int64_t D = 128, W = 4, P = H * D;
   const double state_bytes = double(B) * H * D * D * 4;
   const int64_t R = std::max<int64_t>(1, int64_t(std::ceil(256.0 * (1 << 20) / state_bytes)));  // rotate past L2
@@ -284,11 +283,8 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
       be.kda_decode({.qkv = qkv, .conv_w = conv_w, .conv_cache = cache, .f = f, .a_log = a_log, .dt_bias = dt, .b = b,
                      .state = state, .slots = slot_sets[r], .o = o, .heads = int(H)});
     });
-  const bool was = be.kda_decode_l2_prefetch();
-  be.set_kda_decode_l2_prefetch(prefetch);
   const double us = time_graphs(be.stream(), quick ? 50 : 300, variants);
-  be.set_kda_decode_l2_prefetch(was);
-  Line l{.name = "kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H) + (prefetch ? "" : "_pf0"), .us = us};
+  Line l{.name = "kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H), .us = us};
   l.bytes = 2 * state_bytes + double(B) * 3 * P * 2 * (1 + 2 * (W - 1)) + double(B) * P * 2 * 2 + 3.0 * P * W * 4 +
             P * 4.0;
   l.flops = double(B) * H * 8.0 * D * D;
@@ -298,8 +294,8 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
 
 // wgmma: CudaBackend::set_mla_decode_wgmma (the default, on, takes H >= 64); with --with-mma the
 // mma.sync kernel is reported beside it as an "_mma" line for those shapes; at H = 96 the wgmma
-// kernel as first written (four m64n64 per P·V step, no L2 prefetch) as "_pvn64_pf0", and for
-// H >= 64 the L2 prefetch off and 4 tiles ahead (default 2) as "_pf0" / "_pf4".
+// kernel as first written (four m64n64 per P·V step) as "_pvn64", and for H >= 64 the L2 prefetch
+// 2 and 4 tiles ahead (default off) as "_pf2" / "_pf4".
 void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool quick, std::vector<Line>& lines,
                      bool wgmma = true, bool pv_n64 = false, int l2_prefetch = -1) {
   const int64_t R = 512, Dr = 64, page = 64, pages_per = ctx / page, num_pages = B * pages_per;
@@ -401,17 +397,14 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                                                       {256, 100, 96, 0}})
       kda_chunk_case(be, N, len, H, int(ckpt), opts.quick, lines);
   if (wanted("kda_decode"))
-    for (int B : opts.decode_batches) {
-      kda_decode_case(be, B, 96, opts.quick, lines);
-      if (B >= 32) kda_decode_case(be, B, 96, opts.quick, lines, /*prefetch=*/false);
-    }
+    for (int B : opts.decode_batches) kda_decode_case(be, B, 96, opts.quick, lines);
   if (wanted("mla_decode"))
     for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{
              {96, 32, 4096}, {96, 64, 8192}, {96, 128, 16384}, {64, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
-      if (H == 96) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*pv_n64=*/true, /*pf=*/0);
+      if (H == 96) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*pv_n64=*/true);
       if (H >= 64)
-        for (int pf : {0, 4}) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*pv_n64=*/false, pf);
+        for (int pf : {2, 4}) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*pv_n64=*/false, pf);
       if (H >= 64 && opts.with_mma) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/false);
     }
   if (wanted("lse_merge")) lse_merge_case(be, 8, 128, 96, 512, opts.quick, lines);

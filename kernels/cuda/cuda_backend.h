@@ -69,12 +69,9 @@ class CudaBackend final : public Backend {
   // The wgmma kernel's P·V as four m64n64 instructions per step (its first form) instead of one
   // m64n256; for measuring the two against each other.
   void set_mla_decode_pv_n64(bool on) { mla_pv_n64_ = on; }
-  // The wgmma kernel's L2 prefetch distance in 64-token tiles (default 2; 0 turns it off).
+  // The wgmma kernel's L2 prefetch distance in 64-token tiles (default 0 = off: on the H200 a
+  // distance of 2 or 4 was slower, docs/PERF.md; kept for measuring).
   void set_mla_decode_l2_prefetch(int tiles) { mla_l2_prefetch_ = tiles; }
-  // kda_decode: each block prefetches the state of the block one resident wave later into L2
-  // (default on; off for measuring).
-  void set_kda_decode_l2_prefetch(bool on) { kda_l2_prefetch_ = on; }
-  bool kda_decode_l2_prefetch() const { return kda_l2_prefetch_; }
   int mla_decode_l2_prefetch() const { return mla_l2_prefetch_; }
   bool mla_decode_pv_n64() const { return mla_pv_n64_; }
 
@@ -90,8 +87,7 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   bool mla_wgmma_ = true;  // set_mla_decode_wgmma
   bool mla_pv_n64_ = false;  // set_mla_decode_pv_n64
-  int mla_l2_prefetch_ = 2;  // set_mla_decode_l2_prefetch
-  bool kda_l2_prefetch_ = true;  // set_kda_decode_l2_prefetch
+  int mla_l2_prefetch_ = 0;  // set_mla_decode_l2_prefetch
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the

@@ -173,7 +173,6 @@ void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {
   a.o = fout(op, "o", p.o);
   need_shape(op, "o", p.o, {a.B, a.H, a.D});
   a.g_min = p.g_min;
-  a.l2_prefetch = kda_l2_prefetch_;
   a.slots = device_ints({&p.slots})[0];
   launch_kda_decode(a, stream_);
 }

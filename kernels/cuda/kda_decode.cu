@@ -123,13 +123,6 @@ __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
   const int64_t slot = a.slots[b];
   const int row0 = warp * kRowsPerWarp;
   float* S = a.state + (slot * H + h) * D * D;
-  if (a.prefetch_ahead > 0 && tid == 32) {  // not the copy-issuing thread: its load goes out first
-    const int64_t next = int64_t(b) * H + h + a.prefetch_ahead;
-    if (next < int64_t(a.B) * H) {
-      const int nb = int(next / H), nh = int(next % H);
-      prefetch_l2_bulk(a.state + (int64_t(a.slots[nb]) * H + nh) * D * D, D * D * 4);
-    }
-  }
 
   if constexpr (kBulk) {
     if (tid == 0) {
@@ -248,17 +241,7 @@ template <int D, bool kBulk>
 void launch_variant(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
   constexpr int kSmem = D * D * 4;
   K3_CUDA_OK(cudaFuncSetAttribute(kda_decode_kernel<D, kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  KdaDecodeArgs args = a;
-  args.prefetch_ahead = 0;
-  if (a.l2_prefetch) {  // one resident wave ahead; a grid of one wave or less has nothing to prefetch
-    int dev = 0, sms = 0, per_sm = 0;
-    K3_CUDA_OK(cudaGetDevice(&dev));
-    K3_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    K3_CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kda_decode_kernel<D, kBulk>, D * 2, kSmem));
-    const int64_t wave = int64_t(sms) * per_sm;
-    if (int64_t(grid.x) * grid.y > wave) args.prefetch_ahead = int(wave);
-  }
-  kda_decode_kernel<D, kBulk><<<grid, D * 2, kSmem, s>>>(args);
+  kda_decode_kernel<D, kBulk><<<grid, D * 2, kSmem, s>>>(a);
 }
 // Measured on the H200 (H = 96, D = 128): the bulk path moves 0.84 of copy bandwidth at B = 256
 // against 0.79 for per-thread copies, the same at B = 32, but its one-thread issue costs latency

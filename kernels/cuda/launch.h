@@ -105,11 +105,6 @@ struct KdaDecodeArgs {
   FOut o;                        // [B, H, D]
   int B = 0, H = 0, D = 0, W = 0;
   float g_min = -5.f;
-  // Each block bulk-prefetches into L2 the state of the block one resident wave after it (the one
-  // that will take its place), so the next wave's loads overlap this wave's work
-  // (CudaBackend::set_kda_decode_l2_prefetch; the launcher sizes the wave from the occupancy).
-  bool l2_prefetch = true;
-  int prefetch_ahead = 0;  // set by launch_kda_decode: resident blocks of the grid (0: off)
 };
 void launch_kda_decode(const KdaDecodeArgs& a, cudaStream_t s);
 
@@ -131,8 +126,9 @@ struct MlaDecodeArgs {
   // m64n64 (the first form, kept to measure against: CudaBackend::set_mla_decode_pv_n64).
   bool wgmma_pv_n256 = true;
   // wgmma kernel: KV tiles this far ahead of the one being loaded into shared memory are bulk
-  // prefetched into L2 (0: none; CudaBackend::set_mla_decode_l2_prefetch).
-  int l2_prefetch_tiles = 2;
+  // prefetched into L2 (0: none, the default: 2 and 4 measured 5 % slower on the H200, docs/PERF.md;
+  // CudaBackend::set_mla_decode_l2_prefetch).
+  int l2_prefetch_tiles = 0;
 };
 // Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.
 struct MlaDecodePlan {

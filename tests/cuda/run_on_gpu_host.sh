@@ -3,7 +3,7 @@
 # run the CUDA-vs-CPU tests, the fla/PyTorch references and `k3-bench kernels`.
 #   tests/cuda/run_on_gpu_host.sh OUT_DIR [--no-ref] [--all]
 # Needs .kit/k3-offline-kit.tar.gz (deploy/offline-kit.sh pack) and, for the references, the
-# fla-core and sgl-flash-mla (FlashMLA) wheels in .whl/ (deploy/OFFLINE_KIT.md). Writes at most 7
+# fla-core and sgl-flash-mla (FlashMLA) wheels in .whl/ (docs/PERF.md says how). Writes at most 7
 # files to OUT_DIR: build.log, resources.txt, tests.log, ref.json, ref.log, ours.json, bench.md.
 # REF_ARGS: extra bench/fla_reference.py flags (e.g. --skip-fla to time FlashMLA and PyTorch only).
 # REF_BASE: reference JSON of an earlier run on the same kind of GPU; keys this run did not time (with
