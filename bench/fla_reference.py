@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Reference timings for `k3-bench kernels`, measured on the same GPU in the same run.
 
-fla (flash-linear-attention, Triton) chunk_kda / fused_recurrent_kda and PyTorch references for
-MLA decode and the LSE merge, on the shapes of bench/kernels_bench.cpp; writes {key: microseconds}
-JSON that `k3-bench-kernels --ref` merges. fla is only measured against, never vendored: it is
-installed from a wheel at run time (deploy/OFFLINE_KIT.md).
+fla (flash-linear-attention, Triton) chunk_kda / fused_recurrent_kda, FlashMLA (PyPI
+`sgl-flash-mla`: its dense bf16 decode, the `use_legacy=True` path, which takes 64 or 128 heads)
+and PyTorch references for MLA decode and the LSE merge, on the shapes of
+bench/kernels_bench.cpp; writes {key: microseconds} JSON that `k3-bench-kernels --ref` merges.
+fla and FlashMLA are only measured against, never vendored: they are installed from wheels at run
+time (docs/PERF.md, "Kernels, second pass"). FlashMLA runs 128 heads for our 96-head rows (what a
+user of it would run: SGLang pads K3's 96 heads so) and 64 heads beside our 64-head row.
 
 Method: inputs random (never zeros); fla warmed (its autotuning) outside the timed region;
 prefill: median of 10 event-timed calls; decode-size: CUDA-graph replays timed one by one,
@@ -134,6 +137,35 @@ def mla_decode(res, H, B, ctx, R=512, Dr=64):
     res[f"mla_decode_H{H}_B{B}_ctx{ctx}"] = time_graphs([run], replays=200)
 
 
+def flashmla_decode(res, H, B, ctx, R=512, Dr=64, page=64):
+    """FlashMLA dense bf16 decode: paged cache [pages, 64, 1, 576] with shuffled pages, q [B, 1, H, 576]."""
+    from flash_mla import flash_mla_with_kvcache, get_mla_metadata
+    dev = "cuda"
+    pages_per = ctx // page
+    kv = ((torch.rand(B * pages_per, page, 1, R + Dr, device=dev) * 2 - 1)).bfloat16()
+    q = ((torch.rand(B, 1, H, R + Dr, device=dev) * 2 - 1) * 0.2).bfloat16()
+    table = torch.randperm(B * pages_per, device=dev, dtype=torch.int64).to(torch.int32).view(B, pages_per)
+    lens = torch.full((B,), ctx, device=dev, dtype=torch.int32)
+    scale = 192 ** -0.5
+    sched, _ = get_mla_metadata()
+
+    def run():
+        return flash_mla_with_kvcache(q, kv, table, lens, R, sched, softmax_scale=scale, causal=False,
+                                      use_legacy=True)
+
+    if B <= 32:  # same function as ours: check once against the PyTorch reference (contiguous KV)
+        o, lse = run()
+        kvc = kv.view(-1, R + Dr)[(table.long()[..., None] * page + torch.arange(page, device=dev)).view(B, -1)]
+        s = torch.einsum("bhd,btd->bht", q[:, 0].float(), kvc.float()) * scale
+        ref_lse = torch.logsumexp(s, dim=-1)
+        ref_o = torch.einsum("bht,btd->bhd", torch.softmax(s, dim=-1), kvc[..., :R].float())
+        err = ((o[:, 0].float() - ref_o).norm() / ref_o.norm()).item()
+        lerr = ((lse.view(B, H).float() - ref_lse).norm() / ref_lse.norm()).item()
+        print(f"flashmla H={H} B={B} ctx={ctx}: rel L2 error vs torch: out {err:.2e}, lse {lerr:.2e}", flush=True)
+        res[f"flashmla_check_H{H}_B{B}_ctx{ctx}"] = {"out_rel_l2": err, "lse_rel_l2": lerr}
+    res[f"flashmla_H{H}_B{B}_ctx{ctx}"] = time_graphs([run], replays=200)
+
+
 def lse_merge(res, N, B, H, D):
     dev = "cuda"
     parts = torch.rand(N, B, H, D, device=dev) * 2 - 1
@@ -153,15 +185,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--skip-fla", action="store_true")
+    ap.add_argument("--skip-torch-mla", action="store_true", help="FlashMLA only for MLA decode")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     steps = []
-    if not args.skip_fla:
-        steps += [lambda: kda_chunk(res, 8192, 96), lambda: kda_chunk(res, 32768, 32)]
-        steps += [lambda B=B: kda_decode(res, B, 96) for B in (1, 32, 256)]
-    steps += [lambda H=H, B=B, c=c: mla_decode(res, H, B, c) for H, B, c in
-              ((96, 32, 4096), (96, 64, 8192), (16, 64, 8192), (16, 128, 16384))]
+    # FlashMLA: 128 heads for our 96-head rows, 64 beside our 64-head row (it takes no other count).
+    steps += [lambda H=H, B=B, c=c: flashmla_decode(res, H, B, c) for H, B, c in
+              ((128, 32, 4096), (128, 64, 8192), (128, 128, 16384), (64, 64, 8192))]
+    if not args.skip_torch_mla:
+        steps += [lambda H=H, B=B, c=c: mla_decode(res, H, B, c) for H, B, c in
+                  ((96, 32, 4096), (96, 64, 8192), (96, 128, 16384), (64, 64, 8192), (16, 64, 8192),
+                   (16, 128, 16384))]
     steps += [lambda: lse_merge(res, 8, 128, 96, 512)]
+    if not args.skip_fla:  # last: fla's autotuning takes ~90 s per prefill shape
+        steps += [lambda B=B: kda_decode(res, B, 96) for B in (1, 32, 256)]
+        steps += [lambda: kda_chunk(res, 8192, 96), lambda: kda_chunk(res, 32768, 32)]
     for st in steps:
         try:
             st()

@@ -12,6 +12,7 @@ void k3::bench::add_kernels_options(CLI::App& app, KernelsBenchOptions& o) {
   app.add_option("--ref", o.ref_json, "reference timings from bench/fla_reference.py");
   app.add_option("--json", o.out_json, "write our numbers here");
   app.add_flag("--quick", o.quick, "fewer repetitions");
+  app.add_flag("--with-mma", o.with_mma, "also time the mma.sync MLA decode kernel at H >= 64 (_mma rows)");
   app.add_option("--decode-batches", o.decode_batches, "KDA decode batch sizes (H = 96, D = 128)")
       ->check(CLI::PositiveNumber);
   app.add_option("--only", o.only,
@@ -39,6 +40,7 @@ k3::bench::BenchCeilings k3::bench::measure_bench_ceilings(Backend&, bool) { ret
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -84,12 +86,17 @@ void fill_uniform(void* p, int64_t n, bool bf16, float lo, float hi, uint64_t se
 
 using cuda::CudaBackend;
 
+// A public kernel timed on the same card by bench/fla_reference.py: its label and JSON key.
+struct Ref {
+  std::string label, key;
+  double us = 0;  // filled from the reference JSON (0: not measured)
+};
+
 struct Line {
-  std::string name;     // key shared with bench/fla_reference.py
+  std::string name;     // our key (also the key of the first reference unless it names another)
   double us = 0, bytes = 0, flops = 0;
   double floor_us = 0;
-  std::string ref_name;
-  double ref_us = 0;
+  std::vector<Ref> refs;  // first = the table's main reference column; the rest get rows of their own
 };
 
 struct Ceilings {
@@ -203,11 +210,13 @@ Ceilings measure_ceilings(CudaBackend& be, bool quick, std::vector<Line>& lines)
   return c;
 }
 
-void kda_chunk_case(CudaBackend& be, int64_t T, int64_t H, bool quick, std::vector<Line>& lines) {
-  const int64_t D = 128;
+// N sequences of `len` tokens each; `ckpt` > 0 also writes the state every `ckpt` tokens into slots
+// (the prefix-cache checkpoints), counted as extra bytes written.
+void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt, bool quick, std::vector<Line>& lines) {
+  const int64_t D = 128, T = N * len;
   Tensor q = be.alloc({T, H, D}, DType::BF16), k = be.alloc({T, H, D}, DType::BF16), v = be.alloc({T, H, D}, DType::BF16);
   Tensor g = be.alloc({T, H, D}, DType::F32), beta = be.alloc({T, H}, DType::F32);
-  Tensor state = be.alloc({1, H, D, D}, DType::F32), o = be.alloc({T, H, D}, DType::BF16);
+  Tensor state = be.alloc({N, H, D, D}, DType::F32), o = be.alloc({T, H, D}, DType::BF16);
   fill(be, q, -1.f, 1.f, 10);
   fill(be, k, -1.f, 1.f, 11);
   fill(be, v, -1.f, 1.f, 12);
@@ -217,14 +226,31 @@ void kda_chunk_case(CudaBackend& be, int64_t T, int64_t H, bool quick, std::vect
   Tensor q2 = q.reshape({T * H, D}), k2 = k.reshape({T * H, D});
   be.l2norm({.x = q2, .y = q2, .eps = 1e-6f, .scale = 1.f / std::sqrt(float(D))});
   be.l2norm({.x = k2, .y = k2, .eps = 1e-6f});
-  Tensor slots = dev_ints(be, {0}), cu = dev_ints(be, {0, int32_t(T)});
+  std::vector<int32_t> slot_ids(N), cu_h(N + 1);
+  std::iota(slot_ids.begin(), slot_ids.end(), 0);
+  for (int64_t n = 0; n <= N; ++n) cu_h[n] = int32_t(n * len);
+  Tensor slots = dev_ints(be, slot_ids), cu = dev_ints(be, cu_h);
   ops::KdaParams p{.q = q, .k = k, .v = v, .g = g, .beta = beta, .state = state, .slots = slots, .cu_seqlens = cu, .o = o};
+  const int64_t per_seq = ckpt > 0 ? len / ckpt : 0, num_ckpt = N * per_seq;
+  Tensor ckpts;
+  if (ckpt > 0) {
+    ckpts = be.alloc({num_ckpt, H, D, D}, DType::F32);
+    std::vector<int32_t> table(static_cast<size_t>(num_ckpt));
+    std::iota(table.begin(), table.end(), 0);
+    p.checkpoints = ckpts;
+    p.checkpoint_slots = be.from_host(Tensor::from_i32({N, per_seq}, table), DType::I32);
+    p.checkpoint_interval = ckpt;
+  }
   const double us = time_eager(be.stream(), 2, quick ? 3 : 10, [&] { be.kda_chunk(p); });
-  const double C = 64, chunks = std::ceil(double(T) / 64);
-  Line l{.name = "kda_chunk_T" + std::to_string(T) + "_H" + std::to_string(H), .us = us};
-  l.bytes = double(T) * H * D * (2 + 2 + 2 + 4 + 2) + double(T) * H * 4 + 2.0 * H * D * D * 4;
+  const double C = 64, chunks = N * std::ceil(double(len) / 64);
+  std::string name = N == 1 ? "kda_chunk_T" + std::to_string(T) + "_H" + std::to_string(H)
+                            : "kda_chunk_N" + std::to_string(N) + "x" + std::to_string(len) + "_H" + std::to_string(H);
+  if (ckpt > 0) name += "_ckpt" + std::to_string(ckpt);
+  Line l{.name = name, .us = us};
+  l.bytes = double(T) * H * D * (2 + 2 + 2 + 4 + 2) + double(T) * H * 4 + 2.0 * N * H * D * D * 4 +
+            double(num_ckpt) * H * D * D * 4;
   l.flops = chunks * H * 2.0 * (5 * C * C * D + 3 * C * D * D);
-  l.ref_name = "fla chunk_kda";
+  if (ckpt == 0) l.refs = {{"fla chunk_kda", l.name}};
   lines.push_back(l);
 }
 
@@ -262,14 +288,16 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
   l.bytes = 2 * state_bytes + double(B) * 3 * P * 2 * (1 + 2 * (W - 1)) + double(B) * P * 2 * 2 + 3.0 * P * W * 4 +
             P * 4.0;
   l.flops = double(B) * H * 8.0 * D * D;
-  l.ref_name = "fla fused_recurrent_kda";
+  l.refs = {{"fla fused_recurrent_kda", "kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H)}};
   lines.push_back(l);
 }
 
-// wgmma: CudaBackend::set_mla_decode_wgmma (the default, on, takes H >= 64); the mma.sync kernel is
-// reported beside it as an "_mma" line for those shapes.
+// wgmma: CudaBackend::set_mla_decode_wgmma (the default, on, takes H >= 64); with --with-mma the
+// mma.sync kernel is reported beside it as an "_mma" line for those shapes; at H = 96 the wgmma
+// kernel as first written (four m64n64 per P·V step) as "_pvn64", and for H >= 64 the L2 prefetch
+// 2 and 4 tiles ahead (default off) as "_pf2" / "_pf4".
 void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool quick, std::vector<Line>& lines,
-                     bool wgmma = true) {
+                     bool wgmma = true, bool pv_n64 = false, int l2_prefetch = -1) {
   const int64_t R = 512, Dr = 64, page = 64, pages_per = ctx / page, num_pages = B * pages_per;
   Tensor kv = be.alloc({num_pages, page, R + Dr}, DType::BF16);
   Tensor q_lat = be.alloc({B, H, R}, DType::BF16), q_rope = be.alloc({B, H, Dr}, DType::BF16);
@@ -283,19 +311,29 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   Tensor table = be.from_host(Tensor::from_i32({B, pages_per}, perm), DType::I32);
   Tensor lens = dev_ints(be, std::vector<int32_t>(B, int32_t(ctx)));
   const float scale = 1.f / std::sqrt(192.f);
-  const bool was = be.mla_decode_wgmma();
+  const bool was = be.mla_decode_wgmma(), was_n64 = be.mla_decode_pv_n64();
+  const int was_pf = be.mla_decode_l2_prefetch();
   be.set_mla_decode_wgmma(wgmma);
+  be.set_mla_decode_pv_n64(pv_n64);
+  if (l2_prefetch >= 0) be.set_mla_decode_l2_prefetch(l2_prefetch);
   const double us = time_graphs(be.stream(), quick ? 50 : 200, {[&] {
     be.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = table, .seq_lens = lens, .o = o,
                    .lse = lse, .scale = scale});
   }});
   be.set_mla_decode_wgmma(was);
+  be.set_mla_decode_pv_n64(was_n64);
+  be.set_mla_decode_l2_prefetch(was_pf);
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
-                 (wgmma || H < 64 ? "" : "_mma"),
+                 (wgmma || H < 64 ? "" : "_mma") + (pv_n64 && wgmma && H >= 64 ? "_pvn64" : "") +
+                 (l2_prefetch >= 0 && wgmma && H >= 64 ? "_pf" + std::to_string(l2_prefetch) : ""),
          .us = us};
   l.bytes = double(B) * ctx * (R + Dr) * 2 + double(B) * H * (R + Dr) * 2 + double(B) * H * R * 2 + double(B) * H * 4;
   l.flops = 2.0 * B * H * ctx * (R + Dr + R);
-  l.ref_name = "torch einsum+softmax";
+  // FlashMLA takes 64 or 128 heads: 128 for our 96-head rows (as a user of it pads K3's 96), 64 for 64.
+  const std::string shape = "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx);
+  if (H == 64 || H == 96) l.refs.push_back({"FlashMLA " + std::to_string(H == 64 ? 64 : 128) + " heads",
+                                            "flashmla_H" + std::to_string(H == 64 ? 64 : 128) + shape});
+  l.refs.push_back({"torch einsum+softmax", "mla_decode_H" + std::to_string(H) + shape});
   lines.push_back(l);
 }
 
@@ -312,7 +350,7 @@ void lse_merge_case(CudaBackend& be, int64_t N, int64_t B, int64_t H, int64_t D,
          .us = us};
   l.bytes = double(N) * B * H * (D * 4 + 4) + double(B) * H * (D * 2 + 4);
   l.flops = 3.0 * N * B * H * D;
-  l.ref_name = "torch";
+  l.refs = {{"torch", l.name}};
   lines.push_back(l);
 }
 
@@ -351,13 +389,23 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     return list.find("," + family + ",") != std::string::npos;
   };
   if (wanted("kda_chunk"))
-    for (auto [T, H] : std::vector<std::pair<int64_t, int64_t>>{{8192, 96}, {32768, 32}}) kda_chunk_case(be, T, H, opts.quick, lines);
+    for (auto [N, len, H, ckpt] : std::vector<std::array<int64_t, 4>>{{1, 8192, 96, 0},
+                                                                      {1, 8192, 96, 64},
+                                                                      {1, 8192, 96, 256},
+                                                                      {1, 32768, 32, 0},
+                                                                      {1, 65536, 4, 0},
+                                                                      {256, 100, 96, 0}})
+      kda_chunk_case(be, N, len, H, int(ckpt), opts.quick, lines);
   if (wanted("kda_decode"))
     for (int B : opts.decode_batches) kda_decode_case(be, B, 96, opts.quick, lines);
   if (wanted("mla_decode"))
-    for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{{96, 32, 4096}, {96, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {
+    for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{
+             {96, 32, 4096}, {96, 64, 8192}, {96, 128, 16384}, {64, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
-      if (H >= 64) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/false);
+      if (H == 96) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*pv_n64=*/true);
+      if (H >= 64)
+        for (int pf : {2, 4}) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*pv_n64=*/false, pf);
+      if (H >= 64 && opts.with_mma) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/false);
     }
   if (wanted("lse_merge")) lse_merge_case(be, 8, 128, 96, 512, opts.quick, lines);
 
@@ -376,7 +424,8 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
   }
   for (Line& l : lines) {
     l.floor_us = std::max(l.bytes / c.copy_bytes_per_us, l.flops / c.gemm_flops_per_us);
-    if (ref.contains(l.name) && ref[l.name].is_number()) l.ref_us = ref[l.name].get<double>();
+    for (Ref& r : l.refs)
+      if (ref.contains(r.key) && ref[r.key].is_number()) r.us = ref[r.key].get<double>();
   }
 
   std::printf("\n## k3-bench kernels — %s, %d SMs, %s\n", be.device_name().c_str(), be.num_sms(), today().c_str());
@@ -389,16 +438,23 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
   out["date"] = today();
   out["copy_GBps"] = c.copy_bytes_per_us / 1e3;
   out["gemm_TFLOPs"] = c.gemm_flops_per_us / 1e6;
+  const auto ref_cols = [](const Ref* r, double ours) {
+    if (!r) return std::string("- | - | -");
+    if (r->us <= 0) return r->label + " | - | -";
+    return r->label + " | " + std::to_string(r->us).substr(0, 7) + " | " + std::to_string(r->us / ours).substr(0, 5);
+  };
   for (const Line& l : lines) {
     const bool ceiling = l.name.rfind("ceiling", 0) == 0;
-    std::printf("| %s | %.1f | %.1f | %.2f | %s | %s | %.0f | %s | %s | %s |\n", l.name.c_str(), l.us, l.bytes / 1e6,
+    std::printf("| %s | %.1f | %.1f | %.2f | %s | %s | %.0f | %s |\n", l.name.c_str(), l.us, l.bytes / 1e6,
                 l.flops / 1e9, ceiling ? "-" : std::to_string(l.floor_us).substr(0, 7).c_str(),
                 ceiling ? "-" : std::to_string(l.floor_us / l.us).substr(0, 5).c_str(), l.bytes / l.us / 1e3,
-                l.ref_name.empty() ? "-" : l.ref_name.c_str(),
-                l.ref_us > 0 ? std::to_string(l.ref_us).substr(0, 7).c_str() : "-",
-                l.ref_us > 0 ? std::to_string(l.ref_us / l.us).substr(0, 5).c_str() : "-");
+                ref_cols(l.refs.empty() ? nullptr : &l.refs[0], l.us).c_str());
+    for (size_t i = 1; i < l.refs.size(); ++i)  // further references: a row each, same "ours"
+      std::printf("| %s (same) | %.1f | | | | | | %s |\n", l.name.c_str(), l.us, ref_cols(&l.refs[i], l.us).c_str());
+    nlohmann::json refs = nlohmann::json::array();
+    for (const Ref& r : l.refs) refs.push_back({{"label", r.label}, {"key", r.key}, {"us", r.us}});
     out["lines"].push_back({{"name", l.name}, {"us", l.us}, {"bytes", l.bytes}, {"flops", l.flops},
-                            {"floor_us", l.floor_us}, {"ref", l.ref_name}, {"ref_us", l.ref_us}});
+                            {"floor_us", l.floor_us}, {"refs", refs}});
   }
   if (!opts.out_json.empty()) std::ofstream(opts.out_json) << out.dump(2) << "\n";
   return 0;

@@ -26,6 +26,7 @@ struct KernelsBenchOptions {
   std::string ref_json;   // reference timings (bench/fla_reference.py --out); may be empty
   std::string out_json;   // where to write our numbers; may be empty
   bool quick = false;     // fewer repetitions (smoke runs)
+  bool with_mma = false;  // also time the mma.sync MLA decode kernel at H >= 64 ("_mma" rows)
   std::vector<int> decode_batches = {1, 32, 256};  // KDA decode batch sizes
   std::string only;       // comma-separated kernel families to run (kda_chunk,kda_decode,mla_decode,lse_merge); empty = all
 };

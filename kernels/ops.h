@@ -75,6 +75,15 @@ struct KdaParams {
   Tensor cu_seqlens;  // [N+1] I32
   Tensor o;           // [T_total, H, V] output
   int chunk_size = 64;  // chunked form only
+  // Optional state checkpoints (for a prefix cache): with checkpoint_interval = I > 0, the state
+  // sequence n reaches after (j+1)·I of its tokens in this call is also written, in fp32, to
+  // checkpoints[checkpoint_slots[n, j]]. Entries < 0 are skipped, and so are checkpoints past the
+  // table's width M (size M to the longest sequence / I). Positions count from the sequence's first
+  // token in this call, so a caller resuming from a cached state at an aligned position keeps the
+  // checkpoints aligned. kda_chunk needs I to be a multiple of chunk_size.
+  Tensor checkpoints;       // [num_ckpt_slots, H, V, K] F32, written only (empty when I = 0)
+  Tensor checkpoint_slots;  // [N, M] I32
+  int checkpoint_interval = 0;
 };
 
 // One decode token per request, fused: conv update on q/k/v, L2 norm, gate, beta, delta rule.

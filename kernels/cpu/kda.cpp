@@ -1,8 +1,10 @@
 // KDA gate and the token recurrence (docs/MODEL.md §2.2, §2.3): the oracle the chunked form and the
 // device kernels are checked against.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/check.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -26,6 +28,42 @@ KdaDims check_kda(const char* op, const ops::KdaParams& p) {
   check_tensor(op, "o", p.o, DType::F32, {d.T, d.H, d.V});
   d.N = check_varlen(op, p.cu_seqlens, p.slots, d.T, d.num_slots);
   return d;
+}
+
+KdaCheckpoints check_kda_checkpoints(const char* op, const ops::KdaParams& p, const KdaDims& d, int64_t multiple_of) {
+  KdaCheckpoints c;
+  if (p.checkpoint_interval == 0) return c;
+  const int64_t I = p.checkpoint_interval;
+  check_arg(I > 0 && I % multiple_of == 0, op,
+            "checkpoint_interval must be a positive multiple of " + std::to_string(multiple_of) + ", got " +
+                std::to_string(I));
+  check_tensor(op, "checkpoints", p.checkpoints, DType::F32, {kAny, d.H, d.V, d.K});
+  check_tensor(op, "checkpoint_slots", p.checkpoint_slots, DType::I32, {d.N, kAny});
+  const int64_t num = p.checkpoints.dim(0);
+  c.M = p.checkpoint_slots.dim(1);
+  c.slots = p.checkpoint_slots.i32();
+  std::vector<bool> used(static_cast<size_t>(num), false);
+  for (int64_t i = 0; i < d.N * c.M; ++i) {
+    const int32_t s = c.slots[i];
+    if (s < 0) continue;
+    check_arg(s < num, op,
+              "checkpoint_slots[" + std::to_string(i / c.M) + ", " + std::to_string(i % c.M) + "] = " +
+                  std::to_string(s) + " is outside [0, " + std::to_string(num) + ")");
+    check_arg(!used[s], op, "checkpoint_slots: slot " + std::to_string(s) + " appears twice");
+    used[s] = true;
+  }
+  c.base = p.checkpoints.f32();
+  c.interval = I;
+  c.H = d.H;
+  c.head_floats = d.V * d.K;
+  return c;
+}
+
+void KdaCheckpoints::write(int64_t n, int64_t h, int64_t done, const float* S) const {
+  if (!base || done % interval != 0) return;
+  const int64_t j = done / interval - 1;
+  if (j < 0 || j >= M || slots[n * M + j] < 0) return;
+  std::copy(S, S + head_floats, base + (int64_t(slots[n * M + j]) * H + h) * head_floats);
 }
 
 void kda_token_step(float* S, const float* q, const float* k, const float* v, const float* g, float beta,
@@ -54,6 +92,7 @@ void kda_token_step(float* S, const float* q, const float* k, const float* v, co
 
 void kda_recurrent(ThreadPool& pool, const ops::KdaParams& p) {
   const KdaDims d = check_kda("kda_recurrent", p);
+  const KdaCheckpoints ckpt = check_kda_checkpoints("kda_recurrent", p, d, 1);
   const float *q = p.q.f32(), *k = p.k.f32(), *v = p.v.f32(), *g = p.g.f32(), *beta = p.beta.f32();
   float* state = p.state.f32();
   float* o = p.o.f32();
@@ -68,6 +107,7 @@ void kda_recurrent(ThreadPool& pool, const ops::KdaParams& p) {
         const int64_t qk = (t * d.H + h) * d.K;
         kda_token_step(S, q + qk, k + qk, v + (t * d.H + h) * d.V, g + qk, beta[t * d.H + h],
                        o + (t * d.H + h) * d.V, d.K, d.V);
+        ckpt.write(n, h, t + 1 - cu[n], S);
       }
     }
   });

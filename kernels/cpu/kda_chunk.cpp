@@ -138,6 +138,7 @@ void kda_chunk(ThreadPool& pool, const ops::KdaParams& p) {
   const int32_t* cu = p.cu_seqlens.i32();
   const int32_t* slots = p.slots.i32();
   const int64_t C = p.chunk_size;
+  const KdaCheckpoints ckpt = check_kda_checkpoints("kda_chunk", p, d, C);
   pool.parallel_for(d.N * d.H, [&](int64_t i0, int64_t i1) {
     ChunkScratch scratch;
     scratch.resize(std::min<int64_t>(C, std::max<int64_t>(1, d.T)), d.K, d.V);
@@ -149,6 +150,7 @@ void kda_chunk(ThreadPool& pool, const ops::KdaParams& p) {
         const int64_t qk = (t0 * d.H + h) * d.K, vo = (t0 * d.H + h) * d.V;
         run_chunk(S, q + qk, k + qk, v + vo, g + qk, beta + t0 * d.H + h, o + vo, L, d.K, d.V, d.H * d.K,
                   d.H * d.V, d.H, scratch);
+        ckpt.write(n, h, t0 + L - cu[n], S);
       }
     }
   });

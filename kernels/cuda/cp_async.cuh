@@ -14,6 +14,15 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// Bulk prefetch of `bytes` (a multiple of 16, 16-byte aligned source) into L2 (sm_90,
+// cp.async.bulk.prefetch.L2): a hint that completes on its own, tracked by nothing; later loads of
+// the range find it in L2 instead of paying the DRAM latency with few requests in flight.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* gmem, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
+#endif
+}
+
 // rows x cols floats (cols % 4 == 0, rows*cols/4 chunks spread over the block), src row pitch = cols.
 template <int kThreads>
 __device__ __forceinline__ void cp_async_rows(float* dst, int ld, const float* src, int rows, int cols) {

@@ -66,6 +66,14 @@ class CudaBackend final : public Backend {
   bool batch_invariant() const override { return batch_invariant_; }
   static constexpr int kInvariantSplitTokens = 1024;
   bool mla_decode_wgmma() const { return mla_wgmma_; }
+  // The wgmma kernel's P·V as four m64n64 instructions per step (its first form) instead of one
+  // m64n256; for measuring the two against each other.
+  void set_mla_decode_pv_n64(bool on) { mla_pv_n64_ = on; }
+  // The wgmma kernel's L2 prefetch distance in 64-token tiles (default 0 = off: on the H200 a
+  // distance of 2 or 4 was slower, docs/PERF.md; kept for measuring).
+  void set_mla_decode_l2_prefetch(int tiles) { mla_l2_prefetch_ = tiles; }
+  int mla_decode_l2_prefetch() const { return mla_l2_prefetch_; }
+  bool mla_decode_pv_n64() const { return mla_pv_n64_; }
 
   cudaStream_t stream() const { return stream_; }
   int num_sms() const { return num_sms_; }
@@ -78,6 +86,8 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   int num_sms_ = 0;
   bool mla_wgmma_ = true;  // set_mla_decode_wgmma
+  bool mla_pv_n64_ = false;  // set_mla_decode_pv_n64
+  int mla_l2_prefetch_ = 0;  // set_mla_decode_l2_prefetch
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the

@@ -59,23 +59,64 @@ KdaCheck check_kda(const char* op, const ops::KdaParams& p) {
   K3_CHECK(a.K <= 256 && a.V <= 1024, std::string(op) + ": K must be <= 256 and V <= 1024");
   return c;
 }
+
+// The optional checkpoint output (ops::KdaParams): interval a multiple of `multiple_of`, table
+// [N, M] I32, slots distinct and inside the checkpoint tensor (read on the host: a prefill call).
+// Sets a.ckpt / ckpt_m / ckpt_interval; a.ckpt_slots is set by the caller from device_ints.
+void check_kda_checkpoints(const char* op, const ops::KdaParams& p, KdaArgs& a, int multiple_of, cudaStream_t s) {
+  if (p.checkpoint_interval == 0) return;
+  const int I = p.checkpoint_interval;
+  K3_CHECK(I > 0 && I % multiple_of == 0, std::string(op) + ": checkpoint_interval must be a positive multiple of " +
+                                              std::to_string(multiple_of) + ", got " + std::to_string(I));
+  float* ck = f32(op, "checkpoints", p.checkpoints);
+  K3_CHECK(p.checkpoints.ndim() == 4 && p.checkpoints.dim(1) == a.H && p.checkpoints.dim(2) == a.V &&
+               p.checkpoints.dim(3) == a.K,
+           std::string(op) + ": checkpoints: expected [slots, H, V, K], got " + shape_str(p.checkpoints.shape()));
+  need_i32(op, "checkpoint_slots", p.checkpoint_slots, -1);
+  K3_CHECK(p.checkpoint_slots.ndim() == 2 && p.checkpoint_slots.dim(0) == a.N,
+           std::string(op) + ": checkpoint_slots: expected [N = " + std::to_string(a.N) + ", M], got " +
+               shape_str(p.checkpoint_slots.shape()));
+  const int64_t num = p.checkpoints.dim(0);
+  std::vector<bool> used(size_t(num), false);
+  const std::vector<int32_t> tbl = host_ints(p.checkpoint_slots, s);
+  for (size_t i = 0; i < tbl.size(); ++i) {
+    if (tbl[i] < 0) continue;
+    K3_CHECK(tbl[i] < num, std::string(op) + ": checkpoint_slots entry " + std::to_string(i) + " = " +
+                               std::to_string(tbl[i]) + " is outside [0, " + std::to_string(num) + ")");
+    K3_CHECK(!used[size_t(tbl[i])], std::string(op) + ": checkpoint_slots: slot " + std::to_string(tbl[i]) +
+                                        " appears twice");
+    used[size_t(tbl[i])] = true;
+  }
+  a.ckpt = ck;
+  a.ckpt_m = int(p.checkpoint_slots.dim(1));
+  a.ckpt_interval = I;
+}
 }  // namespace
 
 void CudaBackend::kda_recurrent(const ops::KdaParams& p) {
   KdaCheck c = check_kda("kda_recurrent", p);
-  const auto ptrs = device_ints({&p.slots, &p.cu_seqlens});
+  check_kda_checkpoints("kda_recurrent", p, c.args, 1, stream_);
+  // An absent checkpoint table is a default (0-d) tensor: staged only when checkpoints are asked for.
+  const auto ptrs = c.args.ckpt ? device_ints({&p.slots, &p.cu_seqlens, &p.checkpoint_slots})
+                                : device_ints({&p.slots, &p.cu_seqlens});
   c.args.slots = ptrs[0];
   c.args.cu_seqlens = ptrs[1];
+  if (c.args.ckpt) c.args.ckpt_slots = ptrs[2];
   launch_kda_recurrent(c.args, stream_);
 }
 
 void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   KdaCheck c = check_kda("kda_chunk", p);
   KdaArgs& a = c.args;
+  K3_CHECK(p.chunk_size >= 1, "kda_chunk: chunk_size must be >= 1, got " + std::to_string(p.chunk_size));
+  K3_CHECK(p.checkpoint_interval == 0 || (p.checkpoint_interval > 0 && p.checkpoint_interval % p.chunk_size == 0),
+           "kda_chunk: checkpoint_interval must be a positive multiple of " + std::to_string(p.chunk_size) +
+               ", got " + std::to_string(p.checkpoint_interval));
   if (a.K != 128 || a.V != 128 || p.chunk_size != 64) {  // same function, token by token
     kda_recurrent(p);
     return;
   }
+  check_kda_checkpoints("kda_chunk", p, a, 64, stream_);
   const std::vector<int32_t> cu = host_ints(p.cu_seqlens, stream_);
   K3_CHECK(!cu.empty() && cu.front() == 0 && cu.back() == c.T, "kda_chunk: cu_seqlens must run from 0 to T");
   // Chunk table: (first token, length, sequence, index in sequence) and each sequence's first chunk.
@@ -91,9 +132,11 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   const int num_chunks = int(table.size() / 4);
   Tensor table_t = Tensor::from_i32({int64_t(table.size())}, table);
   Tensor seq0_t = Tensor::from_i32({int64_t(seq0.size())}, seq0);
-  const auto ptrs = device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t});
+  const auto ptrs = a.ckpt ? device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t, &p.checkpoint_slots})
+                          : device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t});
   a.slots = ptrs[0];
   a.cu_seqlens = ptrs[1];
+  if (a.ckpt) a.ckpt_slots = ptrs[4];
   auto* work = static_cast<float*>(work_.ensure(size_t(kda_chunk_workspace_floats(num_chunks, a.H)) * 4 + 256));
   launch_kda_chunk(a, ptrs[2], ptrs[3], num_chunks, work, num_sms_, stream_);
 }
@@ -213,6 +256,8 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   a.lse = f32(op, "lse", p.lse);
   a.scale = p.scale;
   a.use_wgmma = mla_wgmma_;
+  a.wgmma_pv_n256 = !mla_pv_n64_;
+  a.l2_prefetch_tiles = std::max(0, mla_l2_prefetch_);
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
   a.block_table = ptrs[0];
   a.seq_lens = ptrs[1];

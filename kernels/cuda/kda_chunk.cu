@@ -17,7 +17,8 @@
 //    then S = Diag_k(e^{Γ_C}) S + V'ᵀ (K⊙e^{Γ_C−Γ}) (V' rounded to bf16 once, as its products'
 //    operand). The next chunk's workspace tiles stream in by cp.async while this one computes.
 //    Rows past a sequence's end are zero in every workspace tile (their β, K, Q, V are
-//    zero-filled), so they add nothing.
+//    zero-filled), so they add nothing. Optional checkpoints: after a chunk that ends a multiple of
+//    the checkpoint interval, the fp32 state tile is also stored to the caller's checkpoint slot.
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"
@@ -140,6 +141,9 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int mt = warp & 3, ag0 = (warp >> 2) * kAG;
   for (int c = c_begin; c < c_end; ++c) {
     const int t0 = chunk_table[4 * c], len = chunk_table[4 * c + 1];
+    // Checkpoint slot of this chunk's end (-1: none), read now so that its load latency hides
+    // behind the chunk's products instead of stalling the chain at the end.
+    const int ck = kda_ckpt_slot(a, n, 64 * chunk_table[4 * c + 3] + len);
     const int parity = (c - c_begin) & 1;
     const int bufA = Cfg::kBufA == 2 ? parity : 0, bufB = Cfg::kBufB == 2 ? parity : 0;
     const bool has_next = c + 1 < c_end;
@@ -239,6 +243,21 @@ __global__ void __launch_bounds__(32 * kWarps)
       }
     }
     store_sb();
+    // Checkpoint: the fp32 state after this chunk, when it ends a multiple of the interval. Streaming
+    // (evict-first) stores from the accumulators (64 KiB per head per checkpoint): nothing here reads
+    // them back, so they should not displace the workspace tiles in L2.
+    if (ck >= 0) {
+      float* dst = a.ckpt + (int64_t(ck) * H + h) * kD * kD + int64_t(v0) * kD;
+#pragma unroll
+      for (int gi = 0; gi < kSG; ++gi)
+#pragma unroll
+        for (int jn = 0; jn < 2; ++jn)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int r = 16 * srt + g + 8 * hf, col = 16 * (sc0 + gi) + 8 * jn + 2 * t;
+            __stcs(reinterpret_cast<float2*>(dst + r * kD + col), make_float2(S[gi][jn][2 * hf], S[gi][jn][2 * hf + 1]));
+          }
+    }
     if (kStages == 1) {
       __syncthreads();  // K⊙e^{Γ_C−Γ}, M_qk, e^{Γ_C} and V' are no longer read
       if (has_next) fetch_kmg(c + 1, 0);

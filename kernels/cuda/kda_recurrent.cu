@@ -44,6 +44,11 @@ __global__ void kda_recurrent_kernel(KdaArgs a) {
       a.o.set(row * V + j, o);
     }
     __syncthreads();
+    const int cs = kda_ckpt_slot(a, n, int(t + 1 - a.cu_seqlens[n]));
+    if (cs >= 0) {  // row j is final for this token; the next token's barrier orders the reads
+      float* dst = a.ckpt + (int64_t(cs) * a.H + h) * int64_t(V) * K;
+      for (int i = threadIdx.x; i < V * K; i += blockDim.x) dst[i] = S[(i / K) * ld + i % K];
+    }
   }
   for (int i = threadIdx.x; i < V * K; i += blockDim.x) state[i] = S[(i / K) * ld + i % K];
 }

@@ -70,7 +70,18 @@ struct KdaArgs {
   const int32_t* cu_seqlens = nullptr;  // [N+1] device
   FOut o;                        // [T, H, V]
   int N = 0, H = 0, K = 0, V = 0;
+  // Optional checkpoints (ops::KdaParams): after (j+1)·ckpt_interval tokens of sequence n the state
+  // goes to ckpt + slot·H·V·K, slot = ckpt_slots[n·ckpt_m + j] when j < ckpt_m and slot >= 0.
+  float* ckpt = nullptr;                 // [ckpt slots, H, V, K]; null: none
+  const int32_t* ckpt_slots = nullptr;   // [N, ckpt_m] device
+  int ckpt_m = 0, ckpt_interval = 0;
 };
+// The checkpoint slot for `done` tokens of sequence n, or -1 (device and host).
+__host__ __device__ inline int kda_ckpt_slot(const KdaArgs& a, int n, int done) {
+  if (a.ckpt == nullptr || done <= 0 || done % a.ckpt_interval != 0) return -1;
+  const int j = done / a.ckpt_interval - 1;
+  return j < a.ckpt_m ? a.ckpt_slots[int64_t(n) * a.ckpt_m + j] : -1;
+}
 void launch_kda_recurrent(const KdaArgs& a, cudaStream_t s);
 
 // Chunked form, K = V = 128, chunk 64. `chunk_table` [num_chunks, 4] I32 on device: (first token,
@@ -111,6 +122,13 @@ struct MlaDecodeArgs {
   // The Hopper wgmma kernel (mla_decode_wgmma.cu) for R = 512, Dr = 64, H >= 64 (CudaBackend sets it
   // from set_mla_decode_wgmma, default on); otherwise the mma.sync kernel.
   bool use_wgmma = false;
+  // wgmma kernel, P·V: one m64n256 per 16-token step and warpgroup (true, the default) or four
+  // m64n64 (the first form, kept to measure against: CudaBackend::set_mla_decode_pv_n64).
+  bool wgmma_pv_n256 = true;
+  // wgmma kernel: KV tiles this far ahead of the one being loaded into shared memory are bulk
+  // prefetched into L2 (0: none, the default: 2 and 4 measured 5 % slower on the H200, docs/PERF.md;
+  // CudaBackend::set_mla_decode_l2_prefetch).
+  int l2_prefetch_tiles = 0;
 };
 // Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.
 struct MlaDecodePlan {

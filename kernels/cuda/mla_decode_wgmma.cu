@@ -12,8 +12,10 @@
 //      shared memory (as the WS warps of mla_decode_mma_kernel do). P (bf16) goes to shared memory
 //      in the 128B-swizzled K-major layout, the running O is rescaled in registers.
 //   3. O += P V: warpgroup w owns output columns 256w..256w+255 as 4 x 64-column accumulator sets
-//      (4 x 32 = 128 fp32 registers per thread); per 16-token k step, 4 wgmma m64n64k16 with A = P
-//      (K-major) and B = V = dims 256w.. of the same staged rows, read MN-major (imm-trans-b = 1).
+//      (4 x 32 = 128 fp32 registers per thread); per 16-token k step, one wgmma m64n256k16 (or, as
+//      first written and kept for comparison, 4 m64n64k16) with A = P (K-major) and B = V = dims
+//      256w.. of the same staged rows, read MN-major (imm-trans-b = 1; the n256 descriptor carries
+//      the 8192-byte stride between dim chunks in LBO, wgmma.cuh).
 // The KV tile is loaded once per stage by cp.async (16-byte copies, rows past seq_len zero-filled:
 // unused cache rows may hold NaN), 2 stages, directly into the swizzled layout (the cp.async
 // destination applies the same XOR the wgmma descriptor implies).
@@ -90,6 +92,21 @@ __device__ __forceinline__ void issue_tile(unsigned char* dst, const MlaDecodeAr
   }
 }
 
+// L2 prefetch of tokens [t0, min(t0 + 64, end)): one bulk prefetch per page run, issued by the first
+// lanes of warp 0 (a tile spans at most 64 / page_size + 1 page runs; 65 lanes cover page size 1).
+__device__ __forceinline__ void prefetch_tile_l2(const MlaDecodeArgs& a, const int32_t* pages, int t0, int end) {
+  if (t0 >= end) return;
+  const int t1 = min(end, t0 + kTok);
+  const int ps = a.page_size;
+  const int first_page = t0 / ps, last_page = (t1 - 1) / ps;
+  for (int pg = first_page + threadIdx.x; pg <= last_page; pg += 32) {
+    const int lo = max(t0, pg * ps), hi = min(t1, (pg + 1) * ps);
+    const __nv_bfloat16* src = a.kv + (int64_t(pages[pg]) * ps + (lo - pg * ps)) * kDk;
+    prefetch_l2_bulk(src, unsigned(hi - lo) * kDk * 2);  // rows of 1152 bytes: 16-byte multiples
+  }
+}
+
+template <bool kPvN256>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse) {
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 at run time below
@@ -116,13 +133,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t* pages = a.block_table + int64_t(b) * a.max_pages;
   const int page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __ffs(a.page_size) - 1 : -1;
 
-  // The first tile goes in flight before Q is staged, so both latencies overlap.
+  // The first tile goes in flight before Q is staged, so both latencies overlap; the tiles after
+  // the ones loaded into shared memory are prefetched into L2 (l2_prefetch_tiles of them ahead).
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     const int ts = begin + s * kTok;
     if (ts < end) issue_tile(kv_s + s * kTileBytes, a, pages, ts, end, page_shift);
     cp_async_commit();
   }
+  const int pf = a.l2_prefetch_tiles;
+  if (tid < 32)  // tiles kStages .. kStages + pf - 2; the loop below prefetches from kStages + pf - 1 on
+    for (int i = 0; i + 1 < pf; ++i) prefetch_tile_l2(a, pages, begin + (kStages + i) * kTok, end);
   for (int idx = tid; idx < kHeads * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     uint4 v = make_uint4(0, 0, 0, 0);  // heads >= H: zero rows (scores 0, never written out)
@@ -156,6 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int sn = (stage + kStages - 1) % kStages;
       if (tn < end) issue_tile(kv_s + sn * kTileBytes, a, pages, tn, end, page_shift);
       cp_async_commit();  // possibly empty: keeps the group count uniform for the wait above
+      if (pf > 0 && tid < 32) prefetch_tile_l2(a, pages, tn + pf * kTok, end);
     }
     const uint32_t kt = kv_addr + stage * kTileBytes;
 
@@ -231,8 +253,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kTok / 16; ++kk) {
       const uint64_t da = wg::make_desc(p_addr + mlawg::pv_a_off(kk));
+      if constexpr (kPvN256) {  // o[4][32] is the m64n256 accumulator set: four n64 sets back to back
+        wg::mma_m64n256_kt(*reinterpret_cast<float(*)[128]>(&o[0][0]), da,
+                           wg::make_desc(kt + mlawg::pv_b_off(kk, w, 0), 8 * wg::kAtomBytes, wg::kAtomBytes));
+      } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wg::mma_m64n64_kt(o[j], da, wg::make_desc(kt + mlawg::pv_b_off(kk, w, j)));
+        for (int j = 0; j < 4; ++j) wg::mma_m64n64_kt(o[j], da, wg::make_desc(kt + mlawg::pv_b_off(kk, w, j)));
+      }
     }
     wg::commit();
     wg::wait<0>();
@@ -303,9 +330,10 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
                              cudaStream_t s) {
   K3_CHECK(a.R == kR && a.Dr == kDr, "mla_decode_wgmma: needs R = 512, Dr = 64");
   K3_CHECK(plan.splits == 1 || plan.tokens_per_split % kTok == 0, "mla_decode_wgmma: split length must be a multiple of 64");
-  K3_CUDA_OK(cudaFuncSetAttribute(mla_decode_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  auto* kern = a.wgmma_pv_n256 ? mla_decode_wgmma_kernel<true> : mla_decode_wgmma_kernel<false>;
+  K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid((a.H + kHeads - 1) / kHeads, plan.splits, a.B);
-  mla_decode_wgmma_kernel<<<grid, kThreads, kSmem, s>>>(a, plan.tokens_per_split, part_o, part_lse);
+  kern<<<grid, kThreads, kSmem, s>>>(a, plan.tokens_per_split, part_o, part_lse);
   K3_CUDA_LAUNCHED("mla_decode_wgmma_kernel");
 }
 

@@ -3,8 +3,12 @@
 # run the CUDA-vs-CPU tests, the fla/PyTorch references and `k3-bench kernels`.
 #   tests/cuda/run_on_gpu_host.sh OUT_DIR [--no-ref] [--all]
 # Needs .kit/k3-offline-kit.tar.gz (deploy/offline-kit.sh pack) and, for the references, the
-# fla-core wheel in .whl/ (deploy/OFFLINE_KIT.md). Writes at most 7 files to OUT_DIR: build.log,
-# resources.txt, tests.log, ref.json, ref.log, ours.json, bench.md.
+# fla-core and sgl-flash-mla (FlashMLA) wheels in .whl/ (docs/PERF.md says how). Writes at most 7
+# files to OUT_DIR: build.log, resources.txt, tests.log, ref.json, ref.log, ours.json, bench.md.
+# REF_ARGS: extra bench/fla_reference.py flags (e.g. --skip-fla to time FlashMLA and PyTorch only).
+# REF_BASE: reference JSON of an earlier run on the same kind of GPU; keys this run did not time (with
+# --skip-fla: fla's, whose autotuning costs ~90 s a prefill shape) are taken from it, and ref.json
+# lists them under "from_earlier_run".
 set -uo pipefail
 OUT=${1:?output dir}
 shift
@@ -31,9 +35,22 @@ for t in cuda_test_cuda_mma cuda_test_cuda_wgmma cuda_test_cuda_ops cuda_test_cu
   $B/tests/$t 2>&1 | tee -a "$OUT/tests.log" | tail -25
 done
 if [[ $REF == 1 ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/fla_core-*.whl &&
-    PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site timeout "${REF_TIMEOUT:-240}" python3 bench/fla_reference.py --out "$OUT/ref.json" > "$OUT/ref.log" 2>&1
-  tail -5 "$OUT/ref.log"
+  # shellcheck disable=SC2086
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/fla_core-*.whl .whl/sgl_flash_mla-*.whl &&
+    PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site timeout "${REF_TIMEOUT:-300}" python3 bench/fla_reference.py --out "$OUT/ref.json" ${REF_ARGS:-} > "$OUT/ref.log" 2>&1
+  grep -E "flashmla|failed|first call" "$OUT/ref.log" | head -20
+  if [[ -n ${REF_BASE:-} && -f $REF_BASE ]]; then
+    python3 - "$REF_BASE" "$OUT/ref.json" <<'PY'
+import json, sys
+base, cur = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+added = [k for k in base if k not in cur and k not in ("device", "torch")]
+for k in added:
+    cur[k] = base[k]
+cur["from_earlier_run"] = added
+json.dump(cur, open(sys.argv[2], "w"), indent=1)
+print("reference keys from the earlier run:", ", ".join(added))
+PY
+  fi
 fi
 # REF_JSON: reuse reference timings of an earlier run (with --no-ref); default: this run's.
 # BENCH_ARGS: extra k3-bench kernels flags, e.g. "--only kda_decode,mla_decode".

@@ -107,6 +107,68 @@ TEST_CASE("cuda kda chunked and recurrent match the cpu recurrence", "[cuda]") {
   }
 }
 
+TEST_CASE("cuda kda checkpoints match the cpu recurrence's (chunked kernel and token fallback)", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(25);
+  // D = 128 takes the chunked kernel (interval 64: every chunk; 256: every 4th); D = 32 the token
+  // kernel behind kda_chunk. Lengths: past one and several intervals, empty, exactly one chunk.
+  struct Case { int64_t D, H; int interval; bool chunked; };
+  const std::vector<int32_t> lens = {300, 0, 64, 129, 520};
+  for (const Case cs : {Case{128, 3, 64, true}, Case{128, 40, 256, true}, Case{128, 3, 64, false}, Case{32, 2, 64, true}}) {
+    const int64_t D = cs.D, H = cs.H, T = std::accumulate(lens.begin(), lens.end(), 0), N = int64_t(lens.size());
+    const std::string tag = "D=" + std::to_string(D) + " H=" + std::to_string(H) + " interval=" +
+                            std::to_string(cs.interval) + (cs.chunked ? " kda_chunk" : " kda_recurrent");
+    Tensor q = randn({T, H, D}, rng), k = randn({T, H, D}, rng), v = randn({T, H, D}, rng);
+    normalise_heads(q, 1.f / std::sqrt(float(D)));
+    normalise_heads(k, 1.f);
+    Tensor gate = uniform({T, H, D}, rng, -5.f, -0.001f, false);
+    Tensor beta = uniform({T, H}, rng, 0.05f, 0.95f, false);
+    Tensor state0 = randn({N, H, D, D}, rng, 0.1f, false);
+    // Every reachable checkpoint gets a slot (shuffled), so the poisoned tensor must be fully written;
+    // the table is one column wider than needed (its -1 entries are past every sequence's end).
+    int64_t M = 0, num = 0;
+    for (int32_t l : lens) M = std::max<int64_t>(M, l / cs.interval);
+    ++M;
+    std::vector<int32_t> table(static_cast<size_t>(N * M), -1);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < lens[size_t(n)] / cs.interval; ++j) table[size_t(n * M + j)] = int32_t(num++);
+    std::vector<int32_t> perm(static_cast<size_t>(num));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (auto& e : table) e = e < 0 ? e : perm[size_t(e)];
+    Tensor tbl = Tensor::from_i32({N, M}, table), slots = ints({4, 3, 2, 1, 0}), cu = cu_of(lens);
+    Tensor ref_state = state0.clone(), ref_o = Tensor::zeros({T, H, D}), ref_ck = Tensor::zeros({num, H, D, D});
+    bk.cpu->kda_recurrent({.q = q, .k = k, .v = v, .g = gate, .beta = beta, .state = ref_state, .slots = slots,
+                           .cu_seqlens = cu, .o = ref_o, .checkpoints = ref_ck, .checkpoint_slots = tbl,
+                           .checkpoint_interval = cs.interval});
+    Tensor gstate = g.from_host(state0, DType::F32), go = poisoned(g, {T, H, D}, DType::BF16);
+    Tensor gck = poisoned(g, {num, H, D, D}, DType::F32);
+    ops::KdaParams p{.q = g.from_host(q, DType::BF16), .k = g.from_host(k, DType::BF16), .v = g.from_host(v, DType::BF16),
+                     .g = g.from_host(gate, DType::F32), .beta = g.from_host(beta, DType::F32), .state = gstate,
+                     .slots = g.from_host(slots, DType::I32), .cu_seqlens = g.from_host(cu, DType::I32), .o = go,
+                     .checkpoints = gck, .checkpoint_slots = g.from_host(tbl, DType::I32),
+                     .checkpoint_interval = cs.interval};
+    if (cs.chunked) g.kda_chunk(p);
+    else g.kda_recurrent(p);
+    const bool fast = cs.chunked && D == 128;
+    expect_close(g, gck, ref_ck, tol(fast ? "kda_state" : "kda_recurrent"), "checkpoints " + tag);
+    expect_close(g, go, ref_o, tol(fast ? "kda_out" : "kda_recurrent"), "o " + tag);
+    expect_close(g, gstate, ref_state, tol(fast ? "kda_state" : "kda_recurrent"), "state " + tag);
+  }
+  // Refused by name before any launch.
+  Tensor z = g.from_host(Tensor::zeros({64, 1, 128}), DType::BF16), zf = g.from_host(Tensor::zeros({64, 1, 128}), DType::F32);
+  ops::KdaParams bad{.q = z, .k = z, .v = z, .g = zf, .beta = g.from_host(Tensor::zeros({64, 1}), DType::F32),
+                     .state = g.from_host(Tensor::zeros({1, 1, 128, 128}), DType::F32), .slots = g.from_host(ints({0}), DType::I32),
+                     .cu_seqlens = g.from_host(ints({0, 64}), DType::I32), .o = poisoned(g, {64, 1, 128}, DType::BF16),
+                     .checkpoints = g.from_host(Tensor::zeros({1, 1, 128, 128}), DType::F32),
+                     .checkpoint_slots = Tensor::from_i32({1, 1}, std::vector<int32_t>{0}), .checkpoint_interval = 32};
+  CHECK_THROWS_WITH(g.kda_chunk(bad), Catch::Matchers::Contains("checkpoint_interval must be a positive multiple of 64"));
+  bad.checkpoint_interval = 64;
+  bad.checkpoint_slots = Tensor::from_i32({1, 1}, std::vector<int32_t>{1});
+  CHECK_THROWS_WITH(g.kda_chunk(bad), Catch::Matchers::Contains("checkpoint_slots entry 0 = 1 is outside [0, 1)"));
+}
+
 TEST_CASE("cuda kda_decode matches cpu (conv + gate + delta rule, per-request slots)", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
@@ -218,7 +280,7 @@ TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused page
 }
 
 // The Hopper wgmma kernel (mla_decode_wgmma.cu), the default for H >= 64: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
-// 64, 300, 5000 (one split and several, merged); pages of 64, 16 and 48; bf16 and fp32 o.
+// 64, 300, 5000 (one split and several, merged); pages of 64, 16 and 48; bf16 and fp32 o; both P·V forms.
 TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
@@ -232,7 +294,15 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
                                       {96, 512, 64, 64, {1, 300}},
                                       {128, 512, 64, 48, {700, 64, 129}},
                                       {64, 512, 64, 16, {5000, 0, 1, 300}}};
-  check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, "mla_decode wgmma");
+  // P·V as one m64n256 per step (the default) with the L2 prefetch on (a hint: same results), and
+  // as first written (four m64n64, no prefetch).
+  for (bool first_form : {false, true}) {
+    cb->set_mla_decode_pv_n64(first_form);
+    cb->set_mla_decode_l2_prefetch(first_form ? 0 : 2);
+    check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, first_form ? "mla_decode wgmma first form" : "mla_decode wgmma");
+  }
+  cb->set_mla_decode_pv_n64(false);
+  cb->set_mla_decode_l2_prefetch(0);
   cb->set_mla_decode_wgmma(false);
 }
 
