@@ -5,6 +5,7 @@
 #include <random>
 
 #include "router/api_error.h"
+#include "router/json_body.h"
 #include "router/openai_format.h"
 #include "router/request_stream.h"
 
@@ -223,7 +224,7 @@ HttpResponse ApiHandlers::models() const {
 
 HttpResponse ApiHandlers::completions(const HttpRequest& http, Endpoint endpoint) {
   const std::string ctype = http.header("content-type");
-  if (!ctype.empty() && ctype.find("json") == std::string::npos)
+  if (!ctype.empty() && !is_json_media_type(ctype))
     throw ApiError(400, "Content-Type must be application/json, got '" + ctype + "'", "", "invalid_content_type");
   CompletionRequest rq = parse_completion_request(http.body, endpoint, limits_);
   std::vector<int32_t> prompt = prompt_tokens(rq, *tokenizer_);
