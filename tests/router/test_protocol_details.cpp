@@ -106,3 +106,38 @@ TEST_CASE("HTTP/1.0 over a real socket: the event stream is close-delimited, not
   CHECK(r.headers.count("content-length") == 1);
   CHECK(json::parse(r.body)["usage"]["completion_tokens"] == 2);
 }
+
+TEST_CASE("handlers: X-Request-Id is honoured, made when absent, refused when unfit for a log line") {
+  TinyServer s;
+  const std::string body = R"({"model":"k3-tiny","prompt":"hi","max_tokens":1})";
+  auto header = [](const router::HttpResponse& r) {
+    for (const auto& [k, v] : r.headers)
+      if (k == "X-Request-Id") return v;
+    return std::string();
+  };
+  auto post = [&](std::map<std::string, std::string> headers) {
+    headers["content-type"] = "application/json";
+    return s.api->handle({.method = "POST", .target = "/v1/completions", .headers = headers, .body = body});
+  };
+  auto r = post({{"x-request-id", "abc-123_XYZ.4"}});
+  CHECK(r.status == 200);
+  CHECK(header(r) == "abc-123_XYZ.4");
+  r = post({});
+  CHECK(r.status == 200);
+  const std::string made = header(r);
+  CHECK(made.rfind("req-", 0) == 0);
+  CHECK(made.size() == 36);
+  CHECK(header(post({})) != made);
+  for (const std::string bad : {std::string(), std::string(129, 'x'), std::string("has space"), std::string("tab\there"),
+                                std::string("nl\ninjected")}) {
+    r = post({{"x-request-id", bad}});
+    INFO(bad << " -> " << r.body);
+    CHECK(r.status == 400);
+    CHECK(json::parse(r.body)["error"]["param"] == "X-Request-Id");
+    CHECK(header(r).rfind("req-", 0) == 0);  // an error still carries an id
+  }
+  CHECK(header(post({{"x-request-id", std::string(128, 'x')}})) == std::string(128, 'x'));
+  // Every response carries one, errors and other endpoints included.
+  CHECK(!header(s.get("/health")).empty());
+  CHECK(!header(s.get("/nope")).empty());
+}
