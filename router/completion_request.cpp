@@ -217,7 +217,10 @@ CompletionRequest parse_completion_request(const std::string& text, Endpoint end
   // max_tokens beyond the context can never be honoured; the exact prompt-dependent check comes later.
   // max_completion_tokens is the current name and wins over the deprecated max_tokens.
   rq.max_tokens = get_int(body, "max_tokens", 1, limits.context);
-  if (auto mct = get_int(body, "max_completion_tokens", 1, limits.context)) rq.max_tokens = mct;
+  if (auto mct = get_int(body, "max_completion_tokens", 1, limits.context)) {
+    rq.max_tokens = mct;
+    rq.max_tokens_field = "max_completion_tokens";
+  }
   rq.temperature = static_cast<float>(get_number(body, "temperature", 0.0, 2.0).value_or(1.0));
   rq.top_p = static_cast<float>(get_number(body, "top_p", 0.0, 1.0).value_or(1.0));
   if (rq.top_p <= 0.f) throw bad_param("top_p", "top_p must be in (0, 1]");
@@ -288,9 +291,9 @@ GenerationParams generation_params(const CompletionRequest& rq, std::vector<int3
   int64_t max_tokens = rq.max_tokens.value_or(std::min<int64_t>(limits.default_max_tokens, limits.context - n));
   if (n + max_tokens > limits.context)
     throw ApiError(400, "This model's maximum context length is " + std::to_string(limits.context) + " tokens; the prompt has " +
-                            std::to_string(n) + " tokens and max_tokens is " + std::to_string(max_tokens) +
+                            std::to_string(n) + " tokens and " + rq.max_tokens_field + " is " + std::to_string(max_tokens) +
                             ", so at most " + std::to_string(limits.context - n) + " tokens can be generated",
-                   "max_tokens", "context_length_exceeded");
+                   rq.max_tokens_field, "context_length_exceeded");
   GenerationParams p;
   p.prompt = std::move(prompt);
   p.max_tokens = static_cast<int>(max_tokens);

@@ -53,6 +53,8 @@ inline std::vector<BadCase> bad_cases() {
       {"max_tokens string", "POST", C, chat(R"("max_tokens":"5")"), 400, "max_tokens"},
       {"max_completion_tokens negative", "POST", C, chat(R"("max_completion_tokens":-3)"), 400, "max_completion_tokens"},
       {"max_tokens past context", "POST", C, chat(R"("max_tokens":250)"), 400, "max_tokens"},
+      {"max_completion_tokens past context (wins over max_tokens)", "POST", C,
+       chat(R"("max_tokens":2,"max_completion_tokens":250)"), 400, "max_completion_tokens"},
       {"prompt over context", "POST", P, completion(R"("prompt":)" + ids300), 400, "prompt"},
       {"temperature string", "POST", C, chat(R"("temperature":"hot")"), 400, "temperature"},
       {"temperature too high", "POST", C, chat(R"("temperature":5)"), 400, "temperature"},
