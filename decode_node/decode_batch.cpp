@@ -13,10 +13,11 @@ DecodeBatch::~DecodeBatch() {
 }
 
 void DecodeBatch::add(uint64_t id, std::vector<uint8_t> image, int64_t num_tokens, int32_t last_token,
-                      ops::SamplingRow sampling, uint64_t step) {
+                      ops::SamplingRow sampling, uint64_t step, int logprobs) {
   remove(id);
   seqs_[id] = Seq{.order = next_order_++, .running = false, .cache = {}, .image = std::move(image),
-                  .num_tokens = num_tokens, .last_token = last_token, .sampling = sampling, .step = step};
+                  .num_tokens = num_tokens, .last_token = last_token, .sampling = sampling, .step = step,
+                  .logprobs = logprobs};
 }
 
 void DecodeBatch::remove(uint64_t id) {
@@ -136,12 +137,19 @@ DecodeBatch::StepResult DecodeBatch::step() {
   }
   std::vector<int32_t> next;
   backend_.sample({.logits = *logits, .rows = rows, .out = &next});
+  // Logprobs need the rows on the host; the copy is made only when some running request asked.
+  bool want = false;
+  for (uint64_t id : ids) want |= seqs_.at(id).logprobs >= 0;
+  Tensor host;
+  if (want) host = backend_.to_host(*logits);
+  const int64_t vocab = engine_.config().vocab_size;
   for (size_t i = 0; i < ids.size(); ++i) {
     Seq& s = seqs_.at(ids[i]);
     s.num_tokens = s.cache.num_tokens;
     s.last_token = next.at(i);
     ++s.step;
     out.tokens.push_back({ids[i], next.at(i)});
+    if (s.logprobs >= 0) out.logprobs[ids[i]] = row_logprobs(host.f32() + i * vocab, vocab, next.at(i), s.logprobs);
   }
   return out;
 }

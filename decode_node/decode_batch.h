@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/token_logprobs.h"
 
 namespace k3::decode {
 
@@ -31,15 +32,17 @@ class DecodeBatch {
 
   // A request whose caches are `image` (`num_tokens` tokens of every layer, packed) and whose next input
   // is `last_token`; `step` is its sampling step for the next token (tokens generated so far). It joins
-  // the running batch when there is room.
+  // the running batch when there is room. logprobs >= 0: each step also reports the sampled token's
+  // logprob and this many alternatives (its logits row is then copied off the backend).
   void add(uint64_t id, std::vector<uint8_t> image, int64_t num_tokens, int32_t last_token, ops::SamplingRow sampling,
-           uint64_t step);
+           uint64_t step, int logprobs = -1);
   // Forgets the request (running or waiting), freeing its caches. No-op for unknown ids.
   void remove(uint64_t id);
 
   struct StepResult {
     std::vector<std::pair<uint64_t, int32_t>> tokens;   // one sampled token per running request
     std::vector<std::pair<uint64_t, std::string>> failed;  // requests dropped here, with why
+    std::map<uint64_t, RowLogprobs> logprobs;           // of the sampled tokens, for requests that asked
   };
   // Resume/preempt as above, then one batched forward and sampling. Each sampled token becomes its
   // request's next input. Failed requests are already forgotten.
@@ -61,6 +64,7 @@ class DecodeBatch {
     int32_t last_token = 0;        // next input
     ops::SamplingRow sampling;
     uint64_t step = 0;
+    int logprobs = -1;
   };
   int64_t growth_pages() const;    // pages the running requests need to grow by one token each
   int64_t pages_for(int64_t tokens) const;

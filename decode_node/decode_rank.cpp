@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "engine/cache_io.h"
 #include "common/protocol/compat.h"
@@ -73,8 +74,15 @@ void DecodeRank::drop(uint64_t id) {
   running_.erase(it);
 }
 
+std::string DecodeRank::trace_of(uint64_t id) const {
+  if (const protocol::Claim* c = driver_->side().claim(id); c && !c->trace_id.empty()) return c->trace_id;
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "wire:%016llx", static_cast<unsigned long long>(id));
+  return buf;
+}
+
 void DecodeRank::abort_local(uint64_t id, const std::string& why) {
-  spdlog::warn("decode rank {}: request {} aborted: {}", opts_.rank, id, why);
+  spdlog::warn("decode rank {}: request {} aborted: {}", opts_.rank, trace_of(id), why);
   driver_->apply([&](DecodeSide& side, Millis now) {
     return side.on_abort(protocol::Abort{.request_id = id, .reason = protocol::AbortReason::Internal,
                                          .origin_role = protocol::Role::Decode, .origin_instance = opts_.instance_id},
@@ -87,12 +95,14 @@ void DecodeRank::abort_local(uint64_t id, const std::string& why) {
   if (!opts_.router_endpoint.empty()) {
     Status st = driver_->send_to_router(protocol::Failed{.request_id = id, .cause = protocol::AbortReason::Internal,
                                                          .detail = "decode rank " + std::to_string(opts_.rank) + ": " + why});
-    if (!st.is_ok()) spdlog::warn("decode rank {}: FAILED for {} not sent: {}", opts_.rank, id, st.to_string());
+    if (!st.is_ok()) spdlog::warn("decode rank {}: FAILED for {} not sent: {}", opts_.rank, trace_of(id), st.to_string());
   }
 }
 
 void DecodeRank::finish(uint64_t id, protocol::FinishReason why) {
   auto it = running_.find(id);
+  spdlog::info("decode rank {}: request {} finished: {}, {} tokens", opts_.rank, trace_of(id),
+               protocol::finish_reason_name(why), it->second.tokens.size());
   batch_->remove(id);
   finished_.push_back({.request_id = id, .tokens = std::move(it->second.tokens), .finish = why});
   running_.erase(it);
@@ -101,7 +111,7 @@ void DecodeRank::finish(uint64_t id, protocol::FinishReason why) {
   after_driver();
 }
 
-bool DecodeRank::emit(Running& r, int32_t token) {
+bool DecodeRank::emit(Running& r, int32_t token, std::vector<protocol::TokenLogprobs> logprobs) {
   r.tokens.push_back(token);
   protocol::FinishReason why = protocol::FinishReason::None;
   if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end())
@@ -109,8 +119,9 @@ bool DecodeRank::emit(Running& r, int32_t token) {
   else if (static_cast<int>(r.tokens.size()) >= r.max_tokens)
     why = protocol::FinishReason::Length;
   if (!opts_.router_endpoint.empty()) {
-    Status st = driver_->send_to_router(protocol::Tokens{.request_id = r.id, .token_ids = {token}, .finish = why});
-    if (!st.is_ok()) spdlog::warn("decode rank {}: TOKENS for {} not sent: {}", opts_.rank, r.id, st.to_string());
+    Status st = driver_->send_to_router(
+        protocol::Tokens{.request_id = r.id, .token_ids = {token}, .finish = why, .logprobs = std::move(logprobs)});
+    if (!st.is_ok()) spdlog::warn("decode rank {}: TOKENS for {} not sent: {}", opts_.rank, trace_of(r.id), st.to_string());
   }
   if (why == protocol::FinishReason::None) return false;
   finish(r.id, why);
@@ -140,13 +151,19 @@ void DecodeRank::admit(const transfer::ReadyAction& ready) {
     r.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .seed = sp.seed};
     r.max_tokens = static_cast<int>(sp.max_tokens);
     r.stop_ids = sp.stop_token_ids;
+    r.logprobs = sp.logprobs;
   }
   auto [it, fresh] = running_.emplace(id, std::move(r));
   if (!fresh) return;  // a Ready is emitted once per request; a duplicate would be a driver bug
+  spdlog::info("decode rank {}: request {} decoding (wire id {:016x}, {} prompt tokens)", opts_.rank, trace_of(id), id,
+               ready.prompt_len);
   const ops::SamplingRow sampling = it->second.sampling;
-  if (emit(it->second, ready.first_token)) return;  // ended with its first token
+  const int logprobs = it->second.logprobs;
+  if (logprobs >= 0 && ready.first_logprobs.size() != 1)
+    return abort_local(id, "the last prefill stage sent no logprobs for the first token");
+  if (emit(it->second, ready.first_token, ready.first_logprobs)) return;  // ended with its first token
   // It joins the batch when the decode cache has room (decode_batch.h); its image stays in host memory until then.
-  batch_->add(id, std::move(image).value(), ready.prompt_len, ready.first_token, sampling, /*step=*/1);
+  batch_->add(id, std::move(image).value(), ready.prompt_len, ready.first_token, sampling, /*step=*/1, logprobs);
 }
 
 Status DecodeRank::decode_step() {
@@ -155,7 +172,9 @@ Status DecodeRank::decode_step() {
   for (const auto& [id, why] : step.failed) abort_local(id, why);
   for (const auto& [id, token] : step.tokens) {
     auto it = running_.find(id);
-    if (it != running_.end()) emit(it->second, token);
+    if (it == running_.end()) continue;
+    auto lp = step.logprobs.find(id);
+    emit(it->second, token, lp == step.logprobs.end() ? std::vector<protocol::TokenLogprobs>{} : std::vector{to_wire(lp->second)});
   }
   return Status::ok();
 }

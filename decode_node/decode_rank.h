@@ -87,18 +87,21 @@ class DecodeRank {
     ops::SamplingRow sampling;
     int max_tokens = 16;
     std::vector<int32_t> stop_ids;
+    int logprobs = -1;                 // from the CLAIM: report each token's logprob and this many alternatives
   };
   DecodeRank(const DecodeRankOptions& opts, Backend& backend) : opts_(opts), backend_(backend) {}
 
   void after_driver();
   void admit(const transfer::ReadyAction& ready);
   // Records the token, streams it, and ends the request when a stop condition holds. Returns true when ended.
-  bool emit(Running& r, int32_t token);
+  bool emit(Running& r, int32_t token, std::vector<protocol::TokenLogprobs> logprobs = {});
   void finish(uint64_t id, protocol::FinishReason why);
   // Ends a request this rank cannot continue: ABORT to its prefill stages, FAILED to the router.
   void abort_local(uint64_t id, const std::string& why);
   void drop(uint64_t id);
   Status decode_step();
+  // How log lines name a request: the trace id its CLAIM carried, else the wire id.
+  std::string trace_of(uint64_t id) const;
 
   DecodeRankOptions opts_;
   Backend& backend_;

@@ -188,7 +188,7 @@ Status Launcher::start() {
   std::vector<std::string> rargs = {"--model", spec_.model, "--host", spec_.host, "--port", std::to_string(spec_.port),
                                     "--cluster-endpoint", "tcp://127.0.0.1:*", "--placement", spec_.placement,
                                     "--heartbeat-ms", hb, "--heartbeat-misses", misses,
-                                    "--claim-timeout-ms", std::to_string(spec_.claim_ms)};
+                                    "--claim-timeout-ms", std::to_string(spec_.claim_ms), "--log-level", log_level_};
   if (!spec_.served_model_name.empty()) rargs.insert(rargs.end(), {"--served-model-name", spec_.served_model_name});
   for (size_t i = 0; i < spec_.prefill.size(); ++i) {
     const auto& p = spec_.prefill[i];
@@ -341,7 +341,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_override, "model directory, overriding the spec's \"model\" (generated there if missing)");
   app.add_option("--port", port, "HTTP port, overriding router.port (0 = pick a free one)")->check(CLI::Range(0, 65535));
   app.add_option("--bin-dir", bin, "where k3-router, k3-prefill, k3-decode, k3-genweights are (default: next to k3-cluster)");
-  app.add_option("--log-level", log_level, "the nodes' log level: trace, debug, info, warn (default), error");
+  app.add_option("--log-level", log_level, "the log level of the router and the nodes: trace, debug, info (a line per request and process), warn (default), error");
   app.add_flag("--verbose", verbose, "echo every child's stdout lines on stderr");
   std::string run_dir;
   app.add_option("--run-dir", run_dir,

@@ -3,8 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "engine/cache_io.h"
+#include "engine/token_logprobs.h"
 #include "common/protocol/compat.h"
 #include "prefill_node/partition.h"
 
@@ -111,15 +113,23 @@ void PrefillStage::end_request(uint64_t id) {
   if (ended_.insert(id).second && ended_.size() > kEndedMemory) ended_.erase(ended_.begin());  // oldest ids first
 }
 
+std::string PrefillStage::trace_of(uint64_t id) const {
+  auto it = requests_.find(id);
+  if (it != requests_.end() && it->second.prefill && !it->second.prefill->trace_id.empty()) return it->second.prefill->trace_id;
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "wire:%016llx", static_cast<unsigned long long>(id));
+  return buf;
+}
+
 void PrefillStage::fail_request(uint64_t id, const std::string& why) {
-  spdlog::warn("prefill stage {}: request {} failed: {}", opts_.stage, id, why);
+  spdlog::warn("prefill stage {}: request {} failed: {}", opts_.stage, trace_of(id), why);
   absorb(driver_->inject_abort(id, protocol::AbortReason::Internal));
   end_request(id);
   // The abort above is local, so the state machine tells nobody upstream: without this FAILED the
   // router would wait for the request's tokens until its deadline.
   Status st = driver_->send_to_router(protocol::Failed{.request_id = id, .cause = protocol::AbortReason::Internal,
                                                        .detail = "prefill stage " + std::to_string(opts_.stage) + ": " + why});
-  if (!st.is_ok()) spdlog::debug("prefill stage {}: FAILED for {} not sent: {}", opts_.stage, id, st.to_string());
+  if (!st.is_ok()) spdlog::debug("prefill stage {}: FAILED for {} not sent: {}", opts_.stage, trace_of(id), st.to_string());
 }
 
 void PrefillStage::on_accepted(const protocol::Prefill& p) {
@@ -140,6 +150,7 @@ void PrefillStage::on_accepted(const protocol::Prefill& p) {
                                   std::to_string(opts_.stage - 1) + " sent activations for " + std::to_string(r.prompt_len));
   r.prompt_len = len;
   r.prefill = p;
+  spdlog::info("prefill stage {}: request {} accepted (wire id {:016x}, {} prompt tokens)", opts_.stage, trace_of(r.id), r.id, len);
   maybe_report(r);  // stages > 0 may have computed every chunk before their PREFILL arrived
 }
 
@@ -224,6 +235,7 @@ void PrefillStage::maybe_report(Request& r) {
     return fail_request(r.id, "cache image is " + std::to_string(bytes.size()) + " bytes, the transfer layout expects " +
                                   std::to_string(src.total_bytes));
   std::optional<int32_t> first_token;
+  std::vector<protocol::TokenLogprobs> first_logprobs;
   if (is_last()) {
     const protocol::SamplingParams& sp = r.prefill->sampling;
     std::vector<int32_t> out;
@@ -232,10 +244,16 @@ void PrefillStage::maybe_report(Request& r) {
                                                .seed = sp.seed, .step = 0}},
                      .out = &out});
     first_token = out.at(0);
+    if (sp.logprobs >= 0) {  // the only time the logits leave the backend: they were asked for
+      const Tensor host = backend_.to_host(r.last_logits);
+      first_logprobs.push_back(to_wire(row_logprobs(host.f32(), cfg_.vocab_size, *first_token, sp.logprobs)));
+    }
   }
   const uint64_t id = r.id;
+  spdlog::info("prefill stage {}: request {} computed ({} tokens{})", opts_.stage, trace_of(id), r.prompt_len,
+               first_token ? ", first token " + std::to_string(*first_token) : std::string());
   end_request(id);  // local caches go now: the driver holds the packed copy until the request ends
-  absorb(driver_->stage_computed(id, std::move(src), std::move(bytes), first_token));
+  absorb(driver_->stage_computed(id, std::move(src), std::move(bytes), first_token, std::move(first_logprobs)));
 }
 
 Status PrefillStage::run_once(std::chrono::milliseconds idle_wait) {

@@ -94,6 +94,8 @@ class PrefillStage {
   void maybe_report(Request& r);
   void end_request(uint64_t id);
   void fail_request(uint64_t id, const std::string& why);
+  // How log lines name a request: its trace id once the PREFILL told it, else the wire id.
+  std::string trace_of(uint64_t id) const;
 
   PrefillStageOptions opts_;
   Backend& backend_;

@@ -5,6 +5,8 @@
 #include <random>
 
 #include "router/api_error.h"
+#include "router/json_body.h"
+#include "router/request_id.h"
 #include "router/openai_format.h"
 #include "router/request_stream.h"
 
@@ -136,8 +138,10 @@ ApiHandlers::ApiHandlers(GenerationService& service, std::shared_ptr<const Token
 HttpResponse ApiHandlers::handle(const HttpRequest& rq) noexcept {
   std::string endpoint = "other";
   HttpResponse resp;
+  std::string request_id;
   try {
-    resp = route(rq, endpoint);
+    request_id = request_id_for(rq);
+    resp = route(rq, endpoint, request_id);
   } catch (const ApiError& e) {
     resp = error_response(e);
   } catch (const std::exception& e) {
@@ -146,6 +150,7 @@ HttpResponse ApiHandlers::handle(const HttpRequest& rq) noexcept {
     resp = error_response(ApiError(500, "internal error", "", "internal_error"));
   }
   try {
+    resp.headers.emplace_back("X-Request-Id", request_id.empty() ? new_request_id() : request_id);
     metrics_.count_request(endpoint, resp.status);
   } catch (...) {
   }
@@ -162,7 +167,7 @@ bool ApiHandlers::authorized(const HttpRequest& rq) const {
   return diff == 0;
 }
 
-HttpResponse ApiHandlers::route(const HttpRequest& rq, std::string& endpoint) {
+HttpResponse ApiHandlers::route(const HttpRequest& rq, std::string& endpoint, const std::string& request_id) {
   const std::string path = rq.target.substr(0, rq.target.find('?'));
   struct Route {
     const char* path;
@@ -206,7 +211,7 @@ HttpResponse ApiHandlers::route(const HttpRequest& rq, std::string& endpoint) {
     return json_response(200, model_card());
   }
   if (endpoint == "models") return models();
-  return completions(rq, endpoint == "chat" ? Endpoint::Chat : Endpoint::Completions);
+  return completions(rq, endpoint == "chat" ? Endpoint::Chat : Endpoint::Completions, request_id);
 }
 
 nlohmann::json ApiHandlers::model_card() const {
@@ -221,13 +226,14 @@ HttpResponse ApiHandlers::models() const {
   return json_response(200, {{"object", "list"}, {"data", json::array({model_card()})}});
 }
 
-HttpResponse ApiHandlers::completions(const HttpRequest& http, Endpoint endpoint) {
+HttpResponse ApiHandlers::completions(const HttpRequest& http, Endpoint endpoint, const std::string& request_id) {
   const std::string ctype = http.header("content-type");
-  if (!ctype.empty() && ctype.find("json") == std::string::npos)
+  if (!ctype.empty() && !is_json_media_type(ctype))
     throw ApiError(400, "Content-Type must be application/json, got '" + ctype + "'", "", "invalid_content_type");
   CompletionRequest rq = parse_completion_request(http.body, endpoint, limits_);
   std::vector<int32_t> prompt = prompt_tokens(rq, *tokenizer_);
   GenerationParams params = generation_params(rq, prompt, limits_, eos_ids_);
+  params.trace_id = request_id;
   if (!service_.ready()) throw ApiError(503, "the generation service is not ready", "", "service_unavailable");
 
   auto state = std::make_shared<StreamState>();

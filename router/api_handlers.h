@@ -35,8 +35,8 @@ class ApiHandlers {
   const ModelLimits& limits() const { return limits_; }
 
  private:
-  HttpResponse route(const HttpRequest& rq, std::string& endpoint);
-  HttpResponse completions(const HttpRequest& rq, Endpoint endpoint);
+  HttpResponse route(const HttpRequest& rq, std::string& endpoint, const std::string& request_id);
+  HttpResponse completions(const HttpRequest& rq, Endpoint endpoint, const std::string& request_id);
   HttpResponse models() const;
   nlohmann::json model_card() const;
   bool authorized(const HttpRequest& rq) const;

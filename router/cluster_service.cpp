@@ -8,6 +8,7 @@
 
 #include "common/protocol/frame.h"
 #include "router/cluster_request.h"
+#include "router/cluster_tokens.h"
 #include "router/wire_ids.h"
 
 namespace k3::router {
@@ -66,6 +67,10 @@ class ClusterWorkerOps {
   }
   // Ends a request: the final event, then its state goes.
   void end(Request& r, GenerationEvent&& ev) {
+    if (ev.kind == GenerationEvent::Kind::Finished)
+      spdlog::info("router: request {} finished: {}, {} tokens", r.params.trace_id, ev.finish_reason, ev.completion_tokens);
+    else
+      spdlog::warn("router: request {} failed: {}", r.params.trace_id, ev.error.message());
     emit(r, std::move(ev));
     const RequestHandle id = r.id;
     release(r);
@@ -173,15 +178,18 @@ class ClusterWorkerOps {
     w_.by_wire[r.wire_id] = r.id;
     r.phase = RequestPhase::Claimed;
     w_.deadlines.enter(r.id, RequestPhase::Claimed, Clock::now());
+    spdlog::info("router: request {} placed on {} and {} (attempt {}, wire id {:016x}, {} prompt tokens)", r.params.trace_id,
+                 p.prefill_instance, rank, r.attempts, r.wire_id, r.params.prompt.size());
     send(rank, proto::Claim{.request_id = r.wire_id, .prompt_len = static_cast<uint32_t>(r.params.prompt.size()),
                             .decode_ranks = {p.decode_rank}, .prefill_instance = p.prefill_instance,
                             .num_prefill_stages = p.stages, .timeout_ms = s_.opts_.request_timeout_ms,
-                            .sampling = sampling_of(r.params)});
+                            .sampling = sampling_of(r.params), .trace_id = r.params.trace_id});
   }
 
   static proto::SamplingParams sampling_of(const GenerationParams& g) {
     return {.temperature = g.sampling.temperature, .top_p = g.sampling.top_p, .top_k = g.sampling.top_k,
-            .seed = g.sampling.seed, .max_tokens = static_cast<uint32_t>(g.max_tokens), .stop_token_ids = g.stop_ids};
+            .seed = g.sampling.seed, .max_tokens = static_cast<uint32_t>(g.max_tokens), .stop_token_ids = g.stop_ids,
+            .logprobs = g.logprobs};
   }
 
   // This attempt failed: abort it everywhere, then queue the request again if nothing was streamed.
@@ -194,7 +202,7 @@ class ClusterWorkerOps {
     const bool room = cause == proto::AbortReason::AllocFailed;
     if (room && !r.streamed) --r.attempts;
     if (!r.streamed && r.attempts < s_.opts_.max_attempts && !ready_pairs().empty()) {
-      spdlog::info("router: request {} queued again after: {}", r.id, why.message());
+      spdlog::info("router: request {} queued again after: {}", r.params.trace_id, why.message());
       {
         std::lock_guard lk(s_.pub_mu_);
         ++(room ? s_.requeued_ : s_.retries_);
@@ -222,7 +230,7 @@ class ClusterWorkerOps {
     const ClusterPair& p = s_.opts_.pairs[r->pair];
     const proto::Prefill m{.request_id = r->wire_id, .token_ids = r->params.prompt, .sampling = sampling_of(r->params),
                            .decode_instance = p.decode_instance, .decode_ranks = {p.decode_rank},
-                           .timeout_ms = s_.opts_.request_timeout_ms};
+                           .timeout_ms = s_.opts_.request_timeout_ms, .trace_id = r->params.trace_id};
     for (uint32_t st = 0; st < p.stages; ++st) send(stage_control_name(p, st), m);
     r->phase = RequestPhase::Prefilling;
     w_.deadlines.enter(r->id, RequestPhase::Prefilling, Clock::now());
@@ -239,27 +247,13 @@ class ClusterWorkerOps {
     }
     GenerationEvent ev;
     ev.kind = GenerationEvent::Kind::Tokens;
-    std::string reason;
-    for (int32_t id : t.token_ids) {
-      ++r->generated;
-      ev.token_ids.push_back(id);
-      auto text = r->text->push(id);
-      if (!text.is_ok()) {
-        abort_parties(*r, proto::AbortReason::Internal);
-        fail(*r, text.status(), "internal");
-        return;
-      }
-      ev.text += *text;
-      const auto& stops = r->params.stop_ids;
-      if (std::find(stops.begin(), stops.end(), id) != stops.end() || r->text->stopped()) {
-        reason = "stop";
-        break;
-      }
-      if (r->generated >= r->params.max_tokens) {
-        reason = "length";
-        break;
-      }
+    auto ended = absorb_tokens(t, r->params, *r->text, r->generated, ev);
+    if (!ended.is_ok()) {
+      abort_parties(*r, proto::AbortReason::Internal);
+      fail(*r, ended.status(), "internal");
+      return;
     }
+    std::string reason = *ended;
     if (reason.empty() && t.finish == proto::FinishReason::Stop) reason = "stop";
     if (reason.empty() && t.finish == proto::FinishReason::Length) reason = "length";
     if (reason.empty() && t.finish == proto::FinishReason::Aborted) {
@@ -374,7 +368,7 @@ class ClusterWorkerOps {
                       proto::AbortReason::Deadline);
         continue;
       }
-      spdlog::warn("router: request {} expired: {}", r.id, why);
+      spdlog::warn("router: request {} expired: {}", r.params.trace_id, why);
       abort_parties(r, proto::AbortReason::Deadline);
       fail(r, Status(Code::DeadlineExceeded, why), "deadline");
     }

@@ -33,9 +33,8 @@ Status ClusterService::check_fits(const GenerationParams& params) const {
 }
 
 Result<RequestHandle> ClusterService::submit(GenerationParams params, EventSink sink) {
-  // TOKENS carries ids only: say so instead of answering without the logprobs that were asked for.
-  K3_TRY(check_generation_params(params, bool(sink), cfg_.vocab_size, cfg_.max_position_embeddings,
-                                 "not supported in cluster mode (decode nodes stream token ids only)"));
+  // Logprobs travel in the sampling params; the last prefill stage and the decode rank compute them.
+  K3_TRY(check_generation_params(params, bool(sink), cfg_.vocab_size, cfg_.max_position_embeddings));
   if (!ready()) return Status(Code::Unavailable, "no prefill/decode pair is ready");
   if (Status fits = check_fits(params); !fits.is_ok()) {
     std::lock_guard lk(pub_mu_);

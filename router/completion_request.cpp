@@ -5,6 +5,7 @@
 #include <random>
 
 #include "router/api_error.h"
+#include "router/json_body.h"
 
 namespace k3::router {
 namespace {
@@ -150,6 +151,33 @@ void parse_stop(const json& body, CompletionRequest& rq) {
     if (s.empty()) throw bad_param("stop", "stop sequences must not be empty");
 }
 
+// Features this server does not implement are refused by name: ignoring them would hand an agent
+// plain text where it asked for a tool call or a JSON document, and it would take the wrong path.
+void reject_unsupported_features(const json& body, Endpoint endpoint) {
+  if (endpoint == Endpoint::Completions) {
+    if (const json* sfx = member(body, "suffix"); sfx && !(sfx->is_string() && sfx->get<std::string>().empty()))
+      throw ApiError(400, "suffix is not supported (inserting text needs a fill-in-the-middle prompt format)", "suffix",
+                     "unsupported_value");
+    return;
+  }
+  if (const json* t = member(body, "tools"); t && !(t->is_array() && t->empty()))
+    throw ApiError(400, "tools are not supported by this server", "tools", "unsupported_value");
+  if (const json* tc = member(body, "tool_choice"); tc && !(tc->is_string() && tc->get<std::string>() == "none"))
+    throw ApiError(400, "tool_choice must be \"none\": this server does not call tools", "tool_choice", "unsupported_value");
+  if (const json* f = member(body, "functions"); f && !(f->is_array() && f->empty()))
+    throw ApiError(400, "functions are not supported by this server", "functions", "unsupported_value");
+  if (const json* rf = member(body, "response_format")) {
+    if (!rf->is_object()) throw bad_param("response_format", "response_format must be an object");
+    const auto type = get_string(*rf, "type");
+    if (!type) throw bad_param("response_format.type", "response_format.type is required");
+    if (*type != "text" && *type != "json_object" && *type != "json_schema")
+      throw bad_param("response_format.type", "response_format.type must be one of text, json_object, json_schema (got \"" + *type + "\")");
+    if (*type != "text")
+      throw ApiError(400, "response_format " + *type + " is not supported by this server", "response_format.type",
+                     "unsupported_value");
+  }
+}
+
 }  // namespace
 
 bool json_depth_ok(const std::string& body, int max_depth) {
@@ -171,20 +199,7 @@ bool json_depth_ok(const std::string& body, int max_depth) {
 }
 
 CompletionRequest parse_completion_request(const std::string& text, Endpoint endpoint, const ModelLimits& limits) {
-  if (!json_depth_ok(text, kMaxJsonDepth))
-    throw ApiError(400, "request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels", "", "invalid_json");
-  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    // Re-parse for the reason (position, ill-formed UTF-8, ...); cheap next to a failed request.
-    std::string why = "malformed JSON";
-    try {
-      json again = json::parse(text);
-      (void)again;
-    } catch (const json::parse_error& e) {
-      why = e.what();
-    }
-    throw ApiError(400, "request body is not valid JSON: " + why, "", "invalid_json");
-  }
+  json body = parse_json_body(text, kMaxJsonDepth);
   if (!body.is_object()) throw ApiError(400, "request body must be a JSON object", "", "invalid_json");
 
   CompletionRequest rq;
@@ -200,8 +215,12 @@ CompletionRequest parse_completion_request(const std::string& text, Endpoint end
   else parse_prompt(body, rq, limits);
 
   // max_tokens beyond the context can never be honoured; the exact prompt-dependent check comes later.
-  rq.max_tokens = get_int(body, "max_completion_tokens", 1, limits.context);
-  if (auto mt = get_int(body, "max_tokens", 1, limits.context)) rq.max_tokens = mt;
+  // max_completion_tokens is the current name and wins over the deprecated max_tokens.
+  rq.max_tokens = get_int(body, "max_tokens", 1, limits.context);
+  if (auto mct = get_int(body, "max_completion_tokens", 1, limits.context)) {
+    rq.max_tokens = mct;
+    rq.max_tokens_field = "max_completion_tokens";
+  }
   rq.temperature = static_cast<float>(get_number(body, "temperature", 0.0, 2.0).value_or(1.0));
   rq.top_p = static_cast<float>(get_number(body, "top_p", 0.0, 1.0).value_or(1.0));
   if (rq.top_p <= 0.f) throw bad_param("top_p", "top_p must be in (0, 1]");
@@ -229,6 +248,7 @@ CompletionRequest parse_completion_request(const std::string& text, Endpoint end
   if (const json* bias = member(body, "logit_bias"); bias && !(bias->is_object() && bias->empty()))
     throw ApiError(400, "logit_bias is not supported", "logit_bias", "unsupported_value");
   (void)get_string(body, "user");  // accepted and ignored, but it must be a string
+  reject_unsupported_features(body, endpoint);
 
   if (endpoint == Endpoint::Chat) {
     const bool want = get_bool(body, "logprobs").value_or(false);
@@ -271,9 +291,9 @@ GenerationParams generation_params(const CompletionRequest& rq, std::vector<int3
   int64_t max_tokens = rq.max_tokens.value_or(std::min<int64_t>(limits.default_max_tokens, limits.context - n));
   if (n + max_tokens > limits.context)
     throw ApiError(400, "This model's maximum context length is " + std::to_string(limits.context) + " tokens; the prompt has " +
-                            std::to_string(n) + " tokens and max_tokens is " + std::to_string(max_tokens) +
+                            std::to_string(n) + " tokens and " + rq.max_tokens_field + " is " + std::to_string(max_tokens) +
                             ", so at most " + std::to_string(limits.context - n) + " tokens can be generated",
-                   "max_tokens", "context_length_exceeded");
+                   rq.max_tokens_field, "context_length_exceeded");
   GenerationParams p;
   p.prompt = std::move(prompt);
   p.max_tokens = static_cast<int>(max_tokens);

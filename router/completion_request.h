@@ -22,6 +22,7 @@ struct CompletionRequest {
   std::optional<std::string> prompt_text;    // completions: string prompt (raw, no chat template)
   std::vector<int32_t> prompt_ids;           // completions: token-id prompt
   std::optional<int64_t> max_tokens;         // max_tokens or max_completion_tokens
+  std::string max_tokens_field = "max_tokens";  // the field it came from (errors name it)
   float temperature = 1.f;
   float top_p = 1.f;
   int top_k = 0;                             // 0 or -1: off

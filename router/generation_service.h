@@ -31,6 +31,7 @@ struct GenerationParams {
   std::vector<int32_t> stop_ids;         // generation ends after one of these (EOS ids included by the caller)
   std::vector<std::string> stop_strings; // on detokenized text; the stop string itself is not returned
   int logprobs = -1;                     // -1: none; else the sampled token's logprob plus this many alternatives
+  std::string trace_id;                  // the request id of the HTTP layer: log lines and protocol messages carry it
 };
 
 struct TokenLogprob {

@@ -28,7 +28,6 @@
 #include "router/handler_runner.h"
 
 namespace k3::router {
-
 namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
@@ -67,7 +66,6 @@ auto make_message(const HttpResponse& r, unsigned version, bool keep_alive, bool
 }
 
 constexpr int kMaxRefusalDrains = 64;  // refused connections allowed to linger while their answer is read
-
 }  // namespace
 
 struct HttpServer::Impl {
@@ -132,6 +130,7 @@ class Session final : public EvictableConnection, public std::enable_shared_from
     std::optional<http::response_serializer<http::empty_body>> sr;
     SseGenerator gen;
     std::string chunk;
+    bool close_delimited = false;  // HTTP/1.0 has no chunked coding: the body ends when the connection does
   };
 
   template <class F>
@@ -312,8 +311,10 @@ class Session final : public EvictableConnection, public std::enable_shared_from
 
   void start_sse(HttpResponse r) {
     sse_ = std::make_unique<SseWrite>();
+    sse_->close_delimited = version_ < 11;
+    keep_ = keep_ && !sse_->close_delimited;
     set_head(sse_->res, r, version_, keep_);
-    sse_->res.chunked(true);
+    sse_->res.chunked(!sse_->close_delimited);
     sse_->gen = std::move(r.sse);
     sse_->sr.emplace(sse_->res);
     arm(srv_.opts.write_timeout, CloseReason::WriteTimeout);
@@ -344,10 +345,12 @@ class Session final : public EvictableConnection, public std::enable_shared_from
     arm(srv_.opts.write_timeout, CloseReason::WriteTimeout);
     if (!more) {
       release_generator();
+      if (sse_->close_delimited) return close();
       idle_from_last_write();
       return net::async_write(sock_, http::make_chunk_last(),
                               [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_written(ec); });
     }
+    if (sse_->close_delimited) return net::async_write(sock_, net::buffer(sse_->chunk), then([](Session& s) { s.sse_step(); }));
     net::async_write(sock_, http::make_chunk(net::buffer(sse_->chunk)), then([](Session& s) { s.sse_step(); }));
   }
 
@@ -449,7 +452,6 @@ void HttpServer::Impl::on_accepted(tcp::socket sock) {
 }
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
 Result<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& opts, HttpHandler handler) {
   if (opts.max_connections < 1) return invalid_argument("max_connections must be at least 1");
   if (opts.max_connections_per_client < 0) return invalid_argument("max_connections_per_client must be 0 (no limit) or more");
@@ -472,9 +474,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& o
 }
 
 HttpServer::~HttpServer() { stop(); }
-
 uint16_t HttpServer::port() const { return impl_->port; }
-
 int HttpServer::open_connections() const { return impl_->table.open(); }
 
 void HttpServer::stop(std::chrono::milliseconds grace) {

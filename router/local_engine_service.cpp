@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/token_logprobs.h"
 #include "kernels/backend_select.h"
 #include "router/text_stream.h"
 
@@ -18,15 +19,6 @@ struct LocalEngineService::Running {
   std::unique_ptr<TextStream> text;
   bool done = false;
 };
-
-double log_sum_exp(const float* row, int64_t n) {
-  double m = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(row[i]));
-  if (!std::isfinite(m)) return m;
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(row[i]) - m);
-  return m + std::log(s);
-}
 
 Result<std::unique_ptr<LocalEngineService>> LocalEngineService::open(const std::string& model_dir,
                                                                      const LocalEngineOptions& opts) {
@@ -143,11 +135,8 @@ void LocalEngineService::emit_token(Running& r, const float* row) {
   ev.kind = GenerationEvent::Kind::Tokens;
   ev.token_ids = {id};
   if (r.params.logprobs >= 0) {
-    const double lse = log_sum_exp(row, vocab);
-    TokenLogprob lp{.id = id, .logprob = static_cast<float>(row[id] - lse), .top = {}};
-    for (auto [alt, logit] : top_logits(row, vocab, r.params.logprobs))
-      lp.top.emplace_back(alt, static_cast<float>(logit - lse));
-    ev.logprobs.push_back(std::move(lp));
+    RowLogprobs lp = row_logprobs(row, vocab, id, r.params.logprobs);
+    ev.logprobs.push_back({.id = id, .logprob = lp.logprob, .top = std::move(lp.top)});
   }
   auto text = r.text->push(id);
   if (!text.is_ok()) {

@@ -87,7 +87,4 @@ class LocalEngineService final : public GenerationService {
   std::thread worker_;
 };
 
-// log-softmax helpers for logprobs: log-sum-exp of a row, in double.
-double log_sum_exp(const float* row, int64_t n);
-
 }  // namespace k3::router

@@ -4,6 +4,7 @@
 //    (ClusterService); the nodes get the bound endpoint (printed as "CLUSTER <endpoint>") as their
 //    --router-endpoint, and --pair names which prefill instance feeds which decode rank.
 #include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <csignal>
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   int header_timeout_ms = 10000, body_timeout_ms = 30000, idle_timeout_ms = 60000, write_timeout_ms = 30000;
   std::string control_key, control_public_keys;
   bool insecure_control = false;
+  std::string log_level = "info";
   app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tiktoken.model)")->required();
   app.add_option("--served-model-name", served_name, "model id clients send (default: the model dir's name)");
   app.add_option("--host", host, "address to bind (default 127.0.0.1)");
@@ -77,6 +79,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
   app.add_option("--prefill-chunk", prefill_chunk, "prompt tokens per prefill forward (0 = whole prompt)")->check(CLI::NonNegativeNumber);
   app.add_option("--max-body-bytes", max_body, "largest accepted request body (413 beyond)")->check(CLI::Range(size_t{1}, size_t{1} << 30));
+  app.add_option("--log-level", log_level, "spdlog level: trace, debug, info (default: a line per request), warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   app.add_option("--default-max-tokens", default_max_tokens, "max_tokens when a request gives none")->check(CLI::Range(1, 1 << 20));
   auto* cluster = app.add_option_group("cluster", "cluster mode: generate on k3-prefill / k3-decode nodes");
   cluster->add_option("--cluster-endpoint", cluster_endpoint,
@@ -112,6 +116,7 @@ int main(int argc, char** argv) {
   cluster->add_option("--control-public-keys", control_public_keys, transfer::kControlPublicKeysHelp);
   cluster->add_flag("--insecure-control-plane", insecure_control, transfer::kInsecureControlHelp);
   CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
 
   // Signals are taken by sigwait below; block them before any thread starts so none receives them.
   sigset_t sigs;

@@ -51,7 +51,8 @@ struct StartWritesAction { uint64_t request_id = 0; std::vector<WriteOp> ops; };
 // Prefill: post no further write of this request; flush what was posted, then call on_writes_flushed.
 struct CancelWritesAction { uint64_t request_id = 0; };
 // Decode: all stages transferred; the request may join the running batch.
-struct ReadyAction { uint64_t request_id = 0; uint32_t prompt_len = 0; int32_t first_token = 0; };
+struct ReadyAction { uint64_t request_id = 0; uint32_t prompt_len = 0; int32_t first_token = 0;
+                     std::vector<protocol::TokenLogprobs> first_logprobs; };  // when the sampling params ask
 // The memory this side held for the request was released (decode: pool handles; prefill: the stage's
 // source KV/state, which the prefill node now frees). Emitted exactly once per request that held memory.
 struct ReleasedAction { uint64_t request_id = 0; uint64_t bytes = 0; };

@@ -17,6 +17,7 @@ struct DecodeSide::Record {
   std::vector<uint8_t> addrs_sent, done, safe;  // per stage; safe = promised no write in flight
   bool have_first_token = false;
   int32_t first_token = 0;
+  std::vector<protocol::TokenLogprobs> first_logprobs;  // the last stage's, when the sampling params ask
   bool ended = false;                       // terminal state reached (memory may still be held)
   Millis release_at = Millis::max();        // quarantine end once ended
 };
@@ -104,6 +105,7 @@ Actions DecodeSide::on_compute_done(const protocol::ComputeDone& m, Millis now) 
   if (m.has_first_token) {
     r->have_first_token = true;
     r->first_token = m.first_token;
+    r->first_logprobs = m.first_logprobs;
   }
   if (r->alloc.empty()) {
     // Lazy allocation: the first stage to finish triggers it for the whole request, on every rank.
@@ -161,7 +163,7 @@ Actions DecodeSide::on_transfer_done(const protocol::TransferDone& m, Millis now
       return end_request(*r, RequestState::Failed, AbortReason::Internal, true, false, now);
     set_state(*r, RequestState::Decoding);
     r->deadline = Millis::max();
-    out.push_back(ReadyAction{r->id, r->claim.prompt_len, r->first_token});
+    out.push_back(ReadyAction{r->id, r->claim.prompt_len, r->first_token, r->first_logprobs});
   }
   return out;
 }

@@ -44,9 +44,10 @@ class PrefillSide {
 
   Actions on_prefill(const protocol::Prefill& m, Millis now);
   // This stage's layers of the request are final; `source` says where they are (stage == config.stage,
-  // layers == this stage's layers). The last stage passes the sampled first token.
+  // layers == this stage's layers). The last stage passes the sampled first token (and its logprobs
+  // when the sampling params ask for them).
   Actions on_stage_computed(uint64_t request_id, StageSource source, std::optional<int32_t> first_token,
-                            Millis now);
+                            Millis now, std::vector<protocol::TokenLogprobs> first_logprobs = {});
   Actions on_addrs(const protocol::Addrs& m, Millis now);
   Actions on_abort(const protocol::Abort& m, Millis now);
   // Dispatches Prefill / Addrs / Abort; others give an Ignored action.

@@ -30,25 +30,29 @@ K3_FIELDS(DecodeRoom, v("pool_page_size", m.pool_page_size); v("pool_pages", m.p
 K3_FIELDS(Heartbeat, v("role", m.role); v("instance_id", m.instance_id); v("rank", m.rank);
           v("stage", m.stage); v("seq", m.seq); v("free_bytes", m.free_bytes);
           v("num_running", m.num_running); v("room", m.room))
+K3_FIELDS(TopLogprob, v("id", m.id); v("logprob", m.logprob))
+K3_FIELDS(TokenLogprobs, v("logprob", m.logprob); v("top", m.top))
 K3_FIELDS(SamplingParams, v("temperature", m.temperature); v("top_p", m.top_p); v("top_k", m.top_k);
-          v("seed", m.seed); v("max_tokens", m.max_tokens); v("stop_token_ids", m.stop_token_ids))
+          v("seed", m.seed); v("max_tokens", m.max_tokens); v("stop_token_ids", m.stop_token_ids);
+          v("logprobs", m.logprobs))
 K3_FIELDS(Claim, v("request_id", m.request_id); v("prompt_len", m.prompt_len);
           v("decode_ranks", m.decode_ranks); v("prefill_instance", m.prefill_instance);
           v("num_prefill_stages", m.num_prefill_stages); v("timeout_ms", m.timeout_ms);
-          v("sampling", m.sampling))
+          v("sampling", m.sampling); v("trace_id", m.trace_id))
 K3_FIELDS(Prefill, v("request_id", m.request_id); v("token_ids", m.token_ids);
           v("sampling", m.sampling); v("decode_instance", m.decode_instance);
-          v("decode_ranks", m.decode_ranks); v("timeout_ms", m.timeout_ms))
+          v("decode_ranks", m.decode_ranks); v("timeout_ms", m.timeout_ms); v("trace_id", m.trace_id))
 K3_FIELDS(ComputeDone, v("request_id", m.request_id); v("stage", m.stage);
           v("prompt_len", m.prompt_len); v("has_first_token", m.has_first_token);
-          v("first_token", m.first_token))
+          v("first_token", m.first_token); v("first_logprobs", m.first_logprobs))
 K3_FIELDS(AddrEntry, v("layer_id", m.layer_id); v("kind", m.kind); v("dest_rank", m.dest_rank);
           v("remote_addr", m.remote_addr); v("length", m.length); v("region_id", m.region_id))
 K3_FIELDS(PageTable, v("rank", m.rank); v("page_size", m.page_size); v("page_ids", m.page_ids))
 K3_FIELDS(Addrs, v("request_id", m.request_id); v("entries", m.entries);
           v("page_tables", m.page_tables))
 K3_FIELDS(TransferDone, v("request_id", m.request_id); v("stage", m.stage); v("bytes", m.bytes))
-K3_FIELDS(Tokens, v("request_id", m.request_id); v("token_ids", m.token_ids); v("finish", m.finish))
+K3_FIELDS(Tokens, v("request_id", m.request_id); v("token_ids", m.token_ids); v("finish", m.finish);
+          v("logprobs", m.logprobs))
 K3_FIELDS(Abort, v("request_id", m.request_id); v("reason", m.reason);
           v("origin_role", m.origin_role); v("origin_instance", m.origin_instance);
           v("origin_stage", m.origin_stage))

@@ -145,6 +145,19 @@ struct Heartbeat {
   bool operator==(const Heartbeat&) const = default;
 };
 
+// Log-probabilities of one generated token (log-softmax of the raw logits, as local mode reports them):
+// the sampled token's and the `logprobs` most likely alternatives, most likely first.
+struct TopLogprob {
+  int32_t id = 0;
+  float logprob = 0.f;
+  bool operator==(const TopLogprob&) const = default;
+};
+struct TokenLogprobs {
+  float logprob = 0.f;
+  std::vector<TopLogprob> top;
+  bool operator==(const TokenLogprobs&) const = default;
+};
+
 struct SamplingParams {
   float temperature = 0.f;        // 0 = greedy
   float top_p = 1.f;
@@ -152,6 +165,7 @@ struct SamplingParams {
   uint64_t seed = 0;
   uint32_t max_tokens = 0;
   std::vector<int32_t> stop_token_ids;
+  int32_t logprobs = -1;          // -1: none; else report each token's logprob plus this many alternatives
   bool operator==(const SamplingParams&) const = default;
 };
 
@@ -164,6 +178,7 @@ struct Claim {
   uint32_t num_prefill_stages = 1;
   uint64_t timeout_ms = 0;              // 0 = the decode side's configured default
   SamplingParams sampling;              // how decode samples and stops (the first token is prefill's)
+  std::string trace_id;                 // the client's request id (X-Request-Id): every log line names it
   bool operator==(const Claim&) const = default;
 };
 
@@ -176,6 +191,7 @@ struct Prefill {
   std::string decode_instance;
   std::vector<uint32_t> decode_ranks;
   uint64_t timeout_ms = 0;
+  std::string trace_id;                 // as in Claim (the wire id changes per attempt, this does not)
   bool operator==(const Prefill&) const = default;
 };
 
@@ -186,6 +202,7 @@ struct ComputeDone {
   uint32_t prompt_len = 0;
   bool has_first_token = false;
   int32_t first_token = 0;        // valid iff has_first_token
+  std::vector<TokenLogprobs> first_logprobs;  // the first token's, when the sampling params ask (0 or 1 entries)
   bool operator==(const ComputeDone&) const = default;
 };
 
@@ -232,6 +249,7 @@ struct Tokens {
   uint64_t request_id = 0;
   std::vector<int32_t> token_ids;
   FinishReason finish = FinishReason::None;
+  std::vector<TokenLogprobs> logprobs;  // one per token id when the sampling params ask, else empty
   bool operator==(const Tokens&) const = default;
 };
 

@@ -21,13 +21,22 @@ struct LaunchedCluster {
   std::string control;                // the router's ZeroMQ control endpoint
 };
 
+// stderr_path: non-empty sends the stderr of k3-cluster and of every child (they share it) to that file.
 inline LaunchedCluster launch_cluster(const std::string& spec_path,
                                       std::chrono::seconds startup = std::chrono::seconds(300),
-                                      const std::vector<std::string>& extra_args = {}) {
+                                      const std::vector<std::string>& extra_args = {},
+                                      const std::string& stderr_path = "") {
   LaunchedCluster c;
   std::vector<std::string> args{"--spec", spec_path};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
-  c.proc = std::make_unique<ProcessGuard>(std::string(K3_BIN_DIR) + "/k3-cluster", args);
+  const std::string exe = std::string(K3_BIN_DIR) + "/k3-cluster";
+  if (stderr_path.empty()) {
+    c.proc = std::make_unique<ProcessGuard>(exe, args);
+  } else {
+    // exec keeps the pid the guard kills; the path is a test's temp file (no quote in it).
+    args.insert(args.begin(), {"-c", "exec \"$0\" \"$@\" 2>'" + stderr_path + "'", exe});
+    c.proc = std::make_unique<ProcessGuard>("/bin/sh", args);
+  }
   const auto deadline = std::chrono::steady_clock::now() + startup;
   while (c.port == 0) {
     REQUIRE(std::chrono::steady_clock::now() < deadline);

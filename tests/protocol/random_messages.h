@@ -39,6 +39,16 @@ class RandomMessages {
     return v;
   }
 
+  std::vector<TokenLogprobs> logprobs(size_t max) {
+    std::vector<TokenLogprobs> v(count(max));
+    for (auto& x : v) {
+      x.logprob = f32();
+      x.top.resize(count(5));
+      for (auto& t : x.top) t = {.id = i32(), .logprob = f32()};
+    }
+    return v;
+  }
+
   ParallelLayout layout() { return {.dp_size = u32(), .dcp_size = u32(), .pp_partition = u32s()}; }
   CompatInfo compat() {
     return {.model_hash = u64(), .kv_dtype = pick<DType>(5), .state_dtype = pick<DType>(5), .page_size = u32(),
@@ -63,19 +73,19 @@ class RandomMessages {
   }
   Claim claim() {
     return {.request_id = u64(), .prompt_len = u32(), .decode_ranks = u32s(), .prefill_instance = str(),
-            .num_prefill_stages = u32(), .timeout_ms = u64(), .sampling = sampling()};
+            .num_prefill_stages = u32(), .timeout_ms = u64(), .sampling = sampling(), .trace_id = str()};
   }
   SamplingParams sampling() {
     return {.temperature = f32(), .top_p = f32(), .top_k = i32(), .seed = u64(), .max_tokens = u32(),
-            .stop_token_ids = i32s()};
+            .stop_token_ids = i32s(), .logprobs = i32()};
   }
   Prefill prefill() {
     return {.request_id = u64(), .token_ids = i32s(), .sampling = sampling(),
-            .decode_instance = str(), .decode_ranks = u32s(), .timeout_ms = u64()};
+            .decode_instance = str(), .decode_ranks = u32s(), .timeout_ms = u64(), .trace_id = str()};
   }
   ComputeDone compute_done() {
     return {.request_id = u64(), .stage = u32(), .prompt_len = u32(), .has_first_token = coin(),
-            .first_token = i32()};
+            .first_token = i32(), .first_logprobs = logprobs(1)};
   }
   Addrs addrs() {
     Addrs m{.request_id = u64()};
@@ -86,7 +96,10 @@ class RandomMessages {
     return m;
   }
   TransferDone transfer_done() { return {.request_id = u64(), .stage = u32(), .bytes = u64()}; }
-  Tokens tokens() { return {.request_id = u64(), .token_ids = i32s(), .finish = pick<FinishReason>(kMaxFinishReason)}; }
+  Tokens tokens() {
+    return {.request_id = u64(), .token_ids = i32s(), .finish = pick<FinishReason>(kMaxFinishReason),
+            .logprobs = logprobs(3)};
+  }
   Abort abort() {
     return {.request_id = u64(), .reason = pick<AbortReason>(kMaxAbortReason), .origin_role = pick<Role>(kMaxRole),
             .origin_instance = str(), .origin_stage = u32()};

@@ -204,7 +204,7 @@ TEST_CASE("field-level rejections name the message and field", "[frame][reject]"
   }
   SECTION("TOKENS finish out of range") {
     auto p = payload_of(encode(Tokens{}));
-    p.back() = kMaxFinishReason + 1;
+    p[p.size() - 5] = kMaxFinishReason + 1;  // finish, then the logprobs count (u32)
     require_rejected(frame_of(MsgType::Tokens, p), "TOKENS.finish");
   }
   SECTION("ABORT reason and origin out of range") {

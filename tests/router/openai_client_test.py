@@ -85,14 +85,6 @@ def test_completions():
     chunks = list(stream)
     check("".join(ch.choices[0].text for ch in chunks) == c.text, "completion stream text equals non-streamed")
     check(chunks[-1].choices[0].finish_reason == "length", "completion stream finish_reason")
-    if os.environ.get("K3_SERVER_KIND") == "cluster":
-        # The cluster's decode nodes stream token ids only: logprobs are refused with a clear 400.
-        try:
-            client.completions.create(model=MODEL, prompt="abc", max_tokens=3, logprobs=2, temperature=0)
-            check(False, "cluster: completion logprobs raises")
-        except openai.BadRequestError as e:
-            check(e.status_code == 400 and "logprobs" in str(e), "cluster: completion logprobs -> 400 naming logprobs")
-        return
     r = client.completions.create(model=MODEL, prompt="abc", max_tokens=3, logprobs=2, temperature=0)
     lp = r.choices[0].logprobs
     check(lp is not None and len(lp.token_logprobs) == len(lp.tokens) >= 1, "completion logprobs present")
@@ -156,12 +148,67 @@ def test_equivalence():
     check(r.usage.completion_tokens == len(ref["tokens"]), "usage.completion_tokens == k3-generate token count")
 
 
+def close(a, b, tol=1e-3):
+    return abs(a - b) <= tol
+
+
+def chat_logprobs(c, stream):
+    msgs = [{"role": "user", "content": "Tell me about logprobs"}]
+    kw = dict(model=MODEL, messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3,
+              extra_body={"ignore_eos": True})
+    if not stream:
+        return c.chat.completions.create(**kw).choices[0].logprobs.content
+    out = []
+    for ch in c.chat.completions.create(stream=True, **kw):
+        if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+            out += ch.choices[0].logprobs.content
+    return out
+
+
+def test_logprobs():
+    """Chat and completions logprobs; in cluster mode they must equal local mode's (a plain k3-router)."""
+    got = chat_logprobs(client, stream=False)
+    check(len(got) == 6 and all(len(t.top_logprobs) == 3 for t in got), "chat logprobs: 6 tokens, 3 alternatives each")
+    check(all(t.logprob <= 0 and t.top_logprobs[0].logprob >= t.top_logprobs[-1].logprob for t in got),
+          "chat logprobs: <= 0, alternatives most likely first")
+    check(all(close(t.logprob, t.top_logprobs[0].logprob) for t in got), "greedy: the sampled token is the most likely")
+    streamed = chat_logprobs(client, stream=True)
+    check([t.token for t in streamed] == [t.token for t in got] and
+          all(close(a.logprob, b.logprob, 1e-6) for a, b in zip(streamed, got)), "chat logprobs streamed == not streamed")
+    local_url = os.environ.get("K3_LOCAL_BASE_URL")
+    if not local_url:
+        return
+    local = openai.OpenAI(base_url=local_url, api_key="unused", max_retries=0, timeout=120)
+    ref = chat_logprobs(local, stream=False)
+    check([t.token for t in got] == [t.token for t in ref], "cluster chat logprob tokens == local mode's")
+    worst = max(abs(a.logprob - b.logprob) for a, b in zip(got, ref))
+    alts = all([x.token for x in a.top_logprobs] == [x.token for x in b.top_logprobs] and
+               all(close(x.logprob, y.logprob) for x, y in zip(a.top_logprobs, b.top_logprobs)) for a, b in zip(got, ref))
+    check(worst <= 1e-3 and alts, f"cluster chat logprobs == local mode's within 1e-3 (worst {worst:.2e})")
+    kw = dict(model=MODEL, prompt=[5, 17, 99, 3], max_tokens=5, temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    a, b = client.completions.create(**kw).choices[0].logprobs, local.completions.create(**kw).choices[0].logprobs
+    check(a.tokens == b.tokens and all(close(x, y) for x, y in zip(a.token_logprobs, b.token_logprobs)) and
+          [sorted(d) for d in a.top_logprobs] == [sorted(d) for d in b.top_logprobs],
+          "cluster completion logprobs == local mode's")
+
+
+def test_request_id():
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "id"}], max_tokens=2,
+        extra_headers={"X-Request-Id": "openai-client-trace-1"})
+    check(raw.headers.get("x-request-id") == "openai-client-trace-1", "X-Request-Id is returned as sent")
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "id"}],
+                                                           max_tokens=2)
+    check((raw.headers.get("x-request-id") or "").startswith("req-"), "a request without X-Request-Id gets one")
+
+
 def test_health_after():
     with urllib.request.urlopen(BASE.rsplit("/v1", 1)[0] + "/health", timeout=30) as r:
         check(r.status == 200 and json.loads(r.read())["status"] == "ok", "health OK at the end")
 
 
-for t in (test_models, test_chat, test_completions, test_sse_framing, test_errors, test_equivalence, test_health_after):
+for t in (test_models, test_chat, test_completions, test_sse_framing, test_errors, test_equivalence, test_logprobs,
+          test_request_id, test_health_after):
     try:
         t()
     except Exception as e:  # noqa: BLE001 - report and continue with the other checks

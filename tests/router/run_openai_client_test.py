@@ -7,7 +7,8 @@ a free port, runs openai_client_test.py with the venv's python, and always stops
 
 With --cluster it starts `k3-cluster --spec <temp spec>` instead (router in cluster mode on a free
 port, prefill PP2, decode DP1, the same generated model), so every token crosses prefill -> UCX ->
-decode; the launcher is stopped with SIGTERM and must exit 0 (no child crashed).
+decode; the launcher is stopped with SIGTERM and must exit 0 (no child crashed). A plain k3-router
+on the same model runs beside it (K3_LOCAL_BASE_URL): the cluster's logprobs are compared with local mode's.
 """
 import json
 import os
@@ -119,12 +120,17 @@ def main():
         subprocess.run([os.path.join(BIN, "k3-genweights"), "--preset", "k3-tiny", "--out", model, "--seed", "0"],
                        check=True, stdout=subprocess.DEVNULL)
         proc, url = start_cluster(model, tmp) if cluster else start_router(model)
+        local = None
         try:
             env = dict(os.environ, K3_BASE_URL=url + "/v1", K3_MODEL_DIR=model, K3_BIN_DIR=BIN)
             if cluster:
                 env["K3_SERVER_KIND"] = "cluster"
+                local, local_url = start_router(model)
+                env["K3_LOCAL_BASE_URL"] = local_url + "/v1"
             rc = subprocess.run([py, os.path.join(HERE, "openai_client_test.py")], env=env).returncode
         finally:
+            if local is not None:
+                stop(local)
             code = stop(proc)
         if rc == 0 and code != 0:
             sys.exit(f"{server} exited with {code} on SIGTERM")
