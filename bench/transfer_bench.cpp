@@ -6,7 +6,9 @@
 //     COMPUTE_DONE -> ADDRS -> puts (tiny model) + flush -> TRANSFER_DONE -> decode ready -> TOKENS.
 // Prints both bandwidths and their ratio per size, then the round-trip percentiles.
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -15,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <sstream>
@@ -33,13 +36,16 @@ namespace {
 using namespace k3::transfer;
 using Clock = std::chrono::steady_clock;
 
+#ifndef K3_UCX_PERFTEST
+#define K3_UCX_PERFTEST "ucx_perftest"
+#endif
+
 struct Options {
   std::vector<size_t> sizes;
   size_t bytes_per_size = size_t{512} << 20;  // iterations = this / size, clamped
   int rt_iters = 300;
-  std::string perftest = "ucx_perftest";
-  bool peer_errors = false;  // diagnostics: either one set drops puts to tcp (~1 GB/s) on UCX 1.13
-  bool wakeup = false;
+  std::string perftest = K3_UCX_PERFTEST;  // the perftest of the UCX we link
+  bool peer_errors = false;  // diagnostic: drops puts to tcp (~0.2 GB/s) on UCX 1.13 and 1.22
 };
 
 int free_port() {
@@ -58,11 +64,26 @@ size_t iters_for(const Options& o, size_t size) {
   return std::clamp<size_t>(o.bytes_per_size / size, 20, 5000);
 }
 
+// The folder of the libucp this binary loaded: ucx_perftest runs against the same UCX (the wheel's
+// perftest finds its libraries only through the loader path).
+std::string loaded_ucx_libdir() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&ucp_get_version), &info) == 0 || !info.dli_fname) return {};
+  std::string path = info.dli_fname;
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash);
+}
+
 // ucx_perftest put bandwidth in GB/s (1e9 B/s), or nullopt when it could not run.
 std::optional<double> perftest_put_bw(const Options& o, size_t size) {
   const int port = free_port();
   const std::string n = std::to_string(iters_for(o, size));
   const std::string s = std::to_string(size), p = std::to_string(port);
+  if (const std::string dir = loaded_ucx_libdir(); !dir.empty()) {
+    const char* old = std::getenv("LD_LIBRARY_PATH");
+    if (!old || std::string(old).rfind(dir, 0) != 0)
+      ::setenv("LD_LIBRARY_PATH", (dir + (old && *old ? ":" + std::string(old) : "")).c_str(), 1);
+  }
   std::fflush(nullptr);
   pid_t server = ::fork();
   if (server == 0) {
@@ -131,8 +152,8 @@ bool recv_blob(int fd, std::vector<uint8_t>& v) {
   return read_all(fd, v.data(), n);
 }
 
-[[noreturn]] void run_target(int out_fd, size_t bytes, bool wakeup) {
-  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, wakeup).value();
+[[noreturn]] void run_target(int out_fd, size_t bytes) {
+  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG).value();
   auto worker = UcxWorker::create(ctx).value();
   // The pool is allocated by UCX (shared-memory segment on one host), as the decode pools are.
   auto mem = UcxMemory::allocate(ctx, bytes).value();
@@ -144,7 +165,7 @@ bool recv_blob(int fd, std::vector<uint8_t>& v) {
   for (;;) (void)worker->wait_until([] { return false; }, std::chrono::milliseconds(1000));
 }
 
-std::optional<Target> start_target(size_t bytes, bool wakeup) {
+std::optional<Target> start_target(size_t bytes) {
   int fds[2];
   if (::pipe(fds) != 0) return std::nullopt;
   std::fflush(nullptr);
@@ -152,7 +173,7 @@ std::optional<Target> start_target(size_t bytes, bool wakeup) {
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::close(fds[0]);
-    run_target(fds[1], bytes, wakeup);
+    run_target(fds[1], bytes);
   }
   ::close(fds[1]);
   Target t;
@@ -188,7 +209,10 @@ protocol::CompatInfo compat_for(std::vector<uint32_t> pp) {
   return c;
 }
 
-[[noreturn]] void run_decode_child(const std::string& router_endpoint, const std::string& bind_endpoint) {
+// The decode instance of the round trip. Reports its bound endpoint on `out_fd`, then every request id
+// whose CLAIM it has taken (8 bytes each), so the parent starts a request's clock only once decode knows it:
+// a COMPUTE_DONE that overtakes its CLAIM is ignored by design (lazy_alloc.h) and would never end.
+[[noreturn]] void run_decode_child(const std::string& router_endpoint, int out_fd) {
   DecodeDriverConfig cfg;
   cfg.side = {.instance_id = "d", .model = tiny_model(), .kda_head_sliced = true, .timeouts = {}};
   cfg.ranks = {0};
@@ -196,43 +220,68 @@ protocol::CompatInfo compat_for(std::vector<uint32_t> pp) {
   cfg.num_pages = 16;
   cfg.num_slots = 2;
   cfg.compat = compat_for({});
-  cfg.bind_endpoint = bind_endpoint;
-  cfg.router_endpoint = router_endpoint;
+  cfg.router_endpoint = router_endpoint;  // bind_endpoint: the default tcp://127.0.0.1:* (no port race)
   zmq::context_t zctx;
-  auto d = DecodeDriver::create(cfg, zctx, nullptr).value();
+  auto d = DecodeDriver::create(cfg, zctx, nullptr);
+  if (!d.is_ok()) {
+    std::fprintf(stderr, "round trip: decode driver: %s\n", d.status().to_string().c_str());
+    ::_exit(1);
+  }
+  if (!send_blob(out_fd, std::vector<uint8_t>((*d)->endpoint().begin(), (*d)->endpoint().end()))) ::_exit(1);
+  uint64_t next_claim = 1;
   for (;;) {
-    auto actions = d->step(Millis(100));
+    auto actions = (*d)->step(Millis(100));
     if (!actions.is_ok()) ::_exit(1);
+    for (; (*d)->side().claim(next_claim) != nullptr; ++next_claim)
+      if (!write_all(out_fd, &next_claim, sizeof next_claim)) ::_exit(1);
+    auto& dd = *d;
     for (const Action& a : *actions) {
       if (auto* r = std::get_if<ReadyAction>(&a)) {
-        (void)d->send_to_router(protocol::Tokens{.request_id = r->request_id, .token_ids = {r->first_token}});
-        d->apply([&](DecodeSide& s, Millis now) { return s.on_finished(r->request_id, now); });
+        (void)dd->send_to_router(protocol::Tokens{.request_id = r->request_id, .token_ids = {r->first_token}});
+        dd->apply([&](DecodeSide& s, Millis now) { return s.on_finished(r->request_id, now); });
       }
     }
   }
 }
 
+// Waits (sleeping) until `fd` is readable; false on timeout or error.
+bool wait_readable(int fd, std::chrono::milliseconds timeout) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, static_cast<int>(timeout.count())) == 1;
+}
+
 // COMPUTE_DONE -> TOKENS of `iters` requests, in microseconds (sorted). The parent is the router and
-// the (single) prefill stage; the decode instance is a child process.
-std::optional<std::vector<double>> protocol_round_trip(int iters) {
+// the (single) prefill stage; the decode instance is a child process. Nothing spins: the stage sleeps
+// in its driver's poll until its writes are flushed and TRANSFER_DONE is sent, then the router sleeps
+// in its poll until TOKENS arrives.
+Result<std::vector<double>> protocol_round_trip(int iters) {
   zmq::context_t zctx;
   ControlOptions ropt;
   ropt.name = "router";
-  auto router = ControlServer::bind(zctx, "tcp://127.0.0.1:*", ropt).value();
-  const std::string decode_ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  K3_ASSIGN_OR_RETURN(auto router, ControlServer::bind(zctx, "tcp://127.0.0.1:*", ropt));
+  int fds[2];
+  if (::pipe(fds) != 0) return io_error("round trip: pipe");
   std::fflush(nullptr);
   pid_t child = ::fork();
   if (child == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    run_decode_child(router->endpoint(), decode_ep);
+    ::close(fds[0]);
+    run_decode_child(router->endpoint(), fds[1]);
   }
+  ::close(fds[1]);
   struct Reap {
     pid_t pid;
+    int fd;
     ~Reap() {
+      ::close(fd);
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
-  } reap{child};
+  } reap{child, fds[0]};
+  std::vector<uint8_t> ep_bytes;
+  if (!wait_readable(fds[0], std::chrono::seconds(20)) || !recv_blob(fds[0], ep_bytes))
+    return Status{Code::Unavailable, "round trip: the decode child did not start (see its error above)"};
+  const std::string decode_ep(ep_bytes.begin(), ep_bytes.end());
 
   const auto model = tiny_model();
   PrefillDriverConfig cfg;
@@ -241,37 +290,52 @@ std::optional<std::vector<double>> protocol_round_trip(int iters) {
   cfg.compat = compat_for({2});
   cfg.decode_instance = "d";
   cfg.decode_endpoint = decode_ep;
-  auto prefill = PrefillDriver::create(cfg, zctx, nullptr).value();
-  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  K3_ASSIGN_OR_RETURN(auto prefill, PrefillDriver::create(cfg, zctx, nullptr));
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
   while (!(prefill->decode_ready() && router->liveness().alive("decode/d"))) {
-    if (Clock::now() > deadline) return std::nullopt;
-    (void)prefill->step(Millis(10));
-    (void)router->poll(std::chrono::milliseconds(10));
+    if (Clock::now() > deadline)
+      return Status{Code::DeadlineExceeded, std::string("round trip: no ") +
+                                                (prefill->decode_ready() ? "decode heartbeat at the router" : "REGISTER from decode") +
+                                                " within 30 s"};
+    K3_TRY(prefill->step(Millis(10)).status());
+    K3_TRY(router->poll(std::chrono::milliseconds(10)).status());
   }
   std::vector<double> us;
   const uint32_t tokens = 16;
   for (int i = 0; i < iters + 10; ++i) {
     const uint64_t id = 1 + i;
-    (void)router->send("decode/d", protocol::encode(protocol::Claim{.request_id = id, .prompt_len = tokens,
-                                                                    .decode_ranks = {0}, .prefill_instance = "p",
-                                                                    .num_prefill_stages = 1}));
-    // CLAIM is off the critical path (sent at routing time); give it a head start before the prefill.
-    const auto settle = Clock::now() + std::chrono::milliseconds(2);
-    while (Clock::now() < settle) (void)router->poll(std::chrono::milliseconds(1));
+    K3_TRY(router->send("decode/d", protocol::encode(protocol::Claim{.request_id = id, .prompt_len = tokens,
+                                                                     .decode_ranks = {0}, .prefill_instance = "p",
+                                                                     .num_prefill_stages = 1})));
+    // CLAIM is off the critical path (sent at routing time): start the clock once decode has taken it.
+    uint64_t claimed = 0;
+    while (claimed != id) {
+      if (!wait_readable(fds[0], std::chrono::seconds(10)) || !read_all(fds[0], &claimed, sizeof claimed))
+        return Status{Code::DeadlineExceeded, "round trip: decode did not take CLAIM " + std::to_string(id)};
+    }
     (void)prefill->side().on_prefill(protocol::Prefill{.request_id = id, .token_ids = std::vector<int32_t>(tokens, 1),
                                                        .decode_instance = "d", .decode_ranks = {0}},
                                      steady_now());
     auto src = pack_stage_source(model, cfg.side.prefill, 0, tokens);
     std::vector<uint8_t> bytes(src.total_bytes, 0x5A);
     const auto t0 = Clock::now();
+    const auto give_up = t0 + std::chrono::seconds(10);
     (void)prefill->stage_computed(id, src, std::move(bytes), 7);
+    // The stage's part: ADDRS in, puts + flush, TRANSFER_DONE out (all inside step()).
+    for (;;) {
+      const auto st = prefill->side().state(id);
+      if (!st || protocol::is_terminal(*st)) break;
+      if (Clock::now() > give_up)
+        return Status{Code::DeadlineExceeded, "round trip: request " + std::to_string(id) + " stuck in " +
+                                                  protocol::state_name(*st) + " at the prefill stage"};
+      K3_TRY(prefill->step(Millis(100)).status());
+    }
     bool got = false;
     while (!got) {
-      if (Clock::now() > t0 + std::chrono::seconds(10)) return std::nullopt;
-      (void)prefill->step(Millis(0));  // spins only inside the measured window
-      auto ev = router->poll(std::chrono::milliseconds(0));
-      if (!ev.is_ok()) return std::nullopt;
-      for (auto& e : *ev) {
+      if (Clock::now() > give_up)
+        return Status{Code::DeadlineExceeded, "round trip: no TOKENS for request " + std::to_string(id) + " within 10 s"};
+      K3_ASSIGN_OR_RETURN(auto ev, router->poll(std::chrono::milliseconds(100)));
+      for (auto& e : ev) {
         if (e.kind != ControlEventKind::Message) continue;
         auto m = protocol::decode(e.payload);
         if (m.is_ok())
@@ -287,7 +351,7 @@ std::optional<std::vector<double>> protocol_round_trip(int iters) {
 
 int run(const Options& o) {
   const size_t max_size = *std::max_element(o.sizes.begin(), o.sizes.end());
-  auto target = start_target(max_size, true);  // the target sleeps on its event fd, like a decode rank
+  auto target = start_target(max_size);  // the target sleeps on its event fd, like a decode rank
   if (!target) {
     std::fprintf(stderr, "transfer bench: could not start the target process\n");
     return 1;
@@ -299,9 +363,9 @@ int run(const Options& o) {
       ::waitpid(pid, nullptr, 0);
     }
   } reap{target->pid};
-  // The writer's data-plane context as the prefill driver makes it (ucx_prefill_driver.cpp): no
-  // WAKEUP feature and no peer error mode, so UCX keeps shared-memory RMA (docs/PERF.md).
-  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, o.wakeup).value();
+  // The writer's data-plane context as the prefill driver makes it (ucx_prefill_driver.cpp): no peer
+  // error mode, so UCX keeps shared-memory RMA (docs/PERF.md).
+  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG).value();
   auto worker = UcxWorker::create(ctx).value();
   auto ep = worker->connect(target->worker_address, o.peer_errors).value();
   auto rkey = RemoteKey::unpack(ep, target->rkey, target->base, target->length).value();
@@ -335,8 +399,9 @@ int run(const Options& o) {
     std::fflush(stdout);
   }
   auto rt = protocol_round_trip(o.rt_iters);
-  if (!rt || rt->empty()) {
-    std::fprintf(stderr, "protocol round trip failed\n");
+  if (!rt.is_ok() || rt->empty()) {
+    std::fprintf(stderr, "protocol round trip failed: %s\n",
+                 rt.is_ok() ? "no requests timed" : rt.status().to_string().c_str());
     return 1;
   }
   auto pct = [&](double q) { return (*rt)[std::min(rt->size() - 1, size_t(q * rt->size()))]; };
@@ -356,7 +421,6 @@ void add_transfer_command(CLI::App& app) {
   cmd->add_option("--bytes-per-size", opts->bytes_per_size, "bytes moved per size (sets iterations)");
   cmd->add_option("--rt-iters", opts->rt_iters, "requests timed for the round trip");
   cmd->add_option("--perftest", opts->perftest, "ucx_perftest binary");
-  cmd->add_flag("--wakeup", opts->wakeup, "writer context with UCP_FEATURE_WAKEUP (diagnostic)");
   cmd->add_flag("--peer-errors", opts->peer_errors, "writer endpoint with UCP_ERR_HANDLING_MODE_PEER (diagnostic)");
   cmd->callback([opts] {
     if (opts->sizes.empty())
