@@ -29,6 +29,9 @@
 #include "transfer/ucx_decode_driver.h"
 #include "transfer/ucx_prefill_driver.h"
 #include "transfer/ucx_writer.h"
+#ifdef K3_TRANSFER_HAVE_CUDA
+#include "transfer/cuda/cuda_memory.h"
+#endif
 
 namespace k3::bench {
 namespace {
@@ -45,6 +48,8 @@ struct Options {
   size_t bytes_per_size = size_t{512} << 20;  // iterations = this / size, clamped
   int rt_iters = 300;
   std::string perftest = K3_UCX_PERFTEST;  // the perftest of the UCX we link
+  std::string memory = "host";  // where source and destination live: host | cuda (both sides)
+  size_t writes_per_flush = 1;    // RemoteWrites per write() call (one flush each)
   bool peer_errors = false;  // diagnostic: drops puts to tcp (~0.2 GB/s) on UCX 1.13 and 1.22
 };
 
@@ -91,13 +96,13 @@ std::optional<double> perftest_put_bw(const Options& o, size_t size) {
     std::freopen("/dev/null", "w", stdout);
     std::freopen("/dev/null", "w", stderr);
     ::execlp(o.perftest.c_str(), o.perftest.c_str(), "-t", "ucp_put_bw", "-s", s.c_str(), "-n", n.c_str(), "-p",
-             p.c_str(), static_cast<char*>(nullptr));
+             p.c_str(), "-m", o.memory.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   std::optional<double> bw;
   for (int attempt = 0; attempt < 20 && !bw; ++attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const std::string cmd = o.perftest + " 127.0.0.1 -t ucp_put_bw -s " + s + " -n " + n + " -p " + p + " 2>/dev/null";
+    const std::string cmd = o.perftest + " 127.0.0.1 -t ucp_put_bw -s " + s + " -n " + n + " -p " + p + " -m " + o.memory + " 2>/dev/null";
     FILE* f = ::popen(cmd.c_str(), "r");
     if (!f) break;
     char line[1024];
@@ -152,11 +157,40 @@ bool recv_blob(int fd, std::vector<uint8_t>& v) {
   return read_all(fd, v.data(), n);
 }
 
-[[noreturn]] void run_target(int out_fd, size_t bytes) {
+// Registers the bench's destination/source region: host memory allocated by UCX (a shared-memory segment
+// on one host, as the decode pools are), or device memory (cudaMalloc + registration, reached over cuda_ipc).
+struct Region {
+  std::unique_ptr<UcxMemory> mem;
+#ifdef K3_TRANSFER_HAVE_CUDA
+  std::unique_ptr<CudaBuffer> device;
+#endif
+};
+Result<Region> make_region(const std::shared_ptr<UcxContext>& ctx, size_t bytes, bool cuda) {
+  Region r;
+  if (!cuda) {
+    K3_ASSIGN_OR_RETURN(r.mem, UcxMemory::allocate(ctx, bytes));
+    return r;
+  }
+#ifdef K3_TRANSFER_HAVE_CUDA
+  if (!ctx->supports(MemoryType::Cuda)) return unsupported("--memory cuda: this UCX has no CUDA transport loaded");
+  K3_ASSIGN_OR_RETURN(r.device, CudaBuffer::create(bytes));
+  K3_TRY(r.device->fill(0x3C));
+  K3_ASSIGN_OR_RETURN(r.mem, UcxMemory::map(ctx, r.device->data(), bytes, MemoryType::Cuda));
+  return r;
+#else
+  return unsupported("--memory cuda needs a CUDA build (-DK3_CUDA=ON)");
+#endif
+}
+
+[[noreturn]] void run_target(int out_fd, size_t bytes, bool cuda) {
   auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG).value();
   auto worker = UcxWorker::create(ctx).value();
-  // The pool is allocated by UCX (shared-memory segment on one host), as the decode pools are.
-  auto mem = UcxMemory::allocate(ctx, bytes).value();
+  auto region = make_region(ctx, bytes, cuda);
+  if (!region.is_ok()) {
+    std::fprintf(stderr, "transfer bench target: %s\n", region.status().to_string().c_str());
+    ::_exit(1);
+  }
+  auto& mem = region->mem;
   uint64_t base = reinterpret_cast<uint64_t>(mem->base()), len = mem->length();
   if (!send_blob(out_fd, worker->address()) || !send_blob(out_fd, mem->packed_rkey().value()) ||
       !write_all(out_fd, &base, 8) || !write_all(out_fd, &len, 8))
@@ -165,7 +199,7 @@ bool recv_blob(int fd, std::vector<uint8_t>& v) {
   for (;;) (void)worker->wait_until([] { return false; }, std::chrono::milliseconds(1000));
 }
 
-std::optional<Target> start_target(size_t bytes) {
+std::optional<Target> start_target(size_t bytes, bool cuda) {
   int fds[2];
   if (::pipe(fds) != 0) return std::nullopt;
   std::fflush(nullptr);
@@ -173,7 +207,7 @@ std::optional<Target> start_target(size_t bytes) {
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::close(fds[0]);
-    run_target(fds[1], bytes);
+    run_target(fds[1], bytes, cuda);
   }
   ::close(fds[1]);
   Target t;
@@ -351,7 +385,10 @@ Result<std::vector<double>> protocol_round_trip(int iters) {
 
 int run(const Options& o) {
   const size_t max_size = *std::max_element(o.sizes.begin(), o.sizes.end());
-  auto target = start_target(max_size);  // the target sleeps on its event fd, like a decode rank
+  const bool cuda = o.memory == "cuda";
+  // Children are forked before this process touches CUDA (a forked CUDA context is unusable): the
+  // target first, then the round trip's decode child; the write path last.
+  auto target = start_target(max_size, cuda);  // the target sleeps on its event fd, like a decode rank
   if (!target) {
     std::fprintf(stderr, "transfer bench: could not start the target process\n");
     return 1;
@@ -363,41 +400,6 @@ int run(const Options& o) {
       ::waitpid(pid, nullptr, 0);
     }
   } reap{target->pid};
-  // The writer's data-plane context as the prefill driver makes it (ucx_prefill_driver.cpp): no peer
-  // error mode, so UCX keeps shared-memory RMA (docs/PERF.md).
-  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG).value();
-  auto worker = UcxWorker::create(ctx).value();
-  auto ep = worker->connect(target->worker_address, o.peer_errors).value();
-  auto rkey = RemoteKey::unpack(ep, target->rkey, target->base, target->length).value();
-  auto writer = UcxWriter::create(worker, std::make_shared<HostSourceReader>()).value();
-  std::vector<uint8_t> src(max_size, 0x3C);
-  // Register the source once too, as a prefill stage registers its KV pool.
-  auto src_mem = UcxMemory::map(ctx, src.data(), src.size()).value();
-
-  std::printf("%-10s %8s %14s %14s %8s\n", "size", "iters", "perftest GB/s", "k3 GB/s", "ratio");
-  for (size_t size : o.sizes) {
-    const size_t iters = iters_for(o, size);
-    auto ref = perftest_put_bw(o, size);
-    RemoteWrite w{src.data(), target->base, size};
-    for (int i = 0; i < 3; ++i) (void)writer->write(*rkey, std::span(&w, 1));
-    const auto t0 = Clock::now();
-    for (size_t i = 0; i < iters; ++i) {
-      if (Status s = writer->write(*rkey, std::span(&w, 1)); !s.is_ok()) {
-        std::fprintf(stderr, "write: %s\n", s.to_string().c_str());
-        return 1;
-      }
-    }
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double ours = double(size) * iters / secs / 1e9;
-    char name[32];
-    if (size >= (1u << 20)) std::snprintf(name, sizeof name, "%zu MiB", size >> 20);
-    else std::snprintf(name, sizeof name, "%zu KiB", size >> 10);
-    if (ref)
-      std::printf("%-10s %8zu %14.2f %14.2f %8.2f\n", name, iters, *ref, ours, ours / *ref);
-    else
-      std::printf("%-10s %8zu %14s %14.2f %8s\n", name, iters, "n/a", ours, "n/a");
-    std::fflush(stdout);
-  }
   auto rt = protocol_round_trip(o.rt_iters);
   if (!rt.is_ok() || rt->empty()) {
     std::fprintf(stderr, "protocol round trip failed: %s\n",
@@ -408,6 +410,53 @@ int run(const Options& o) {
   std::printf("protocol round trip COMPUTE_DONE->ADDRS->puts+flush->TRANSFER_DONE->TOKENS (%zu requests): "
               "p50 %.0f us, p90 %.0f us, p99 %.0f us\n",
               rt->size(), pct(0.5), pct(0.9), pct(0.99));
+  // The writer's data-plane context as the prefill driver makes it (ucx_prefill_driver.cpp): no peer
+  // error mode, so UCX keeps shared-memory RMA (docs/PERF.md).
+  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG).value();
+  auto worker = UcxWorker::create(ctx).value();
+  auto ep = worker->connect(target->worker_address, o.peer_errors).value();
+  auto rkey = RemoteKey::unpack(ep, target->rkey, target->base, target->length).value();
+  std::shared_ptr<const SourceReader> reader = std::make_shared<HostSourceReader>();
+#ifdef K3_TRANSFER_HAVE_CUDA
+  if (cuda) reader = std::make_shared<CudaSourceReader>();
+#endif
+  auto writer = UcxWriter::create(worker, reader).value();
+  // The source is registered once too, as a prefill stage registers its KV pool.
+  auto src_region = make_region(ctx, max_size, cuda);  // per * size <= max_size below
+  if (!src_region.is_ok()) {
+    std::fprintf(stderr, "transfer bench: %s\n", src_region.status().to_string().c_str());
+    return 1;
+  }
+  const uint8_t* src = src_region->mem->base();
+
+  std::printf("%-10s %8s %14s %14s %8s\n", "size", "iters", "perftest GB/s", "k3 GB/s", "ratio");
+  for (size_t size : o.sizes) {
+    const size_t iters = iters_for(o, size);
+    auto ref = perftest_put_bw(o, size);
+    // writes_per_flush runs of `size` bytes (distinct source and destination ranges) per write() call.
+    const size_t per = std::max<size_t>(1, std::min(o.writes_per_flush, target->length / size));
+    std::vector<RemoteWrite> w;
+    for (size_t k = 0; k < per; ++k) w.push_back({src + k * size, target->base + k * size, size});
+    for (int i = 0; i < 3; ++i) (void)writer->write(*rkey, w);
+    const size_t calls = std::max<size_t>(1, iters / per);
+    const auto t0 = Clock::now();
+    for (size_t i = 0; i < calls; ++i) {
+      if (Status s = writer->write(*rkey, w); !s.is_ok()) {
+        std::fprintf(stderr, "write: %s\n", s.to_string().c_str());
+        return 1;
+      }
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double ours = double(size) * per * calls / secs / 1e9;
+    char name[32];
+    if (size >= (1u << 20)) std::snprintf(name, sizeof name, "%zu MiB", size >> 20);
+    else std::snprintf(name, sizeof name, "%zu KiB", size >> 10);
+    if (ref)
+      std::printf("%-10s %8zu %14.2f %14.2f %8.2f\n", name, iters, *ref, ours, ours / *ref);
+    else
+      std::printf("%-10s %8zu %14s %14.2f %8s\n", name, iters, "n/a", ours, "n/a");
+    std::fflush(stdout);
+  }
   return 0;
 }
 
@@ -421,6 +470,12 @@ void add_transfer_command(CLI::App& app) {
   cmd->add_option("--bytes-per-size", opts->bytes_per_size, "bytes moved per size (sets iterations)");
   cmd->add_option("--rt-iters", opts->rt_iters, "requests timed for the round trip");
   cmd->add_option("--perftest", opts->perftest, "ucx_perftest binary");
+  cmd->add_option("--memory", opts->memory, "where both sides' buffers live: host (UCX-allocated) or cuda "
+                                            "(device memory, cuda_ipc between the processes)")
+      ->check(CLI::IsMember({"host", "cuda"}));
+  cmd->add_option("--writes-per-flush", opts->writes_per_flush,
+                  "puts of one size per write() call, i.e. per endpoint flush (a request's plan is one list)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--peer-errors", opts->peer_errors, "writer endpoint with UCP_ERR_HANDLING_MODE_PEER (diagnostic)");
   cmd->callback([opts] {
     if (opts->sizes.empty())
