@@ -243,9 +243,8 @@ protocol::CompatInfo compat_for(std::vector<uint32_t> pp) {
   return c;
 }
 
-// The decode instance of the round trip. Reports its bound endpoint on `out_fd`, then every request id
-// whose CLAIM it has taken (8 bytes each), so the parent starts a request's clock only once decode knows it:
-// a COMPUTE_DONE that overtakes its CLAIM is ignored by design (lazy_alloc.h) and would never end.
+// The decode instance of the round trip. Reports its bound endpoint on `out_fd` (it binds a port of its
+// own choosing: no race with another process for a port picked in advance).
 [[noreturn]] void run_decode_child(const std::string& router_endpoint, int out_fd) {
   DecodeDriverConfig cfg;
   cfg.side = {.instance_id = "d", .model = tiny_model(), .kda_head_sliced = true, .timeouts = {}};
@@ -262,12 +261,9 @@ protocol::CompatInfo compat_for(std::vector<uint32_t> pp) {
     ::_exit(1);
   }
   if (!send_blob(out_fd, std::vector<uint8_t>((*d)->endpoint().begin(), (*d)->endpoint().end()))) ::_exit(1);
-  uint64_t next_claim = 1;
   for (;;) {
     auto actions = (*d)->step(Millis(100));
     if (!actions.is_ok()) ::_exit(1);
-    for (; (*d)->side().claim(next_claim) != nullptr; ++next_claim)
-      if (!write_all(out_fd, &next_claim, sizeof next_claim)) ::_exit(1);
     auto& dd = *d;
     for (const Action& a : *actions) {
       if (auto* r = std::get_if<ReadyAction>(&a)) {
@@ -341,11 +337,24 @@ Result<std::vector<double>> protocol_round_trip(int iters) {
     K3_TRY(router->send("decode/d", protocol::encode(protocol::Claim{.request_id = id, .prompt_len = tokens,
                                                                      .decode_ranks = {0}, .prefill_instance = "p",
                                                                      .num_prefill_stages = 1})));
-    // CLAIM is off the critical path (sent at routing time): start the clock once decode has taken it.
-    uint64_t claimed = 0;
-    while (claimed != id) {
-      if (!wait_readable(fds[0], std::chrono::seconds(10)) || !read_all(fds[0], &claimed, sizeof claimed))
-        return Status{Code::DeadlineExceeded, "round trip: decode did not take CLAIM " + std::to_string(id)};
+    // CLAIM is off the critical path. As the router does, wait for decode's CLAIM_ACK before the prefill
+    // starts: a COMPUTE_DONE that overtakes its CLAIM is ignored by design (lazy_alloc.h) and the request
+    // would never end (this bench used to sleep 2 ms instead, and failed when decode was slower).
+    bool acked = false;
+    const auto ack_give_up = Clock::now() + std::chrono::seconds(10);
+    while (!acked) {
+      if (Clock::now() > ack_give_up)
+        return Status{Code::DeadlineExceeded, "round trip: no CLAIM_ACK for request " + std::to_string(id)};
+      K3_ASSIGN_OR_RETURN(auto ev, router->poll(std::chrono::milliseconds(100)));
+      for (auto& e : ev) {
+        if (e.kind != ControlEventKind::Message) continue;
+        auto m = protocol::decode(e.payload);
+        if (!m.is_ok()) continue;
+        if (auto* a = std::get_if<protocol::ClaimAck>(&m.value()); a && a->request_id == id) {
+          if (!a->ok) return Status{Code::Internal, "round trip: decode refused CLAIM " + std::to_string(id) + ": " + a->reason};
+          acked = true;
+        }
+      }
     }
     (void)prefill->side().on_prefill(protocol::Prefill{.request_id = id, .token_ids = std::vector<int32_t>(tokens, 1),
                                                        .decode_instance = "d", .decode_ranks = {0}},
