@@ -243,9 +243,12 @@ protocol::CompatInfo compat_for(std::vector<uint32_t> pp) {
   return c;
 }
 
-// The decode instance of the round trip. Reports its bound endpoint on `out_fd` (it binds a port of its
-// own choosing: no race with another process for a port picked in advance).
-[[noreturn]] void run_decode_child(const std::string& router_endpoint, int out_fd) {
+// The decode instance of the round trip. Reads the router's endpoint from `in_fd`, reports its own bound
+// endpoint on `out_fd` (it binds a port of its own choosing: no race for a port picked in advance).
+[[noreturn]] void run_decode_child(int in_fd, int out_fd) {
+  std::vector<uint8_t> router_ep;
+  if (!recv_blob(in_fd, router_ep)) ::_exit(1);
+  const std::string router_endpoint(router_ep.begin(), router_ep.end());
   DecodeDriverConfig cfg;
   cfg.side = {.instance_id = "d", .model = tiny_model(), .kda_head_sliced = true, .timeouts = {}};
   cfg.ranks = {0};
@@ -285,29 +288,43 @@ bool wait_readable(int fd, std::chrono::milliseconds timeout) {
 // in its driver's poll until its writes are flushed and TRANSFER_DONE is sent, then the router sleeps
 // in its poll until TOKENS arrives.
 Result<std::vector<double>> protocol_round_trip(int iters) {
-  zmq::context_t zctx;
-  ControlOptions ropt;
-  ropt.name = "router";
-  K3_ASSIGN_OR_RETURN(auto router, ControlServer::bind(zctx, "tcp://127.0.0.1:*", ropt));
-  int fds[2];
-  if (::pipe(fds) != 0) return io_error("round trip: pipe");
+  // Fork first, while this process has no threads: a child forked after the ZeroMQ context exists
+  // inherits locks its I/O threads may hold and can hang before it binds (on the 16-core GPU host this
+  // stopped most runs: "the decode child did not start"). The router endpoint goes down a pipe instead.
+  int to_child[2], from_child[2];
+  if (::pipe(to_child) != 0) return io_error("round trip: pipe");
+  if (::pipe(from_child) != 0) {
+    ::close(to_child[0]);
+    ::close(to_child[1]);
+    return io_error("round trip: pipe");
+  }
   std::fflush(nullptr);
   pid_t child = ::fork();
   if (child == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::close(fds[0]);
-    run_decode_child(router->endpoint(), fds[1]);
+    ::close(to_child[1]);
+    ::close(from_child[0]);
+    run_decode_child(to_child[0], from_child[1]);
   }
-  ::close(fds[1]);
+  ::close(to_child[0]);
+  ::close(from_child[1]);
   struct Reap {
     pid_t pid;
-    int fd;
+    int to, from;
     ~Reap() {
-      ::close(fd);
+      ::close(to);
+      ::close(from);
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
-  } reap{child, fds[0]};
+  } reap{child, to_child[1], from_child[0]};
+  const int fds[2] = {from_child[0], -1};
+  zmq::context_t zctx;
+  ControlOptions ropt;
+  ropt.name = "router";
+  K3_ASSIGN_OR_RETURN(auto router, ControlServer::bind(zctx, "tcp://127.0.0.1:*", ropt));
+  if (!send_blob(to_child[1], std::vector<uint8_t>(router->endpoint().begin(), router->endpoint().end())))
+    return Status{Code::Unavailable, "round trip: the decode child exited before it started"};
   std::vector<uint8_t> ep_bytes;
   if (!wait_readable(fds[0], std::chrono::seconds(20)) || !recv_blob(fds[0], ep_bytes))
     return Status{Code::Unavailable, "round trip: the decode child did not start (see its error above)"};
@@ -409,16 +426,19 @@ int run(const Options& o) {
       ::waitpid(pid, nullptr, 0);
     }
   } reap{target->pid};
+  // A failed round trip is reported (exit status 1) but does not hide the bandwidth table.
+  int rc = 0;
   auto rt = protocol_round_trip(o.rt_iters);
   if (!rt.is_ok() || rt->empty()) {
     std::fprintf(stderr, "protocol round trip failed: %s\n",
                  rt.is_ok() ? "no requests timed" : rt.status().to_string().c_str());
-    return 1;
+    rc = 1;
+  } else {
+    auto pct = [&](double q) { return (*rt)[std::min(rt->size() - 1, size_t(q * rt->size()))]; };
+    std::printf("protocol round trip COMPUTE_DONE->ADDRS->puts+flush->TRANSFER_DONE->TOKENS (%zu requests): "
+                "p50 %.0f us, p90 %.0f us, p99 %.0f us\n",
+                rt->size(), pct(0.5), pct(0.9), pct(0.99));
   }
-  auto pct = [&](double q) { return (*rt)[std::min(rt->size() - 1, size_t(q * rt->size()))]; };
-  std::printf("protocol round trip COMPUTE_DONE->ADDRS->puts+flush->TRANSFER_DONE->TOKENS (%zu requests): "
-              "p50 %.0f us, p90 %.0f us, p99 %.0f us\n",
-              rt->size(), pct(0.5), pct(0.9), pct(0.99));
   // The writer's data-plane context as the prefill driver makes it (ucx_prefill_driver.cpp): no peer
   // error mode, so UCX keeps shared-memory RMA (docs/PERF.md).
   auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG).value();
@@ -466,7 +486,7 @@ int run(const Options& o) {
       std::printf("%-10s %8zu %14s %14.2f %8s\n", name, iters, "n/a", ours, "n/a");
     std::fflush(stdout);
   }
-  return 0;
+  return rc;
 }
 
 }  // namespace
