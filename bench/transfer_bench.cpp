@@ -6,7 +6,9 @@
 //     COMPUTE_DONE -> ADDRS -> puts (tiny model) + flush -> TRANSFER_DONE -> decode ready -> TOKENS.
 // Prints both bandwidths and their ratio per size, then the round-trip percentiles.
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -15,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <sstream>
@@ -26,6 +29,9 @@
 #include "transfer/ucx_decode_driver.h"
 #include "transfer/ucx_prefill_driver.h"
 #include "transfer/ucx_writer.h"
+#ifdef K3_TRANSFER_HAVE_CUDA
+#include "transfer/cuda/cuda_memory.h"
+#endif
 
 namespace k3::bench {
 namespace {
@@ -33,13 +39,18 @@ namespace {
 using namespace k3::transfer;
 using Clock = std::chrono::steady_clock;
 
+#ifndef K3_UCX_PERFTEST
+#define K3_UCX_PERFTEST "ucx_perftest"
+#endif
+
 struct Options {
   std::vector<size_t> sizes;
   size_t bytes_per_size = size_t{512} << 20;  // iterations = this / size, clamped
   int rt_iters = 300;
-  std::string perftest = "ucx_perftest";
-  bool peer_errors = false;  // diagnostics: either one set drops puts to tcp (~1 GB/s) on UCX 1.13
-  bool wakeup = false;
+  std::string perftest = K3_UCX_PERFTEST;  // the perftest of the UCX we link
+  std::string memory = "host";  // where source and destination live: host | cuda (both sides)
+  size_t writes_per_flush = 1;    // RemoteWrites per write() call (one flush each)
+  bool peer_errors = false;  // diagnostic: drops puts to tcp (~0.2 GB/s) on UCX 1.13 and 1.22
 };
 
 int free_port() {
@@ -58,11 +69,26 @@ size_t iters_for(const Options& o, size_t size) {
   return std::clamp<size_t>(o.bytes_per_size / size, 20, 5000);
 }
 
+// The folder of the libucp this binary loaded: ucx_perftest runs against the same UCX (the wheel's
+// perftest finds its libraries only through the loader path).
+std::string loaded_ucx_libdir() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&ucp_get_version), &info) == 0 || !info.dli_fname) return {};
+  std::string path = info.dli_fname;
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash);
+}
+
 // ucx_perftest put bandwidth in GB/s (1e9 B/s), or nullopt when it could not run.
 std::optional<double> perftest_put_bw(const Options& o, size_t size) {
   const int port = free_port();
   const std::string n = std::to_string(iters_for(o, size));
   const std::string s = std::to_string(size), p = std::to_string(port);
+  if (const std::string dir = loaded_ucx_libdir(); !dir.empty()) {
+    const char* old = std::getenv("LD_LIBRARY_PATH");
+    if (!old || std::string(old).rfind(dir, 0) != 0)
+      ::setenv("LD_LIBRARY_PATH", (dir + (old && *old ? ":" + std::string(old) : "")).c_str(), 1);
+  }
   std::fflush(nullptr);
   pid_t server = ::fork();
   if (server == 0) {
@@ -70,13 +96,13 @@ std::optional<double> perftest_put_bw(const Options& o, size_t size) {
     std::freopen("/dev/null", "w", stdout);
     std::freopen("/dev/null", "w", stderr);
     ::execlp(o.perftest.c_str(), o.perftest.c_str(), "-t", "ucp_put_bw", "-s", s.c_str(), "-n", n.c_str(), "-p",
-             p.c_str(), static_cast<char*>(nullptr));
+             p.c_str(), "-m", o.memory.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   std::optional<double> bw;
   for (int attempt = 0; attempt < 20 && !bw; ++attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const std::string cmd = o.perftest + " 127.0.0.1 -t ucp_put_bw -s " + s + " -n " + n + " -p " + p + " 2>/dev/null";
+    const std::string cmd = o.perftest + " 127.0.0.1 -t ucp_put_bw -s " + s + " -n " + n + " -p " + p + " -m " + o.memory + " 2>/dev/null";
     FILE* f = ::popen(cmd.c_str(), "r");
     if (!f) break;
     char line[1024];
@@ -131,11 +157,40 @@ bool recv_blob(int fd, std::vector<uint8_t>& v) {
   return read_all(fd, v.data(), n);
 }
 
-[[noreturn]] void run_target(int out_fd, size_t bytes, bool wakeup) {
-  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, wakeup).value();
+// Registers the bench's destination/source region: host memory allocated by UCX (a shared-memory segment
+// on one host, as the decode pools are), or device memory (cudaMalloc + registration, reached over cuda_ipc).
+struct Region {
+  std::unique_ptr<UcxMemory> mem;
+#ifdef K3_TRANSFER_HAVE_CUDA
+  std::unique_ptr<CudaBuffer> device;
+#endif
+};
+Result<Region> make_region(const std::shared_ptr<UcxContext>& ctx, size_t bytes, bool cuda) {
+  Region r;
+  if (!cuda) {
+    K3_ASSIGN_OR_RETURN(r.mem, UcxMemory::allocate(ctx, bytes));
+    return r;
+  }
+#ifdef K3_TRANSFER_HAVE_CUDA
+  if (!ctx->supports(MemoryType::Cuda)) return unsupported("--memory cuda: this UCX has no CUDA transport loaded");
+  K3_ASSIGN_OR_RETURN(r.device, CudaBuffer::create(bytes));
+  K3_TRY(r.device->fill(0x3C));
+  K3_ASSIGN_OR_RETURN(r.mem, UcxMemory::map(ctx, r.device->data(), bytes, MemoryType::Cuda));
+  return r;
+#else
+  return unsupported("--memory cuda needs a CUDA build (-DK3_CUDA=ON)");
+#endif
+}
+
+[[noreturn]] void run_target(int out_fd, size_t bytes, bool cuda) {
+  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG).value();
   auto worker = UcxWorker::create(ctx).value();
-  // The pool is allocated by UCX (shared-memory segment on one host), as the decode pools are.
-  auto mem = UcxMemory::allocate(ctx, bytes).value();
+  auto region = make_region(ctx, bytes, cuda);
+  if (!region.is_ok()) {
+    std::fprintf(stderr, "transfer bench target: %s\n", region.status().to_string().c_str());
+    ::_exit(1);
+  }
+  auto& mem = region->mem;
   uint64_t base = reinterpret_cast<uint64_t>(mem->base()), len = mem->length();
   if (!send_blob(out_fd, worker->address()) || !send_blob(out_fd, mem->packed_rkey().value()) ||
       !write_all(out_fd, &base, 8) || !write_all(out_fd, &len, 8))
@@ -144,7 +199,7 @@ bool recv_blob(int fd, std::vector<uint8_t>& v) {
   for (;;) (void)worker->wait_until([] { return false; }, std::chrono::milliseconds(1000));
 }
 
-std::optional<Target> start_target(size_t bytes, bool wakeup) {
+std::optional<Target> start_target(size_t bytes, bool cuda) {
   int fds[2];
   if (::pipe(fds) != 0) return std::nullopt;
   std::fflush(nullptr);
@@ -152,7 +207,7 @@ std::optional<Target> start_target(size_t bytes, bool wakeup) {
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::close(fds[0]);
-    run_target(fds[1], bytes, wakeup);
+    run_target(fds[1], bytes, cuda);
   }
   ::close(fds[1]);
   Target t;
@@ -188,7 +243,12 @@ protocol::CompatInfo compat_for(std::vector<uint32_t> pp) {
   return c;
 }
 
-[[noreturn]] void run_decode_child(const std::string& router_endpoint, const std::string& bind_endpoint) {
+// The decode instance of the round trip. Reads the router's endpoint from `in_fd`, reports its own bound
+// endpoint on `out_fd` (it binds a port of its own choosing: no race for a port picked in advance).
+[[noreturn]] void run_decode_child(int in_fd, int out_fd) {
+  std::vector<uint8_t> router_ep;
+  if (!recv_blob(in_fd, router_ep)) ::_exit(1);
+  const std::string router_endpoint(router_ep.begin(), router_ep.end());
   DecodeDriverConfig cfg;
   cfg.side = {.instance_id = "d", .model = tiny_model(), .kda_head_sliced = true, .timeouts = {}};
   cfg.ranks = {0};
@@ -196,43 +256,79 @@ protocol::CompatInfo compat_for(std::vector<uint32_t> pp) {
   cfg.num_pages = 16;
   cfg.num_slots = 2;
   cfg.compat = compat_for({});
-  cfg.bind_endpoint = bind_endpoint;
-  cfg.router_endpoint = router_endpoint;
+  cfg.router_endpoint = router_endpoint;  // bind_endpoint: the default tcp://127.0.0.1:* (no port race)
   zmq::context_t zctx;
-  auto d = DecodeDriver::create(cfg, zctx, nullptr).value();
+  auto d = DecodeDriver::create(cfg, zctx, nullptr);
+  if (!d.is_ok()) {
+    std::fprintf(stderr, "round trip: decode driver: %s\n", d.status().to_string().c_str());
+    ::_exit(1);
+  }
+  if (!send_blob(out_fd, std::vector<uint8_t>((*d)->endpoint().begin(), (*d)->endpoint().end()))) ::_exit(1);
   for (;;) {
-    auto actions = d->step(Millis(100));
+    auto actions = (*d)->step(Millis(100));
     if (!actions.is_ok()) ::_exit(1);
+    auto& dd = *d;
     for (const Action& a : *actions) {
       if (auto* r = std::get_if<ReadyAction>(&a)) {
-        (void)d->send_to_router(protocol::Tokens{.request_id = r->request_id, .token_ids = {r->first_token}});
-        d->apply([&](DecodeSide& s, Millis now) { return s.on_finished(r->request_id, now); });
+        (void)dd->send_to_router(protocol::Tokens{.request_id = r->request_id, .token_ids = {r->first_token}});
+        dd->apply([&](DecodeSide& s, Millis now) { return s.on_finished(r->request_id, now); });
       }
     }
   }
 }
 
+// Waits (sleeping) until `fd` is readable; false on timeout or error.
+bool wait_readable(int fd, std::chrono::milliseconds timeout) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, static_cast<int>(timeout.count())) == 1;
+}
+
 // COMPUTE_DONE -> TOKENS of `iters` requests, in microseconds (sorted). The parent is the router and
-// the (single) prefill stage; the decode instance is a child process.
-std::optional<std::vector<double>> protocol_round_trip(int iters) {
-  zmq::context_t zctx;
-  ControlOptions ropt;
-  ropt.name = "router";
-  auto router = ControlServer::bind(zctx, "tcp://127.0.0.1:*", ropt).value();
-  const std::string decode_ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+// the (single) prefill stage; the decode instance is a child process. Nothing spins: the stage sleeps
+// in its driver's poll until its writes are flushed and TRANSFER_DONE is sent, then the router sleeps
+// in its poll until TOKENS arrives.
+Result<std::vector<double>> protocol_round_trip(int iters) {
+  // Fork first, while this process has no threads: a child forked after the ZeroMQ context exists
+  // inherits locks its I/O threads may hold and can hang before it binds (on the 16-core GPU host this
+  // stopped most runs: "the decode child did not start"). The router endpoint goes down a pipe instead.
+  int to_child[2], from_child[2];
+  if (::pipe(to_child) != 0) return io_error("round trip: pipe");
+  if (::pipe(from_child) != 0) {
+    ::close(to_child[0]);
+    ::close(to_child[1]);
+    return io_error("round trip: pipe");
+  }
   std::fflush(nullptr);
   pid_t child = ::fork();
   if (child == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    run_decode_child(router->endpoint(), decode_ep);
+    ::close(to_child[1]);
+    ::close(from_child[0]);
+    run_decode_child(to_child[0], from_child[1]);
   }
+  ::close(to_child[0]);
+  ::close(from_child[1]);
   struct Reap {
     pid_t pid;
+    int to, from;
     ~Reap() {
+      ::close(to);
+      ::close(from);
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
-  } reap{child};
+  } reap{child, to_child[1], from_child[0]};
+  const int fds[2] = {from_child[0], -1};
+  zmq::context_t zctx;
+  ControlOptions ropt;
+  ropt.name = "router";
+  K3_ASSIGN_OR_RETURN(auto router, ControlServer::bind(zctx, "tcp://127.0.0.1:*", ropt));
+  if (!send_blob(to_child[1], std::vector<uint8_t>(router->endpoint().begin(), router->endpoint().end())))
+    return Status{Code::Unavailable, "round trip: the decode child exited before it started"};
+  std::vector<uint8_t> ep_bytes;
+  if (!wait_readable(fds[0], std::chrono::seconds(20)) || !recv_blob(fds[0], ep_bytes))
+    return Status{Code::Unavailable, "round trip: the decode child did not start (see its error above)"};
+  const std::string decode_ep(ep_bytes.begin(), ep_bytes.end());
 
   const auto model = tiny_model();
   PrefillDriverConfig cfg;
@@ -241,37 +337,65 @@ std::optional<std::vector<double>> protocol_round_trip(int iters) {
   cfg.compat = compat_for({2});
   cfg.decode_instance = "d";
   cfg.decode_endpoint = decode_ep;
-  auto prefill = PrefillDriver::create(cfg, zctx, nullptr).value();
-  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  K3_ASSIGN_OR_RETURN(auto prefill, PrefillDriver::create(cfg, zctx, nullptr));
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
   while (!(prefill->decode_ready() && router->liveness().alive("decode/d"))) {
-    if (Clock::now() > deadline) return std::nullopt;
-    (void)prefill->step(Millis(10));
-    (void)router->poll(std::chrono::milliseconds(10));
+    if (Clock::now() > deadline)
+      return Status{Code::DeadlineExceeded, std::string("round trip: no ") +
+                                                (prefill->decode_ready() ? "decode heartbeat at the router" : "REGISTER from decode") +
+                                                " within 30 s"};
+    K3_TRY(prefill->step(Millis(10)).status());
+    K3_TRY(router->poll(std::chrono::milliseconds(10)).status());
   }
   std::vector<double> us;
   const uint32_t tokens = 16;
   for (int i = 0; i < iters + 10; ++i) {
     const uint64_t id = 1 + i;
-    (void)router->send("decode/d", protocol::encode(protocol::Claim{.request_id = id, .prompt_len = tokens,
-                                                                    .decode_ranks = {0}, .prefill_instance = "p",
-                                                                    .num_prefill_stages = 1}));
-    // CLAIM is off the critical path (sent at routing time); give it a head start before the prefill.
-    const auto settle = Clock::now() + std::chrono::milliseconds(2);
-    while (Clock::now() < settle) (void)router->poll(std::chrono::milliseconds(1));
+    K3_TRY(router->send("decode/d", protocol::encode(protocol::Claim{.request_id = id, .prompt_len = tokens,
+                                                                     .decode_ranks = {0}, .prefill_instance = "p",
+                                                                     .num_prefill_stages = 1})));
+    // CLAIM is off the critical path. As the router does, wait for decode's CLAIM_ACK before the prefill
+    // starts: a COMPUTE_DONE that overtakes its CLAIM is ignored by design (lazy_alloc.h) and the request
+    // would never end (this bench used to sleep 2 ms instead, and failed when decode was slower).
+    bool acked = false;
+    const auto ack_give_up = Clock::now() + std::chrono::seconds(10);
+    while (!acked) {
+      if (Clock::now() > ack_give_up)
+        return Status{Code::DeadlineExceeded, "round trip: no CLAIM_ACK for request " + std::to_string(id)};
+      K3_ASSIGN_OR_RETURN(auto ev, router->poll(std::chrono::milliseconds(100)));
+      for (auto& e : ev) {
+        if (e.kind != ControlEventKind::Message) continue;
+        auto m = protocol::decode(e.payload);
+        if (!m.is_ok()) continue;
+        if (auto* a = std::get_if<protocol::ClaimAck>(&m.value()); a && a->request_id == id) {
+          if (!a->ok) return Status{Code::Internal, "round trip: decode refused CLAIM " + std::to_string(id) + ": " + a->reason};
+          acked = true;
+        }
+      }
+    }
     (void)prefill->side().on_prefill(protocol::Prefill{.request_id = id, .token_ids = std::vector<int32_t>(tokens, 1),
                                                        .decode_instance = "d", .decode_ranks = {0}},
                                      steady_now());
     auto src = pack_stage_source(model, cfg.side.prefill, 0, tokens);
     std::vector<uint8_t> bytes(src.total_bytes, 0x5A);
     const auto t0 = Clock::now();
+    const auto give_up = t0 + std::chrono::seconds(10);
     (void)prefill->stage_computed(id, src, std::move(bytes), 7);
+    // The stage's part: ADDRS in, puts + flush, TRANSFER_DONE out (all inside step()).
+    for (;;) {
+      const auto st = prefill->side().state(id);
+      if (!st || protocol::is_terminal(*st)) break;
+      if (Clock::now() > give_up)
+        return Status{Code::DeadlineExceeded, "round trip: request " + std::to_string(id) + " stuck in " +
+                                                  protocol::state_name(*st) + " at the prefill stage"};
+      K3_TRY(prefill->step(Millis(100)).status());
+    }
     bool got = false;
     while (!got) {
-      if (Clock::now() > t0 + std::chrono::seconds(10)) return std::nullopt;
-      (void)prefill->step(Millis(0));  // spins only inside the measured window
-      auto ev = router->poll(std::chrono::milliseconds(0));
-      if (!ev.is_ok()) return std::nullopt;
-      for (auto& e : *ev) {
+      if (Clock::now() > give_up)
+        return Status{Code::DeadlineExceeded, "round trip: no TOKENS for request " + std::to_string(id) + " within 10 s"};
+      K3_ASSIGN_OR_RETURN(auto ev, router->poll(std::chrono::milliseconds(100)));
+      for (auto& e : ev) {
         if (e.kind != ControlEventKind::Message) continue;
         auto m = protocol::decode(e.payload);
         if (m.is_ok())
@@ -287,7 +411,10 @@ std::optional<std::vector<double>> protocol_round_trip(int iters) {
 
 int run(const Options& o) {
   const size_t max_size = *std::max_element(o.sizes.begin(), o.sizes.end());
-  auto target = start_target(max_size, true);  // the target sleeps on its event fd, like a decode rank
+  const bool cuda = o.memory == "cuda";
+  // Children are forked before this process touches CUDA (a forked CUDA context is unusable): the
+  // target first, then the round trip's decode child; the write path last.
+  auto target = start_target(max_size, cuda);  // the target sleeps on its event fd, like a decode rank
   if (!target) {
     std::fprintf(stderr, "transfer bench: could not start the target process\n");
     return 1;
@@ -299,32 +426,57 @@ int run(const Options& o) {
       ::waitpid(pid, nullptr, 0);
     }
   } reap{target->pid};
-  // The writer's data-plane context as the prefill driver makes it (ucx_prefill_driver.cpp): no
-  // WAKEUP feature and no peer error mode, so UCX keeps shared-memory RMA (docs/PERF.md).
-  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, o.wakeup).value();
+  // A failed round trip is reported (exit status 1) but does not hide the bandwidth table.
+  int rc = 0;
+  auto rt = protocol_round_trip(o.rt_iters);
+  if (!rt.is_ok() || rt->empty()) {
+    std::fprintf(stderr, "protocol round trip failed: %s\n",
+                 rt.is_ok() ? "no requests timed" : rt.status().to_string().c_str());
+    rc = 1;
+  } else {
+    auto pct = [&](double q) { return (*rt)[std::min(rt->size() - 1, size_t(q * rt->size()))]; };
+    std::printf("protocol round trip COMPUTE_DONE->ADDRS->puts+flush->TRANSFER_DONE->TOKENS (%zu requests): "
+                "p50 %.0f us, p90 %.0f us, p99 %.0f us\n",
+                rt->size(), pct(0.5), pct(0.9), pct(0.99));
+  }
+  // The writer's data-plane context as the prefill driver makes it (ucx_prefill_driver.cpp): no peer
+  // error mode, so UCX keeps shared-memory RMA (docs/PERF.md).
+  auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG).value();
   auto worker = UcxWorker::create(ctx).value();
   auto ep = worker->connect(target->worker_address, o.peer_errors).value();
   auto rkey = RemoteKey::unpack(ep, target->rkey, target->base, target->length).value();
-  auto writer = UcxWriter::create(worker, std::make_shared<HostSourceReader>()).value();
-  std::vector<uint8_t> src(max_size, 0x3C);
-  // Register the source once too, as a prefill stage registers its KV pool.
-  auto src_mem = UcxMemory::map(ctx, src.data(), src.size()).value();
+  std::shared_ptr<const SourceReader> reader = std::make_shared<HostSourceReader>();
+#ifdef K3_TRANSFER_HAVE_CUDA
+  if (cuda) reader = std::make_shared<CudaSourceReader>();
+#endif
+  auto writer = UcxWriter::create(worker, reader).value();
+  // The source is registered once too, as a prefill stage registers its KV pool.
+  auto src_region = make_region(ctx, max_size, cuda);  // per * size <= max_size below
+  if (!src_region.is_ok()) {
+    std::fprintf(stderr, "transfer bench: %s\n", src_region.status().to_string().c_str());
+    return 1;
+  }
+  const uint8_t* src = src_region->mem->base();
 
   std::printf("%-10s %8s %14s %14s %8s\n", "size", "iters", "perftest GB/s", "k3 GB/s", "ratio");
   for (size_t size : o.sizes) {
     const size_t iters = iters_for(o, size);
     auto ref = perftest_put_bw(o, size);
-    RemoteWrite w{src.data(), target->base, size};
-    for (int i = 0; i < 3; ++i) (void)writer->write(*rkey, std::span(&w, 1));
+    // writes_per_flush runs of `size` bytes (distinct source and destination ranges) per write() call.
+    const size_t per = std::max<size_t>(1, std::min(o.writes_per_flush, target->length / size));
+    std::vector<RemoteWrite> w;
+    for (size_t k = 0; k < per; ++k) w.push_back({src + k * size, target->base + k * size, size});
+    for (int i = 0; i < 3; ++i) (void)writer->write(*rkey, w);
+    const size_t calls = std::max<size_t>(1, iters / per);
     const auto t0 = Clock::now();
-    for (size_t i = 0; i < iters; ++i) {
-      if (Status s = writer->write(*rkey, std::span(&w, 1)); !s.is_ok()) {
+    for (size_t i = 0; i < calls; ++i) {
+      if (Status s = writer->write(*rkey, w); !s.is_ok()) {
         std::fprintf(stderr, "write: %s\n", s.to_string().c_str());
         return 1;
       }
     }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double ours = double(size) * iters / secs / 1e9;
+    const double ours = double(size) * per * calls / secs / 1e9;
     char name[32];
     if (size >= (1u << 20)) std::snprintf(name, sizeof name, "%zu MiB", size >> 20);
     else std::snprintf(name, sizeof name, "%zu KiB", size >> 10);
@@ -334,16 +486,7 @@ int run(const Options& o) {
       std::printf("%-10s %8zu %14s %14.2f %8s\n", name, iters, "n/a", ours, "n/a");
     std::fflush(stdout);
   }
-  auto rt = protocol_round_trip(o.rt_iters);
-  if (!rt || rt->empty()) {
-    std::fprintf(stderr, "protocol round trip failed\n");
-    return 1;
-  }
-  auto pct = [&](double q) { return (*rt)[std::min(rt->size() - 1, size_t(q * rt->size()))]; };
-  std::printf("protocol round trip COMPUTE_DONE->ADDRS->puts+flush->TRANSFER_DONE->TOKENS (%zu requests): "
-              "p50 %.0f us, p90 %.0f us, p99 %.0f us\n",
-              rt->size(), pct(0.5), pct(0.9), pct(0.99));
-  return 0;
+  return rc;
 }
 
 }  // namespace
@@ -356,7 +499,12 @@ void add_transfer_command(CLI::App& app) {
   cmd->add_option("--bytes-per-size", opts->bytes_per_size, "bytes moved per size (sets iterations)");
   cmd->add_option("--rt-iters", opts->rt_iters, "requests timed for the round trip");
   cmd->add_option("--perftest", opts->perftest, "ucx_perftest binary");
-  cmd->add_flag("--wakeup", opts->wakeup, "writer context with UCP_FEATURE_WAKEUP (diagnostic)");
+  cmd->add_option("--memory", opts->memory, "where both sides' buffers live: host (UCX-allocated) or cuda "
+                                            "(device memory, cuda_ipc between the processes)")
+      ->check(CLI::IsMember({"host", "cuda"}));
+  cmd->add_option("--writes-per-flush", opts->writes_per_flush,
+                  "puts of one size per write() call, i.e. per endpoint flush (a request's plan is one list)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--peer-errors", opts->peer_errors, "writer endpoint with UCP_ERR_HANDLING_MODE_PEER (diagnostic)");
   cmd->callback([opts] {
     if (opts->sizes.empty())

@@ -8,6 +8,9 @@
 #   source DEST/env.sh                             (CMAKE_PREFIX_PATH, PKG_CONFIG_PATH, PATH,
 #                                                   LD_LIBRARY_PATH, NCCL_ROOT when found)
 #
+# UCX is not a Debian package here: the kit carries the UCX 1.22 tree of the libucx-cu13 wheel that
+# tools/install-deps.sh put into the build venv (K3_BUILD_DIR, default build/), under k3-kit/ucx/.
+#
 # Set K3_KIT_WITH_BOOST=1 to add the Boost headers (k3-router only; ~180 MB unpacked, so the kit
 # no longer fits a 64 MiB transfer). See deploy/OFFLINE_KIT.md.
 set -euo pipefail
@@ -18,13 +21,37 @@ ARCH_LIB=/usr/lib/x86_64-linux-gnu
 PACKAGES=(
   nlohmann-json3-dev libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 catch2 libcli11-dev
   libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread
-  libucx-dev libucx0 libzmq3-dev libzmq5 cppzmq-dev
+  libzmq3-dev libzmq5 cppzmq-dev
   pkgconf pkgconf-bin libpkgconf3
 )
 # Provided by every Linux host with a compiler; never packed.
 BASE_LIBS='^(libc|libm|libpthread|libdl|librt|ld-linux-x86-64|libstdc\+\+|libgcc_s|libresolv|libutil)\.so'
 
 die() { echo "offline-kit: $*" >&2; exit 1; }
+
+# The wheel's UCX: headers, CMake config, shared libraries and transport modules (cuda, cma), the
+# wheel's own cudart/libgomp that the modules and ucx_perftest load by RPATH, ucx_perftest and ucx_info.
+# Static archives are left out (~55 MB; we link the shared libraries).
+pack_ucx() {
+  local dest=$1 root
+  local build=${K3_BUILD_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/build}
+  root=$(compgen -G "$build/venv/lib/python3*/site-packages/libucx" | head -n1)
+  [[ -f "$root/lib/cmake/ucx/ucx-config.cmake" ]] || die "no UCX wheel in $build/venv (run tools/install-deps.sh)"
+  mkdir -p "$dest/libucx/lib/ucx" "$dest/libucx/bin" "$dest/libucx/lib/cmake"
+  cp -a "$root/include" "$root/etc" "$dest/libucx/"
+  cp -a "$root/lib/cmake/ucx" "$dest/libucx/lib/cmake/"
+  # The wheel holds each library three times (.so, .so.0, .so.0.0.0; wheels have no symlinks): one
+  # file, two links.
+  local f base
+  for f in "$root"/lib/*.so.0.0.0 "$root"/lib/ucx/*.so.0.0.0; do
+    base=${f#"$root"/lib/}
+    cp "$f" "$dest/libucx/lib/$base"
+    ln -s "$(basename "$base")" "$dest/libucx/lib/${base%.0.0}"
+    ln -s "$(basename "$base")" "$dest/libucx/lib/${base%.0.0.0}"
+  done
+  cp -a "$root/bin/ucx_perftest" "$root/bin/ucx_info" "$dest/libucx/bin/"
+  cp -a "$root/../libucx_cu13.libs" "$dest/"
+}
 
 pack() {
   local out=${1:-.kit}
@@ -98,6 +125,7 @@ pack() {
       sed -i -E "s#([\" (;])/usr/#\1\${CMAKE_CURRENT_LIST_DIR}/$rel/#g" "$cm"
     fi
   done < <(find "$root" -name '*.cmake')
+  pack_ucx "$root/ucx"
   cat > "$root/env.sh" <<'ENV'
 # Source me: points CMake, pkg-config and the loader at this kit (and at NCCL inside PyTorch).
 K3_KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -106,6 +134,9 @@ export CMAKE_PREFIX_PATH="$K3_KIT/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 export PKG_CONFIG_PATH="$K3_KIT/usr/lib/x86_64-linux-gnu/pkgconfig:$K3_KIT/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig:$K3_KIT/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 export PATH="$K3_KIT/usr/bin:$PATH"
 export LD_LIBRARY_PATH="$K3_KIT/usr/lib/x86_64-linux-gnu:$K3_KIT/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CMAKE_PREFIX_PATH="$K3_KIT/ucx/libucx:$CMAKE_PREFIX_PATH"
+export PATH="$K3_KIT/ucx/libucx/bin:$PATH"
+export LD_LIBRARY_PATH="$K3_KIT/ucx/libucx/lib:$LD_LIBRARY_PATH"
 if _nccl=$(python3 -c 'import nvidia.nccl as n; print(n.__path__[0])' 2>/dev/null) && [ -f "$_nccl/include/nccl.h" ]; then
   export NCCL_ROOT="$_nccl"
   export CMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH:$_nccl"

@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <thread>
 
 namespace k3::transfer {
 
@@ -34,7 +33,7 @@ Status ucx_status(ucs_status_t s, const std::string& what) {
 }
 
 // ---------------------------------------------------------------------------------------------
-Result<std::shared_ptr<UcxContext>> UcxContext::create(uint64_t features, bool wakeup, const std::string& net_devices) {
+Result<std::shared_ptr<UcxContext>> UcxContext::create(uint64_t features, const std::string& net_devices) {
   ucp_config_t* config = nullptr;
   K3_TRY(ucx_status(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read"));
   if (!net_devices.empty()) {
@@ -46,7 +45,7 @@ Result<std::shared_ptr<UcxContext>> UcxContext::create(uint64_t features, bool w
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = wakeup ? (features | UCP_FEATURE_WAKEUP) : (features & ~uint64_t{UCP_FEATURE_WAKEUP});
+  params.features = features | UCP_FEATURE_WAKEUP;
   ucp_context_h ctx = nullptr;
   ucs_status_t st = ucp_init(&params, config, &ctx);
   ucp_config_release(config);
@@ -54,7 +53,7 @@ Result<std::shared_ptr<UcxContext>> UcxContext::create(uint64_t features, bool w
   ucp_context_attr_t attr{};
   attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
   if (ucp_context_query(ctx, &attr) != UCS_OK) attr.memory_types = UCS_BIT(UCS_MEMORY_TYPE_HOST);
-  return std::shared_ptr<UcxContext>(new UcxContext(ctx, attr.memory_types, wakeup));
+  return std::shared_ptr<UcxContext>(new UcxContext(ctx, attr.memory_types));
 }
 
 UcxContext::~UcxContext() { ucp_cleanup(ctx_); }
@@ -75,13 +74,10 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::create(std::shared_ptr<UcxContext>
   ucp_worker_h w = nullptr;
   K3_TRY(ucx_status(ucp_worker_create(ctx->get(), &params, &w), "ucp_worker_create"));
   int efd = -1;
-  ucs_status_t st = UCS_OK;
-  if (ctx->wakeup()) {
-    st = ucp_worker_get_efd(w, &efd);
-    if (st != UCS_OK) {
-      ucp_worker_destroy(w);
-      return ucx_status(st, "ucp_worker_get_efd");
-    }
+  ucs_status_t st = ucp_worker_get_efd(w, &efd);
+  if (st != UCS_OK) {
+    ucp_worker_destroy(w);
+    return ucx_status(st, "ucp_worker_get_efd");
   }
   ucp_address_t* addr = nullptr;
   size_t len = 0;
@@ -104,7 +100,6 @@ unsigned UcxWorker::progress() {
 }
 
 Result<bool> UcxWorker::arm() {
-  if (efd_ < 0) return false;
   ucs_status_t st = ucp_worker_arm(worker_);
   if (st == UCS_OK) return true;
   if (st == UCS_ERR_BUSY) return false;
@@ -113,17 +108,7 @@ Result<bool> UcxWorker::arm() {
 
 Status UcxWorker::wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto nap = std::chrono::microseconds(5);
   for (;;) {
-    if (efd_ < 0) {
-      // No event fd: progress, then nap, doubling the nap while nothing happens (5 us .. 1 ms).
-      if (progress() > 0) nap = std::chrono::microseconds(5);
-      if (done()) return Status::ok();
-      if (std::chrono::steady_clock::now() >= deadline) return {Code::DeadlineExceeded, "UCX wait timed out"};
-      std::this_thread::sleep_for(nap);
-      nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(1));
-      continue;
-    }
     progress();
     if (done()) return Status::ok();
     const auto now = std::chrono::steady_clock::now();

@@ -30,15 +30,13 @@ Status ucx_status(ucs_status_t s, const std::string& what);
 
 class UcxContext {
  public:
-  // features: UCP_FEATURE_* bits. With `wakeup` (default) UCP_FEATURE_WAKEUP is added and workers
-  // sleep on their event fd. UCX 1.13 then selects only transports that can signal events, which on
-  // one host leaves out shared memory for RMA (puts fall back to tcp, ~1 GB/s, docs/PERF.md). A data
-  // plane context that initiates puts may therefore pass wakeup = false: its workers then sleep in
-  // short timed naps between progress calls (no spinning, at most ~1 ms extra latency).
+  // features: UCP_FEATURE_* bits; UCP_FEATURE_WAKEUP is always added, so every worker sleeps on its
+  // event fd. (UCX 1.22 keeps the shared-memory and CUDA RMA transports under WAKEUP; 1.13 did not,
+  // docs/PERF.md.)
   // net_devices: UCX_NET_DEVICES for this context only (e.g. "lo": the tcp transport then listens on
   // that interface alone, docs/SECURITY.md); empty keeps the environment's choice.
   static Result<std::shared_ptr<UcxContext>> create(uint64_t features = UCP_FEATURE_RMA | UCP_FEATURE_TAG,
-                                                    bool wakeup = true, const std::string& net_devices = "");
+                                                    const std::string& net_devices = "");
   ~UcxContext();
   UcxContext(const UcxContext&) = delete;
   UcxContext& operator=(const UcxContext&) = delete;
@@ -46,14 +44,11 @@ class UcxContext {
   ucp_context_h get() const { return ctx_; }
   // True when UCX can read/write this memory type directly (e.g. a CUDA transport is loaded).
   bool supports(MemoryType t) const;
-  bool wakeup() const { return wakeup_; }
 
  private:
-  UcxContext(ucp_context_h ctx, uint64_t memory_types, bool wakeup)
-      : ctx_(ctx), memory_types_(memory_types), wakeup_(wakeup) {}
+  UcxContext(ucp_context_h ctx, uint64_t memory_types) : ctx_(ctx), memory_types_(memory_types) {}
   ucp_context_h ctx_;
   uint64_t memory_types_;
-  bool wakeup_;
 };
 
 class UcxEndpoint;
@@ -71,14 +66,14 @@ class UcxWorker : public std::enable_shared_from_this<UcxWorker> {
   const std::vector<uint8_t>& address() const { return address_; }
 
   // Creates an endpoint to a peer worker. With peer_error_handling (UCP_ERR_HANDLING_MODE_PEER) a
-  // peer failure completes outstanding requests with an error instead of hanging them, but UCX 1.13
-  // then leaves out transports without failure detection (shared-memory RMA): see docs/PERF.md.
+  // peer failure completes outstanding requests with an error instead of hanging them, but UCX (1.13
+  // and 1.22) then leaves out transports without failure detection (shared-memory RMA): docs/PERF.md.
   Result<std::shared_ptr<UcxEndpoint>> connect(std::span<const uint8_t> peer_address, bool peer_error_handling = true);
 
   // Runs progress until no more events are ready; returns how many were processed.
   unsigned progress();
   // Arms the event fd. Returns true when it is safe to sleep on event_fd(); false when events are
-  // pending (call progress() first) or the context has no wakeup (event_fd() is -1).
+  // pending (call progress() first).
   Result<bool> arm();
   int event_fd() const { return efd_; }
   // Progresses until done() or the timeout, sleeping on the event fd between events.

@@ -14,7 +14,7 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
   if (cfg.ranks.empty()) return invalid_argument("DecodeDriverConfig.ranks is empty");
   std::unique_ptr<DecodeDriver> d(new DecodeDriver(std::move(cfg), metrics));
   auto& c = d->cfg_;
-  K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, true, c.ucx_net_devices));
+  K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, c.ucx_net_devices));
   K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_));
   const DecodeLayout layout{.ranks = c.ranks, .kda_head_sliced = c.side.kda_head_sliced};
   K3_TRY(layout.validate(c.side.model));

@@ -14,11 +14,10 @@ Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig
   std::unique_ptr<PrefillDriver> d(new PrefillDriver(std::move(cfg), metrics));
   auto& c = d->cfg_;
   K3_TRY(c.side.prefill.validate(c.side.model));
-  // No WAKEUP feature and no peer error mode on the writer: with either, UCX 1.13 drops shared-memory
-  // RMA and puts go over tcp at ~1/20 of the bandwidth (docs/PERF.md). Liveness of decode comes from
-  // the control plane's heartbeats; writes are bounded by WriterOptions.timeout.
-  K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, /*wakeup=*/false,
-                                                  c.ucx_net_devices));
+  // No peer error mode on the writer's endpoints: with it UCX drops shared-memory RMA and puts go over
+  // tcp at ~1/20 of the bandwidth (docs/PERF.md). Liveness of decode comes from the control plane's
+  // heartbeats; writes are bounded by WriterOptions.timeout. The worker sleeps on its event fd.
+  K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, c.ucx_net_devices));
   K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_));
   K3_ASSIGN_OR_RETURN(d->writer_, UcxWriter::create(d->worker_, std::make_shared<HostSourceReader>(), c.writer));
   d->side_ = std::make_unique<PrefillSide>(c.side, metrics);
@@ -202,8 +201,8 @@ void PrefillDriver::on_message(const ControlEvent& e, bool from_router, StepResu
 }
 
 Result<PrefillDriver::StepResult> PrefillDriver::step(Millis max_wait) {
-  // The writer's worker has no event fd (see create); its operations complete inside write(), so
-  // between requests only the control sockets need to wake us.
+  // The writer's operations complete inside write(), so between requests only the control sockets
+  // need to wake us (the worker's event fd is not polled here).
   worker_->progress();
   std::vector<ControlSocket*> socks{decode_.get()};
   if (router_) socks.push_back(router_.get());

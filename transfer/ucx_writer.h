@@ -30,7 +30,7 @@ struct RemoteWrite {
   size_t length = 0;
 };
 
-// Reads source bytes of one memory type into host memory (the CUDA reader lives with the kernels).
+// Reads source bytes of one memory type into host memory (the CUDA reader: transfer/cuda/cuda_memory.h).
 class SourceReader {
  public:
   virtual ~SourceReader() = default;

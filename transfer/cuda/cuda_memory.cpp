@@ -1,0 +1,49 @@
+#include "transfer/cuda/cuda_memory.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace k3::transfer {
+namespace {
+Status cuda_status(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return Status::ok();
+  return {Code::Internal, "CUDA " + what + ": " + cudaGetErrorString(e)};
+}
+}  // namespace
+
+Result<int> cuda_device_count() {
+  int n = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess) {
+    return Status{Code::Unavailable, std::string("no usable CUDA device: ") + cudaGetErrorString(e)};
+  }
+  if (n == 0) return Status{Code::Unavailable, "no CUDA device visible"};
+  return n;
+}
+
+Result<std::unique_ptr<CudaBuffer>> CudaBuffer::create(size_t bytes) {
+  if (bytes == 0) return invalid_argument("CudaBuffer::create: bytes is 0");
+  void* p = nullptr;
+  K3_TRY(cuda_status(cudaMalloc(&p, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes)"));
+  return std::unique_ptr<CudaBuffer>(new CudaBuffer(p, bytes));
+}
+
+CudaBuffer::~CudaBuffer() { cudaFree(ptr_); }
+
+Status CudaBuffer::upload(const void* host, size_t n, size_t offset) {
+  if (offset > bytes_ || n > bytes_ - offset) return {Code::OutOfRange, "CudaBuffer::upload past the end"};
+  return cuda_status(cudaMemcpy(static_cast<char*>(ptr_) + offset, host, n, cudaMemcpyHostToDevice), "upload");
+}
+
+Status CudaBuffer::download(void* host, size_t n, size_t offset) const {
+  if (offset > bytes_ || n > bytes_ - offset) return {Code::OutOfRange, "CudaBuffer::download past the end"};
+  return cuda_status(cudaMemcpy(host, static_cast<const char*>(ptr_) + offset, n, cudaMemcpyDeviceToHost), "download");
+}
+
+Status CudaBuffer::fill(int byte) { return cuda_status(cudaMemset(ptr_, byte, bytes_), "cudaMemset"); }
+
+Status CudaSourceReader::copy_to_host(void* host_dst, const void* src, size_t n) const {
+  return cuda_status(cudaMemcpy(host_dst, src, n, cudaMemcpyDeviceToHost), "source copy to staging");
+}
+
+}  // namespace k3::transfer
