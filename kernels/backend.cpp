@@ -13,6 +13,11 @@ void require_host(const Tensor& t, const char* op, const char* field) {
 }
 }  // namespace
 
+void Backend::zero(Tensor& t) {
+  require_host(t, "zero", "t");
+  if (t.nbytes()) std::memset(t.data(), 0, t.nbytes());
+}
+
 void Backend::copy_cols(const ops::CopyColsParams& p) {
   require_host(p.src, "copy_cols", "src");
   require_host(p.dst, "copy_cols", "dst");

@@ -105,6 +105,16 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
 
 void CudaBackend::synchronize() { K3_CUDA_OK(cudaStreamSynchronize(stream_)); }
 
+void CudaBackend::zero(Tensor& t) {
+  need_device("zero", "t", t);
+  if (t.nbytes()) K3_CUDA_OK(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream_));
+}
+
+void* CudaBackend::grow(DeviceBuffer& buf, size_t bytes) {
+  if (bytes > buf.bytes()) ++epoch_;
+  return buf.ensure(bytes);
+}
+
 std::string CudaBackend::supports(const std::string& op, const Shape& shape) const {
   static const std::set<std::string> kOps = {
       "gemm", "rmsnorm", "l2norm", "short_conv", "kda_gate", "kda_chunk", "kda_recurrent", "kda_decode",
@@ -130,7 +140,7 @@ std::vector<const int32_t*> CudaBackend::device_ints(std::initializer_list<const
     }
   }
   if (!staged.empty()) {
-    auto* d = static_cast<int32_t*>(ints_.ensure(staged.size() * 4));
+    auto* d = static_cast<int32_t*>(grow(ints_, staged.size() * 4));
     K3_CUDA_OK(cudaMemcpyAsync(d, staged.data(), staged.size() * 4, cudaMemcpyHostToDevice, stream_));  // pageable: no sync (from_host)
     for (auto [i, off] : where) out[i] = d + off;
   }
@@ -286,7 +296,7 @@ void CudaBackend::moe_experts(const ops::MoeExpertsParams& p) {
   need_shape(op, "y", p.y, {a.M, a.Dl});
   a.beta = p.beta;
   a.beta_linear = p.beta_linear;
-  if (moe_grouped_supported(a)) launch_moe_grouped(a, stream_);
+  if (moe_grouped_supported(a)) launch_moe_grouped(a, grow(moe_work_, moe_grouped_workspace_bytes(a)), stream_);
   else launch_moe_experts(a, stream_);
 }
 
@@ -342,7 +352,7 @@ void CudaBackend::sample(const ops::SampleParams& p) {
     K3_CHECK(r.top_k >= 0, at + "top_k must be >= 0");
     K3_CHECK(r.top_p > 0.f && r.top_p <= 1.f, at + "top_p must be in (0, 1]");
   }
-  auto* ids = static_cast<int32_t*>(sample_ids_.ensure(size_t(std::max<int64_t>(B, 1)) * 4));
+  auto* ids = static_cast<int32_t*>(grow(sample_ids_, size_t(std::max<int64_t>(B, 1)) * 4));
   launch_argmax_rows(static_cast<const float*>(p.logits.data()), B, V, ids, stream_);
   p.out->assign(B, 0);
   K3_CUDA_OK(cudaMemcpyAsync(p.out->data(), ids, size_t(B) * 4, cudaMemcpyDeviceToHost, stream_));
