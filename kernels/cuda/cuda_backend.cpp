@@ -140,7 +140,7 @@ std::vector<const int32_t*> CudaBackend::device_ints(std::initializer_list<const
     }
   }
   if (!staged.empty()) {
-    auto* d = static_cast<int32_t*>(grow(ints_, staged.size() * 4));
+    auto* d = static_cast<int32_t*>(ints_.ensure(staged.size() * 4));
     K3_CUDA_OK(cudaMemcpyAsync(d, staged.data(), staged.size() * 4, cudaMemcpyHostToDevice, stream_));  // pageable: no sync (from_host)
     for (auto [i, off] : where) out[i] = d + off;
   }
@@ -352,7 +352,7 @@ void CudaBackend::sample(const ops::SampleParams& p) {
     K3_CHECK(r.top_k >= 0, at + "top_k must be >= 0");
     K3_CHECK(r.top_p > 0.f && r.top_p <= 1.f, at + "top_p must be in (0, 1]");
   }
-  auto* ids = static_cast<int32_t*>(grow(sample_ids_, size_t(std::max<int64_t>(B, 1)) * 4));
+  auto* ids = static_cast<int32_t*>(sample_ids_.ensure(size_t(std::max<int64_t>(B, 1)) * 4));
   launch_argmax_rows(static_cast<const float*>(p.logits.data()), B, V, ids, stream_);
   p.out->assign(B, 0);
   K3_CUDA_OK(cudaMemcpyAsync(p.out->data(), ids, size_t(B) * 4, cudaMemcpyDeviceToHost, stream_));

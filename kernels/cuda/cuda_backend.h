@@ -78,7 +78,9 @@ class CudaBackend final : public Backend {
  private:
   // Device pointers for I32 index tensors that may live on the host (staged through one upload).
   std::vector<const int32_t*> device_ints(std::initializer_list<const Tensor*> ts);
-  // buf.ensure(bytes), bumping the workspace epoch when the buffer moves (graphs recorded before are stale).
+  // buf.ensure(bytes), bumping the workspace epoch when the buffer moves (graphs recorded before are
+  // stale). Used for the buffers a decode step reads (MLA split partials, grouped MoE); the others
+  // (staged indices, KDA chunk work, sampled ids) never appear in a recordable step.
   void* grow(DeviceBuffer& buf, size_t bytes);
 
   int device_ = 0;

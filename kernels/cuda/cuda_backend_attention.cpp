@@ -94,7 +94,7 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   const auto ptrs = device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t});
   a.slots = ptrs[0];
   a.cu_seqlens = ptrs[1];
-  auto* work = static_cast<float*>(grow(work_, size_t(kda_chunk_workspace_floats(num_chunks, a.H)) * 4 + 256));
+  auto* work = static_cast<float*>(work_.ensure(size_t(kda_chunk_workspace_floats(num_chunks, a.H)) * 4 + 256));
   launch_kda_chunk(a, ptrs[2], ptrs[3], num_chunks, work, num_sms_, stream_);
 }
 
