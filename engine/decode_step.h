@@ -45,6 +45,7 @@ class DecodeStep {
 
   const DecodeStepStats& stats() const { return stats_; }
   void set_graphs(bool on) { opts_.enabled = on; }
+  bool graphs() const { return opts_.enabled; }
   // The width bucket of a step whose longest request holds `pages` pages.
   static int width_bucket(int64_t pages);
 

@@ -60,6 +60,7 @@ class Engine {
   CachePools& caches() { return *caches_; }
   // The decode-step runner every decode batch of feed() goes through (graph statistics, switches).
   DecodeStep& decode_step() { return *decode_; }
+  Model& model() { return *model_; }
 
  private:
   Engine() = default;

@@ -79,6 +79,7 @@ Tensor Model::attn_res_mix(const Tensor& query, const Activations& act) {
 
 Activations Model::embed(std::span<const int32_t> token_ids) {
   K3_CHECK(begin_ == 0, "embed() on a model range that does not start at layer 0");
+  phase(LayerPhase::Rest);
   const int64_t n = static_cast<int64_t>(token_ids.size());
   for (int32_t id : token_ids)
     K3_CHECK(id >= 0 && id < cfg_.vocab_size, "token id " + std::to_string(id) + " outside the vocabulary [0, " +
@@ -105,8 +106,11 @@ void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePoo
     if (new_block) act.bank.push_back(act.partial);
     Tensor x = rmsnorm(h, lw.in_norm, eps);
     Tensor y = alloc({rows, cfg_.hidden_size});
-    if (cfg_.layer_kind(l) == LayerKind::Kda) kda_layer(l, batch, x, y, caches);
+    const bool kda = cfg_.layer_kind(l) == LayerKind::Kda;
+    phase(kda ? LayerPhase::Kda : LayerPhase::Mla);
+    if (kda) kda_layer(l, batch, x, y, caches);
     else mla_layer(l, batch, x, y, caches);
+    phase(LayerPhase::Rest);
     if (new_block) {
       act.partial = y;
     } else {
@@ -115,7 +119,9 @@ void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePoo
     Tensor h2 = attn_res_mix(lw.mlp_query, act);
     Tensor x2 = rmsnorm(h2, lw.post_norm, eps);
     Tensor f = alloc({rows, cfg_.hidden_size});
+    phase(cfg_.is_dense_ffn(l) ? LayerPhase::Dense : LayerPhase::Moe);
     ffn_layer(l, x2, f);
+    phase(LayerPhase::Rest);
     backend_.add({.a = act.partial, .b = f, .y = act.partial});
   }
 }
@@ -289,6 +295,7 @@ Tensor Model::backend_logits(const Activations& act, std::span<const int32_t> ro
   Tensor hn = rmsnorm(sel, w_->final_norm, cfg_.rms_norm_eps);
   Tensor lg = alloc({n, cfg_.vocab_size}, DType::F32);
   backend_.gemm({.x = hn, .w = w_->lm_head, .y = lg});
+  phase(LayerPhase::End);
   return lg;
 }
 

@@ -5,6 +5,7 @@
 // Activations crossing a stage boundary are the running partial sum P and the AttnRes bank (one row
 // set per completed block), both [rows, d] in the backend's compute dtype.
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -43,6 +44,9 @@ struct DecodeIndex {
   Tensor last_rows;    // [B] I32 0, 1, ..., B-1 (the rows whose logits are read)
 };
 
+// What a stretch of the forward computes, for profiles by layer type (Model::set_phase_hook).
+enum class LayerPhase { Rest, Kda, Mla, Moe, Dense, End };
+
 class Model {
  public:
   // Uploads the weights of layers [begin, end) (plus embedding/head when the range includes them).
@@ -73,6 +77,10 @@ class Model {
     ws_ = ws;
     index_ = index;
   }
+  // Called when the forward enters a stretch of another kind (embed: Rest; each layer's attention:
+  // Kda or Mla; its FFN: Moe or Dense; the norms, AttnRes and adds between: Rest; the end of
+  // backend_logits: End). Empty: none. A profiler cuts its recordings here.
+  void set_phase_hook(std::function<void(LayerPhase)> hook) { phase_hook_ = std::move(hook); }
 
   struct Weights;
 
@@ -93,6 +101,10 @@ class Model {
   std::unique_ptr<Weights> w_;
   StepWorkspace* ws_ = nullptr;       // set_step
   const DecodeIndex* index_ = nullptr;
+  std::function<void(LayerPhase)> phase_hook_;
+  void phase(LayerPhase p) {
+    if (phase_hook_) phase_hook_(p);
+  }
 };
 
 }  // namespace k3

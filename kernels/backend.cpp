@@ -18,6 +18,17 @@ void Backend::zero(Tensor& t) {
   if (t.nbytes()) std::memset(t.data(), 0, t.nbytes());
 }
 
+std::unique_ptr<StepGraph> Backend::capture(const std::function<void()>& body, bool strict) {
+  if (!begin_capture(strict)) return nullptr;
+  try {
+    body();
+  } catch (...) {
+    abandon_capture();
+    throw;
+  }
+  return end_capture();
+}
+
 void Backend::copy_cols(const ops::CopyColsParams& p) {
   require_host(p.src, "copy_cols", "src");
   require_host(p.dst, "copy_cols", "dst");

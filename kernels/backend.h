@@ -43,7 +43,13 @@ class Backend {
   // Records the work `body` issues instead of running it; null where the backend cannot record.
   // Any allocation, host synchronisation or pageable copy inside body fails the recording (throws
   // k3::Error): strict checks that for every thread of the process, otherwise for the calling thread.
-  virtual std::unique_ptr<StepGraph> capture(const std::function<void()>& body, bool strict) { return nullptr; }
+  std::unique_ptr<StepGraph> capture(const std::function<void()>& body, bool strict);
+  // The same in two halves, for callers that cut one step into several recordings (a profile by
+  // layer type): begin_capture returns false where the backend cannot record; end_capture throws
+  // when the recording failed; abandon_capture ends one that is being given up.
+  virtual bool begin_capture(bool strict) { return false; }
+  virtual std::unique_ptr<StepGraph> end_capture() { return nullptr; }
+  virtual void abandon_capture() {}
   // Bumped whenever a workspace the backend owns moves: a StepGraph recorded at another epoch would
   // read freed memory and must be recorded again.
   virtual uint64_t workspace_epoch() const { return 0; }

@@ -32,7 +32,9 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   void zero(Tensor& t) override;
   // cuda_graph.cpp: stream capture into a CUDA graph (the decode step, engine/decode_step.h).
-  std::unique_ptr<StepGraph> capture(const std::function<void()>& body, bool strict) override;
+  bool begin_capture(bool strict) override;
+  std::unique_ptr<StepGraph> end_capture() override;
+  void abandon_capture() override;
   uint64_t workspace_epoch() const override { return epoch_; }
   std::string supports(const std::string& op, const Shape& shape) const override;
 
@@ -103,6 +105,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer sample_ids_;  // sampled token ids of one step
   DeviceBuffer moe_work_;    // grouped-MoE routing tables and expert rows
   uint64_t epoch_ = 0;       // workspace_epoch()
+  uint64_t capture_epoch_ = 0;  // epoch_ when the current capture began
   std::unique_ptr<Backend> host_;  // the host sampler for rows with temperature > 0
 };
 

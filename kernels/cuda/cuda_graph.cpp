@@ -33,29 +33,27 @@ class CudaStepGraph final : public StepGraph {
   uint64_t epoch_;
 };
 
-// Ends a capture that is being abandoned and forgets the error it left, so the stream is usable again.
-void abandon_capture(cudaStream_t stream) {
+}  // namespace
+
+bool CudaBackend::begin_capture(bool strict) {
+  K3_CUDA_OK(cudaSetDevice(device_));
+  K3_CUDA_OK(cudaStreamBeginCapture(stream_, strict ? cudaStreamCaptureModeGlobal : cudaStreamCaptureModeThreadLocal));
+  capture_epoch_ = epoch_;
+  return true;
+}
+
+// Ends a capture that is being given up and forgets the error it left, so the stream is usable again.
+void CudaBackend::abandon_capture() {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+  if (cudaStreamIsCapturing(stream_, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
     cudaGraph_t g = nullptr;
-    cudaStreamEndCapture(stream, &g);
+    cudaStreamEndCapture(stream_, &g);
     if (g) cudaGraphDestroy(g);
   }
   (void)cudaGetLastError();
 }
 
-}  // namespace
-
-std::unique_ptr<StepGraph> CudaBackend::capture(const std::function<void()>& body, bool strict) {
-  K3_CUDA_OK(cudaSetDevice(device_));
-  K3_CUDA_OK(cudaStreamBeginCapture(stream_, strict ? cudaStreamCaptureModeGlobal : cudaStreamCaptureModeThreadLocal));
-  const uint64_t epoch = epoch_;
-  try {
-    body();
-  } catch (...) {
-    abandon_capture(stream_);
-    throw;
-  }
+std::unique_ptr<StepGraph> CudaBackend::end_capture() {
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
   if (end != cudaSuccess || graph == nullptr) {
@@ -64,7 +62,7 @@ std::unique_ptr<StepGraph> CudaBackend::capture(const std::function<void()>& bod
     throw Error(std::string("cuda graph capture failed (an allocation, a host sync or a pageable copy inside the "
                             "step?): ") + cudaGetErrorString(end));
   }
-  if (epoch != epoch_) {  // cannot happen when capture refused the cudaMalloc, but never replay moved memory
+  if (capture_epoch_ != epoch_) {  // cannot happen when capture refused the cudaMalloc, but never replay moved memory
     cudaGraphDestroy(graph);
     throw Error("cuda graph capture: a workspace moved while recording");
   }
@@ -77,7 +75,7 @@ std::unique_ptr<StepGraph> CudaBackend::capture(const std::function<void()>& bod
     (void)cudaGetLastError();
     throw Error(std::string("cuda graph instantiate: ") + cudaGetErrorString(e));
   }
-  return std::make_unique<CudaStepGraph>(graph, exec, stream_, int64_t(nodes), epoch);
+  return std::make_unique<CudaStepGraph>(graph, exec, stream_, int64_t(nodes), capture_epoch_);
 }
 
 }  // namespace k3::cuda
