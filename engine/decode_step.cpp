@@ -83,7 +83,7 @@ Tensor DecodeStep::run(std::span<const BatchItem> batch, std::span<const int32_t
   Recorded& rec = buckets_[{B, W}];
   if (rec.graph && (rec.arena_epoch != ws_.epoch() || rec.graph->workspace_epoch() != be.workspace_epoch()))
     rec.graph.reset();  // the arena or a backend workspace moved: record again
-  if (rec.graph) {
+  if (rec.graph && opts_.enabled) {
     rec.graph->launch();
     ws_.replayed(rec.arena_used);
     ++stats_.replays;

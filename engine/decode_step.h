@@ -44,6 +44,7 @@ class DecodeStep {
   Tensor run(std::span<const BatchItem> batch, std::span<const int32_t> tokens);
 
   const DecodeStepStats& stats() const { return stats_; }
+  // Off: every step runs eagerly (recorded graphs are kept, and replayed again once back on).
   void set_graphs(bool on) { opts_.enabled = on; }
   bool graphs() const { return opts_.enabled; }
   // The width bucket of a step whose longest request holds `pages` pages.
