@@ -296,7 +296,10 @@ void CudaBackend::moe_experts(const ops::MoeExpertsParams& p) {
   need_shape(op, "y", p.y, {a.M, a.Dl});
   a.beta = p.beta;
   a.beta_linear = p.beta_linear;
-  if (moe_grouped_supported(a)) launch_moe_grouped(a, grow(moe_work_, moe_grouped_workspace_bytes(a)), stream_);
+  // Few pairs (decode): the per-row kernel unless the caller asked for batch invariance (its sums run
+  // in another order than the grouped GEMM's, so a row's value would depend on the batch size).
+  if (!batch_invariant_ && moe_gemv_supported(a)) launch_moe_gemv(a, grow(moe_work_, moe_gemv_workspace_bytes(a)), stream_);
+  else if (moe_grouped_supported(a)) launch_moe_grouped(a, grow(moe_work_, moe_grouped_workspace_bytes(a)), stream_);
   else launch_moe_experts(a, stream_);
 }
 
