@@ -79,6 +79,13 @@ Tensor DecodeStep::run(std::span<const BatchItem> batch, std::span<const int32_t
     index_.block_table = next(int64_t(B) * W).reshape({B, W});
   };
   upload();
+  if (ws_.epoch() != arena_epoch_) {  // the arena moved: every recording points into the old one; let it go
+    for (auto& [key, r] : buckets_) {
+      r.graph.reset();
+      r.logits = Tensor();
+    }
+    arena_epoch_ = ws_.epoch();
+  }
 
   Recorded& rec = buckets_[{B, W}];
   if (rec.graph && (rec.arena_epoch != ws_.epoch() || rec.graph->workspace_epoch() != be.workspace_epoch()))

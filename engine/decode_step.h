@@ -68,6 +68,7 @@ class DecodeStep {
   StepWorkspace ws_;
   DecodeIndex index_;
   std::map<std::pair<int, int>, Recorded> buckets_;
+  uint64_t arena_epoch_ = 0;  // ws_.epoch() the recordings were made over
   DecodeStepStats stats_;
 };
 
