@@ -1,7 +1,8 @@
 // `k3-bench engine`: the whole model on one GPU through the engine (engine/engine.h).
 //   decode: tok/s per request and in total at each batch size and context, against the roofline of
 //           the bytes one step must move (weights it touches + MLA latent KV + KDA state read and
-//           written) at the copy bandwidth measured in the same run;
+//           written) at the copy bandwidth measured in the same run; eager steps against CUDA-graph
+//           steps, the launches one eager step makes, and the step's device time by layer type;
 //   prefill: tok/s of one prompt of each length, against the bf16 GEMM rate of the same run;
 //   gemm: the fixed-order (batch-invariant) GEMM against cuBLASLt at decode and prefill shapes.
 // Weights are random bf16 views of one host pattern (no per-tensor generation: k3-small has 8 G
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "bench/bench_commands.h"
+#include "bench/engine_profile.h"
 #include "bench/kernels_bench.h"
 #include "engine/engine.h"
 #include "common/model/weights_init.h"
@@ -36,6 +38,7 @@ struct EngineBenchOptions {
   std::vector<int> prefill = {8192, 32768};
   int steps = 10;
   bool batch_invariant = false;
+  bool profile = true;  // decode time split by layer type
 };
 
 using Clock = std::chrono::steady_clock;
@@ -110,7 +113,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
     cfg.attn_res_block_size = std::min(cfg.attn_res_block_size, o.layers);
     fill_k3_layer_pattern(cfg);
   }
-  auto be_r = make_backend({.kind = "cuda", .device = o.device});
+  auto be_r = make_backend({.kind = "cuda", .device = o.device, .batch_invariant = false});  // ceilings on cuBLASLt
   if (!be_r.is_ok()) {
     std::fprintf(stderr, "k3-bench engine: %s\n", be_r.status().to_string().c_str());
     return 2;
@@ -155,7 +158,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   eo.prefill_chunk = 8192;
   eo.cache.max_seqs = bmax;
   eo.cache.page_size = 64;
-  eo.cache.num_pages = std::max(bmax * ((cmax + o.steps + 4 + 63) / 64 + 1), (pmax + 63) / 64 + 1);
+  eo.cache.num_pages = std::max(bmax * ((cmax + 3 * o.steps + 8 + 63) / 64 + 1), (pmax + 63) / 64 + 1);
   const auto t_load = Clock::now();
   auto engine_r = Engine::create(be, cfg, pw.store, eo);
   if (!engine_r.is_ok()) {
@@ -171,15 +174,17 @@ int run_engine_bench(const EngineBenchOptions& o) {
   for (int l = 0; l < cfg.num_hidden_layers; ++l) (cfg.layer_kind(l) == LayerKind::Mla ? mla : kda)++;
   const double kv_row = double(mla) * cfg.mla_cache_width() * 2;
   const double state = double(kda) * cfg.kda.num_heads * cfg.kda.head_dim * cfg.kda.head_dim * 4;
-  std::printf("| decode: batch | context | step (ms) | tok/s per request | tok/s total | roofline step (ms) | "
-              "roofline fraction |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| decode: batch | context | step eager (ms) | step graph (ms) | tok/s per request | tok/s total | "
+              "roofline step (ms) | roofline fraction | launches per eager step |\n"
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::vector<std::string> splits;
   for (int ctx : o.contexts)
     for (int B : o.batches) {
       std::vector<SeqCache> seqs;
       std::vector<SeqCache*> ptrs;
       for (int i = 0; i < B; ++i) {
         seqs.push_back(e.open().value());
-        (void)e.caches().reserve(seqs.back(), ctx + o.steps + 4);
+        (void)e.caches().reserve(seqs.back(), ctx + 3 * o.steps + 8);
         seqs.back().num_tokens = ctx;
       }
       for (auto& s : seqs) ptrs.push_back(&s);
@@ -188,20 +193,47 @@ int run_engine_bench(const EngineBenchOptions& o) {
       std::vector<int32_t> ids;
       auto step = [&] {
         Tensor lg = e.feed_on_backend(ptrs, toks).value();
-        be.sample({.logits = lg, .rows = rows, .out = &ids});
+        be.sample({.logits = lg, .rows = rows, .out = &ids});  // the one read-back of a step
       };
-      step();
-      step();
-      const auto t0 = Clock::now();
-      for (int i = 0; i < o.steps; ++i) step();
-      const double dt = seconds_since(t0) / o.steps;
+      // Eager, then graphs (first step of a bucket eager, second records, the rest replay).
+      double dt[2] = {0, 0};
+      for (int graphs = 0; graphs < 2; ++graphs) {
+        e.decode_step().set_graphs(graphs == 1);
+        step();
+        step();
+        const auto t0 = Clock::now();
+        for (int i = 0; i < o.steps; ++i) step();
+        dt[graphs] = seconds_since(t0) / o.steps;
+      }
+      const int64_t launches = e.decode_step().stats().last_nodes;
       const double bytes = decode_weight_bytes(cfg, pw.store, B) + double(B) * (ctx + o.steps) * kv_row + 2.0 * B * state;
       const double roof = bytes / c.copy_bytes_per_us / 1e6;
-      std::printf("| %d | %d | %.2f | %.1f | %.0f | %.2f | %.2f |\n", B, ctx, dt * 1e3, 1.0 / dt, B / dt, roof * 1e3,
-                  roof / dt);
+      std::printf("| %d | %d | %.2f | %.2f | %.1f | %.0f | %.2f | %.2f | %lld |\n", B, ctx, dt[0] * 1e3, dt[1] * 1e3,
+                  1.0 / dt[1], B / dt[1], roof * 1e3, roof / dt[1], (long long)launches);
       std::fflush(stdout);
+      if (o.profile) {
+        const PhaseSplit ps = profile_decode_step(e, ptrs, toks, 5);
+        char line[512];
+        if (ps.ok) {
+          double sum = 0;
+          for (double v : ps.ms) sum += v;
+          std::snprintf(line, sizeof line, "| %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %lld / %lld / %lld / %lld / %lld |",
+                        B, ctx, ps.ms[1], ps.ms[2], ps.ms[3], ps.ms[4], ps.ms[0], sum, ps.total_ms, (long long)ps.nodes[1],
+                        (long long)ps.nodes[2], (long long)ps.nodes[3], (long long)ps.nodes[4], (long long)ps.nodes[0]);
+        } else {
+          std::snprintf(line, sizeof line, "| %d | %d | (backend cannot record) |", B, ctx);
+        }
+        splits.emplace_back(line);
+      }
+      e.decode_step().set_graphs(true);
       for (auto& s : seqs) e.close(s);
     }
+  if (!splits.empty()) {
+    std::printf("\ndecode step device time by layer type (ms; each type: all stretches replayed minus all but that "
+                "type's)\n\n| batch | context | KDA | MLA | MoE | dense | rest | sum | replayed total | "
+                "launches KDA / MLA / MoE / dense / rest |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (const auto& l : splits) std::printf("%s\n", l.c_str());
+  }
 
   std::printf("\n| prefill: prompt | seconds | tok/s | TFLOP/s | fraction of bf16 GEMM peak |\n|---:|---:|---:|---:|---:|\n");
   for (int P : o.prefill) {
@@ -234,6 +266,7 @@ void add_engine_command(CLI::App& app) {
   cmd->add_option("--prefill", o->prefill, "prefill prompt lengths")->check(CLI::PositiveNumber);
   cmd->add_option("--steps", o->steps, "timed decode steps per point")->check(CLI::PositiveNumber);
   cmd->add_flag("--batch-invariant", o->batch_invariant, "fixed-order GEMMs and fixed attention splits");
+  cmd->add_flag("!--no-profile", o->profile, "skip the decode time split by layer type");
   cmd->callback([o] {
     const int rc = run_engine_bench(*o);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -11,8 +11,10 @@
 # UCX is not a Debian package here: the kit carries the UCX 1.22 tree of the libucx-cu13 wheel that
 # tools/install-deps.sh put into the build venv (K3_BUILD_DIR, default build/), under k3-kit/ucx/.
 #
-# Set K3_KIT_WITH_BOOST=1 to add the Boost headers (k3-router only; ~180 MB unpacked, so the kit
-# no longer fits a 64 MiB transfer). See deploy/OFFLINE_KIT.md.
+# Boost (header-only, for k3-router's HTTP server) travels as a closure: only the headers that the
+# router's sources actually include (the compiler's -M dependency list), boost/config whole (its
+# compiler and library selection differs between compilers) and Boost's CMake package files, ~7 MB
+# unpacked instead of the package's ~180 MB. See deploy/OFFLINE_KIT.md.
 set -euo pipefail
 
 ARCH_LIB=/usr/lib/x86_64-linux-gnu
@@ -53,6 +55,31 @@ pack_ucx() {
   cp -a "$root/../libucx_cu13.libs" "$dest/"
 }
 
+# The Boost headers k3-router compiles against, copied under $1 at their /usr paths.
+boost_closure() {
+  local root=$1 repo list
+  repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  dpkg -s libboost1.74-dev >/dev/null 2>&1 || die "package libboost1.74-dev is not installed here (tools/install-deps.sh)"
+  list=$(mktemp)
+  local src
+  while IFS= read -r src; do
+    # -MG: a header missing here (e.g. CUDA) is listed, not fatal; only /usr/include/boost entries are kept.
+    "${CXX:-c++}" -std=c++20 -DBOOST_ALL_NO_LIB -I"$repo" -M -MG "$src" | tr ' \\' '\n\n' | grep '^/usr/include/boost/' >> "$list" ||
+      die "no Boost header found in the dependencies of $src"
+  done < <(grep -rl --include='*.cpp' --include='*.h' '#include <boost/' "$repo/router")
+  find /usr/include/boost/config -type f >> "$list"
+  find /usr/lib/x86_64-linux-gnu/cmake/Boost-1.74.0 /usr/lib/x86_64-linux-gnu/cmake/boost_headers-1.74.0 \
+    -type f >> "$list"
+  local f
+  while IFS= read -r f; do
+    f=$(realpath -s "$f")
+    mkdir -p "$root$(dirname "$f")"
+    cp -a "$f" "$root$f"
+  done < <(sort -u "$list")
+  echo "offline-kit: $(sort -u "$list" | wc -l) Boost files (the headers k3-router includes, boost/config, CMake files)"
+  rm -f "$list"
+}
+
 pack() {
   local out=${1:-.kit}
   command -v dpkg >/dev/null || die "pack needs dpkg (run it on the Debian 12 build machine)"
@@ -62,7 +89,6 @@ pack() {
   local root=$stage/k3-kit
   mkdir -p "$root"
   local pkgs=("${PACKAGES[@]}")
-  if [[ "${K3_KIT_WITH_BOOST:-0}" == 1 ]]; then pkgs+=(libboost1.74-dev); fi
   for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || die "package $p is not installed here (tools/install-deps.sh)"
     while IFS= read -r f; do
@@ -77,6 +103,7 @@ pack() {
       cp -a "$f" "$root$f"
     done < <(dpkg -L "$p")
   done
+  boost_closure "$root"
   # Runtime closure: every non-base library the packed .so files and pkgconf load.
   local added=1
   while [[ $added == 1 ]]; do

@@ -12,6 +12,7 @@ Result<std::unique_ptr<Engine>> Engine::create(Backend& backend, const ModelConf
   e->opts_ = opts;
   K3_ASSIGN_OR_RETURN(e->model_, Model::create(backend, cfg, weights));
   e->caches_ = std::make_unique<CachePools>(backend, cfg, 0, cfg.num_hidden_layers, opts.cache);
+  e->decode_ = std::make_unique<DecodeStep>(*e->model_, *e->caches_, opts.decode_graphs);
   return e;
 }
 
@@ -36,9 +37,14 @@ Result<Tensor> Engine::feed_on_backend(std::span<SeqCache* const> seqs, std::spa
     all.insert(all.end(), tokens[i].begin(), tokens[i].end());
     last_rows.push_back(static_cast<int32_t>(all.size()) - 1);
   }
-  Activations act = model_->embed(all);
-  model_->forward(batch, act, *caches_);
-  Tensor logits = model_->backend_logits(act, last_rows);
+  Tensor logits;
+  if (DecodeStep::applies(batch)) {
+    logits = decode_->run(batch, all);  // no uploads or allocations per op; a graph replay where recorded
+  } else {
+    Activations act = model_->embed(all);
+    model_->forward(batch, act, *caches_);
+    logits = model_->backend_logits(act, last_rows);
+  }
   for (const BatchItem& it : batch) it.seq->num_tokens += it.num_new;
   return logits;
 }

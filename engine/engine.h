@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/decode_step.h"
 #include "engine/model.h"
 
 namespace k3 {
@@ -16,6 +17,7 @@ struct EngineOptions {
   int prefill_chunk = 0;   // tokens per prefill forward; 0 = whole prompt at once
   int top_logits = 5;      // per-step top (id, logit) pairs recorded in results (0 = none: decode
                            // steps then sample on the backend and bring back only token ids)
+  DecodeGraphOptions decode_graphs;  // decode steps as recorded graphs where the backend can (CUDA)
 };
 
 struct GenerateRequest {
@@ -56,11 +58,15 @@ class Engine {
   const ModelConfig& config() const { return model_->config(); }
   Backend& backend() { return model_->backend(); }
   CachePools& caches() { return *caches_; }
+  // The decode-step runner every decode batch of feed() goes through (graph statistics, switches).
+  DecodeStep& decode_step() { return *decode_; }
+  Model& model() { return *model_; }
 
  private:
   Engine() = default;
   std::unique_ptr<Model> model_;
   std::unique_ptr<CachePools> caches_;
+  std::unique_ptr<DecodeStep> decode_;
   EngineOptions opts_;
 };
 

@@ -54,8 +54,8 @@ Result<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelConfig
   return m;
 }
 
-Tensor Model::alloc(Shape shape, DType dtype) { return backend_.alloc(shape, dtype); }
-Tensor Model::alloc(Shape shape) { return backend_.alloc(shape, backend_.compute_dtype()); }
+Tensor Model::alloc(Shape shape, DType dtype) { return ws_ ? ws_->take(shape, dtype) : backend_.alloc(shape, dtype); }
+Tensor Model::alloc(Shape shape) { return alloc(std::move(shape), backend_.compute_dtype()); }
 
 Tensor Model::gemm(const Tensor& x, const Tensor& w) {
   Tensor y = alloc({x.dim(0), w.dim(0)});
@@ -79,11 +79,13 @@ Tensor Model::attn_res_mix(const Tensor& query, const Activations& act) {
 
 Activations Model::embed(std::span<const int32_t> token_ids) {
   K3_CHECK(begin_ == 0, "embed() on a model range that does not start at layer 0");
+  phase(LayerPhase::Rest);
   const int64_t n = static_cast<int64_t>(token_ids.size());
   for (int32_t id : token_ids)
     K3_CHECK(id >= 0 && id < cfg_.vocab_size, "token id " + std::to_string(id) + " outside the vocabulary [0, " +
                                                   std::to_string(cfg_.vocab_size) + ")");
-  Tensor ids = backend_.from_host(Tensor::from_i32({n}, token_ids), DType::I32);
+  K3_CHECK(!index_ || index_->token_ids.numel() == n, "embed: the step index holds another number of tokens");
+  Tensor ids = index_ ? index_->token_ids : backend_.from_host(Tensor::from_i32({n}, token_ids), DType::I32);
   Activations act;
   act.partial = alloc({n, cfg_.hidden_size});
   backend_.embedding({.table = w_->embed, .ids = ids, .y = act.partial});
@@ -104,8 +106,11 @@ void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePoo
     if (new_block) act.bank.push_back(act.partial);
     Tensor x = rmsnorm(h, lw.in_norm, eps);
     Tensor y = alloc({rows, cfg_.hidden_size});
-    if (cfg_.layer_kind(l) == LayerKind::Kda) kda_layer(l, batch, x, y, caches);
+    const bool kda = cfg_.layer_kind(l) == LayerKind::Kda;
+    phase(kda ? LayerPhase::Kda : LayerPhase::Mla);
+    if (kda) kda_layer(l, batch, x, y, caches);
     else mla_layer(l, batch, x, y, caches);
+    phase(LayerPhase::Rest);
     if (new_block) {
       act.partial = y;
     } else {
@@ -114,7 +119,9 @@ void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePoo
     Tensor h2 = attn_res_mix(lw.mlp_query, act);
     Tensor x2 = rmsnorm(h2, lw.post_norm, eps);
     Tensor f = alloc({rows, cfg_.hidden_size});
+    phase(cfg_.is_dense_ffn(l) ? LayerPhase::Dense : LayerPhase::Moe);
     ffn_layer(l, x2, f);
+    phase(LayerPhase::Rest);
     backend_.add({.a = act.partial, .b = f, .y = act.partial});
   }
 }
@@ -129,7 +136,7 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   Tensor o = alloc({R, H, D});
   std::vector<int32_t> slot_ids;
   for (const BatchItem& it : batch) slot_ids.push_back(it.seq->slot);
-  Tensor slots = backend_.from_host(Tensor::from_i32({n}, slot_ids), DType::I32);
+  Tensor slots = index_ ? index_->slots : backend_.from_host(Tensor::from_i32({n}, slot_ids), DType::I32);
 
   // The fused decode kernel where the backend has one for this head shape (CUDA: D in {64, 128});
   // otherwise the general path below, which handles one-token items as well.
@@ -139,7 +146,7 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
                          .slots = slots, .o = o, .heads = static_cast<int>(H), .g_min = cfg_.kda.gate_lower_bound});
   } else {
     auto cu_host = cu_seqlens(batch);
-    Tensor cu = backend_.from_host(Tensor::from_i32({n + 1}, cu_host), DType::I32);
+    Tensor cu = index_ ? index_->cu_seqlens : backend_.from_host(Tensor::from_i32({n + 1}, cu_host), DType::I32);
     Tensor conv = alloc({R, 3 * P});
     backend_.short_conv({.x = qkv, .w = lw.conv_w, .cache = caches.kda_conv(l), .slots = slots, .cu_seqlens = cu, .y = conv});
     Tensor q = alloc({R, P}), k = alloc({R, P}), v = alloc({R, P});
@@ -188,7 +195,8 @@ void Model::mla_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
     auto ids = cache_rows(*it.seq, it.seq->num_tokens, it.seq->num_tokens + it.num_new, page_size);
     new_ids.insert(new_ids.end(), ids.begin(), ids.end());
   }
-  backend_.scatter_rows({.src = a, .ids = backend_.from_host(Tensor::from_i32({R}, new_ids), DType::I32), .dst = pool_rows});
+  Tensor new_rows = index_ ? index_->new_rows : backend_.from_host(Tensor::from_i32({R}, new_ids), DType::I32);
+  backend_.scatter_rows({.src = a, .ids = new_rows, .dst = pool_rows});
 
   Tensor o = alloc({R, H, dv});
   if (all_single_token_decode(batch)) {
@@ -209,10 +217,11 @@ void Model::mla_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
     backend_.head_gemm({.x = qn.reshape({B, H, dn}), .w = lw.w_uk_t, .y = qlat});
     Tensor olat = alloc({B, H, r});
     Tensor lse = alloc({B, H}, DType::F32);
-    backend_.mla_decode({.q_lat = qlat, .q_rope = qr.reshape({B, H, dr}), .kv_cache = pool,
-                         .block_table = backend_.from_host(Tensor::from_i32({B, static_cast<int64_t>(max_pages)}, table), DType::I32),
-                         .seq_lens = backend_.from_host(Tensor::from_i32({B}, lens), DType::I32), .o = olat, .lse = lse,
-                         .scale = scale});
+    Tensor block_table = index_ ? index_->block_table
+                                : backend_.from_host(Tensor::from_i32({B, static_cast<int64_t>(max_pages)}, table), DType::I32);
+    Tensor seq_lens = index_ ? index_->seq_lens : backend_.from_host(Tensor::from_i32({B}, lens), DType::I32);
+    backend_.mla_decode({.q_lat = qlat, .q_rope = qr.reshape({B, H, dr}), .kv_cache = pool, .block_table = block_table,
+                         .seq_lens = seq_lens, .o = olat, .lse = lse, .scale = scale});
     backend_.head_gemm({.x = olat, .w = lw.w_uv, .y = o});
   } else {
     int64_t r0 = 0;
@@ -280,10 +289,13 @@ Tensor Model::backend_logits(const Activations& act, std::span<const int32_t> ro
   Tensor h = attn_res_mix(w_->out_query, act);
   const int64_t n = static_cast<int64_t>(rows.size());
   Tensor sel = alloc({n, cfg_.hidden_size});
-  backend_.embedding({.table = h, .ids = backend_.from_host(Tensor::from_i32({n}, rows), DType::I32), .y = sel});
+  K3_CHECK(!index_ || index_->last_rows.numel() == n, "logits: the step index holds another number of rows");
+  Tensor row_ids = index_ ? index_->last_rows : backend_.from_host(Tensor::from_i32({n}, rows), DType::I32);
+  backend_.embedding({.table = h, .ids = row_ids, .y = sel});
   Tensor hn = rmsnorm(sel, w_->final_norm, cfg_.rms_norm_eps);
   Tensor lg = alloc({n, cfg_.vocab_size}, DType::F32);
   backend_.gemm({.x = hn, .w = w_->lm_head, .y = lg});
+  phase(LayerPhase::End);
   return lg;
 }
 

@@ -5,12 +5,14 @@
 // Activations crossing a stage boundary are the running partial sum P and the AttnRes bank (one row
 // set per completed block), both [rows, d] in the backend's compute dtype.
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "common/config/config.h"
 #include "engine/kv_cache.h"
+#include "engine/step_workspace.h"
 #include "common/model/weights.h"
 #include "kernels/backend.h"
 
@@ -27,6 +29,23 @@ struct BatchItem {
   SeqCache* seq = nullptr;          // caches of this request (num_tokens = tokens already cached)
   int64_t num_new = 0;              // new tokens this step (rows in the activations)
 };
+
+// The index arrays of a decode step (every item brings one new token after a cached prefix), on the
+// backend, written by the caller once per step. With them and a StepWorkspace set (Model::set_step) a
+// forward uploads nothing, allocates nothing and never waits for the host, so it can be recorded as
+// a graph (engine/decode_step.h).
+struct DecodeIndex {
+  Tensor token_ids;    // [B] I32 the new tokens
+  Tensor slots;        // [B] I32 KDA state/conv slot
+  Tensor cu_seqlens;   // [B+1] I32 0, 1, ..., B
+  Tensor new_rows;     // [B] I32 flat MLA cache row (page * page_size + offset) of the new token
+  Tensor block_table;  // [B, W] I32 page ids, padded with page 0 (W: the step's width bucket)
+  Tensor seq_lens;     // [B] I32 cached tokens including the new one
+  Tensor last_rows;    // [B] I32 0, 1, ..., B-1 (the rows whose logits are read)
+};
+
+// What a stretch of the forward computes, for profiles by layer type (Model::set_phase_hook).
+enum class LayerPhase { Rest, Kda, Mla, Moe, Dense, End };
 
 class Model {
  public:
@@ -51,6 +70,18 @@ class Model {
   // The same logits left on the backend (F32), for sampling there.
   Tensor backend_logits(const Activations& act, std::span<const int32_t> rows);
 
+  // Until cleared (null, null): activations come from `ws` and embed/forward/backend_logits read the
+  // step's indices from `index` instead of uploading them (the batch must be a decode batch matching
+  // it; the host-side arguments are still checked).
+  void set_step(StepWorkspace* ws, const DecodeIndex* index) {
+    ws_ = ws;
+    index_ = index;
+  }
+  // Called when the forward enters a stretch of another kind (embed: Rest; each layer's attention:
+  // Kda or Mla; its FFN: Moe or Dense; the norms, AttnRes and adds between: Rest; the end of
+  // backend_logits: End). Empty: none. A profiler cuts its recordings here.
+  void set_phase_hook(std::function<void(LayerPhase)> hook) { phase_hook_ = std::move(hook); }
+
   struct Weights;
 
  private:
@@ -68,6 +99,12 @@ class Model {
   ModelConfig cfg_;
   int begin_, end_;
   std::unique_ptr<Weights> w_;
+  StepWorkspace* ws_ = nullptr;       // set_step
+  const DecodeIndex* index_ = nullptr;
+  std::function<void(LayerPhase)> phase_hook_;
+  void phase(LayerPhase p) {
+    if (phase_hook_) phase_hook_(p);
+  }
 };
 
 }  // namespace k3

@@ -13,6 +13,22 @@ void require_host(const Tensor& t, const char* op, const char* field) {
 }
 }  // namespace
 
+void Backend::zero(Tensor& t) {
+  require_host(t, "zero", "t");
+  if (t.nbytes()) std::memset(t.data(), 0, t.nbytes());
+}
+
+std::unique_ptr<StepGraph> Backend::capture(const std::function<void()>& body, bool strict) {
+  if (!begin_capture(strict)) return nullptr;
+  try {
+    body();
+  } catch (...) {
+    abandon_capture();
+    throw;
+  }
+  return end_capture();
+}
+
 void Backend::copy_cols(const ops::CopyColsParams& p) {
   require_host(p.src, "copy_cols", "src");
   require_host(p.dst, "copy_cols", "dst");

@@ -2,6 +2,7 @@
 // branches on which one it is. Ask supports() before dispatch; run() of an unsupported shape
 // throws k3::Error naming the op and the reason.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -10,6 +11,16 @@
 namespace k3 {
 
 enum class BackendKind { Cpu, Cuda };
+
+// Backend work recorded once and replayed by one launch (a CUDA graph): the same kernels on the same
+// addresses, so a replay computes bit for bit what the recorded work would have.
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  virtual void launch() = 0;
+  virtual int64_t nodes() const = 0;         // kernels, copies and memsets one launch replays
+  virtual uint64_t workspace_epoch() const = 0;  // Backend::workspace_epoch() when it was recorded
+};
 
 class Backend {
  public:
@@ -26,6 +37,22 @@ class Backend {
   virtual Tensor from_host(const Tensor& host, DType dtype) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;   // same device, same bytes
   virtual void synchronize() {}
+  // Sets every byte of t to zero (t lives on this backend).
+  virtual void zero(Tensor& t);
+
+  // Records the work `body` issues instead of running it; null where the backend cannot record.
+  // Any allocation, host synchronisation or pageable copy inside body fails the recording (throws
+  // k3::Error): strict checks that for every thread of the process, otherwise for the calling thread.
+  std::unique_ptr<StepGraph> capture(const std::function<void()>& body, bool strict);
+  // The same in two halves, for callers that cut one step into several recordings (a profile by
+  // layer type): begin_capture returns false where the backend cannot record; end_capture throws
+  // when the recording failed; abandon_capture ends one that is being given up.
+  virtual bool begin_capture(bool strict) { return false; }
+  virtual std::unique_ptr<StepGraph> end_capture() { return nullptr; }
+  virtual void abandon_capture() {}
+  // Bumped whenever a workspace the backend owns moves: a StepGraph recorded at another epoch would
+  // read freed memory and must be recorded again.
+  virtual uint64_t workspace_epoch() const { return 0; }
 
   // Batch invariance: a row's results independent of the other rows in the same call (fixed-order
   // GEMMs, attention splits of a fixed size). The CPU backend always is; CUDA when this is on (it

@@ -16,6 +16,7 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendChoice& c) {
   std::string why;
   std::unique_ptr<Backend> b = make_cuda_backend(c.device, &why);
   if (!b) return Status(Code::Unavailable, "backend cuda (device " + std::to_string(c.device) + ") is unavailable: " + why);
+  b->set_batch_invariant(c.batch_invariant);
   return b;
 }
 

@@ -13,6 +13,10 @@ struct BackendChoice {
   std::string kind = "cpu";  // "cpu" | "cuda"
   int device = 0;            // CUDA device ordinal (cuda only)
   int threads = 0;           // CPU threads (cpu only; 0 = all cores or K3_THREADS)
+  // cuda: fixed-order GEMMs and fixed attention splits, so a request's tokens do not depend on the
+  // batch it shares (what lets the disaggregated cluster promise k3-generate's tokens). The serving
+  // default; it costs GEMM speed (docs/PERF.md), k3-bench turns it off to measure the fast path.
+  bool batch_invariant = true;
 };
 
 // Help text for the flags, shared by every role's command line.

@@ -26,6 +26,15 @@ Activations host_copy(Backend& be, const Activations& a) {
   return out;
 }
 
+// Activations from the stage link (host F32, exact copies of the sender's values) onto this stage's
+// backend in its compute dtype: bf16 -> f32 -> bf16 is exact, so a GPU pipeline computes the same
+// values as one process.
+Activations on_backend(Backend& be, Activations a) {
+  a.partial = be.from_host(a.partial, be.compute_dtype());
+  for (Tensor& b : a.bank) b = be.from_host(b, be.compute_dtype());
+  return a;
+}
+
 }  // namespace
 
 PrefillStage::~PrefillStage() {
@@ -202,7 +211,7 @@ Status PrefillStage::compute_chunk(Request& r) {
     const int64_t n = std::min<int64_t>(opts_.chunk_size, r.prompt_len - r.computed);
     act = model_->embed(std::span<const int32_t>(r.prefill->token_ids).subspan(start, n));
   } else {
-    act = std::move(r.arrived.front().act);
+    act = on_backend(backend_, std::move(r.arrived.front().act));
     r.arrived.pop_front();
   }
   const int64_t n = act.rows();

@@ -105,6 +105,16 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
 
 void CudaBackend::synchronize() { K3_CUDA_OK(cudaStreamSynchronize(stream_)); }
 
+void CudaBackend::zero(Tensor& t) {
+  need_device("zero", "t", t);
+  if (t.nbytes()) K3_CUDA_OK(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream_));
+}
+
+void* CudaBackend::grow(DeviceBuffer& buf, size_t bytes) {
+  if (bytes > buf.bytes()) ++epoch_;
+  return buf.ensure(bytes);
+}
+
 std::string CudaBackend::supports(const std::string& op, const Shape& shape) const {
   static const std::set<std::string> kOps = {
       "gemm", "rmsnorm", "l2norm", "short_conv", "kda_gate", "kda_chunk", "kda_recurrent", "kda_decode",
@@ -286,7 +296,10 @@ void CudaBackend::moe_experts(const ops::MoeExpertsParams& p) {
   need_shape(op, "y", p.y, {a.M, a.Dl});
   a.beta = p.beta;
   a.beta_linear = p.beta_linear;
-  if (moe_grouped_supported(a)) launch_moe_grouped(a, stream_);
+  // Few pairs (decode): the per-row kernel unless the caller asked for batch invariance (its sums run
+  // in another order than the grouped GEMM's, so a row's value would depend on the batch size).
+  if (!batch_invariant_ && moe_gemv_supported(a)) launch_moe_gemv(a, grow(moe_work_, moe_gemv_workspace_bytes(a)), stream_);
+  else if (moe_grouped_supported(a)) launch_moe_grouped(a, grow(moe_work_, moe_grouped_workspace_bytes(a)), stream_);
   else launch_moe_experts(a, stream_);
 }
 

@@ -30,6 +30,12 @@ class CudaBackend final : public Backend {
   Tensor from_host(const Tensor& host, DType dtype) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void synchronize() override;
+  void zero(Tensor& t) override;
+  // cuda_graph.cpp: stream capture into a CUDA graph (the decode step, engine/decode_step.h).
+  bool begin_capture(bool strict) override;
+  std::unique_ptr<StepGraph> end_capture() override;
+  void abandon_capture() override;
+  uint64_t workspace_epoch() const override { return epoch_; }
   std::string supports(const std::string& op, const Shape& shape) const override;
 
   void gemm(const ops::GemmParams& p) override;
@@ -82,6 +88,10 @@ class CudaBackend final : public Backend {
  private:
   // Device pointers for I32 index tensors that may live on the host (staged through one upload).
   std::vector<const int32_t*> device_ints(std::initializer_list<const Tensor*> ts);
+  // buf.ensure(bytes), bumping the workspace epoch when the buffer moves (graphs recorded before are
+  // stale). Used for the buffers a decode step reads (MLA split partials, grouped MoE); the others
+  // (staged indices, KDA chunk work, sampled ids) never appear in a recordable step.
+  void* grow(DeviceBuffer& buf, size_t bytes);
 
   int device_ = 0;
   int num_sms_ = 0;
@@ -99,9 +109,13 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Stream> stream_owner_;
   cudaStream_t stream_ = nullptr;  // stream_owner_->stream
   std::unique_ptr<CublasLtGemm> gemm_;  // created after cudaSetDevice
-  DeviceBuffer work_;     // float workspaces (KDA chunk/decode, MLA split partials)
+  DeviceBuffer work_;     // float workspaces (KDA chunk prefill)
+  DeviceBuffer mla_work_; // MLA decode split partials (own buffer: a prefill does not move it)
   DeviceBuffer ints_;     // staged index arrays
   DeviceBuffer sample_ids_;  // sampled token ids of one step
+  DeviceBuffer moe_work_;    // grouped-MoE routing tables and expert rows
+  uint64_t epoch_ = 0;       // workspace_epoch()
+  uint64_t capture_epoch_ = 0;  // epoch_ when the current capture began
   std::unique_ptr<Backend> host_;  // the host sampler for rows with temperature > 0
 };
 

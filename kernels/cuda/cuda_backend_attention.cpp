@@ -270,7 +270,7 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
     plan.tokens_per_split = kInvariantSplitTokens * ((units + 63) / 64);
     plan.splits = (ctx + plan.tokens_per_split - 1) / plan.tokens_per_split;
   }
-  auto* work = static_cast<float*>(work_.ensure(size_t(mla_decode_workspace_floats(plan, a.B, a.H, a.R)) * 4 + 256));
+  auto* work = static_cast<float*>(grow(mla_work_, size_t(mla_decode_workspace_floats(plan, a.B, a.H, a.R)) * 4 + 256));
   launch_mla_decode(a, plan, work, stream_);
 }
 

@@ -179,6 +179,16 @@ void launch_moe_experts(const MoeArgs& a, cudaStream_t s);
 // ---- moe_grouped.cu: pairs sorted by expert on the device, one grouped tensor-core GEMM per
 // projection (W1 and W3 together, then W2). Needs bf16 z and weights and E <= 4096.
 bool moe_grouped_supported(const MoeArgs& a);
-void launch_moe_grouped(const MoeArgs& a, cudaStream_t s);
+// Bytes of device workspace launch_moe_grouped needs for these sizes (routing tables, hidden rows,
+// expert outputs); the caller owns it, so a MoE layer allocates nothing and can be graph-captured.
+size_t moe_grouped_workspace_bytes(const MoeArgs& a);
+// ---- moe_gemv.cu: few pairs (decode), one warp per output row; not batch-invariant against the
+// grouped path (other summation order), so used only when invariance is off. Needs bf16, F and Dl
+// multiples of 8 (<= 8192), 16-byte aligned weights and at most kMoeGemvMaxPairs = M*k pairs.
+inline constexpr int kMoeGemvMaxPairs = 32;
+bool moe_gemv_supported(const MoeArgs& a);
+size_t moe_gemv_workspace_bytes(const MoeArgs& a);
+void launch_moe_gemv(const MoeArgs& a, void* workspace, cudaStream_t s);
+void launch_moe_grouped(const MoeArgs& a, void* workspace, cudaStream_t s);
 
 }  // namespace k3::cuda

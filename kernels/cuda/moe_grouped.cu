@@ -182,12 +182,24 @@ size_t gemm_smem(bool dual) {
   return std::max(tiles, epi);
 }
 
-template <class T>
-T* async_alloc(size_t n, cudaStream_t s) {
-  void* p = nullptr;
-  K3_CUDA_OK(cudaMallocAsync(&p, std::max<size_t>(n, 1) * sizeof(T), s));
-  return static_cast<T*>(p);
-}
+// The workspace carved into the five arrays of one launch, each aligned to 256 bytes.
+struct MoeWorkspace {
+  int tiles_max = 0;
+  int64_t rows = 0;
+  size_t bytes = 0;
+  size_t off[5] = {};
+  explicit MoeWorkspace(const MoeArgs& a) {
+    const int P = a.M * a.k;
+    tiles_max = P / kTile + std::min(a.E, P);
+    rows = int64_t(tiles_max) * kTile;
+    const size_t sizes[5] = {size_t(tiles_max) * 4, size_t(rows) * 4, size_t(std::max(P, 1)) * 4,
+                             size_t(rows) * a.F * sizeof(__nv_bfloat16), size_t(rows) * a.Dl * sizeof(float)};
+    for (int i = 0; i < 5; ++i) {
+      off[i] = bytes;
+      bytes += (sizes[i] + 255) / 256 * 256;
+    }
+  }
+};
 
 }  // namespace
 
@@ -195,16 +207,19 @@ bool moe_grouped_supported(const MoeArgs& a) {
   return a.z.bf16 && a.w1.bf16 && a.w3.bf16 && a.w2.bf16 && a.E <= kMaxExperts;
 }
 
-void launch_moe_grouped(const MoeArgs& a, cudaStream_t s) {
+size_t moe_grouped_workspace_bytes(const MoeArgs& a) { return MoeWorkspace(a).bytes; }
+
+void launch_moe_grouped(const MoeArgs& a, void* workspace, cudaStream_t s) {
   if (a.M == 0) return;
   const int P = a.M * a.k;
-  const int tiles_max = P / kTile + std::min(a.E, P);
-  const int64_t rows = int64_t(tiles_max) * kTile;
-  auto* tile_expert = async_alloc<int32_t>(tiles_max, s);
-  auto* row_token = async_alloc<int32_t>(rows, s);
-  auto* pos_of = async_alloc<int32_t>(P, s);
-  auto* h = async_alloc<__nv_bfloat16>(rows * a.F, s);
-  auto* out = async_alloc<float>(rows * a.Dl, s);
+  const MoeWorkspace ws(a);
+  const int tiles_max = ws.tiles_max;
+  char* base = static_cast<char*>(workspace);
+  auto* tile_expert = reinterpret_cast<int32_t*>(base + ws.off[0]);
+  auto* row_token = reinterpret_cast<int32_t*>(base + ws.off[1]);
+  auto* pos_of = reinterpret_cast<int32_t*>(base + ws.off[2]);
+  auto* h = reinterpret_cast<__nv_bfloat16*>(base + ws.off[3]);
+  auto* out = reinterpret_cast<float*>(base + ws.off[4]);
 
   moe_route_kernel<<<1, 1024, 2 * a.E * sizeof(int), s>>>(a.ids, P, a.E, tiles_max, tile_expert, row_token, pos_of, a.k);
   K3_CUDA_LAUNCHED("moe_route_kernel");
@@ -222,10 +237,6 @@ void launch_moe_grouped(const MoeArgs& a, cudaStream_t s) {
   K3_CUDA_LAUNCHED("moe_gemm_kernel<w2>");
   moe_combine_kernel<<<a.M, 256, 0, s>>>(out, pos_of, a.weights, a.y, a.k, a.Dl);
   K3_CUDA_LAUNCHED("moe_combine_kernel");
-
-  for (void* p : {static_cast<void*>(tile_expert), static_cast<void*>(row_token), static_cast<void*>(pos_of),
-                  static_cast<void*>(h), static_cast<void*>(out)})
-    K3_CUDA_OK(cudaFreeAsync(p, s));
 }
 
 }  // namespace k3::cuda

@@ -3,11 +3,16 @@
 // for token, concurrent requests too; streaming works; killing the decode process mid-stream gives the
 // client an error event within 5 s, then /health says 503 and so do new requests; the launcher
 // reports the crash, and on SIGTERM stops every other child and leaves no process behind.
+//
+// K3_TEST_BACKEND=cuda runs the clusters with "backend": "cuda" (router, both prefill stages and the
+// decode rank on the one GPU) and compares the first test case with `k3-generate --backend cuda` at
+// the cluster's prefill chunk size (tests/cuda/run_engine_on_gpu_host.sh does); default cpu.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
 #include <signal.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <future>
 #include <map>
@@ -30,6 +35,14 @@ namespace {
 
 const std::string kBin = K3_BIN_DIR;
 
+// The backend every node and the k3-generate reference run on: K3_TEST_BACKEND (cpu | cuda), default cpu.
+std::string test_backend() {
+  const char* b = std::getenv("K3_TEST_BACKEND");
+  const std::string kind = b && *b ? b : "cpu";
+  REQUIRE((kind == "cpu" || kind == "cuda"));
+  return kind;
+}
+
 bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 
 // k3-cluster from a spec in a temp dir whose model dir does not exist yet (generated on first use).
@@ -39,8 +52,10 @@ struct LaunchedCluster {
   std::map<std::string, pid_t> pids;  // child name -> pid
   int port = 0;
   std::string model;
+  int chunk = 0;
 
-  explicit LaunchedCluster(int chunk = 5, json prefill = json(), const std::string& placement = "least-loaded") {
+  explicit LaunchedCluster(int chunk = 5, json prefill = json(), const std::string& placement = "least-loaded")
+      : chunk(chunk) {
     model = dir.path() + "/model";
     if (prefill.is_null()) prefill = json::array({{{"id", "p"}, {"stages", 2}, {"chunk_size", chunk}}});
     const json spec = {{"model", model},
@@ -49,6 +64,7 @@ struct LaunchedCluster {
                        {"prefill", prefill},
                        {"decode", json::array({{{"id", "d"}, {"ranks", 1}}})},
                        {"threads", 1},
+                       {"backend", test_backend()},
                        {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 3}, {"startup_s", 240}}},
                        // These tests check the degraded cluster a lost node leaves (restarts: test_cluster_heal.cpp).
                        {"restart", {{"enabled", false}}}};
@@ -104,6 +120,13 @@ std::vector<int32_t> stream_token_ids(const std::string& body, bool& done, bool&
   return ids;
 }
 
+// k3-generate's tokens on the cluster's backend and prefill chunking (`extra`: sampling flags).
+std::vector<int32_t> generate(const LaunchedCluster& c, const std::vector<int32_t>& prompt, int max_tokens,
+                              const std::string& extra = "") {
+  return k3::test::k3_generate_tokens(c.model, prompt, max_tokens,
+                                      "--backend " + test_backend() + " --prefill-chunk " + std::to_string(c.chunk) + extra);
+}
+
 int vocab_of(const std::string& model) {
   std::ifstream in(model + "/config.json");
   return json::parse(in).at("vocab_size").get<int>();
@@ -135,7 +158,7 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
   for (int len : {1, 7, 16}) {
     const auto prompt = prompt_of(len);
     INFO("prompt length " << len);
-    CHECK(token_ids_of(post(c.port, completion_body(prompt, kMax, false))) == k3::test::k3_generate_tokens(c.model, prompt, kMax));
+    CHECK(token_ids_of(post(c.port, completion_body(prompt, kMax, false))) == generate(c, prompt, kMax));
   }
   // Several at once, two sharing a prefix.
   std::vector<std::vector<int32_t>> prompts = {prompt_of(3), prompt_of(12), prompt_of(9), prompt_of(21)};
@@ -145,7 +168,29 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
   for (const auto& p : prompts) replies.push_back(std::async(std::launch::async, [&c, p] { return post(c.port, completion_body(p, kMax, false)); }));
   for (size_t i = 0; i < prompts.size(); ++i) {
     INFO("concurrent request " << i);
-    CHECK(token_ids_of(replies[i].get()) == k3::test::k3_generate_tokens(c.model, prompts[i], kMax));
+    CHECK(token_ids_of(replies[i].get()) == generate(c, prompts[i], kMax));
+  }
+  // 16 at once, every other one sampled (temperature 0.8, its own seed): the (seed, step) rule is
+  // the same on every node, so the sampled tokens equal k3-generate's as well.
+  {
+    std::vector<std::vector<int32_t>> ps;
+    std::vector<std::string> flags;
+    std::vector<std::future<HttpReply>> rs;
+    for (int i = 0; i < 16; ++i) {
+      ps.push_back(prompt_of(1 + (i * 7) % 23));
+      json body = completion_body(ps.back(), kMax, false);
+      flags.emplace_back();
+      if (i % 2) {
+        body["temperature"] = 0.8;
+        body["seed"] = 100 + i;
+        flags.back() = " --temperature 0.8 --seed " + std::to_string(100 + i);
+      }
+      rs.push_back(std::async(std::launch::async, [&c, body] { return post(c.port, body); }));
+    }
+    for (int i = 0; i < 16; ++i) {
+      INFO("request " << i << " of 16 concurrent" << flags[i]);
+      CHECK(token_ids_of(rs[i].get()) == generate(c, ps[i], kMax, flags[i]));
+    }
   }
   // Streaming: the chunks' token ids in order are the same tokens; the stream ends with [DONE].
   const auto sp = prompt_of(6);
@@ -153,7 +198,7 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
   REQUIRE(s.status == 200);
   CHECK(s.headers.at("content-type").find("text/event-stream") != std::string::npos);
   bool done = false, error = false;
-  CHECK(stream_token_ids(s.body, done, error) == k3::test::k3_generate_tokens(c.model, sp, kMax));
+  CHECK(stream_token_ids(s.body, done, error) == generate(c, sp, kMax));
   CHECK(done);
   CHECK_FALSE(error);
   // A client that leaves mid-stream: the router aborts the request on the nodes and forgets it; the
@@ -181,7 +226,7 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
       std::this_thread::sleep_for(100ms);
     }
     const auto again = prompt_of(4);
-    CHECK(token_ids_of(post(c.port, completion_body(again, kMax, false))) == k3::test::k3_generate_tokens(c.model, again, kMax));
+    CHECK(token_ids_of(post(c.port, completion_body(again, kMax, false))) == generate(c, again, kMax));
   }
   // The node metrics are on /metrics.
   {

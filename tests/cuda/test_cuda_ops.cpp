@@ -161,8 +161,10 @@ TEST_CASE("cuda moe_experts matches cpu", "[cuda]") {
   auto& g = *bk.gpu;
   std::mt19937 rng(17);
   // bf16 weights take the grouped-GEMM path (segments of 1..many tiles, F and Dl not multiples of
-  // the 64 tile, an expert nobody picks); f32 weights the simple per-token kernel.
+  // the 64 tile, an expert nobody picks) when batch invariance is on or the pairs are many, the
+  // per-row decode kernel (moe_gemv.cu) for <= 32 pairs otherwise; f32 weights the simple kernel.
   struct Shape { int64_t M, k, E, F, Dl; DType wdt; };
+  for (const bool invariant : {false, true})
   for (const Shape sh : {Shape{3, 2, 4, 64, 96, DType::BF16}, Shape{300, 4, 8, 80, 96, DType::BF16},
                          Shape{1, 4, 32, 512, 1024, DType::BF16}, Shape{5, 2, 3, 40, 24, DType::BF16},
                          Shape{3, 2, 4, 64, 96, DType::F32}}) {
@@ -177,11 +179,14 @@ TEST_CASE("cuda moe_experts matches cpu", "[cuda]") {
     Tensor y = Tensor::zeros({M, Dl});
     bk.cpu->moe_experts({.z = z, .ids = ids, .weights = wt, .w1 = w1, .w3 = w3, .w2 = w2, .y = y});
     Tensor gy = poisoned(g, {M, Dl}, DType::BF16);
+    g.set_batch_invariant(invariant);
     g.moe_experts({.z = g.from_host(z, DType::BF16), .ids = g.from_host(ids, DType::I32),
                    .weights = g.from_host(wt, DType::F32), .w1 = g.from_host(w1, sh.wdt),
                    .w3 = g.from_host(w3, sh.wdt), .w2 = g.from_host(w2, sh.wdt), .y = gy});
     expect_close(g, gy, y, tol("moe"), "moe_experts M=" + std::to_string(M) + " E=" + std::to_string(E) +
-                                           " F=" + std::to_string(F) + " " + dtype_name(sh.wdt));
+                                           " F=" + std::to_string(F) + " " + dtype_name(sh.wdt) +
+                                           (invariant ? " (batch-invariant)" : ""));
+    g.set_batch_invariant(false);
   }
 }
 

@@ -11,12 +11,13 @@
 
 namespace k3::test {
 
+// `extra`: more k3-generate flags (e.g. "--backend cuda --temperature 0.8 --seed 3 --prefill-chunk 64").
 inline std::vector<int32_t> k3_generate_tokens(const std::string& model, const std::vector<int32_t>& prompt,
-                                               int max_tokens) {
+                                               int max_tokens, const std::string& extra = "") {
   std::string ids;
   for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
   auto r = run_command(std::string(K3_BIN_DIR) + "/k3-generate --model '" + model + "' --prompt-ids " + ids +
-                       " --max-tokens " + std::to_string(max_tokens) + " --ignore-eos --threads 1 --json");
+                       " --max-tokens " + std::to_string(max_tokens) + " --ignore-eos --threads 1 --json " + extra);
   REQUIRE(r.exit_code == 0);
   return nlohmann::json::parse(r.out).at("tokens").get<std::vector<int32_t>>();
 }
