@@ -75,6 +75,14 @@ struct KdaParams {
   Tensor cu_seqlens;  // [N+1] I32
   Tensor o;           // [T_total, H, V] output
   int chunk_size = 64;  // chunked form only
+  // Optional state checkpoints (chunked form, the prefix cache): checkpoint j copies sequence
+  // ckpt_seq[j]'s running state, as it stands after its first ckpt_pos[j] new tokens, into slot
+  // ckpt_slots[j] of `state`. ckpt_pos must be a multiple of chunk_size (a chunk end, so the copy costs
+  // no extra pass) in (0, length]. Empty = none. A backend that cannot emit them says so through
+  // supports("kda_chunk_checkpoints").
+  Tensor ckpt_seq;    // [M] I32 sequence index
+  Tensor ckpt_pos;    // [M] I32 tokens into that sequence's new rows
+  Tensor ckpt_slots;  // [M] I32 destination state slot (not a slot of this batch)
 };
 
 // One decode token per request, fused: conv update on q/k/v, L2 norm, gate, beta, delta rule.

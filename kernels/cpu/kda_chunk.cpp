@@ -8,6 +8,8 @@
 // whose negation overflows fp32).
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/check.h"
@@ -138,17 +140,43 @@ void kda_chunk(ThreadPool& pool, const ops::KdaParams& p) {
   const int32_t* cu = p.cu_seqlens.i32();
   const int32_t* slots = p.slots.i32();
   const int64_t C = p.chunk_size;
+  // Checkpoints per sequence, as (tokens into the sequence, destination slot), ascending.
+  std::vector<std::vector<std::pair<int64_t, int32_t>>> ckpts(d.N);
+  if (!p.ckpt_pos.empty() || !p.ckpt_seq.empty() || !p.ckpt_slots.empty()) {
+    check_tensor("kda_chunk", "ckpt_seq", p.ckpt_seq, DType::I32, {kAny});
+    const int64_t M = p.ckpt_seq.dim(0);
+    check_tensor("kda_chunk", "ckpt_pos", p.ckpt_pos, DType::I32, {M});
+    check_tensor("kda_chunk", "ckpt_slots", p.ckpt_slots, DType::I32, {M});
+    for (int64_t j = 0; j < M; ++j) {
+      const int64_t n = p.ckpt_seq.i32()[j], pos = p.ckpt_pos.i32()[j], slot = p.ckpt_slots.i32()[j];
+      const std::string at = "checkpoint " + std::to_string(j) + ": ";
+      check_arg(n >= 0 && n < d.N, "kda_chunk", at + "sequence " + std::to_string(n) + " not in the batch");
+      check_arg(pos > 0 && pos <= cu[n + 1] - cu[n] && pos % C == 0, "kda_chunk",
+                at + "position " + std::to_string(pos) + " is not a chunk end inside the sequence");
+      check_arg(slot >= 0 && slot < d.num_slots, "kda_chunk", at + "slot " + std::to_string(slot) + " out of range");
+      for (int64_t m = 0; m < d.N; ++m)
+        check_arg(slots[m] != slot, "kda_chunk", at + "slot " + std::to_string(slot) + " is a running sequence's slot");
+      ckpts[n].emplace_back(pos, static_cast<int32_t>(slot));
+    }
+    for (auto& v : ckpts) std::sort(v.begin(), v.end());
+  }
   pool.parallel_for(d.N * d.H, [&](int64_t i0, int64_t i1) {
     ChunkScratch scratch;
     scratch.resize(std::min<int64_t>(C, std::max<int64_t>(1, d.T)), d.K, d.V);
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t n = item / d.H, h = item % d.H;
       float* S = state + (static_cast<int64_t>(slots[n]) * d.H + h) * d.V * d.K;
+      size_t next_ckpt = 0;
       for (int64_t t0 = cu[n]; t0 < cu[n + 1]; t0 += C) {
         const int64_t L = std::min<int64_t>(C, cu[n + 1] - t0);
         const int64_t qk = (t0 * d.H + h) * d.K, vo = (t0 * d.H + h) * d.V;
         run_chunk(S, q + qk, k + qk, v + vo, g + qk, beta + t0 * d.H + h, o + vo, L, d.K, d.V, d.H * d.K,
                   d.H * d.V, d.H, scratch);
+        // The state after this chunk is exactly the checkpoint at its end: copy this head's part.
+        for (; next_ckpt < ckpts[n].size() && ckpts[n][next_ckpt].first == t0 + L - cu[n]; ++next_ckpt) {
+          float* dst = state + (static_cast<int64_t>(ckpts[n][next_ckpt].second) * d.H + h) * d.V * d.K;
+          std::copy(S, S + d.V * d.K, dst);
+        }
       }
     }
   });
