@@ -131,12 +131,15 @@ Result<PrefixLease> PrefixCache::acquire(std::span<const int32_t> prompt, SeqCac
   return lease;
 }
 
-// The tree's own references on what it adopted; planned slots it did not take are freed.
+// The tree's own references on what it adopted; planned slots it did not take are freed. Adopted
+// pages may take the tree past its budget: evict back under it (pinned entries may keep it over).
 void PrefixCache::give_back(const PrefixTree::Adopted& adopted, const std::map<int64_t, int>& ckpts) {
   for (int32_t p : adopted.pages) pools_.retain_page(p);
   stats_.checkpoints_stored += adopted.slots.size();
   for (const auto& [pos, slot] : ckpts)
     if (std::find(adopted.slots.begin(), adopted.slots.end(), slot) == adopted.slots.end()) pools_.free_slot(slot);
+  while (opts_.budget_bytes > 0 && tree_.bytes() > opts_.budget_bytes)
+    if (!evict_one()) break;
 }
 
 void PrefixCache::commit(PrefixLease& lease, std::span<const int32_t> prompt, SeqCache& seq) {

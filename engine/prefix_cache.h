@@ -72,6 +72,8 @@ class PrefixCache {
   bool make_room(int slots, int pages);
   // Drops every unpinned entry (all, when no request runs).
   void flush();
+  // A new memory budget (0: the pools bound it); takes effect at the next checkpoint taken.
+  void set_budget_bytes(uint64_t bytes) { opts_.budget_bytes = bytes; }
 
   const PrefixCacheStats& stats() const { return stats_; }
   const PrefixTree& tree() const { return tree_; }

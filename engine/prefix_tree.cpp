@@ -36,10 +36,18 @@ PrefixTree::PrefixTree(PrefixTreeOptions opts) : opts_(std::move(opts)), root_(s
 PrefixTree::~PrefixTree() = default;
 
 PrefixTree::Match PrefixTree::match(std::span<const int32_t> tokens, int64_t limit) {
+  return find(tokens, limit, ++tick_);
+}
+
+PrefixTree::Match PrefixTree::peek(std::span<const int32_t> tokens, int64_t limit) const {
+  return find(tokens, limit, 0);
+}
+
+// touch: the recency stamp to give the matched path (0: leave it).
+PrefixTree::Match PrefixTree::find(std::span<const int32_t> tokens, int64_t limit, uint64_t touch) const {
   const int B = opts_.block_tokens;
   const int64_t n = static_cast<int64_t>(tokens.size());
   Match m;
-  const uint64_t now = ++tick_;
   Node* node = root_.get();
   std::vector<Node*> path;
   int64_t pos = 0;
@@ -52,7 +60,7 @@ PrefixTree::Match PrefixTree::match(std::span<const int32_t> tokens, int64_t lim
            std::equal(child->tokens.begin() + j, child->tokens.begin() + j + B, tokens.begin() + pos + j))
       j += B;
     pos += j;
-    child->last_use = now;
+    if (touch) child->last_use = touch;
     if (j < static_cast<int64_t>(child->tokens.size())) break;   // diverges inside this edge
     path.push_back(child);
     node = child;

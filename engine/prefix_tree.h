@@ -57,6 +57,8 @@ class PrefixTree {
   // The deepest checkpoint at a position <= limit on the longest cached prefix of `tokens`; marks the
   // matched path as used now.
   Match match(std::span<const int32_t> tokens, int64_t limit);
+  // The same without marking anything used.
+  Match peek(std::span<const int32_t> tokens, int64_t limit) const;
   // Pins a matched node and its ancestors against removal (one count per call); unlock undoes one.
   // Checkpoints of pinned inner nodes may still be evicted (a request copied its own on start).
   void lock(const Node* node);
@@ -83,6 +85,7 @@ class PrefixTree {
   const PrefixTreeOptions& options() const { return opts_; }
 
  private:
+  Match find(std::span<const int32_t> tokens, int64_t limit, uint64_t touch) const;
   Node* split(Node* node, int64_t keep_tokens);
   void remove_leaf(Node* node, std::vector<Victim>* out);
   int64_t checkpoint_above(const Node* node) const;
