@@ -56,8 +56,9 @@ class Engine {
   // checkpoints inside the pass; feeds are cut at absolute multiples of prefill_chunk, so the result is
   // bitwise the full prefill's. Backends without in-kernel checkpoints get the feed cut at each
   // checkpoint and a slot copy after it (the same state, one more feed).
+  // stop_at (> seq.num_tokens): prefill only up to there (a scheduler's one chunk); -1: the whole rest.
   Result<Tensor> prefill_planned_on_backend(SeqCache& seq, std::span<const int32_t> prompt,
-                                            std::span<const KdaCheckpoint> plan);
+                                            std::span<const KdaCheckpoint> plan, int64_t stop_at = -1);
   // The prefix cache (null when off).
   PrefixCache* prefix_cache() { return prefix_.get(); }
 

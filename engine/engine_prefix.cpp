@@ -6,13 +6,14 @@
 namespace k3 {
 
 Result<Tensor> Engine::prefill_planned_on_backend(SeqCache& seq, std::span<const int32_t> prompt,
-                                                  std::span<const KdaCheckpoint> plan) {
-  const int64_t n = static_cast<int64_t>(prompt.size());
+                                                  std::span<const KdaCheckpoint> plan, int64_t stop_at) {
+  const int64_t n = stop_at < 0 ? static_cast<int64_t>(prompt.size()) : std::min<int64_t>(stop_at, prompt.size());
   if (seq.num_tokens >= n) return invalid_argument("prefill: nothing left to compute (cached " +
                                                    std::to_string(seq.num_tokens) + " of " + std::to_string(n) + ")");
   const bool in_kernel = backend().supports("kda_chunk_checkpoints", {}).empty();
   const int64_t chunk = opts_.prefill_chunk;
-  size_t next = 0;   // first plan entry not yet taken
+  size_t next = 0;   // first plan entry not yet taken (earlier ones were taken by earlier calls)
+  while (next < plan.size() && plan[next].pos <= seq.num_tokens) ++next;
   Tensor logits;
   while (seq.num_tokens < n) {
     const int64_t at = seq.num_tokens;
