@@ -22,6 +22,7 @@
 #include "bench/bench_commands.h"
 #include "bench/completion_client.h"
 #include "bench/latency_summary.h"
+#include "bench/process_cpu.h"
 #include "bench/serve_workload.h"
 #include "bench/spawned_cluster.h"
 #include "bench/spawned_router.h"
@@ -127,12 +128,16 @@ std::vector<CompletionRequestSpec> make_specs(const ServeOptions& o) {
 struct RunFigures {
   json j;
   double ttft_p50 = 0, ttft_p99 = 0, req_per_s = 0, hit_rate = 0;
+  double cpu_s_per_request = 0;   // the spawned router's CPU seconds per completed request (0: not known)
   int failed = 0;
 };
 
-// Runs the specs against `url`, prints the summary, returns its figures.
-RunFigures run_specs(const ServeOptions& o, std::vector<CompletionRequestSpec> specs, const std::string& url) {
+// Runs the specs against `url`, prints the summary, returns its figures. server_pid (> 0): a local
+// process serving it, whose CPU time is counted too.
+RunFigures run_specs(const ServeOptions& o, std::vector<CompletionRequestSpec> specs, const std::string& url,
+                     pid_t server_pid = 0) {
   const int port = loopback_port(url);
+  const double cpu_before = server_pid > 0 ? cpu_seconds(server_pid).value_or(0) : 0;
   for (auto& s : specs) s.port = port;
   const double hit_before = router_counter(port, "k3_prefix_cache_hit_tokens_total");
   const double lookup_before = router_counter(port, "k3_prefix_cache_lookup_tokens_total");
@@ -174,6 +179,7 @@ RunFigures run_specs(const ServeOptions& o, std::vector<CompletionRequestSpec> s
     if (r.output_tokens > 1) tpot.push_back((r.e2e_s - r.ttft_s) / (r.output_tokens - 1));
   }
   const int failed = static_cast<int>(results.size()) - ok;
+  const double cpu_used = server_pid > 0 ? cpu_seconds(server_pid).value_or(0) - cpu_before : 0;
   const double lookups = router_counter(port, "k3_prefix_cache_lookup_tokens_total") - lookup_before;
   const double hit_rate = lookups > 0 ? (router_counter(port, "k3_prefix_cache_hit_tokens_total") - hit_before) / lookups : 0;
   const auto s_ttft = summarize(ttft), s_itl = summarize(itl), s_tpot = summarize(tpot), s_e2e = summarize(e2e);
@@ -183,6 +189,8 @@ RunFigures run_specs(const ServeOptions& o, std::vector<CompletionRequestSpec> s
   std::printf("k3-bench serve: %s model %s, workload %s, %d requests, concurrency %d, input %s, output %s, seed %d, %s\n",
               url.c_str(), o.model.c_str(), o.workload.c_str(), o.requests, o.concurrency, o.input_len.c_str(),
               o.output_len.c_str(), o.seed, o.stream ? "streaming" : "not streaming");
+  if (cpu_used > 0 && ok > 0)
+    std::printf("  server CPU %.2f s, %.3f s per request (load-independent cost)\n", cpu_used, cpu_used / ok);
   if (lookups > 0) std::printf("  prefix cache hit rate %.3f (%.0f of %.0f prompt tokens)\n", hit_rate, hit_rate * lookups, lookups);
   std::printf("  completed %d, failed %d, wall %.2f s\n", ok, failed, wall);
   std::printf("  request throughput %.3f req/s, output %.1f tok/s, input %.1f tok/s\n", ok / wall, out_tokens / wall, in_tokens / wall);
@@ -223,6 +231,8 @@ RunFigures run_specs(const ServeOptions& o, std::vector<CompletionRequestSpec> s
   fig.req_per_s = ok / wall;
   fig.hit_rate = hit_rate;
   fig.failed = failed;
+  fig.cpu_s_per_request = cpu_used > 0 && ok > 0 ? cpu_used / ok : 0;
+  if (fig.cpu_s_per_request > 0) fig.j["server_cpu_s_per_request"] = fig.cpu_s_per_request;
   return fig;
 }
 
@@ -245,7 +255,7 @@ int run_serve(const ServeOptions& o) {
     {
       auto r = SpawnedRouter::start(router_exe, o.spawn_router, router_args, o.startup_s);
       std::printf("== prefix cache off\n");
-      off = run_specs(o, specs, r->url());
+      off = run_specs(o, specs, r->url(), r->pid());
     }
     {
       std::vector<std::string> args = router_args;
@@ -253,15 +263,20 @@ int run_serve(const ServeOptions& o) {
                                std::to_string(o.prefix_block)});
       auto r = SpawnedRouter::start(router_exe, o.spawn_router, args, o.startup_s);
       std::printf("== prefix cache on (%d checkpoint slots, %d-token blocks)\n", o.compare_prefix_slots, o.prefix_block);
-      on = run_specs(o, specs, r->url());
+      on = run_specs(o, specs, r->url(), r->pid());
     }
     const double ttft_ratio = off.ttft_p50 > 0 ? on.ttft_p50 / off.ttft_p50 : 0;
     const double tput_ratio = off.req_per_s > 0 ? on.req_per_s / off.req_per_s : 0;
-    std::printf("== %s: cache on / off: TTFT p50 %.3fx, TTFT p99 %.3fx, request throughput %.3fx, hit rate %.3f\n",
-                o.workload.c_str(), ttft_ratio, off.ttft_p99 > 0 ? on.ttft_p99 / off.ttft_p99 : 0, tput_ratio, on.hit_rate);
+    // Throughput from CPU cost: requests per CPU-second, on / off (what a saturated server would do).
+    const double cpu_tput_ratio = on.cpu_s_per_request > 0 ? off.cpu_s_per_request / on.cpu_s_per_request : 0;
+    std::printf("== %s: cache on / off: TTFT p50 %.3fx, TTFT p99 %.3fx, request throughput %.3fx (wall), %.3fx "
+                "(per server CPU-second), hit rate %.3f\n",
+                o.workload.c_str(), ttft_ratio, off.ttft_p99 > 0 ? on.ttft_p99 / off.ttft_p99 : 0, tput_ratio,
+                cpu_tput_ratio, on.hit_rate);
     std::fflush(stdout);
     write_json(o.json_file, {{"cache_off", off.j}, {"cache_on", on.j}, {"ttft_p50_ratio", ttft_ratio},
-                             {"throughput_ratio", tput_ratio}, {"hit_rate", on.hit_rate}});
+                             {"throughput_ratio", tput_ratio}, {"cpu_throughput_ratio", cpu_tput_ratio},
+                             {"hit_rate", on.hit_rate}});
     return off.failed + on.failed == 0 ? 0 : 1;
   }
   std::unique_ptr<SpawnedCluster> cluster;

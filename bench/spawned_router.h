@@ -17,6 +17,7 @@ class SpawnedRouter {
                                               const std::vector<std::string>& extra_args, int startup_s);
   ~SpawnedRouter();
   const std::string& url() const { return url_; }
+  pid_t pid() const { return child_->pid(); }
 
  private:
   explicit SpawnedRouter(std::unique_ptr<deploy::ChildProcess> c) : child_(std::move(c)) {}
