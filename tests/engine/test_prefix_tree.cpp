@@ -76,7 +76,7 @@ TEST_CASE("insert splits at a branch point and adopts only what is new", "[prefi
   REQUIRE(t.num_nodes() == 3);
   REQUIRE(t.num_pages() == 8);
 
-  // Same prefix again: nothing adopted (the caller keeps and frees its duplicates).
+  // Same prefix again: nothing adopted (the caller keeps and frees its own copies).
   a = t.insert(branch, concat(pages_for(100, 4), pages_for(300, 8)), {{12, 9}});
   REQUIRE(a.pages.empty());
   REQUIRE(a.slots.empty());
