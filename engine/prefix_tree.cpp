@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/core/status.h"
+#include "engine/prefix_hash.h"
 
 namespace k3 {
 
@@ -270,6 +271,27 @@ std::optional<PrefixTree::Victim> PrefixTree::evict_one() {
   worst->node->slot = -1;
   --checkpoints_;
   return v;
+}
+
+std::vector<uint64_t> PrefixTree::checkpoint_hashes() const {
+  std::vector<uint64_t> out;
+  // Depth first, carrying the path's tokens: a checkpoint's hash is the last of its path's block hashes.
+  struct Frame {
+    const Node* node;
+    size_t path_len;
+  };
+  std::vector<int32_t> path;
+  std::vector<Frame> stack;
+  for (auto& [k, c] : root_->children) stack.push_back({c.get(), 0});
+  while (!stack.empty()) {
+    Frame f = stack.back();
+    stack.pop_back();
+    path.resize(f.path_len);
+    path.insert(path.end(), f.node->tokens.begin(), f.node->tokens.end());
+    if (f.node->slot >= 0) out.push_back(prefix_block_hashes(path, opts_.block_tokens).back());
+    for (auto& [k, c] : f.node->children) stack.push_back({c.get(), path.size()});
+  }
+  return out;
 }
 
 std::vector<PrefixTree::Victim> PrefixTree::clear() {

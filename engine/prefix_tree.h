@@ -77,6 +77,9 @@ class PrefixTree {
   std::optional<Victim> evict_one();
   // Drops every node; all must be unpinned.
   std::vector<Victim> clear();
+  // prefix_block_hashes of every cached prefix that ends at a checkpoint (what a hit can resume from):
+  // the set a prefill instance reports for KV-aware placement.
+  std::vector<uint64_t> checkpoint_hashes() const;
 
   int num_nodes() const { return nodes_; }
   int num_checkpoints() const { return checkpoints_; }
