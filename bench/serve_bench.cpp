@@ -22,7 +22,10 @@
 #include "bench/bench_commands.h"
 #include "bench/completion_client.h"
 #include "bench/latency_summary.h"
+#include "bench/process_cpu.h"
+#include "bench/serve_workload.h"
 #include "bench/spawned_cluster.h"
+#include "bench/spawned_router.h"
 #include "deploy/http_probe.h"
 
 namespace k3::bench {
@@ -40,6 +43,12 @@ struct ServeOptions {
   int concurrency = 1, requests = 8, seed = 0, token_id_max = 256, timeout_s = 600, startup_s = 300;
   std::string input_len = "16:128", output_len = "16:64";
   bool stream = false;
+  std::string workload = "random";
+  int system_len = 2048, turns = 4;
+  std::string spawn_router, router_exe;        // local-engine router: model dir, binary
+  std::vector<std::string> router_args;        // extra k3-router flags
+  int compare_prefix_slots = 0;                // >0: cache off then on (this many checkpoint slots)
+  int prefix_block = 256;
 };
 
 LengthRange parse_range(const std::string& s, const std::string& flag) {
@@ -86,31 +95,52 @@ void print_row(const char* name, const LatencySummary& s) {
               s.max * 1e3, s.count);
 }
 
-int run_serve(const ServeOptions& o) {
-  const LengthRange in = parse_range(o.input_len, "--input-len"), out = parse_range(o.output_len, "--output-len");
-  std::unique_ptr<SpawnedCluster> cluster;
-  std::string url = o.url;
-  if (!o.spawn_spec.empty()) {
-    cluster = SpawnedCluster::start(o.cluster_exe.empty() ? default_cluster_exe() : o.cluster_exe, o.spawn_spec, o.startup_s,
-                                    "k3-bench serve");
-    url = cluster->url();
-    std::fprintf(stderr, "k3-bench serve: spawned cluster at %s\n", url.c_str());
-  }
-  if (url.empty()) throw CLI::ValidationError("--url", "give --url or --spawn-cluster");
-  const int port = loopback_port(url);
+// One of the router's counters on /metrics (0 when absent or unreachable).
+double router_counter(int port, const std::string& name) {
+  auto r = deploy::http_get("127.0.0.1", port, "/metrics", std::chrono::milliseconds(5000));
+  if (!r.is_ok() || r->status != 200) return 0;
+  const auto at = r->body.find("\n" + name + " ");
+  return at == std::string::npos ? 0.0 : std::atof(r->body.c_str() + at + name.size() + 2);
+}
 
-  // Every request's shape is drawn up front from the seed, so a run repeats exactly.
-  std::mt19937_64 rng(static_cast<uint64_t>(o.seed));
-  std::vector<CompletionRequestSpec> specs(static_cast<size_t>(o.requests));
-  for (auto& s : specs) {
-    s.port = port;
-    s.model = o.model;
-    s.stream = o.stream;
-    const int n_in = std::uniform_int_distribution<int>(in.min, in.max)(rng);
-    s.max_tokens = std::uniform_int_distribution<int>(out.min, out.max)(rng);
-    std::uniform_int_distribution<int32_t> id(0, o.token_id_max - 1);
-    for (int i = 0; i < n_in; ++i) s.prompt_ids.push_back(id(rng));
+// Every request's shape, drawn up front from the seed, so a run repeats exactly.
+std::vector<CompletionRequestSpec> make_specs(const ServeOptions& o) {
+  const LengthRange in = parse_range(o.input_len, "--input-len"), out = parse_range(o.output_len, "--output-len");
+  std::vector<std::vector<int32_t>> prompts;
+  try {
+    prompts = make_workload({.kind = o.workload, .requests = o.requests, .input_min = in.min, .input_max = in.max,
+                             .system_len = o.system_len, .turns = o.turns, .token_id_max = o.token_id_max,
+                             .seed = static_cast<uint64_t>(o.seed)});
+  } catch (const std::invalid_argument& e) {
+    throw CLI::ValidationError("--workload", e.what());
   }
+  std::mt19937_64 rng(static_cast<uint64_t>(o.seed) + 1);
+  std::vector<CompletionRequestSpec> specs(prompts.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].model = o.model;
+    specs[i].stream = o.stream;
+    specs[i].max_tokens = std::uniform_int_distribution<int>(out.min, out.max)(rng);
+    specs[i].prompt_ids = std::move(prompts[i]);
+  }
+  return specs;
+}
+
+struct RunFigures {
+  json j;
+  double ttft_p50 = 0, ttft_p99 = 0, req_per_s = 0, hit_rate = 0;
+  double cpu_s_per_request = 0;   // the spawned router's CPU seconds per completed request (0: not known)
+  int failed = 0;
+};
+
+// Runs the specs against `url`, prints the summary, returns its figures. server_pid (> 0): a local
+// process serving it, whose CPU time is counted too.
+RunFigures run_specs(const ServeOptions& o, std::vector<CompletionRequestSpec> specs, const std::string& url,
+                     pid_t server_pid = 0) {
+  const int port = loopback_port(url);
+  const double cpu_before = server_pid > 0 ? cpu_seconds(server_pid).value_or(0) : 0;
+  for (auto& s : specs) s.port = port;
+  const double hit_before = router_counter(port, "k3_prefix_cache_hit_tokens_total");
+  const double lookup_before = router_counter(port, "k3_prefix_cache_lookup_tokens_total");
 
   const auto router_before = router_ttft_totals(port);
   std::vector<CompletionTiming> results(specs.size());
@@ -149,13 +179,19 @@ int run_serve(const ServeOptions& o) {
     if (r.output_tokens > 1) tpot.push_back((r.e2e_s - r.ttft_s) / (r.output_tokens - 1));
   }
   const int failed = static_cast<int>(results.size()) - ok;
+  const double cpu_used = server_pid > 0 ? cpu_seconds(server_pid).value_or(0) - cpu_before : 0;
+  const double lookups = router_counter(port, "k3_prefix_cache_lookup_tokens_total") - lookup_before;
+  const double hit_rate = lookups > 0 ? (router_counter(port, "k3_prefix_cache_hit_tokens_total") - hit_before) / lookups : 0;
   const auto s_ttft = summarize(ttft), s_itl = summarize(itl), s_tpot = summarize(tpot), s_e2e = summarize(e2e);
   const double router_count = router_after.second - router_before.second;
   const double router_ttft_mean = router_count > 0 ? (router_after.first - router_before.first) / router_count : 0;
 
-  std::printf("k3-bench serve: %s model %s, %d requests, concurrency %d, input %s, output %s, seed %d, %s\n", url.c_str(),
-              o.model.c_str(), o.requests, o.concurrency, o.input_len.c_str(), o.output_len.c_str(), o.seed,
-              o.stream ? "streaming" : "not streaming");
+  std::printf("k3-bench serve: %s model %s, workload %s, %d requests, concurrency %d, input %s, output %s, seed %d, %s\n",
+              url.c_str(), o.model.c_str(), o.workload.c_str(), o.requests, o.concurrency, o.input_len.c_str(),
+              o.output_len.c_str(), o.seed, o.stream ? "streaming" : "not streaming");
+  if (cpu_used > 0 && ok > 0)
+    std::printf("  server CPU %.2f s, %.3f s per request (load-independent cost)\n", cpu_used, cpu_used / ok);
+  if (lookups > 0) std::printf("  prefix cache hit rate %.3f (%.0f of %.0f prompt tokens)\n", hit_rate, hit_rate * lookups, lookups);
   std::printf("  completed %d, failed %d, wall %.2f s\n", ok, failed, wall);
   std::printf("  request throughput %.3f req/s, output %.1f tok/s, input %.1f tok/s\n", ok / wall, out_tokens / wall, in_tokens / wall);
   std::printf("  %-5s %8s %8s %8s %8s %8s  (ms)\n", "", "mean", "p50", "p90", "p99", "max");
@@ -171,8 +207,9 @@ int run_serve(const ServeOptions& o) {
   for (const auto& [why, n] : errors) std::printf("  ERROR x%d: %s\n", n, why.c_str());
   std::fflush(stdout);
 
-  if (!o.json_file.empty()) {
-    json j = {{"url", url}, {"model", o.model}, {"requests", o.requests}, {"concurrency", o.concurrency},
+  RunFigures fig;
+  {
+    json j = {{"url", url}, {"workload", o.workload}, {"prefix_hit_rate", hit_rate}, {"model", o.model}, {"requests", o.requests}, {"concurrency", o.concurrency},
               {"input_len", o.input_len}, {"output_len", o.output_len}, {"seed", o.seed}, {"stream", o.stream},
               {"completed", ok}, {"failed", failed}, {"wall_s", wall}, {"request_throughput", ok / wall},
               {"output_tokens", out_tokens}, {"input_tokens", in_tokens}, {"output_tok_s", out_tokens / wall},
@@ -187,11 +224,77 @@ int run_serve(const ServeOptions& o) {
       j["router_ttft_mean_ms"] = router_ttft_mean * 1e3;
       j["router_ttft_count"] = router_count;
     }
-    std::ofstream f(o.json_file);
-    f << j.dump(2) << "\n";
-    if (!f) throw std::runtime_error("cannot write --json " + o.json_file);
+    fig.j = j;
   }
-  return failed == 0 ? 0 : 1;
+  fig.ttft_p50 = s_ttft.p50;
+  fig.ttft_p99 = s_ttft.p99;
+  fig.req_per_s = ok / wall;
+  fig.hit_rate = hit_rate;
+  fig.failed = failed;
+  fig.cpu_s_per_request = cpu_used > 0 && ok > 0 ? cpu_used / ok : 0;
+  if (fig.cpu_s_per_request > 0) fig.j["server_cpu_s_per_request"] = fig.cpu_s_per_request;
+  return fig;
+}
+
+void write_json(const std::string& file, const json& j) {
+  if (file.empty()) return;
+  std::ofstream f(file);
+  f << j.dump(2) << "\n";
+  if (!f) throw std::runtime_error("cannot write --json " + file);
+}
+
+int run_serve(const ServeOptions& o) {
+  const std::vector<CompletionRequestSpec> specs = make_specs(o);
+  const std::string router_exe = o.router_exe.empty() ? default_router_exe() : o.router_exe;
+  std::vector<std::string> router_args = {"--served-model-name", o.model};
+  router_args.insert(router_args.end(), o.router_args.begin(), o.router_args.end());
+  if (o.compare_prefix_slots > 0) {
+    // The same prompts against a router without the prefix cache, then one with it.
+    if (o.spawn_router.empty()) throw CLI::ValidationError("--compare-prefix-cache", "needs --spawn-router MODEL_DIR");
+    RunFigures off, on;
+    {
+      auto r = SpawnedRouter::start(router_exe, o.spawn_router, router_args, o.startup_s);
+      std::printf("== prefix cache off\n");
+      off = run_specs(o, specs, r->url(), r->pid());
+    }
+    {
+      std::vector<std::string> args = router_args;
+      args.insert(args.end(), {"--prefix-cache-slots", std::to_string(o.compare_prefix_slots), "--prefix-block",
+                               std::to_string(o.prefix_block)});
+      auto r = SpawnedRouter::start(router_exe, o.spawn_router, args, o.startup_s);
+      std::printf("== prefix cache on (%d checkpoint slots, %d-token blocks)\n", o.compare_prefix_slots, o.prefix_block);
+      on = run_specs(o, specs, r->url(), r->pid());
+    }
+    const double ttft_ratio = off.ttft_p50 > 0 ? on.ttft_p50 / off.ttft_p50 : 0;
+    const double tput_ratio = off.req_per_s > 0 ? on.req_per_s / off.req_per_s : 0;
+    // Throughput from CPU cost: requests per CPU-second, on / off (what a saturated server would do).
+    const double cpu_tput_ratio = on.cpu_s_per_request > 0 ? off.cpu_s_per_request / on.cpu_s_per_request : 0;
+    std::printf("== %s: cache on / off: TTFT p50 %.3fx, TTFT p99 %.3fx, request throughput %.3fx (wall), %.3fx "
+                "(per server CPU-second), hit rate %.3f\n",
+                o.workload.c_str(), ttft_ratio, off.ttft_p99 > 0 ? on.ttft_p99 / off.ttft_p99 : 0, tput_ratio,
+                cpu_tput_ratio, on.hit_rate);
+    std::fflush(stdout);
+    write_json(o.json_file, {{"cache_off", off.j}, {"cache_on", on.j}, {"ttft_p50_ratio", ttft_ratio},
+                             {"throughput_ratio", tput_ratio}, {"cpu_throughput_ratio", cpu_tput_ratio},
+                             {"hit_rate", on.hit_rate}});
+    return off.failed + on.failed == 0 ? 0 : 1;
+  }
+  std::unique_ptr<SpawnedCluster> cluster;
+  std::unique_ptr<SpawnedRouter> router;
+  std::string url = o.url;
+  if (!o.spawn_spec.empty()) {
+    cluster = SpawnedCluster::start(o.cluster_exe.empty() ? default_cluster_exe() : o.cluster_exe, o.spawn_spec, o.startup_s,
+                                    "k3-bench serve");
+    url = cluster->url();
+    std::fprintf(stderr, "k3-bench serve: spawned cluster at %s\n", url.c_str());
+  } else if (!o.spawn_router.empty()) {
+    router = SpawnedRouter::start(router_exe, o.spawn_router, router_args, o.startup_s);
+    url = router->url();
+  }
+  if (url.empty()) throw CLI::ValidationError("--url", "give --url, --spawn-cluster or --spawn-router");
+  RunFigures fig = run_specs(o, specs, url);
+  write_json(o.json_file, fig.j);
+  return fig.failed == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -213,6 +316,20 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--timeout", o->timeout_s, "total seconds for the run; requests not done by then fail (default 600)")->check(CLI::Range(1, 86400));
   cmd->add_option("--startup-timeout", o->startup_s, "seconds to wait for a spawned cluster (default 300)")->check(CLI::Range(1, 3600));
   cmd->add_option("--json", o->json_file, "also write the summary as JSON here");
+  cmd->add_option("--workload", o->workload,
+                  "random (default): --input-len prompts; shared-prefix: a --system-len system prompt and multi-turn "
+                  "chats of --turns turns (each user turn --input-len); unique: the same lengths, nothing shared");
+  cmd->add_option("--system-len", o->system_len, "shared-prefix: system prompt tokens (default 2048)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--turns", o->turns, "shared-prefix / unique: turns per chat (default 4)")->check(CLI::PositiveNumber);
+  cmd->add_option("--spawn-router", o->spawn_router, "start k3-router (local engine) on this model dir for the run");
+  cmd->add_option("--router-exe", o->router_exe, "k3-router binary (default: next to k3-bench)");
+  cmd->add_option("--router-arg", o->router_args, "extra k3-router flag for --spawn-router (repeat; e.g. --router-arg=--threads=2)");
+  cmd->add_option("--compare-prefix-cache", o->compare_prefix_slots,
+                  "with --spawn-router: run the prompts on a router without the prefix cache, then with it (this many "
+                  "checkpoint slots), and print the on/off ratios")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--prefix-block", o->prefix_block, "--compare-prefix-cache: checkpoint alignment in tokens (default 256)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([o] {
     int rc;
     try {

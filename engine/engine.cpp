@@ -11,8 +11,11 @@ Result<std::unique_ptr<Engine>> Engine::create(Backend& backend, const ModelConf
   std::unique_ptr<Engine> e(new Engine());
   e->opts_ = opts;
   K3_ASSIGN_OR_RETURN(e->model_, Model::create(backend, cfg, weights));
+  K3_TRY(opts.prefix_cache.validate(opts.cache, opts.prefill_chunk));
   e->caches_ = std::make_unique<CachePools>(backend, cfg, 0, cfg.num_hidden_layers, opts.cache);
   e->decode_ = std::make_unique<DecodeStep>(*e->model_, *e->caches_, opts.decode_graphs);
+
+  if (opts.prefix_cache.enabled) e->prefix_ = std::make_unique<PrefixCache>(*e->caches_, cfg, opts.prefix_cache);
   return e;
 }
 
@@ -24,6 +27,11 @@ Result<Tensor> Engine::feed(std::span<SeqCache* const> seqs, std::span<const std
 }
 
 Result<Tensor> Engine::feed_on_backend(std::span<SeqCache* const> seqs, std::span<const std::vector<int32_t>> tokens) {
+  return run_step(seqs, tokens, {});
+}
+
+Result<Tensor> Engine::run_step(std::span<SeqCache* const> seqs, std::span<const std::vector<int32_t>> tokens,
+                                std::span<const std::vector<KdaCheckpoint>> checkpoints) {
   if (seqs.size() != tokens.size() || seqs.empty()) return invalid_argument("feed: one token list per sequence required");
   std::vector<BatchItem> batch;
   std::vector<int32_t> all, last_rows;
@@ -34,6 +42,7 @@ Result<Tensor> Engine::feed_on_backend(std::span<SeqCache* const> seqs, std::spa
       return Status(Code::OutOfRange, "sequence would exceed max_position_embeddings (" + std::to_string(limit) + ")");
     K3_TRY(caches_->reserve(*seqs[i], static_cast<int64_t>(tokens[i].size())));
     batch.push_back({.seq = seqs[i], .num_new = static_cast<int64_t>(tokens[i].size())});
+    if (i < checkpoints.size()) batch.back().checkpoints = checkpoints[i];
     all.insert(all.end(), tokens[i].begin(), tokens[i].end());
     last_rows.push_back(static_cast<int32_t>(all.size()) - 1);
   }
@@ -87,8 +96,12 @@ Result<std::vector<GenerateResult>> Engine::generate(std::span<const GenerateReq
     bool done = false;
   };
   std::vector<Live> live(requests.size());
+  std::vector<PrefixLease> leases(requests.size());
   auto close_all = [&] {
-    for (Live& l : live) caches_->close(l.seq);
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (prefix_) prefix_->release(leases[i]);
+      caches_->close(live[i].seq);
+    }
   };
   const int64_t vocab = model_->config().vocab_size;
   Backend& be = model_->backend();
@@ -130,12 +143,23 @@ Result<std::vector<GenerateResult>> Engine::generate(std::span<const GenerateReq
     const GenerateRequest& rq = requests[i];
     if (rq.prompt.empty()) { close_all(); return invalid_argument("request " + std::to_string(i) + ": empty prompt"); }
     if (rq.max_tokens < 1) { close_all(); return invalid_argument("request " + std::to_string(i) + ": max_tokens must be >= 1"); }
-    auto seq = caches_->open();
-    if (!seq.is_ok()) { close_all(); return seq.status(); }
-    live[i].seq = std::move(seq).value();
-    live[i].result.prompt_tokens = static_cast<int64_t>(rq.prompt.size());
     auto t0 = Clock::now();
-    auto logits = next_logits(prefill_on_backend(live[i].seq, rq.prompt));
+    Result<Tensor> logits = Status(Code::Internal, "not prefilled");
+    if (prefix_) {
+      // A hit restores the cached prefix; the rest is prefilled taking the planned checkpoints.
+      auto lease = prefix_->acquire(rq.prompt, live[i].seq);
+      if (!lease.is_ok()) { close_all(); return lease.status(); }
+      leases[i] = std::move(lease).value();
+      live[i].result.cached_tokens = leases[i].cached_tokens;
+      logits = next_logits(prefill_planned_on_backend(live[i].seq, rq.prompt, leases[i].plan));
+      if (logits.is_ok()) prefix_->commit(leases[i], rq.prompt, live[i].seq);
+    } else {
+      auto seq = caches_->open();
+      if (!seq.is_ok()) { close_all(); return seq.status(); }
+      live[i].seq = std::move(seq).value();
+      logits = next_logits(prefill_on_backend(live[i].seq, rq.prompt));
+    }
+    live[i].result.prompt_tokens = static_cast<int64_t>(rq.prompt.size());
     if (!logits.is_ok()) { close_all(); return logits.status(); }
     emit(*logits, {i});
     live[i].result.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -9,6 +9,7 @@
 
 #include "engine/decode_step.h"
 #include "engine/model.h"
+#include "engine/prefix_cache.h"
 
 namespace k3 {
 
@@ -18,6 +19,8 @@ struct EngineOptions {
   int top_logits = 5;      // per-step top (id, logit) pairs recorded in results (0 = none: decode
                            // steps then sample on the backend and bring back only token ids)
   DecodeGraphOptions decode_graphs;  // decode steps as recorded graphs where the backend can (CUDA)
+
+  PrefixCacheOptions prefix_cache;   // off by default; needs cache.checkpoint_slots
 };
 
 struct GenerateRequest {
@@ -32,6 +35,7 @@ struct GenerateResult {
   std::string finish_reason;                                    // "stop" | "length"
   std::vector<std::vector<std::pair<int32_t, float>>> top;      // per generated token: top logits
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;                                    // prompt tokens the prefix cache restored
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
@@ -51,6 +55,15 @@ class Engine {
   // Prefill in chunks of opts.prefill_chunk (all tokens at once when 0); returns the last logits [1, vocab].
   Result<Tensor> prefill(SeqCache& seq, std::span<const int32_t> tokens);
   Result<Tensor> prefill_on_backend(SeqCache& seq, std::span<const int32_t> tokens);
+  // Prefills prompt[seq.num_tokens, end) (a prefix-cache hit restored the rest) taking the planned KDA
+  // checkpoints inside the pass; feeds are cut at absolute multiples of prefill_chunk, so the result is
+  // bitwise the full prefill's. Backends without in-kernel checkpoints get the feed cut at each
+  // checkpoint and a slot copy after it (the same state, one more feed).
+  // stop_at (> seq.num_tokens): prefill only up to there (a scheduler's one chunk); -1: the whole rest.
+  Result<Tensor> prefill_planned_on_backend(SeqCache& seq, std::span<const int32_t> prompt,
+                                            std::span<const KdaCheckpoint> plan, int64_t stop_at = -1);
+  // The prefix cache (null when off).
+  PrefixCache* prefix_cache() { return prefix_.get(); }
 
   // Runs several requests to completion with continuous decode batching.
   Result<std::vector<GenerateResult>> generate(std::span<const GenerateRequest> requests);
@@ -64,9 +77,13 @@ class Engine {
 
  private:
   Engine() = default;
+  Result<Tensor> run_step(std::span<SeqCache* const> seqs, std::span<const std::vector<int32_t>> tokens,
+                          std::span<const std::vector<KdaCheckpoint>> checkpoints);
   std::unique_ptr<Model> model_;
   std::unique_ptr<CachePools> caches_;
   std::unique_ptr<DecodeStep> decode_;
+
+  std::unique_ptr<PrefixCache> prefix_;   // after caches_: destroyed first, it gives its pages back
   EngineOptions opts_;
 };
 

@@ -28,14 +28,16 @@ Result<CacheLayout> cache_layout(const ModelConfig& cfg, const Backend& backend)
 }
 
 CachePools::CachePools(Backend& backend, const ModelConfig& cfg, int layer_begin, int layer_end, const CacheOptions& opts)
-    : backend_(backend), cfg_(cfg), layout_(cache_layout(cfg, backend).value()), opts_(opts), slots_(opts.max_seqs),
-      pages_(opts.num_pages) {
+    : backend_(backend), cfg_(cfg), layout_(cache_layout(cfg, backend).value()), opts_(opts),
+      slots_(opts.max_seqs + opts.checkpoint_slots), pages_(opts.num_pages), page_refs_(opts.num_pages, 0) {
+  K3_CHECK(opts.checkpoint_slots >= 0, "CacheOptions.checkpoint_slots must be >= 0");
+  const int total_slots = opts.max_seqs + opts.checkpoint_slots;
   const CacheLayout& c = layout_;
   const int64_t rows = c.kda_conv_rows, p = c.kda_proj_dim(), h = c.kda_heads, d = c.kda_head_dim;
   for (int l = layer_begin; l < layer_end; ++l) {
     if (c.layers.at(l) == LayerCache::Kda) {
-      kda_conv_[l] = backend.alloc({opts.max_seqs, rows, 3 * p}, c.dtypes.conv);
-      kda_state_[l] = backend.alloc({opts.max_seqs, h, d, d}, c.dtypes.state);
+      kda_conv_[l] = backend.alloc({total_slots, rows, 3 * p}, c.dtypes.conv);
+      kda_state_[l] = backend.alloc({total_slots, h, d, d}, c.dtypes.state);
     } else {
       mla_kv_[l] = backend.alloc({opts.num_pages, opts.page_size, c.mla_row_width}, c.dtypes.kv);
     }
@@ -81,14 +83,53 @@ Status CachePools::reserve(SeqCache& seq, int64_t extra) {
   if (more > pages_.free_count())
     return Status(Code::ResourceExhausted, "out of MLA pages: need " + std::to_string(more) + ", free " +
                                                std::to_string(pages_.free_count()));
-  for (int64_t i = 0; i < more; ++i) seq.pages.push_back(*pages_.alloc());
+  for (int64_t i = 0; i < more; ++i) {
+    const int page = *pages_.alloc();
+    page_refs_[page] = 1;
+    seq.pages.push_back(page);
+  }
   return Status::ok();
 }
 
 void CachePools::close(SeqCache& seq) {
   if (seq.slot >= 0) slots_.free(seq.slot);
-  for (int32_t page : seq.pages) pages_.free(page);
+  for (int32_t page : seq.pages) release_page(page);
   seq = SeqCache{};
+}
+
+void CachePools::copy_slot(int src, int dst) {
+  K3_CHECK(src >= 0 && dst >= 0 && src < slots_.capacity() && dst < slots_.capacity() && src != dst,
+           "copy_slot " + std::to_string(src) + " -> " + std::to_string(dst) + ": bad slot ids");
+  for (auto* pools : {&kda_conv_, &kda_state_})
+    for (auto& [layer, t] : *pools) {
+      Tensor d = t.slice_rows(dst, dst + 1);
+      backend_.copy(t.slice_rows(src, src + 1), d);
+    }
+}
+
+void CachePools::retain_page(int32_t page) {
+  K3_CHECK(page >= 0 && page < opts_.num_pages && page_refs_[page] > 0,
+           "retain_page " + std::to_string(page) + ": page is not allocated");
+  ++page_refs_[page];
+}
+
+void CachePools::release_page(int32_t page) {
+  K3_CHECK(page >= 0 && page < opts_.num_pages && page_refs_[page] > 0,
+           "release_page " + std::to_string(page) + ": page has no owner");
+  if (--page_refs_[page] == 0) pages_.free(page);
+}
+
+uint64_t CachePools::slot_bytes() const {
+  uint64_t b = 0;
+  for (auto* pools : {&kda_conv_, &kda_state_})
+    for (const auto& [layer, t] : *pools) b += t.nbytes() / static_cast<uint64_t>(t.dim(0));
+  return b;
+}
+
+uint64_t CachePools::page_bytes() const {
+  uint64_t b = 0;
+  for (const auto& [layer, t] : mla_kv_) b += t.nbytes() / static_cast<uint64_t>(t.dim(0));
+  return b;
 }
 
 }  // namespace k3

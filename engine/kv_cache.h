@@ -22,6 +22,7 @@ struct CacheOptions {
   int max_seqs = 8;         // KDA state slots
   int page_size = 16;       // tokens per MLA page
   int num_pages = 256;      // per MLA layer
+  int checkpoint_slots = 0; // extra KDA slots the prefix cache keeps its checkpoints in (same pools)
 };
 
 // Hands out small integer ids (slots, pages) from a fixed range; double free is a bug (checked).
@@ -62,11 +63,24 @@ class CachePools {
   Result<SeqCache> open();
   // Makes room for `extra` more tokens (allocates pages). Fails without side effects when out of pages.
   Status reserve(SeqCache& seq, int64_t extra);
-  // Returns the slot and pages; idempotent (the SeqCache is emptied).
+  // Returns the slot and pages; idempotent (the SeqCache is emptied). A page shared with the prefix
+  // cache only loses this request's reference.
   void close(SeqCache& seq);
+
+  // For the prefix cache: slots it owns (checkpoints), page references, and state copies.
+  std::optional<int> alloc_slot() { return slots_.alloc(); }   // contents undefined
+  void free_slot(int slot) { slots_.free(slot); }
+  // Copies the state and conv window of every KDA layer of slot `src` into slot `dst`.
+  void copy_slot(int src, int dst);
+  void retain_page(int32_t page);    // one more owner of an allocated page
+  void release_page(int32_t page);   // freed when its last owner lets go
+  int page_refs(int32_t page) const { return page_refs_.at(page); }
+  uint64_t slot_bytes() const;       // KDA state + conv of every KDA layer of this range, one slot
+  uint64_t page_bytes() const;       // one page of every MLA layer of this range
 
   int free_pages() const { return pages_.free_count(); }
   int free_slots() const { return slots_.free_count(); }
+  int total_slots() const { return slots_.capacity(); }
   bool has_kda() const { return !kda_conv_.empty(); }
   bool has_mla() const { return !mla_kv_.empty(); }
 
@@ -77,6 +91,7 @@ class CachePools {
   CacheOptions opts_;
   IdAllocator slots_;
   IdAllocator pages_;
+  std::vector<uint16_t> page_refs_;   // owners of each page (requests and the prefix cache)
   std::map<int, Tensor> kda_conv_, kda_state_, mla_kv_;
 };
 

@@ -1,5 +1,6 @@
 #include "engine/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <string>
@@ -148,6 +149,7 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
     auto cu_host = cu_seqlens(batch);
     Tensor cu = index_ ? index_->cu_seqlens : backend_.from_host(Tensor::from_i32({n + 1}, cu_host), DType::I32);
     Tensor conv = alloc({R, 3 * P});
+    kda_conv_checkpoints(l, batch, qkv, caches);   // before short_conv overwrites the conv caches
     backend_.short_conv({.x = qkv, .w = lw.conv_w, .cache = caches.kda_conv(l), .slots = slots, .cu_seqlens = cu, .y = conv});
     Tensor q = alloc({R, P}), k = alloc({R, P}), v = alloc({R, P});
     backend_.copy_cols({.src = conv, .dst = q, .src_col = 0, .ncols = P});
@@ -161,9 +163,28 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
                        .g_min = cfg_.kda.gate_lower_bound});
     Tensor beta = alloc({R, H}, DType::F32);
     backend_.sigmoid(blog, beta);
+    // Checkpoints as the op's table: column j of row i is the slot that receives sequence i's state after
+    // (j+1)·kKdaChunkTokens of this step's tokens (-1 = none); the state pool itself holds the slots.
+    int64_t width = 0;
+    for (int i = 0; i < n; ++i)
+      for (const KdaCheckpoint& c : batch[i].checkpoints)
+        width = std::max<int64_t>(width, (c.pos - batch[i].seq->num_tokens) / kKdaChunkTokens);
+    Tensor ckpt_table;
+    if (width > 0) {
+      std::vector<int32_t> table(static_cast<size_t>(n * width), -1);
+      for (int i = 0; i < n; ++i)
+        for (const KdaCheckpoint& c : batch[i].checkpoints) {
+          const int64_t o = c.pos - batch[i].seq->num_tokens;
+          K3_CHECK(o > 0 && o % kKdaChunkTokens == 0, "KDA checkpoint at " + std::to_string(c.pos) + " is not a chunk end of this step");
+          table[static_cast<size_t>(i * width + o / kKdaChunkTokens - 1)] = c.slot;
+        }
+      ckpt_table = backend_.from_host(Tensor::from_i32({n, width}, table), DType::I32);
+    }
     backend_.kda_chunk({.q = q.reshape({R, H, D}), .k = k.reshape({R, H, D}), .v = v.reshape({R, H, D}), .g = g,
                         .beta = beta, .state = caches.kda_state(l), .slots = slots, .cu_seqlens = cu, .o = o,
-                        .chunk_size = 64});
+                        .chunk_size = kKdaChunkTokens,
+                        .checkpoints = width > 0 ? caches.kda_state(l) : Tensor(), .checkpoint_slots = ckpt_table,
+                        .checkpoint_interval = width > 0 ? kKdaChunkTokens : 0});
   }
   // Gated RMSNorm per head (shared o_norm weight), then the output projection.
   Tensor on = rmsnorm(o.reshape({R * H, D}), lw.o_norm, cfg_.rms_norm_eps).reshape({R, P});
@@ -171,6 +192,35 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   Tensor gated = alloc({R, P});
   backend_.sigmoid_mul({.x = on, .gate = z, .y = gated});
   backend_.gemm({.x = gated, .w = lw.w_o, .y = out});
+}
+
+// The conv window of a checkpoint at new-row offset o of a sequence is the W-1 pre-conv rows before it:
+// the tail of the old conv cache followed by the first o new rows when o < W-1, else new rows only.
+void Model::kda_conv_checkpoints(int l, std::span<const BatchItem> batch, const Tensor& qkv, CachePools& caches) {
+  Tensor& pool = caches.kda_conv(l);   // [slots, W-1, 3P]
+  const int64_t rows = pool.dim(1), width = pool.dim(2);
+  int64_t start = 0;
+  for (const BatchItem& it : batch) {
+    if (!it.checkpoints.empty())
+      K3_CHECK(!all_single_token_decode(batch), "KDA checkpoints requested in a decode step");
+    Tensor own = pool.slice_rows(it.seq->slot, it.seq->slot + 1).reshape({rows, width});
+    for (const KdaCheckpoint& c : it.checkpoints) {
+      const int64_t o = c.pos - it.seq->num_tokens;
+      K3_CHECK(o > 0 && o <= it.num_new && c.slot >= 0 && c.slot != it.seq->slot,
+               "KDA checkpoint at " + std::to_string(c.pos) + " is outside this step's new tokens or has a bad slot");
+      Tensor dst = pool.slice_rows(c.slot, c.slot + 1).reshape({rows, width});
+      const int64_t from_cache = std::max<int64_t>(0, rows - o);
+      if (from_cache > 0) {
+        Tensor d0 = dst.slice_rows(0, from_cache);
+        backend_.copy(own.slice_rows(rows - from_cache, rows), d0);
+      }
+      if (rows - from_cache > 0) {
+        Tensor d1 = dst.slice_rows(from_cache, rows);
+        backend_.copy(qkv.slice_rows(start + o - (rows - from_cache), start + o), d1);
+      }
+    }
+    start += it.num_new;
+  }
 }
 
 void Model::mla_layer(int l, std::span<const BatchItem> batch, const Tensor& x, Tensor& out, CachePools& caches) {

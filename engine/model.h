@@ -24,10 +24,21 @@ struct Activations {
   int64_t rows() const { return partial.empty() ? 0 : partial.dim(0); }
 };
 
+// Tokens per chunk of the chunked KDA form; KDA checkpoints can only be taken at chunk ends.
+inline constexpr int kKdaChunkTokens = 64;
+
+// A KDA snapshot to take during a forward: the state and conv window of every KDA layer, as they stand
+// after `pos` tokens of the sequence, copied into KDA slot `slot` (a slot no running request uses).
+struct KdaCheckpoint {
+  int64_t pos = 0;    // absolute position; (pos - tokens already cached) a multiple of kKdaChunkTokens
+  int32_t slot = -1;
+};
+
 // One request's slice of a forward batch.
 struct BatchItem {
   SeqCache* seq = nullptr;          // caches of this request (num_tokens = tokens already cached)
   int64_t num_new = 0;              // new tokens this step (rows in the activations)
+  std::vector<KdaCheckpoint> checkpoints;   // optional, inside (num_tokens, num_tokens + num_new]
 };
 
 // The index arrays of a decode step (every item brings one new token after a cached prefix), on the
@@ -64,6 +75,8 @@ class Model {
   // Runs this model's layers over the batch; caches of every item are read and updated, and
   // seq->num_tokens is NOT advanced (the caller does it once every stage has run).
   // The caches must have room (CachePools::reserve) for num_tokens + num_new tokens.
+  // Checkpoints of the items are emitted inside this same pass (no second pass); they need a backend
+  // with supports("kda_chunk_checkpoints") (Engine splits the feed otherwise).
   void forward(std::span<const BatchItem> batch, Activations& act, CachePools& caches);
   // Last stage only: logits of the given rows (e.g. each item's last row) -> [rows.size(), vocab] F32 host.
   Tensor logits(const Activations& act, std::span<const int32_t> rows);
@@ -87,6 +100,7 @@ class Model {
  private:
   Model(Backend& backend, const ModelConfig& cfg, int begin, int end);
   void kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, Tensor& out, CachePools& caches);
+  void kda_conv_checkpoints(int l, std::span<const BatchItem> batch, const Tensor& qkv, CachePools& caches);
   void mla_layer(int l, std::span<const BatchItem> batch, const Tensor& x, Tensor& out, CachePools& caches);
   void ffn_layer(int l, const Tensor& x, Tensor& out);
   Tensor attn_res_mix(const Tensor& query, const Activations& act);

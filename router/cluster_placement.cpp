@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "engine/prefix_hash.h"
+
 namespace k3::router {
 
 Result<ClusterPair> parse_cluster_pair(const std::string& text) {
@@ -72,6 +74,32 @@ int least_loaded(const std::vector<int>& ready, const std::vector<PairLoad>& loa
 
 }  // namespace
 
+int deepest_cached_pair(const std::vector<int>& ready, const std::vector<PairLoad>& load,
+                        const std::vector<int32_t>& prompt) {
+  int best = -1;
+  size_t best_depth = 0;
+  std::map<int, std::vector<uint64_t>> hashes;   // by block size: pairs may use different ones
+  for (int i : ready) {
+    const PairLoad& l = load[i];
+    if (!l.cached_blocks || l.cached_block_tokens <= 0) continue;
+    auto& h = hashes[l.cached_block_tokens];
+    // Only a prefix strictly shorter than the prompt can be resumed (the last token is computed).
+    if (h.empty()) h = prefix_block_hashes(std::span(prompt).first(prompt.empty() ? 0 : prompt.size() - 1), l.cached_block_tokens);
+    size_t depth = 0;
+    for (size_t b = h.size(); b > 0; --b)
+      if (l.cached_blocks->count(h[b - 1])) {
+        depth = b * static_cast<size_t>(l.cached_block_tokens);
+        break;
+      }
+    auto score = [&](int j) { return load[j].in_flight + load[j].reported_running; };
+    if (depth > best_depth || (depth == best_depth && depth > 0 && best >= 0 && score(i) < score(best))) {
+      best = i;
+      best_depth = depth;
+    }
+  }
+  return best;
+}
+
 int PlacementPolicy::pick(const std::vector<int>& ready, const std::vector<PairLoad>& load,
                           const std::vector<int32_t>& prompt) {
   if (ready.empty()) return -1;
@@ -81,6 +109,8 @@ int PlacementPolicy::pick(const std::vector<int>& ready, const std::vector<PairL
     case Placement::PrefixAffinity: {
       // Sticky: a prefix goes where it went before while that pair is ready (its prefill caches are
       // warm there); a new prefix goes to the least-loaded pair and stays.
+      // KV-aware first: the pair whose reported cache resumes this prompt deepest.
+      if (const int cached = deepest_cached_pair(ready, load, prompt); cached >= 0) return cached;
       const uint64_t h = prefix_hash(prompt, affinity_tokens_);
       auto it = sticky_.find(h);
       if (it != sticky_.end() && std::find(ready.begin(), ready.end(), it->second) != ready.end()) return it->second;

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,15 @@ std::vector<std::string> pair_control_names(const ClusterPair& p);  // decode fi
 struct PairLoad {
   int64_t in_flight = 0;        // requests this router has on the pair's decode
   int64_t reported_running = 0; // decode's last HEARTBEAT num_running (0 when none came)
+  // The pair's prefill prefix cache, as reported (null: nothing reported): prefix_block_hashes of the
+  // prefixes it can resume from, in blocks of cached_block_tokens.
+  const std::set<uint64_t>* cached_blocks = nullptr;
+  int cached_block_tokens = 0;
 };
+// Prefix-affinity with reports: the ready pair whose cache resumes the prompt deepest (ties: least
+// loaded); -1 when no pair's report covers even the prompt's first block.
+int deepest_cached_pair(const std::vector<int>& ready, const std::vector<PairLoad>& load,
+                        const std::vector<int32_t>& prompt);
 class PlacementPolicy {
  public:
   PlacementPolicy(Placement p, int affinity_tokens) : p_(p), affinity_tokens_(affinity_tokens) {}

@@ -14,7 +14,8 @@ struct LocalEngineService::Running {
   GenerationParams params;
   EventSink sink;
   SeqCache seq;
-  size_t prefilled = 0;              // prompt tokens already fed
+  PrefixLease lease;                 // prefix cache hold (inactive when the cache is off)
+  size_t prefilled = 0;              // prompt tokens already fed (or restored from the prefix cache)
   std::vector<int32_t> generated;
   std::unique_ptr<TextStream> text;
   bool done = false;
@@ -49,7 +50,12 @@ Result<std::unique_ptr<LocalEngineService>> LocalEngineService::create(const Mod
   eo.cache.page_size = opts.page_size;
   // Enough pages for every slot at full context, so a reserve inside a step never fails mid-batch.
   const int64_t per_seq = (cfg.max_position_embeddings + opts.page_size - 1) / opts.page_size + 1;
-  eo.cache.num_pages = static_cast<int>(per_seq * opts.max_running);
+  eo.cache.num_pages = opts.cache_pages > 0 ? opts.cache_pages : static_cast<int>(per_seq * opts.max_running);
+  if (opts.prefix_checkpoint_slots > 0) {
+    eo.cache.checkpoint_slots = opts.prefix_checkpoint_slots;
+    eo.prefix_cache = {.enabled = true, .block_tokens = opts.prefix_block_tokens,
+                       .checkpoint_every = opts.prefix_checkpoint_every, .budget_bytes = opts.prefix_budget_bytes};
+  }
   K3_ASSIGN_OR_RETURN(s->engine_, Engine::create(*s->backend_, s->cfg_, s->weights_, eo));
   s->free_slots_ = s->engine_->caches().free_slots();
   s->free_pages_ = s->engine_->caches().free_pages();
@@ -96,7 +102,10 @@ void LocalEngineService::cancel(RequestHandle handle) {
 ServiceStats LocalEngineService::stats() const {
   std::lock_guard lk(mu_);
   return {.waiting = static_cast<int64_t>(waiting_.size()), .running = running_count_.load(),
-          .free_slots = free_slots_.load(), .free_pages = free_pages_.load()};
+          .free_slots = free_slots_.load(), .free_pages = free_pages_.load(),
+          .prefix_lookup_tokens = prefix_lookup_.load(), .prefix_hit_tokens = prefix_hit_.load(),
+          .prefix_checkpoints_stored = prefix_stored_.load(), .prefix_checkpoints_evicted = prefix_evicted_.load(),
+          .prefix_cache_bytes = prefix_bytes_.load()};
 }
 
 void LocalEngineService::shutdown() {
@@ -165,10 +174,29 @@ void LocalEngineService::emit_token(Running& r, const float* row) {
                .completion_tokens = static_cast<int64_t>(r.generated.size())});
 }
 
+// New pages a request needs to hold `tokens` tokens.
+int64_t LocalEngineService::pages_for(const Running& r, int64_t tokens) const {
+  const int64_t need = (tokens + opts_.page_size - 1) / opts_.page_size;
+  return std::max<int64_t>(0, need - static_cast<int64_t>(r.seq.pages.size()));
+}
+
+void LocalEngineService::close_request(Running& r) {
+  if (PrefixCache* pc = engine_->prefix_cache()) pc->release(r.lease);
+  engine_->close(r.seq);
+}
+
 void LocalEngineService::publish_stats(const std::vector<std::unique_ptr<Running>>& running) {
   running_count_ = static_cast<int64_t>(running.size());
-  free_slots_ = engine_->caches().free_slots();
+  // Checkpoint slots share the allocator: report only what requests can still take.
+  free_slots_ = std::min<int64_t>(engine_->caches().free_slots(), opts_.max_running - static_cast<int64_t>(running.size()));
   free_pages_ = engine_->caches().free_pages();
+  if (const PrefixCache* pc = engine_->prefix_cache()) {
+    prefix_lookup_ = pc->stats().lookup_tokens;
+    prefix_hit_ = pc->stats().hit_tokens;
+    prefix_stored_ = pc->stats().checkpoints_stored;
+    prefix_evicted_ = pc->stats().checkpoints_evicted;
+    prefix_bytes_ = pc->tree().bytes();
+  }
 }
 
 void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
@@ -177,7 +205,7 @@ void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
     std::lock_guard lk(mu_);
     for (auto& r : running)
       if (cancelled_.count(r->id)) {
-        engine_->close(r->seq);
+        close_request(*r);
         live_.erase(r->id);
         cancelled_.erase(r->id);
         r.reset();
@@ -185,13 +213,21 @@ void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
     std::erase(running, nullptr);
     while (!waiting_.empty() && static_cast<int>(running.size()) < opts_.max_running &&
            engine_->caches().free_slots() > 0) {
-      auto seq = engine_->open();
-      if (!seq.is_ok()) break;
       auto r = std::make_unique<Running>();
+      if (PrefixCache* pc = engine_->prefix_cache()) {
+        // A hit restores the cached prefix into the request's own slot (copy-on-write) and pages.
+        auto lease = pc->acquire(waiting_.front().params.prompt, r->seq);
+        if (!lease.is_ok()) break;
+        r->lease = std::move(lease).value();
+        r->prefilled = static_cast<size_t>(r->lease.cached_tokens);
+      } else {
+        auto seq = engine_->open();
+        if (!seq.is_ok()) break;
+        r->seq = std::move(seq).value();
+      }
       r->id = waiting_.front().id;
       r->params = std::move(waiting_.front().params);
       r->sink = std::move(waiting_.front().sink);
-      r->seq = std::move(seq).value();
       waiting_.pop_front();
       std::shared_ptr<const Tokenizer> tok = tokenizer_;
       const std::vector<int32_t> stop_ids = r->params.stop_ids;
@@ -213,9 +249,20 @@ void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
       if (r->done || r->prefilled >= prompt.size()) continue;
       const size_t chunk = opts_.prefill_chunk > 0 ? static_cast<size_t>(opts_.prefill_chunk) : prompt.size();
       const size_t end = std::min(prompt.size(), r->prefilled + chunk);
-      std::vector<int32_t> piece(prompt.begin() + r->prefilled, prompt.begin() + end);
-      SeqCache* s = &r->seq;
-      auto logits = engine_->feed(std::span<SeqCache* const>(&s, 1), std::span<const std::vector<int32_t>>(&piece, 1));
+      Result<Tensor> logits = Status(Code::Internal, "not fed");
+      if (PrefixCache* pc = engine_->prefix_cache()) {
+        if (!pc->make_room(0, static_cast<int>(pages_for(*r, end)))) {
+          fail(*r, Status(Code::ResourceExhausted, "out of KV pages"));
+          continue;
+        }
+        logits = engine_->prefill_planned_on_backend(r->seq, prompt, r->lease.plan, static_cast<int64_t>(end));
+        if (logits.is_ok()) logits = backend_->to_host(*logits);
+        if (logits.is_ok() && end == prompt.size()) pc->commit(r->lease, prompt, r->seq);
+      } else {
+        std::vector<int32_t> piece(prompt.begin() + r->prefilled, prompt.begin() + end);
+        SeqCache* s = &r->seq;
+        logits = engine_->feed(std::span<SeqCache* const>(&s, 1), std::span<const std::vector<int32_t>>(&piece, 1));
+      }
       if (!logits.is_ok()) { fail(*r, logits.status()); continue; }
       r->prefilled = end;
       if (end == prompt.size()) emit_token(*r, logits->f32());
@@ -232,6 +279,11 @@ void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
         which.push_back(r.get());
       }
     if (!seqs.empty()) {
+      if (PrefixCache* pc = engine_->prefix_cache()) {
+        int64_t need = 0;
+        for (Running* r : which) need += pages_for(*r, r->seq.num_tokens + 1);
+        pc->make_room(0, static_cast<int>(need));   // a shortfall fails in feed, naming it
+      }
       auto logits = engine_->feed(seqs, toks);
       if (!logits.is_ok()) {
         for (Running* r : which) fail(*r, logits.status());
@@ -245,7 +297,7 @@ void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
   }
   for (auto& r : running)
     if (r->done) {
-      engine_->close(r->seq);
+      close_request(*r);
       r.reset();
     }
   std::erase(running, nullptr);
@@ -267,7 +319,7 @@ void LocalEngineService::worker_loop() {
   const Status bye(Code::Unavailable, "the server is shutting down");
   for (auto& r : running) {
     finish(*r, {.kind = GenerationEvent::Kind::Failed, .error = bye});
-    engine_->close(r->seq);
+    close_request(*r);
   }
   running.clear();
   std::deque<Waiting> waiting;

@@ -30,6 +30,12 @@ struct LocalEngineOptions {
   std::string backend = "cpu";  // "cpu" | "cuda" (kernels/backend_select.h)
   int device = 0;               // CUDA device ordinal
   int page_size = 16;
+  // Prefix cache: on when checkpoint_slots > 0 (KDA slots for checkpoints beside max_running).
+  int prefix_checkpoint_slots = 0;
+  int prefix_block_tokens = 256;     // checkpoint alignment (a multiple of 64 and page_size)
+  int prefix_checkpoint_every = 1;   // blocks between checkpoints of a new prompt
+  int cache_pages = 0;               // MLA pages (0: enough for max_running full contexts)
+  uint64_t prefix_budget_bytes = 0;  // 0: bounded by the pools
 };
 
 class LocalEngineService final : public GenerationService {
@@ -66,6 +72,8 @@ class LocalEngineService final : public GenerationService {
   void finish(Running& r, GenerationEvent&& ev);
   void emit_token(Running& r, const float* logits_row);
   void publish_stats(const std::vector<std::unique_ptr<Running>>& running);
+  void close_request(Running& r);   // prefix-cache lease and engine caches
+  int64_t pages_for(const Running& r, int64_t tokens) const;
 
   ModelConfig cfg_;
   LocalEngineOptions opts_;
@@ -83,6 +91,7 @@ class LocalEngineService final : public GenerationService {
   // The worker holds this while it calls sinks, so cancel() can wait out an in-progress callback.
   std::mutex sink_mu_;
   std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> prefix_lookup_{0}, prefix_hit_{0}, prefix_stored_{0}, prefix_evicted_{0}, prefix_bytes_{0};
   std::atomic<int64_t> running_count_{0}, free_slots_{0}, free_pages_{0};
   std::thread worker_;
 };

@@ -78,6 +78,18 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--device", device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
   app.add_option("--prefill-chunk", prefill_chunk, "prompt tokens per prefill forward (0 = whole prompt)")->check(CLI::NonNegativeNumber);
+  int prefix_slots = 0, prefix_block = 256, prefix_every = 1;
+  double prefix_budget_mb = 0;
+  app.add_option("--prefix-cache-slots", prefix_slots,
+                 "local engine: KDA checkpoint slots of the prefix cache (0 = cache off, the default)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--prefix-block", prefix_block,
+                 "prefix cache: checkpoint alignment in tokens, a multiple of 64 and of the page size (default 256)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--prefix-checkpoint-every", prefix_every, "prefix cache: blocks between checkpoints (default 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--prefix-budget-mb", prefix_budget_mb, "prefix cache: memory budget in MiB (0 = the pools bound it)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-body-bytes", max_body, "largest accepted request body (413 beyond)")->check(CLI::Range(size_t{1}, size_t{1} << 30));
   app.add_option("--log-level", log_level, "spdlog level: trace, debug, info (default: a line per request), warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
@@ -144,7 +156,11 @@ int main(int argc, char** argv) {
     if (cluster_endpoint.empty()) {
       auto local = LocalEngineService::open(model_dir, {.max_running = max_running, .max_queue = max_queue,
                                                         .prefill_chunk = prefill_chunk, .threads = threads,
-                                                        .backend = backend, .device = device});
+                                                        .backend = backend, .device = device,
+                                                        .prefix_checkpoint_slots = prefix_slots,
+                                                        .prefix_block_tokens = prefix_block,
+                                                        .prefix_checkpoint_every = prefix_every,
+                                                        .prefix_budget_bytes = static_cast<uint64_t>(prefix_budget_mb * (1 << 20))});
       if (!local.is_ok()) return fail(local.status().to_string());
       tokenizer = (*local)->tokenizer();
       cfg = (*local)->config();

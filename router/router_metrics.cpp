@@ -100,6 +100,16 @@ std::string RouterMetrics::prometheus_text(const ServiceStats& s, bool ready) co
   out += "k3_engine_free_slots " + std::to_string(s.free_slots) + "\n";
   family("k3_engine_free_kv_pages", "gauge", "KV cache pages free in the engine");
   out += "k3_engine_free_kv_pages " + std::to_string(s.free_pages) + "\n";
+  family("k3_prefix_cache_lookup_tokens_total", "counter", "prompt tokens looked up in the prefix cache");
+  out += "k3_prefix_cache_lookup_tokens_total " + std::to_string(s.prefix_lookup_tokens) + "\n";
+  family("k3_prefix_cache_hit_tokens_total", "counter", "prompt tokens restored from the prefix cache (prefill skipped)");
+  out += "k3_prefix_cache_hit_tokens_total " + std::to_string(s.prefix_hit_tokens) + "\n";
+  family("k3_prefix_cache_checkpoints_stored_total", "counter", "KDA checkpoints the prefix cache took in");
+  out += "k3_prefix_cache_checkpoints_stored_total " + std::to_string(s.prefix_checkpoints_stored) + "\n";
+  family("k3_prefix_cache_checkpoints_evicted_total", "counter", "KDA checkpoints the prefix cache evicted");
+  out += "k3_prefix_cache_checkpoints_evicted_total " + std::to_string(s.prefix_checkpoints_evicted) + "\n";
+  family("k3_prefix_cache_bytes", "gauge", "bytes the prefix cache holds (checkpoints + MLA pages)");
+  out += "k3_prefix_cache_bytes " + std::to_string(s.prefix_cache_bytes) + "\n";
   family("k3_router_ready", "gauge", "1 when the generation service accepts requests");
   out += std::string("k3_router_ready ") + (ready ? "1" : "0") + "\n";
   return out;

@@ -47,7 +47,7 @@ class CpuBackend final : public Backend {
     static const std::set<std::string> kOps = {
         "gemm", "rmsnorm", "l2norm", "short_conv", "kda_gate", "kda_chunk", "kda_recurrent", "kda_decode",
         "mla_prefill", "mla_decode", "lse_merge", "attnres_mix", "situ", "router_topk", "moe_experts",
-        "add", "sigmoid_mul", "sigmoid", "embedding", "sample"};
+        "add", "sigmoid_mul", "sigmoid", "embedding", "sample", "kda_chunk_checkpoints"};
     return kOps.count(op) ? std::string() : "cpu backend: unknown op '" + op + "'";
   }
 

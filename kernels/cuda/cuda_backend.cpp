@@ -119,7 +119,8 @@ std::string CudaBackend::supports(const std::string& op, const Shape& shape) con
   static const std::set<std::string> kOps = {
       "gemm", "rmsnorm", "l2norm", "short_conv", "kda_gate", "kda_chunk", "kda_recurrent", "kda_decode",
       "mla_prefill", "mla_decode", "lse_merge", "attnres_mix", "situ", "router_topk", "moe_experts", "add",
-      "sigmoid_mul", "sigmoid", "embedding", "sample", "copy_cols", "scatter_rows", "head_gemm"};
+      "sigmoid_mul", "sigmoid", "embedding", "sample", "copy_cols", "scatter_rows", "head_gemm",
+      "kda_chunk_checkpoints"};
   if (!kOps.count(op)) return "cuda backend: unknown op '" + op + "'";
   if (op == "kda_decode" && !shape.empty() && shape.back() != 64 && shape.back() != 128)
     return "cuda backend: kda_decode needs head dim 64 or 128";
