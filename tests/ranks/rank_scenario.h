@@ -94,44 +94,69 @@ inline std::vector<int> served(const RankLayout& g, int num_requests) {
 
 using StepLogits = std::vector<std::map<int, std::vector<float>>>;  // [step][request] -> logits
 
-// Runs one rank of the group through the scenario. `threads`: CPU backend threads of this rank.
-inline Result<StepLogits> run_group(const Scenario& sc, const RankLayout& g, Comm& comm, int threads = 1,
-                                    CollectiveTimes* times = nullptr) {
-  auto be = make_cpu_backend({.threads = threads});
-  K3_ASSIGN_OR_RETURN(auto ref, Engine::create(*be, sc.cfg, sc.weights, reference_options()));
-  CacheOptions copt = reference_options().cache;
-  K3_ASSIGN_OR_RETURN(auto model, RankModel::create(*be, sc.cfg, sc.weights, g, comm, copt));
-  K3_ASSIGN_OR_RETURN(CacheLayout full, cache_layout(sc.cfg, *be));
-  const auto mine = served(g, static_cast<int>(sc.prompts.size()));
-  std::vector<SeqCache> seqs(mine.size());
-  std::vector<RankItem> items(mine.size());
-  for (size_t k = 0; k < mine.size(); ++k) {
-    const auto& prompt = sc.prompts[mine[k]];
+// One rank of the group set up for the scenario: its model, and the requests it serves prefilled by the
+// monolithic engine and cut to its slice.
+struct RankRun {
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<RankModel> model;
+  std::vector<int> mine;          // request ids served
+  std::vector<SeqCache> seqs;
+  std::vector<RankItem> items;
+  ~RankRun() { close(); }
+  void close() {
+    if (model)
+      for (auto& s : seqs) model->caches().close(s);
+  }
+  // Decode step `st` of the scenario: logits of each served request.
+  Result<std::map<int, std::vector<float>>> step(const Scenario& sc, size_t st) {
+    std::vector<int32_t> toks;
+    for (int id : mine) toks.push_back(sc.steps[st][id]);
+    K3_ASSIGN_OR_RETURN(Tensor lg, model->decode_step(items, toks));
+    const int64_t V = sc.cfg.vocab_size;
+    std::map<int, std::vector<float>> out;
+    for (size_t k = 0; k < mine.size(); ++k) out[mine[k]].assign(lg.f32() + k * V, lg.f32() + (k + 1) * V);
+    return out;
+  }
+};
+
+inline Result<std::unique_ptr<RankRun>> setup_rank(const Scenario& sc, const RankLayout& g, Comm& comm, int threads = 1) {
+  auto run = std::make_unique<RankRun>();
+  run->be = make_cpu_backend({.threads = threads});
+  Backend& be = *run->be;
+  K3_ASSIGN_OR_RETURN(auto ref, Engine::create(be, sc.cfg, sc.weights, reference_options()));
+  K3_ASSIGN_OR_RETURN(run->model, RankModel::create(be, sc.cfg, sc.weights, g, comm, reference_options().cache));
+  K3_ASSIGN_OR_RETURN(CacheLayout full, cache_layout(sc.cfg, be));
+  run->mine = served(g, static_cast<int>(sc.prompts.size()));
+  run->seqs.resize(run->mine.size());
+  run->items.resize(run->mine.size());
+  for (size_t k = 0; k < run->mine.size(); ++k) {
+    const auto& prompt = sc.prompts[run->mine[k]];
     const int64_t T = static_cast<int64_t>(prompt.size());
     SeqCache s;
     K3_ASSIGN_OR_RETURN(s, ref->open());
     K3_TRY(ref->prefill(s, prompt).status());
     std::vector<uint8_t> image;
-    export_caches(*be, ref->caches(), s, 0, sc.cfg.num_hidden_layers, image);
+    export_caches(be, ref->caches(), s, 0, sc.cfg.num_hidden_layers, image);
     ref->close(s);
-    auto part = rank_image(full, model->caches().layout(), g, T, image);
-    K3_ASSIGN_OR_RETURN(seqs[k], model->caches().open());
+    auto part = rank_image(full, run->model->caches().layout(), g, T, image);
+    CachePools& pools = run->model->caches();
+    K3_ASSIGN_OR_RETURN(run->seqs[k], pools.open());
     const int64_t rows = dcp_rows_on(g, T);
-    K3_TRY(model->caches().reserve(seqs[k], rows));
-    K3_TRY(import_caches(*be, model->caches(), seqs[k], 0, sc.cfg.num_hidden_layers, rows, part.data(), part.size()));
-    seqs[k].num_tokens = rows;
-    items[k] = {.seq = &seqs[k], .position = T};
+    K3_TRY(pools.reserve(run->seqs[k], rows));
+    K3_TRY(import_caches(be, pools, run->seqs[k], 0, sc.cfg.num_hidden_layers, rows, part.data(), part.size()));
+    run->seqs[k].num_tokens = rows;
+    run->items[k] = {.seq = &run->seqs[k], .position = T};
   }
+  return run;
+}
+
+// Runs one rank of the group through every step of the scenario.
+inline Result<StepLogits> run_group(const Scenario& sc, const RankLayout& g, Comm& comm, int threads = 1) {
+  K3_ASSIGN_OR_RETURN(auto run, setup_rank(sc, g, comm, threads));
   StepLogits out(sc.steps.size());
   for (size_t st = 0; st < sc.steps.size(); ++st) {
-    std::vector<int32_t> toks;
-    for (int id : mine) toks.push_back(sc.steps[st][id]);
-    K3_ASSIGN_OR_RETURN(Tensor lg, model->decode_step(items, toks));
-    const int64_t V = sc.cfg.vocab_size;
-    for (size_t k = 0; k < mine.size(); ++k) out[st][mine[k]].assign(lg.f32() + k * V, lg.f32() + (k + 1) * V);
+    K3_ASSIGN_OR_RETURN(out[st], run->step(sc, st));
   }
-  if (times) *times = model->times();
-  for (auto& s : seqs) model->caches().close(s);
   return out;
 }
 

@@ -167,3 +167,50 @@ TEST_CASE("EP rank processes give EP1's logits bit for bit, an idle rank include
       for (int req : mine) CHECK(got[r].at(std::to_string(s) + " " + std::to_string(req)) == digest(ref[s].at(req)));
   }
 }
+
+TEST_CASE("a rank killed mid-step fails its group within 5 s, no pool leaks, the other group serves on",
+          "[ranks][process]") {
+  // Group A: DCP4 on a long run with a 2 s step deadline; group B: an independent DCP2 group.
+  const int heads = 4;
+  const uint64_t seed_a = 61, seed_b = 62;
+  const RankLayout a{.dcp = 4, .kv_partitions = 4};
+  const auto exe = k3::test::helper_path("k3-test-rank-peer");
+  auto args = [&](int r, const std::string& ep) {
+    return std::vector<std::string>{std::to_string(r), "4", ep, std::to_string(heads), std::to_string(seed_a), "4", "1",
+                                    "4", "2000"};
+  };
+  std::vector<std::unique_ptr<ProcessGuard>> ranks;
+  ranks.push_back(std::make_unique<ProcessGuard>(exe, args(0, "tcp://127.0.0.1:*")));
+  auto ep = ranks[0]->wait_for("BOUND ", 30s);
+  REQUIRE(ep);
+  for (int r = 1; r < a.size(); ++r) ranks.push_back(std::make_unique<ProcessGuard>(exe, args(r, *ep)));
+  for (int r = 0; r < a.size(); ++r) REQUIRE(ranks[r]->wait_for("STEP 3", 120s));
+
+  ranks[2]->kill_now();
+  const auto t0 = std::chrono::steady_clock::now();
+  // The other group serves meanwhile, and gives its reference bits.
+  const Scenario sc_b = make_scenario(heads, seed_b);
+  const StepLogits ref_b = single_rank(sc_b, {.dcp = 1, .kv_partitions = 2});
+  const auto got_b = run_processes(heads, seed_b, {.dcp = 2, .kv_partitions = 2});
+  for (int r = 0; r < 2; ++r)
+    for (size_t s = 0; s < ref_b.size(); ++s)
+      for (auto& [req, lg] : ref_b[s]) CHECK(got_b[r].at(std::to_string(s) + " " + std::to_string(req)) == digest(lg));
+
+  for (int r : {0, 1, 3}) {
+    INFO("survivor rank " << r);
+    auto failed = ranks[r]->wait_for("FAILED ", 30s);
+    REQUIRE(failed);
+    // The rank stamps its failure with the machine-wide monotonic clock (steady_clock), like t0.
+    const auto at = std::chrono::steady_clock::time_point(std::chrono::microseconds(std::stoll(*failed)));
+    const double after = std::chrono::duration<double>(at - t0).count();
+    INFO("failed " << after << " s after the kill: " << *failed);
+    CHECK(after < 5.0);
+    auto free = ranks[r]->wait_for("FREE ", 10s);
+    REQUIRE(free);
+    int fp = 0, np = 0, fs = 0, ns = 0;
+    REQUIRE(std::sscanf(free->c_str(), "%d %d %d %d", &fp, &np, &fs, &ns) == 4);
+    CHECK(fp == np);
+    CHECK(fs == ns);
+    CHECK(ranks[r]->wait_exit(10s) == 0);
+  }
+}
