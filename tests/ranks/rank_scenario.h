@@ -119,12 +119,13 @@ struct RankRun {
   }
 };
 
-inline Result<std::unique_ptr<RankRun>> setup_rank(const Scenario& sc, const RankLayout& g, Comm& comm, int threads = 1) {
+inline Result<std::unique_ptr<RankRun>> setup_rank(const Scenario& sc, const RankLayout& g, Comm& comm, int threads = 1,
+                                                   const CacheOptions& cache = reference_options().cache) {
   auto run = std::make_unique<RankRun>();
   run->be = make_cpu_backend({.threads = threads});
   Backend& be = *run->be;
   K3_ASSIGN_OR_RETURN(auto ref, Engine::create(be, sc.cfg, sc.weights, reference_options()));
-  K3_ASSIGN_OR_RETURN(run->model, RankModel::create(be, sc.cfg, sc.weights, g, comm, reference_options().cache));
+  K3_ASSIGN_OR_RETURN(run->model, RankModel::create(be, sc.cfg, sc.weights, g, comm, cache));
   K3_ASSIGN_OR_RETURN(CacheLayout full, cache_layout(sc.cfg, be));
   run->mine = served(g, static_cast<int>(sc.prompts.size()));
   run->seqs.resize(run->mine.size());
