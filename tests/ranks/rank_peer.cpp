@@ -21,7 +21,7 @@ namespace {
 
 int run_until_failure(const RankLayout& g, transfer::UcxComm& comm, int heads, uint64_t seed,
                       std::chrono::milliseconds deadline) {
-  const Scenario sc = make_scenario(heads, seed, 3, 400);
+  const Scenario sc = make_scenario(heads, seed, 3, 1000);  // ~35 s of steps: the kill comes long before the end
   auto run = setup_rank(sc, g, comm);
   if (!run.is_ok()) {
     std::fprintf(stderr, "rank %d: %s\n", g.rank, run.status().to_string().c_str());
