@@ -174,7 +174,7 @@ class ClusterWorkerOps {
     r.phase = RequestPhase::Claimed;
     w_.deadlines.enter(r.id, RequestPhase::Claimed, Clock::now());
     send(rank, proto::Claim{.request_id = r.wire_id, .prompt_len = static_cast<uint32_t>(r.params.prompt.size()),
-                            .decode_ranks = {p.decode_rank}, .prefill_instance = p.prefill_instance,
+                            .decode_ranks = decode_group_ranks(p), .prefill_instance = p.prefill_instance,
                             .num_prefill_stages = p.stages, .timeout_ms = s_.opts_.request_timeout_ms,
                             .sampling = sampling_of(r.params)});
   }
@@ -221,7 +221,7 @@ class ClusterWorkerOps {
     }
     const ClusterPair& p = s_.opts_.pairs[r->pair];
     const proto::Prefill m{.request_id = r->wire_id, .token_ids = r->params.prompt, .sampling = sampling_of(r->params),
-                           .decode_instance = p.decode_instance, .decode_ranks = {p.decode_rank},
+                           .decode_instance = p.decode_instance, .decode_ranks = decode_group_ranks(p),
                            .timeout_ms = s_.opts_.request_timeout_ms};
     for (uint32_t st = 0; st < p.stages; ++st) send(stage_control_name(p, st), m);
     r->phase = RequestPhase::Prefilling;
