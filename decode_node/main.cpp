@@ -114,6 +114,8 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   const auto tick = std::chrono::milliseconds(std::max(10, gf.step_deadline_ms / 4));
   Status st = serve(**leader, o, tick);
   if (st.is_ok()) {
+    // Members stopped by the same signal are gone: do not wait a step deadline on each.
+    (*comm)->set_timeout(std::chrono::milliseconds(200));
     (*leader)->stop_members();
     say("STOPPED");
     return 0;
