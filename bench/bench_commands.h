@@ -17,5 +17,8 @@ void add_soak_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 // `k3-bench engine`: whole-model decode / prefill on one GPU against the roofline (bench/engine_bench.cpp).
 void add_engine_command(CLI::App& app);
+// `k3-bench ranks`: a DCP or EP decode group of CPU rank processes, step time split into collectives
+// (bench/ranks_bench.cpp).
+void add_ranks_command(CLI::App& app);
 
 }  // namespace k3::bench

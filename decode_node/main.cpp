@@ -4,6 +4,11 @@
 //   STATE <id> <state>            every request state the transfer driver observed
 //   DONE <id> <finish> <ids>      a request ended here: finish stop|length|aborted, tokens comma-separated
 //   IDLE <free> <capacity>        transfer pool bytes, printed when the last live request ended
+// A rank group (--group-dcp N or --group-ep N, docs/RANKS.md) is started as one process per rank:
+// rank 0 (the leader: control plane, transfer regions of the group) binds the group's communicator and
+// prints "GROUP <endpoint>" before it waits for the others; ranks 1.. are started with that endpoint.
+//   GROUP_FAILED <status> + FREE <free pages> <pages> <free slots> <slots>   the group failed (a rank
+//                                 died or missed the step deadline); the process then exits with 1
 #include <CLI/CLI.hpp>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -17,6 +22,9 @@
 #include "common/tokenizer/tokenizer.h"
 #include "common/core/parse.h"
 #include "decode_node/decode_rank.h"
+#include "decode_node/group_leader.h"
+#include "decode_node/group_member.h"
+#include "transfer/comm_ucx.h"
 #include "transfer/control_keys.h"
 #include "transfer/net_interface.h"
 
@@ -29,6 +37,96 @@ namespace {
 
 void say(const std::string& s) { say_line(s); }
 int fail(const Status& s) { return fail_status("k3-decode", s); }
+
+// The serving loop of a decode rank or a group leader (same surface): driver events, decode steps,
+// the router's heartbeats, DONE / IDLE lines. Returns the error that ended it (ok on a stop signal).
+template <class Node>
+Status serve(Node& d, const decode::DecodeRankOptions& o, std::chrono::milliseconds idle_wait) {
+  const std::atomic<bool>& g_stop = install_stop_signals();
+  say("READY " + d.driver().endpoint());
+  size_t live = 0;
+  // The router's admission input, load signal and memory gauges: a HEARTBEAT with the rank's room
+  // (capacity and free pages/slots of the transfer pool and the decode cache) and the running batch,
+  // right away (the router admits nothing onto this rank before it knows the capacity) and then every
+  // heartbeat interval.
+  auto last_load = std::chrono::steady_clock::now() - o.heartbeat.interval;
+  uint64_t load_seq = 0;
+  while (!g_stop) {
+    Status run = d.run_once(idle_wait);
+    if (!o.router_endpoint.empty() && std::chrono::steady_clock::now() - last_load >= o.heartbeat.interval) {
+      last_load = std::chrono::steady_clock::now();
+      // A lost heartbeat only delays the gauges: the next one carries the same state.
+      (void)d.driver().send_to_router(protocol::Heartbeat{.role = protocol::Role::Decode, .instance_id = o.instance_id,
+                                                          .rank = o.rank, .seq = ++load_seq,
+                                                          .free_bytes = d.pool_free_bytes(),
+                                                          .num_running = static_cast<uint32_t>(d.num_running()),
+                                                          .room = d.room()});
+    }
+    auto done = d.take_finished();
+    for (const auto& f : done) {
+      std::string ids;
+      for (int32_t t : f.tokens) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+      const char* why = f.finish == protocol::FinishReason::Stop ? "stop"
+                        : f.finish == protocol::FinishReason::Length ? "length" : "aborted";
+      say("DONE " + std::to_string(f.request_id) + " " + why + " " + (ids.empty() ? "-" : ids));
+    }
+    const size_t now_live = d.driver().side().num_live();
+    if (live > 0 && now_live == 0)
+      say("IDLE " + std::to_string(d.pool_free_bytes()) + " " + std::to_string(d.pool_capacity_bytes()));
+    live = now_live;
+    if (!run.is_ok()) return run;
+  }
+  return Status::ok();
+}
+
+struct GroupFlags {
+  int dcp = 1, ep = 1, rank = 0, kv_partitions = 0;
+  std::string endpoint;        // rank 0: where to bind (default tcp://<--interface>:*); others: rank 0's
+  int step_deadline_ms = 2000;
+  int startup_s = 180;
+  int size() const { return dcp * ep; }
+};
+
+// A rank of a group: forms the communicator, then leads (rank 0) or follows.
+int run_group(const GroupFlags& gf, const std::string& interface, decode::DecodeRankOptions& o, Backend& be,
+              const ModelConfig& cfg, const WeightStore& weights) {
+  const RankLayout layout{.dcp = gf.dcp, .ep = gf.ep, .kv_partitions = gf.kv_partitions > 0 ? gf.kv_partitions : gf.dcp,
+                          .rank = gf.rank};
+  if (Status st = validate_rank_layout(layout, cfg); !st.is_ok()) return fail(st);
+  if (gf.rank > 0 && gf.endpoint.empty()) return fail(invalid_argument("--group-endpoint is required for --group-rank > 0"));
+  transfer::UcxCommOptions co;
+  co.timeout = std::chrono::seconds(gf.startup_s);  // start-up of many processes on few cores is slow
+  auto comm = transfer::UcxComm::create(gf.rank, gf.size(), gf.rank == 0 ? (gf.endpoint.empty() ? "tcp://" + interface + ":*" : gf.endpoint) : gf.endpoint,
+                                        co, [](const std::string& ep) { say("GROUP " + ep); });
+  if (!comm.is_ok()) return fail(comm.status());
+  if (gf.rank > 0) {
+    auto worker = decode::GroupWorker::create(be, cfg, weights, layout, **comm, o.cache);
+    if (!worker.is_ok()) return fail(worker.status());
+    (*comm)->set_timeout(std::chrono::milliseconds(gf.step_deadline_ms));
+    say("MEMBER " + std::to_string(gf.rank) + " of " + to_string(layout));
+    return decode::run_group_member(**worker, **comm);
+  }
+  zmq::context_t zctx;
+  auto leader = decode::GroupLeader::create({.rank = o, .layout = layout}, be, cfg, weights, **comm, zctx);
+  if (!leader.is_ok()) return fail(leader.status());
+  (*comm)->set_timeout(std::chrono::milliseconds(gf.step_deadline_ms));
+  // Idle, the leader ticks its members well within their receive deadline.
+  const auto tick = std::chrono::milliseconds(std::max(10, gf.step_deadline_ms / 4));
+  Status st = serve(**leader, o, tick);
+  if (st.is_ok()) {
+    // Members stopped by the same signal are gone: do not wait a step deadline on each.
+    (*comm)->set_timeout(std::chrono::milliseconds(200));
+    (*leader)->stop_members();
+    say("STOPPED");
+    return 0;
+  }
+  decode::say_group_failed(st, (*leader)->worker().caches());
+  // The FAILED messages of the group's requests are queued on the router connection: let them leave.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (std::chrono::steady_clock::now() < until) (void)(*leader)->driver().step(std::chrono::milliseconds(100));
+  say("IDLE " + std::to_string((*leader)->pool_free_bytes()) + " " + std::to_string((*leader)->pool_capacity_bytes()));
+  return fail(st);
+}
 
 }  // namespace
 
@@ -87,6 +185,21 @@ int main(int argc, char** argv) {
   app.add_option("--transfer-timeout-ms", transfer_ms, "allocation -> every TRANSFER_DONE wait (default 300000)")
       ->check(CLI::PositiveNumber);
   app.add_option("--log-level", log_level, "spdlog level: trace, debug, info, warn (default), error");
+  GroupFlags gf;
+  auto* o_dcp = app.add_option("--group-dcp", gf.dcp, "ranks of this DP group sharing each request's context (DCP; 1 = none)")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--group-ep", gf.ep, "ranks of this DP group sharing the routed experts (EP; 1 = none)")
+      ->check(CLI::Range(1, 256))->excludes(o_dcp);
+  app.add_option("--group-rank", gf.rank, "this process's index in its group (0 = the leader, which the router and the "
+                 "prefill stages talk to)")->check(CLI::NonNegativeNumber);
+  app.add_option("--group-endpoint", gf.endpoint, "the group communicator: rank 0 binds it (default tcp://<--interface>:*, "
+                 "printed as GROUP), the other ranks connect to it");
+  app.add_option("--kv-partitions", gf.kv_partitions, "DCP: MLA partial attentions merged per request (a multiple of "
+                 "--group-dcp; default --group-dcp)")->check(CLI::NonNegativeNumber);
+  app.add_option("--group-step-deadline-ms", gf.step_deadline_ms, "deadline of each collective once the group formed: "
+                 "a rank dead or hung this long fails the group (default 2000)")->check(CLI::Range(50, 600000));
+  app.add_option("--group-startup-s", gf.startup_s, "how long rank 0 waits for the group to form (default 180)")
+      ->check(CLI::Range(1, 3600));
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
 
@@ -123,44 +236,19 @@ int main(int argc, char** argv) {
   bc.threads = threads;
   auto backend = make_backend(bc);
   if (!backend.is_ok()) return fail(backend.status());
+  if (gf.size() > 1 || gf.rank > 0) {
+    if (gf.rank >= gf.size())
+      return fail(invalid_argument("--group-rank " + std::to_string(gf.rank) + " must be < the group size " +
+                                   std::to_string(gf.size())));
+    // The rank-sliced forward exchanges host tensors: GPU rank groups are not done.
+    if ((*backend)->name() != std::string("cpu"))
+      return fail(invalid_argument("--backend: decode rank groups (--group-dcp / --group-ep) run on the cpu backend only"));
+    return run_group(gf, interface, o, **backend, *cfg, *weights);
+  }
   zmq::context_t zctx;
   auto rank = decode::DecodeRank::create(o, **backend, *cfg, *weights, zctx);
   if (!rank.is_ok()) return fail(rank.status());
-  decode::DecodeRank& d = **rank;
-
-  const std::atomic<bool>& g_stop = install_stop_signals();
-  say("READY " + d.endpoint());
-  size_t live = 0;
-  // The router's admission input, load signal and memory gauges: a HEARTBEAT with the rank's room
-  // (capacity and free pages/slots of the transfer pool and the decode cache) and the running batch,
-  // right away (the router admits nothing onto this rank before it knows the capacity) and then every
-  // heartbeat interval.
-  auto last_load = std::chrono::steady_clock::now() - o.heartbeat.interval;
-  uint64_t load_seq = 0;
-  while (!g_stop) {
-    if (Status st = d.run_once(std::chrono::milliseconds(50)); !st.is_ok()) return fail(st);
-    if (!o.router_endpoint.empty() && std::chrono::steady_clock::now() - last_load >= o.heartbeat.interval) {
-      last_load = std::chrono::steady_clock::now();
-      // A lost heartbeat only delays the gauges: the next one carries the same state.
-      (void)d.driver().send_to_router(protocol::Heartbeat{.role = protocol::Role::Decode, .instance_id = o.instance_id,
-                                                          .rank = o.rank, .seq = ++load_seq,
-                                                          .free_bytes = d.pool_free_bytes(),
-                                                          .num_running = static_cast<uint32_t>(d.num_running()),
-                                                          .room = d.room()});
-    }
-    auto done = d.take_finished();
-    for (const auto& f : done) {
-      std::string ids;
-      for (int32_t t : f.tokens) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-      const char* why = f.finish == protocol::FinishReason::Stop ? "stop"
-                        : f.finish == protocol::FinishReason::Length ? "length" : "aborted";
-      say("DONE " + std::to_string(f.request_id) + " " + why + " " + (ids.empty() ? "-" : ids));
-    }
-    const size_t now_live = d.driver().side().num_live();
-    if (live > 0 && now_live == 0)
-      say("IDLE " + std::to_string(d.pool_free_bytes()) + " " + std::to_string(d.pool_capacity_bytes()));
-    live = now_live;
-  }
+  if (Status st = serve(**rank, o, std::chrono::milliseconds(50)); !st.is_ok()) return fail(st);
   say("STOPPED");
   return 0;
 }

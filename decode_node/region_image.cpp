@@ -10,10 +10,10 @@ Result<std::vector<uint8_t>> packed_image_from_region(const transfer::CacheLayou
                                                       std::span<const uint8_t> region, uint32_t num_tokens) {
   const uint32_t ps = geo.page_size;
   if (ps == 0) return invalid_argument("region geometry: page_size is 0");
-  // Plain DP: the rank holds whole KDA heads, so its conv/state entries are the layout's sizes.
+  // The rank's KDA entries must be the given layout's sizes (whole heads, or the rank's layout when sliced).
   const bool any_kda = !model.layer_ids(LayerCache::Kda).empty();
   if (any_kda && (geo.kda_conv_bytes != model.kda_conv_bytes() || geo.kda_state_bytes != model.kda_state_bytes()))
-    return invalid_argument("region geometry: KDA entries are not whole (head-sliced ranks are not supported here)");
+    return invalid_argument("region geometry: KDA entries are not the layout's sizes (a head-sliced rank needs its own layout)");
   std::vector<uint32_t> main_layers;
   for (uint32_t l = 0; l < model.num_main_layers(); ++l) main_layers.push_back(l);
   const PackedImage img = model.pack(main_layers, num_tokens);

@@ -1,7 +1,10 @@
 // Reads one request's caches out of a decode rank's transfer region (pool.h layout: MLA rows in the
 // request's pages, KDA conv + state in its slot) into the packed cache image of its main layers
 // (CacheLayout::pack, the image engine/cache_io.h imports into CachePools).
-// Plain DP only: the rank holds every token of every MLA layer and whole KDA heads (a group of one).
+// `model` is the rank's own cache layout and `num_tokens` its own MLA rows: for plain DP the model's
+// layout and the prompt length; for rank i of a head-sliced DCP group of N the layout of
+// rank_cache_config (engine/rank_layout.h: H/N KDA heads) and the rows p < T with p % N == i (the
+// transfer plan writes local row p / N there).
 #pragma once
 #include <cstdint>
 #include <span>

@@ -51,9 +51,12 @@ std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec) {
   std::vector<DecodeProcess> out;
   uint32_t rank = 0;
   for (const auto& d : spec.decode)
-    for (int r = 0; r < d.ranks; ++r)
-      out.push_back({.instance = d.ranks == 1 ? d.id : d.id + "-" + std::to_string(r), .rank = rank++,
-                     .max_requests = d.max_requests});
+    for (int r = 0; r < d.ranks; ++r) {
+      out.push_back({.instance = d.ranks == 1 ? d.id : d.id + "-" + std::to_string(r), .rank = rank,
+                     .max_requests = d.max_requests, .dcp = d.dcp, .ep = d.ep, .kv_partitions = d.kv_partitions,
+                     .step_deadline_ms = d.step_deadline_ms});
+      rank += static_cast<uint32_t>(d.dcp * d.ep);
+    }
   return out;
 }
 
@@ -126,13 +129,22 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
     const std::string at = "decode[" + std::to_string(i) + "].";
     const json& d = j.at("decode")[i];
     if (!d.is_object()) return bad("decode[" + std::to_string(i) + "]", "must be an object");
-    K3_TRY(known_keys(d, at, {"id", "ranks", "max_requests"}));
+    K3_TRY(known_keys(d, at, {"id", "ranks", "dp", "dcp", "ep", "kv_partitions", "step_deadline_ms", "max_requests"}));
     DecodeSpec ds;
     ds.id = "d" + std::to_string(i);
     K3_TRY(get_string(d, at, "id", ds.id));
     K3_TRY(check_id(at + "id", ds.id));
     if (!ids.insert("decode:" + ds.id).second) return bad(at + "id", "'" + ds.id + "' is used twice");
     K3_TRY(get_int(d, at, "ranks", ds.ranks, 1, 256));
+    if (d.contains("dp") && d.contains("ranks")) return bad(at + "dp", "is another name of 'ranks': give one of them");
+    K3_TRY(get_int(d, at, "dp", ds.ranks, 1, 256));
+    K3_TRY(get_int(d, at, "dcp", ds.dcp, 1, 256));
+    K3_TRY(get_int(d, at, "ep", ds.ep, 1, 256));
+    if (ds.dcp > 1 && ds.ep > 1) return bad(at + "ep", "a group is DCP or EP, not both (dcp is " + std::to_string(ds.dcp) + ")");
+    K3_TRY(get_int(d, at, "kv_partitions", ds.kv_partitions, 0, 4096));
+    if (ds.kv_partitions > 0 && ds.kv_partitions % ds.dcp != 0)
+      return bad(at + "kv_partitions", "must be a multiple of dcp (" + std::to_string(ds.dcp) + ")");
+    K3_TRY(get_int(d, at, "step_deadline_ms", ds.step_deadline_ms, 50, 600000));
     K3_TRY(get_int(d, at, "max_requests", ds.max_requests, 1, 4096));
     s.decode.push_back(ds);
   }

@@ -7,6 +7,9 @@
 //              "api_key": "..."},        optional; see resolve_api_key for --api-key / K3_API_KEY
 //   "prefill": [{"id": "p", "stages": 2, "partition": [2, 2], "chunk_size": 256, "max_requests": 8}],
 //   "decode": [{"id": "d", "ranks": 1, "max_requests": 8}],
+//                                        a rank group per DP rank (docs/RANKS.md): {"id": "d", "dp": 2, "dcp": 8}
+//                                        or {"dp": 2, "ep": 4} ("dp" is "ranks"), optional "kv_partitions"
+//                                        (DCP; default dcp) and "step_deadline_ms" (default 2000)
 //   "threads": 1,                        CPU threads per node process (0 = all cores)
 //   "backend": "cpu",                    node compute backend: "cpu" (fp32) or "cuda" (bf16, GPU 0);
 //                                        every node uses the same one (the cache bytes must agree)
@@ -39,8 +42,12 @@ struct PrefillSpec {
 
 struct DecodeSpec {
   std::string id;
-  int ranks = 1;
+  int ranks = 1;           // DP ranks ("ranks" or "dp")
   int max_requests = 8;
+  int dcp = 1;             // rank processes per DP rank sharing each request's context
+  int ep = 1;              // rank processes per DP rank sharing the routed experts
+  int kv_partitions = 0;   // DCP: MLA partials merged per request (0: dcp)
+  int step_deadline_ms = 2000;
 };
 
 struct ClusterSpec {
@@ -64,13 +71,17 @@ struct ClusterSpec {
   RestartPolicy restart;
 };
 
-// One decode process (a DP rank) as the launcher starts it.
+// One decode DP rank as the launcher starts it: one process, or a rank group of group_size() processes
+// (the leader decode/<instance>, members decode/<instance>/<i>).
 struct DecodeProcess {
   std::string instance;  // control name decode/<instance>
-  uint32_t rank = 0;
+  uint32_t rank = 0;     // global rank of the leader; a DCP group's ranks are rank .. rank + dcp - 1
   int max_requests = 8;
+  int dcp = 1, ep = 1, kv_partitions = 0, step_deadline_ms = 2000;
+  int group_size() const { return dcp * ep; }
 };
-// The decode processes of a spec, in rank order ("<id>" for one rank, "<id>-<r>" for several).
+// The decode DP ranks of a spec, in rank order ("<id>" for one rank, "<id>-<r>" for several); global
+// ranks advance by each group's size.
 std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec);
 
 Result<ClusterSpec> parse_cluster_spec(const nlohmann::json& j);

@@ -14,7 +14,8 @@
 // stdout lines (tests read them): "STARTED <name> pid <pid>", then "STATUS http://127.0.0.1:<port>",
 // "ENDPOINT http://<host>:<port>", "NODE <name> HELD <sources held> <requests computing>" (a prefill
 // stage's state changed) and "NODE <name> IDLE <pool free bytes> <pool capacity bytes>" (a decode rank
-// ran out of requests); "CHILD_EXITED <name> <description>" for a crash, then "STARTED <name> pid <pid>"
+// ran out of requests), "NODE <name> GROUP_FAILED <status>" + "NODE <name> FREE <free pages> <pages> <free slots>
+// <slots>" (a decode rank group failed; every rank that noticed says so); "CHILD_EXITED <name> <description>" for a crash, then "STARTED <name> pid <pid>"
 // + "RESTARTED <name> pid <pid> restarts <n>" or "FAILED <name>" (given up); at the end "STOPPED".
 // Control-plane keys: a CURVE keypair per process (and the router's) in <run dir>/keys, 0600 files in a
 // 0700 directory (transfer/cluster_key_files.h); every child gets its keypair and the cluster's public keys.
@@ -58,6 +59,15 @@ void say(const std::string& s) {
 void note(const std::string& s) {
   std::fprintf(stderr, "k3-cluster: %s\n", s.c_str());
   std::fflush(stderr);
+}
+
+// k3-decode's rank group flags of a decode DP rank (none for a single process).
+std::vector<std::string> group_args(const DecodeProcess& d) {
+  if (d.group_size() == 1) return {};
+  std::vector<std::string> a = {d.dcp > 1 ? "--group-dcp" : "--group-ep", std::to_string(d.group_size()),
+                                "--group-step-deadline-ms", std::to_string(d.step_deadline_ms)};
+  if (d.kv_partitions > 0) a.insert(a.end(), {"--kv-partitions", std::to_string(d.kv_partitions)});
+  return a;
 }
 
 // SIGINT/SIGTERM are blocked in the launcher and collected here without waiting.
@@ -147,7 +157,10 @@ void Launcher::pump_outputs() {
       if (verbose_) note(name + ": " + line);
       // The nodes' memory state lines (prefill "HELD <sources> <computing>", decode "IDLE <pool free>
       // <pool capacity>") are relayed so that memory release is observable from outside the cluster.
-      if (line.rfind("HELD ", 0) == 0 || line.rfind("IDLE ", 0) == 0) say("NODE " + name + " " + line);
+      // A decode rank group that failed says so and what its caches hold after closing every request.
+      if (line.rfind("HELD ", 0) == 0 || line.rfind("IDLE ", 0) == 0 || line.rfind("GROUP_FAILED ", 0) == 0 ||
+          line.rfind("FREE ", 0) == 0)
+        say("NODE " + name + " " + line);
     }
   });
 }
@@ -179,7 +192,11 @@ Status Launcher::start() {
   const std::string threads = std::to_string(spec_.threads);
   const auto decodes = decode_processes(spec_);
   std::vector<std::string> names = {"router"};
-  for (const auto& d : decodes) names.push_back("decode/" + d.instance);
+  for (const auto& d : decodes) {
+    names.push_back("decode/" + d.instance);
+    // A group's members have no control plane, but k3-decode takes its keys like every node.
+    for (int i = 1; i < d.group_size(); ++i) names.push_back("decode/" + d.instance + "/" + std::to_string(i));
+  }
   for (const auto& p : spec_.prefill)
     for (int st = 0; st < p.stages; ++st) names.push_back("prefill/" + p.id + "/" + std::to_string(st));
   K3_ASSIGN_OR_RETURN(keys_, transfer::ClusterKeyFiles::write(run_dir_ + "/keys", names));
@@ -193,7 +210,8 @@ Status Launcher::start() {
   for (size_t i = 0; i < spec_.prefill.size(); ++i) {
     const auto& p = spec_.prefill[i];
     const auto& d = decodes[i % decodes.size()];
-    rargs.insert(rargs.end(), {"--pair", p.id + ":" + std::to_string(p.stages) + ":" + d.instance + ":" + std::to_string(d.rank)});
+    rargs.insert(rargs.end(), {"--pair", p.id + ":" + std::to_string(p.stages) + ":" + d.instance + ":" + std::to_string(d.rank) +
+                                             (d.dcp > 1 ? ":" + std::to_string(d.dcp) : "")});
   }
   K3_ASSIGN_OR_RETURN(ChildProcess * router, spawn("router", "k3-router", rargs));
   K3_ASSIGN_OR_RETURN(std::string control, wait_line(*router, "CLUSTER ", deadline));
@@ -205,14 +223,32 @@ Status Launcher::start() {
   set_option(supervisor_.recipe("router").args, "--port", std::to_string(port_));
   set_option(supervisor_.recipe("router").args, "--cluster-endpoint", control);
 
-  // Decode ranks next: the prefill stages need their endpoints.
+  // Decode ranks next: the prefill stages need their endpoints. A rank group's leader binds the group's
+  // communicator (GROUP line) and waits for its members before it connects anywhere (READY line).
   std::vector<std::string> decode_eps;
+  uint32_t global_ranks = 0;
+  for (const auto& d : decodes) global_ranks += static_cast<uint32_t>(d.group_size());
   for (const auto& d : decodes) {
-    K3_ASSIGN_OR_RETURN(ChildProcess * c,
-                        spawn("decode/" + d.instance, "k3-decode",
-                              {"--model", spec_.model, "--router-endpoint", control, "--instance", d.instance, "--rank",
-                               std::to_string(d.rank), "--dp-size", std::to_string(decodes.size()), "--max-requests", std::to_string(d.max_requests), "--threads",
-                               threads, "--backend", spec_.backend, "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_}));
+    std::vector<std::string> args = {"--model", spec_.model, "--router-endpoint", control, "--instance", d.instance, "--rank",
+                                     std::to_string(d.rank), "--dp-size", std::to_string(global_ranks), "--max-requests",
+                                     std::to_string(d.max_requests), "--threads", threads, "--backend", spec_.backend,
+                                     "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_};
+    const std::vector<std::string> group = group_args(d);
+    args.insert(args.end(), group.begin(), group.end());
+    K3_ASSIGN_OR_RETURN(ChildProcess * c, spawn("decode/" + d.instance, "k3-decode", args));
+    if (d.group_size() > 1) {
+      K3_ASSIGN_OR_RETURN(std::string group_ep, wait_line(*c, "GROUP ", deadline));
+      // A restarted leader binds the same endpoint, so restarted members find it.
+      set_option(supervisor_.recipe(c->name()).args, "--group-endpoint", group_ep);
+      for (int i = 1; i < d.group_size(); ++i) {
+        std::vector<std::string> margs = {"--model", spec_.model, "--instance", d.instance, "--threads", threads,
+                                          "--backend", spec_.backend, "--max-requests", std::to_string(d.max_requests),
+                                          "--log-level", log_level_, "--group-rank", std::to_string(i),
+                                          "--group-endpoint", group_ep};
+        margs.insert(margs.end(), group.begin(), group.end());
+        K3_TRY(spawn("decode/" + d.instance + "/" + std::to_string(i), "k3-decode", margs).status());
+      }
+    }
     K3_ASSIGN_OR_RETURN(std::string ep, wait_line(*c, "READY ", deadline));
     decode_eps.push_back(ep);
     // A restarted rank binds the same endpoint: the prefill stages' sockets reconnect and re-REGISTER.

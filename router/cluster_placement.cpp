@@ -12,8 +12,8 @@ Result<ClusterPair> parse_cluster_pair(const std::string& text) {
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ':')) parts.push_back(item);
-  if (parts.size() != 4)
-    return invalid_argument("--pair '" + text + "': expected PREFILL:STAGES:DECODE:RANK (4 parts, got " +
+  if (parts.size() != 4 && parts.size() != 5)
+    return invalid_argument("--pair '" + text + "': expected PREFILL:STAGES:DECODE:RANK[:DCP] (4 or 5 parts, got " +
                             std::to_string(parts.size()) + ")");
   auto number = [&](const std::string& s, const char* what) -> Result<uint32_t> {
     if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
@@ -30,7 +30,17 @@ Result<ClusterPair> parse_cluster_pair(const std::string& text) {
   K3_ASSIGN_OR_RETURN(p.stages, number(parts[1], "STAGES"));
   if (p.stages == 0) return invalid_argument("--pair '" + text + "': STAGES must be >= 1");
   K3_ASSIGN_OR_RETURN(p.decode_rank, number(parts[3], "RANK"));
+  if (parts.size() == 5) {
+    K3_ASSIGN_OR_RETURN(p.dcp, number(parts[4], "DCP"));
+    if (p.dcp == 0) return invalid_argument("--pair '" + text + "': DCP must be >= 1");
+  }
   return p;
+}
+
+std::vector<uint32_t> decode_group_ranks(const ClusterPair& p) {
+  std::vector<uint32_t> ranks;
+  for (uint32_t i = 0; i < p.dcp; ++i) ranks.push_back(p.decode_rank + i);
+  return ranks;
 }
 
 Result<Placement> parse_placement(const std::string& name) {

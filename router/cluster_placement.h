@@ -19,10 +19,14 @@ struct ClusterPair {
   uint32_t stages = 1;
   std::string decode_instance;   // control name decode/<instance>
   uint32_t decode_rank = 0;      // the rank that decode process serves (k3-decode --rank)
+  uint32_t dcp = 1;              // a DCP decode group: its ranks decode_rank .. decode_rank + dcp - 1
   bool operator==(const ClusterPair&) const = default;
 };
-// Parses "PREFILL:STAGES:DECODE:RANK", e.g. "p:2:d:0"; errors name the bad part.
+// Parses "PREFILL:STAGES:DECODE:RANK[:DCP]", e.g. "p:2:d:0" or "p:2:d-0:0:8" (a DCP8 group whose leader
+// is decode/d-0); errors name the bad part.
 Result<ClusterPair> parse_cluster_pair(const std::string& text);
+// The ranks a request placed on the pair is written to (CLAIM / PREFILL decode_ranks, in DCP order).
+std::vector<uint32_t> decode_group_ranks(const ClusterPair& p);
 
 enum class Placement { RoundRobin, LeastLoaded, PrefixAffinity };
 Result<Placement> parse_placement(const std::string& name);  // round-robin | least-loaded | prefix-affinity

@@ -181,7 +181,7 @@ class ClusterWorkerOps {
     spdlog::info("router: request {} placed on {} and {} (attempt {}, wire id {:016x}, {} prompt tokens)", r.params.trace_id,
                  p.prefill_instance, rank, r.attempts, r.wire_id, r.params.prompt.size());
     send(rank, proto::Claim{.request_id = r.wire_id, .prompt_len = static_cast<uint32_t>(r.params.prompt.size()),
-                            .decode_ranks = {p.decode_rank}, .prefill_instance = p.prefill_instance,
+                            .decode_ranks = decode_group_ranks(p), .prefill_instance = p.prefill_instance,
                             .num_prefill_stages = p.stages, .timeout_ms = s_.opts_.request_timeout_ms,
                             .sampling = sampling_of(r.params), .trace_id = r.params.trace_id});
   }
@@ -229,7 +229,7 @@ class ClusterWorkerOps {
     }
     const ClusterPair& p = s_.opts_.pairs[r->pair];
     const proto::Prefill m{.request_id = r->wire_id, .token_ids = r->params.prompt, .sampling = sampling_of(r->params),
-                           .decode_instance = p.decode_instance, .decode_ranks = {p.decode_rank},
+                           .decode_instance = p.decode_instance, .decode_ranks = decode_group_ranks(p),
                            .timeout_ms = s_.opts_.request_timeout_ms, .trace_id = r->params.trace_id};
     for (uint32_t st = 0; st < p.stages; ++st) send(stage_control_name(p, st), m);
     r->phase = RequestPhase::Prefilling;

@@ -100,8 +100,9 @@ int main(int argc, char** argv) {
                       "'CLUSTER <endpoint>') and serve through the nodes that connect to it; without it the engine "
                       "runs in this process");
   cluster->add_option("--pair", pair_texts,
-                      "PREFILL:STAGES:DECODE:RANK, repeatable: prefill instance PREFILL (stages 0..STAGES-1, "
-                      "control names prefill/PREFILL/<s>) feeds decode instance DECODE (decode/DECODE) serving rank RANK");
+                      "PREFILL:STAGES:DECODE:RANK[:DCP], repeatable: prefill instance PREFILL (stages 0..STAGES-1, "
+                      "control names prefill/PREFILL/<s>) feeds decode instance DECODE (decode/DECODE) serving rank RANK "
+                      "(a DCP group: ranks RANK..RANK+DCP-1, each request written to all of them)");
   cluster->add_option("--placement", placement, "round-robin (default), least-loaded or prefix-affinity");
   cluster->add_option("--affinity-tokens", affinity_tokens, "prefix-affinity: leading prompt tokens hashed (default 16)")
       ->check(CLI::PositiveNumber);

@@ -27,3 +27,10 @@ if ! grep -qsx "$UCX_VERSION" "$VENV"/lib/python3*/site-packages/libucx/UCX_WHEE
   "$VENV/bin/python3" -m pip install -q --disable-pip-version-check "libucx-cu13==$UCX_VERSION" ||
     { echo "install-deps: could not install libucx-cu13==$UCX_VERSION from PyPI into $VENV" >&2; exit 1; }
 fi
+# NCCL for the GPU ranks' Comm (transfer/nccl/): where the CUDA toolkit is but NCCL is not, the PyPI
+# wheel nvidia-nccl-cu13 goes to /opt/k3/nccl (CMake looks there). Without it k3_nccl is not built.
+if [[ -x /usr/local/cuda/bin/nvcc && ! -f /usr/local/cuda/include/nccl.h && ! -f /opt/k3/nccl/nvidia/nccl/include/nccl.h ]]; then
+  if ! python3 -m pip install -q --disable-pip-version-check --break-system-packages --target /opt/k3/nccl nvidia-nccl-cu13; then
+    echo "install-deps: could not install nvidia-nccl-cu13 (PyPI unreachable?); the NCCL Comm will not be built" >&2
+  fi
+fi

@@ -7,12 +7,6 @@
 
 namespace k3::transfer {
 
-Chunk even_chunk(size_t count, int parts, int index) {
-  const size_t base = count / parts, extra = count % parts;
-  const size_t i = static_cast<size_t>(index);
-  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
-}
-
 namespace {
 
 constexpr uint64_t kCollectiveBit = uint64_t{1} << 63;

@@ -41,6 +41,10 @@ class UcxComm final : public Comm {
   Status all_to_allv(std::span<const std::byte> in, std::span<const size_t> send_counts, std::span<std::byte> out,
                      std::span<const size_t> recv_counts) override;
   Status barrier() override;
+  // Deadline of each later collective / point-to-point call. A decode group starts with a long one
+  // (start-up of many processes on few cores is slow) and then shortens it to its step deadline, so a
+  // dead or hung rank fails the step on every survivor in seconds.
+  void set_timeout(std::chrono::milliseconds timeout) { opt_.timeout = timeout; }
 
  private:
   UcxComm(int rank, int size, UcxCommOptions opt) : rank_(rank), size_(size), opt_(opt) {}

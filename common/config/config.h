@@ -97,8 +97,9 @@ Result<ModelConfig> parse_model_config(const std::string& json_text);
 std::string model_config_to_json(const ModelConfig& cfg);
 Result<ModelConfig> load_model_config(const std::string& path);
 
-// Presets: "k3-tiny", "k3-tiny-93", "k3-small", "k3". vocab_size of the tiny presets is set by the
-// caller from the tokenizer it generates (preset value is a placeholder until then).
+// Presets: "k3-tiny", "k3-tiny-h8" (k3-tiny with 8 KDA and MLA heads, for DCP8), "k3-tiny-93", "k3-small",
+// "k3". vocab_size of the tiny presets is set by the caller from the tokenizer it generates (preset value
+// is a placeholder until then).
 Result<ModelConfig> preset_config(const std::string& name);
 std::vector<std::string> preset_names();
 

@@ -119,15 +119,19 @@ ModelConfig k3_preset() {
 
 }  // namespace
 
-std::vector<std::string> preset_names() { return {"k3-tiny", "k3-tiny-93", "k3-small", "k3"}; }
+std::vector<std::string> preset_names() { return {"k3-tiny", "k3-tiny-h8", "k3-tiny-93", "k3-small", "k3"}; }
 
 Result<ModelConfig> preset_config(const std::string& name) {
   ModelConfig c;
   if (name == "k3-tiny") c = tiny_preset(8, 4);
-  else if (name == "k3-tiny-93") c = tiny_preset(93, 12);
+  else if (name == "k3-tiny-h8") {
+    // k3-tiny with 8 KDA and 8 MLA heads: the smallest model a DCP8 decode group can split evenly.
+    c = tiny_preset(8, 4);
+    c.kda.num_heads = c.num_attention_heads = c.num_key_value_heads = 8;
+  } else if (name == "k3-tiny-93") c = tiny_preset(93, 12);
   else if (name == "k3-small") c = small_preset();
   else if (name == "k3") c = k3_preset();
-  else return not_found("unknown preset '" + name + "' (known: k3-tiny, k3-tiny-93, k3-small, k3)");
+  else return not_found("unknown preset '" + name + "' (known: k3-tiny, k3-tiny-h8, k3-tiny-93, k3-small, k3)");
   K3_TRY(validate(c));
   return c;
 }

@@ -1,0 +1,122 @@
+#include "decode_node/group_command.h"
+
+#include <cstring>
+#include <string>
+
+namespace k3::decode {
+namespace {
+
+constexpr uint32_t kSizeTag = 0x6b3001, kCommandTag = 0x6b3002, kLogitsTag = 0x6b3003;
+
+struct Writer {
+  std::vector<std::byte> out;
+  template <class T>
+  void put(const T& v) {
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
+    out.insert(out.end(), p, p + sizeof(T));
+  }
+  void bytes(const std::vector<uint8_t>& b) {
+    put<uint64_t>(b.size());
+    const auto* p = reinterpret_cast<const std::byte*>(b.data());
+    out.insert(out.end(), p, p + b.size());
+  }
+};
+
+struct Reader {
+  std::span<const std::byte> in;
+  size_t at = 0;
+  template <class T>
+  Status get(T& v, const char* what) {
+    if (in.size() - at < sizeof(T)) return invalid_argument(std::string("group command truncated at ") + what);
+    std::memcpy(&v, in.data() + at, sizeof(T));
+    at += sizeof(T);
+    return Status::ok();
+  }
+  Status count(uint64_t& n, size_t min_item, const char* what) {
+    K3_TRY(get(n, what));
+    if (min_item > 0 && n > (in.size() - at) / min_item)
+      return invalid_argument(std::string("group command: ") + what + " count " + std::to_string(n) + " exceeds the message");
+    return Status::ok();
+  }
+};
+
+}  // namespace
+
+std::vector<std::byte> encode_group_command(const GroupCommand& c) {
+  Writer w;
+  w.put<uint8_t>(c.stop);
+  w.put<uint8_t>(c.step);
+  w.put<uint64_t>(c.drops.size());
+  for (uint64_t id : c.drops) w.put(id);
+  w.put<uint64_t>(c.admits.size());
+  for (const auto& a : c.admits) {
+    w.put(a.id);
+    w.put(a.position);
+    w.bytes(a.image);
+  }
+  w.put<uint64_t>(c.feeds.size());
+  for (const auto& f : c.feeds) {
+    w.put(f.id);
+    w.put(f.token);
+  }
+  return std::move(w.out);
+}
+
+Result<GroupCommand> decode_group_command(std::span<const std::byte> bytes) {
+  Reader r{bytes};
+  GroupCommand c;
+  uint8_t stop = 0, step = 0;
+  K3_TRY(r.get(stop, "stop"));
+  K3_TRY(r.get(step, "step"));
+  c.stop = stop != 0;
+  c.step = step != 0;
+  uint64_t n = 0;
+  K3_TRY(r.count(n, sizeof(uint64_t), "drops"));
+  c.drops.resize(n);
+  for (auto& id : c.drops) K3_TRY(r.get(id, "drops"));
+  K3_TRY(r.count(n, 3 * sizeof(uint64_t), "admits"));
+  c.admits.resize(n);
+  for (auto& a : c.admits) {
+    K3_TRY(r.get(a.id, "admit id"));
+    K3_TRY(r.get(a.position, "admit position"));
+    uint64_t len = 0;
+    K3_TRY(r.count(len, 1, "admit image"));
+    a.image.resize(len);
+    std::memcpy(a.image.data(), bytes.data() + r.at, len);
+    r.at += len;
+  }
+  K3_TRY(r.count(n, sizeof(uint64_t) + sizeof(int32_t), "feeds"));
+  c.feeds.resize(n);
+  for (auto& f : c.feeds) {
+    K3_TRY(r.get(f.id, "feed id"));
+    K3_TRY(r.get(f.token, "feed token"));
+  }
+  if (r.at != bytes.size()) return invalid_argument("group command: " + std::to_string(bytes.size() - r.at) + " trailing bytes");
+  return c;
+}
+
+Status send_group_command(Comm& comm, int peer, const GroupCommand& c) {
+  const std::vector<std::byte> payload = encode_group_command(c);
+  const uint64_t size = payload.size();
+  K3_TRY(comm.send(peer, std::as_bytes(std::span(&size, 1)), kSizeTag));
+  return comm.send(peer, payload, kCommandTag);
+}
+
+Result<GroupCommand> recv_group_command(Comm& comm, int leader) {
+  uint64_t size = 0;
+  K3_TRY(comm.recv(leader, std::as_writable_bytes(std::span(&size, 1)), kSizeTag));
+  if (size > (uint64_t{1} << 34)) return invalid_argument("group command of " + std::to_string(size) + " bytes");
+  std::vector<std::byte> payload(size);
+  K3_TRY(comm.recv(leader, payload, kCommandTag));
+  return decode_group_command(payload);
+}
+
+Status send_group_logits(Comm& comm, int leader, std::span<const float> logits) {
+  return comm.send(leader, std::as_bytes(logits), kLogitsTag);
+}
+
+Status recv_group_logits(Comm& comm, int peer, std::span<float> logits) {
+  return comm.recv(peer, std::as_writable_bytes(logits), kLogitsTag);
+}
+
+}  // namespace k3::decode

@@ -1,0 +1,47 @@
+// What the leader of a decode rank group (group_leader.h) tells every other rank before each step, over
+// the group's Comm: the requests that left, the requests that join (each with the rank's own slice of
+// their caches, read out of the transfer region the prefill stages wrote), and the batch to step.
+// A command without a step is a tick: it keeps the members' receive deadline alive while the group idles,
+// so a dead leader is noticed by its members at the step deadline and a dead member by the leader.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/core/comm.h"
+#include "common/core/status.h"
+
+namespace k3::decode {
+
+struct GroupAdmit {
+  uint64_t id = 0;
+  int64_t position = 0;         // tokens of the request cached over the whole group (the prompt length)
+  std::vector<uint8_t> image;   // this rank's packed cache image (engine/cache_io.h)
+};
+
+struct GroupFeed {
+  uint64_t id = 0;
+  int32_t token = 0;
+};
+
+struct GroupCommand {
+  bool stop = false;                 // the leader is shutting down: members exit normally
+  bool step = false;                 // run one decode step (EP: every rank, even with no feeds of its own)
+  std::vector<uint64_t> drops;       // requests to close (ended, aborted or failed)
+  std::vector<GroupAdmit> admits;
+  std::vector<GroupFeed> feeds;      // this rank's batch in step order: one token per request
+};
+
+std::vector<std::byte> encode_group_command(const GroupCommand& c);
+// Errors name what is truncated or inconsistent.
+Result<GroupCommand> decode_group_command(std::span<const std::byte> bytes);
+
+// Size then payload, point to point (tags kept apart from the collectives' own).
+Status send_group_command(Comm& comm, int peer, const GroupCommand& c);
+Result<GroupCommand> recv_group_command(Comm& comm, int leader);
+
+// EP: a member returns the logits of its feeds (B x vocab F32, step order) to the leader.
+Status send_group_logits(Comm& comm, int leader, std::span<const float> logits);
+Status recv_group_logits(Comm& comm, int peer, std::span<float> logits);
+
+}  // namespace k3::decode

@@ -1,0 +1,46 @@
+// The compute of one rank of a decode rank group (leader and members alike): its RankModel (the
+// rank-sliced forward, engine/rank_model.h) and its caches of the requests it serves, driven by the
+// leader's GroupCommands (group_command.h). DCP: every rank serves every request of the group, each with
+// its slice; EP: each rank serves the requests the leader gave it, and every rank joins every step.
+#pragma once
+#include <map>
+#include <memory>
+
+#include "decode_node/group_command.h"
+#include "engine/rank_model.h"
+
+namespace k3::decode {
+
+class GroupWorker {
+ public:
+  static Result<std::unique_ptr<GroupWorker>> create(Backend& backend, const ModelConfig& cfg, const WeightStore& weights,
+                                                     const RankLayout& layout, Comm& comm, const CacheOptions& cache);
+  ~GroupWorker() { close_all(); }
+
+  // A command's pieces. admit imports the image into this rank's caches; an admit that does not fit a
+  // member's caches is an error (the leader imports its own slice first and admits only what its caches
+  // hold; rank 0 of a DCP group holds the most rows). step returns the logits of the feeds ([feeds, vocab]
+  // F32, feed order). A failed collective leaves the group unusable: the caller closes everything.
+  Status admit(const GroupAdmit& a);
+  void drop(uint64_t id);
+  Result<std::vector<float>> step(const std::vector<GroupFeed>& feeds);
+  void close_all();
+
+  size_t num_requests() const { return seqs_.size(); }
+  CachePools& caches() { return model_->caches(); }
+  RankModel& model() { return *model_; }
+
+ private:
+  struct Served {
+    SeqCache seq;
+    int64_t position = 0;
+  };
+  GroupWorker() = default;
+
+  Backend* backend_ = nullptr;
+  ModelConfig cfg_;
+  std::unique_ptr<RankModel> model_;
+  std::map<uint64_t, Served> seqs_;
+};
+
+}  // namespace k3::decode

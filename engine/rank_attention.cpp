@@ -1,0 +1,184 @@
+// The attention of one DCP rank (engine/rank_model.h): KDA over the rank's heads; MLA over the rank's
+// cached tokens with the replicated query, partials merged by heads. Mirrors Model::kda_layer and
+// Model::mla_layer's decode paths op for op, so that each head's numbers are the monolithic ones.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/rank_step.h"
+
+namespace k3::rank {
+
+Tensor Step::gemm(const Tensor& x, const Tensor& w) {
+  Tensor y = alloc({x.dim(0), w.dim(0)});
+  be.gemm({.x = x, .w = w, .y = y});
+  return y;
+}
+
+Tensor Step::rmsnorm(const Tensor& x, const Tensor& w, float eps) {
+  Tensor y = alloc(x.shape());
+  be.rmsnorm({.x = x, .w = w, .y = y, .eps = eps});
+  return y;
+}
+
+Result<Tensor> gather_heads(Step& s, const Tensor& mine) {
+  const int n = s.g.dcp;
+  if (n == 1) return mine;
+  const int64_t R = mine.dim(0), c = mine.dim(1);
+  std::vector<float> all(static_cast<size_t>(n * R * c));
+  K3_TRY(s.all_gather(std::as_bytes(std::span<const float>(mine.f32(), R * c)),
+                      std::as_writable_bytes(std::span<float>(all))));
+  Tensor out = s.alloc({R, n * c});
+  float* o = out.f32();
+  for (int q = 0; q < n; ++q)
+    for (int64_t r = 0; r < R; ++r) std::memcpy(o + r * n * c + q * c, all.data() + (q * R + r) * c, c * sizeof(float));
+  return out;
+}
+
+Result<Tensor> kda_heads(Step& s, int l, const LayerWeights& lw, std::span<const RankItem> batch, const Tensor& x,
+                         CachePools& caches) {
+  const int64_t R = x.dim(0), D = s.cfg.kda.head_dim, Hl = s.cfg.kda.num_heads / s.g.dcp, Pl = Hl * D;
+  const int n = static_cast<int>(batch.size());
+  if (auto why = s.be.supports("kda_decode", {Hl, D}); !why.empty())
+    return invalid_argument("rank decode: the backend has no fused KDA decode for " + std::to_string(Hl) +
+                            " heads of " + std::to_string(D) + ": " + why);
+  Tensor qkv = s.gemm(x, lw.w_qkv);                  // [R, 3 Pl]
+  Tensor f = s.gemm(s.gemm(x, lw.w_fa), lw.w_fb);    // [R, Pl]
+  Tensor blog = s.gemm(x, lw.w_b);                   // [R, Hl]
+  Tensor o = s.alloc({R, Hl, D});
+  std::vector<int32_t> slot_ids;
+  for (const RankItem& it : batch) slot_ids.push_back(it.seq->slot);
+  Tensor slots = s.be.from_host(Tensor::from_i32({n}, slot_ids), DType::I32);
+  s.be.kda_decode({.qkv = qkv, .conv_w = lw.conv_w, .conv_cache = caches.kda_conv(l), .f = f, .a_log = lw.a_log,
+                   .dt_bias = lw.dt_bias, .b = blog, .state = caches.kda_state(l), .slots = slots, .o = o,
+                   .heads = static_cast<int>(Hl), .g_min = s.cfg.kda.gate_lower_bound});
+  Tensor on = s.rmsnorm(o.reshape({R * Hl, D}), lw.o_norm, s.cfg.rms_norm_eps).reshape({R, Pl});
+  Tensor z = s.gemm(x, lw.w_g);
+  Tensor gated = s.alloc({R, Pl});
+  s.be.sigmoid_mul({.x = on, .gate = z, .y = gated});
+  return gather_heads(s, gated);
+}
+
+namespace {
+
+// Rows `ids` of a 2-D table, [ids.size(), cols].
+Tensor take(Step& s, const Tensor& table, const std::vector<int32_t>& ids) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  Tensor y = s.alloc({n, table.dim(1)});
+  s.be.embedding({.table = table, .ids = s.be.from_host(Tensor::from_i32({n}, ids), DType::I32), .y = y});
+  return y;
+}
+
+}  // namespace
+
+Result<Tensor> mla_heads(Step& s, int l, const LayerWeights& lw, std::span<const RankItem> batch, const Tensor& x,
+                         CachePools& caches) {
+  const ModelConfig& cfg = s.cfg;
+  const int64_t B = x.dim(0), H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim, dr = cfg.qk_rope_head_dim,
+                dv = cfg.v_head_dim, r = cfg.kv_lora_rank, dqk = dn + dr, W = r + dr;
+  const int N = s.g.dcp, V = s.g.kv_partitions, Vr = V / N;
+  const int64_t Hm = H / N;
+  const float scale = 1.f / std::sqrt(static_cast<float>(dqk));
+  const int64_t page_size = caches.options().page_size;
+
+  Tensor q = s.gemm(s.rmsnorm(s.gemm(x, lw.w_qa), lw.qa_norm, 1e-6f), lw.w_qb);  // [B, H*dqk]
+  Tensor a = s.gemm(x, lw.w_kva);                                               // [B, r + dr]
+  Tensor c = s.alloc({B, r});
+  s.be.copy_cols({.src = a, .dst = c, .src_col = 0, .ncols = r});
+  Tensor cn = s.rmsnorm(c, lw.kva_norm, 1e-6f);
+  s.be.copy_cols({.src = cn, .dst = a, .dst_col = 0});
+
+  // The new rows go to the ranks that own their positions (local row position / N).
+  Tensor& pool = caches.mla_kv(l);
+  Tensor pool_rows = pool.reshape({pool.dim(0) * pool.dim(1), W});
+  std::vector<int32_t> src_rows, dst_rows;
+  for (int64_t b = 0; b < B; ++b) {
+    const RankItem& it = batch[b];
+    if (!dcp_owns(s.g, it.position)) continue;
+    const int64_t local = it.position / N;
+    src_rows.push_back(static_cast<int32_t>(b));
+    dst_rows.push_back(static_cast<int32_t>(CacheLayout::paged_row(it.seq->pages, page_size, local)));
+  }
+  if (!src_rows.empty()) {
+    const int64_t m = static_cast<int64_t>(src_rows.size());
+    s.be.scatter_rows({.src = take(s, a, src_rows),
+                       .ids = s.be.from_host(Tensor::from_i32({m}, dst_rows), DType::I32), .dst = pool_rows});
+  }
+
+  // The absorbed query, replicated on every rank.
+  Tensor qv = q.reshape({B * H, dqk});
+  Tensor qn = s.alloc({B * H, dn}), qr = s.alloc({B * H, dr});
+  s.be.copy_cols({.src = qv, .dst = qn, .src_col = 0, .ncols = dn});
+  s.be.copy_cols({.src = qv, .dst = qr, .src_col = dn, .ncols = dr});
+  Tensor qlat = s.alloc({B, H, r});
+  s.be.head_gemm({.x = qn.reshape({B, H, dn}), .w = lw.w_uk_t, .y = qlat});
+
+  // One attention entry per (item, owned partition j): partition v = rank + N*j holds the tokens
+  // p = v, v + V, ... of the request, at local rows p / N, read through a page_size-1 view of the pool.
+  const int64_t E = B * Vr;
+  std::vector<int32_t> rep(E), lens(E);
+  std::vector<std::vector<int32_t>> rows(E);
+  size_t max_len = 1;
+  for (int64_t b = 0; b < B; ++b) {
+    const RankItem& it = batch[b];
+    for (int j = 0; j < Vr; ++j) {
+      const int64_t e = b * Vr + j, v = s.g.dcp_rank() + static_cast<int64_t>(N) * j;
+      rep[e] = static_cast<int32_t>(b);
+      for (int64_t p = v; p <= it.position; p += V)
+        rows[e].push_back(static_cast<int32_t>(CacheLayout::paged_row(it.seq->pages, page_size, p / N)));
+      lens[e] = static_cast<int32_t>(rows[e].size());
+      max_len = std::max(max_len, rows[e].size());
+    }
+  }
+  std::vector<int32_t> table(E * max_len, 0);
+  for (int64_t e = 0; e < E; ++e) std::copy(rows[e].begin(), rows[e].end(), table.begin() + e * max_len);
+  Tensor part_o = s.alloc({E, H, r});
+  Tensor part_lse = s.alloc({E, H}, DType::F32);
+  s.be.mla_decode({.q_lat = take(s, qlat.reshape({B, H * r}), rep).reshape({E, H, r}),
+                   .q_rope = take(s, qr.reshape({B, H * dr}), rep).reshape({E, H, dr}),
+                   .kv_cache = pool.reshape({pool.dim(0) * pool.dim(1), 1, W}),
+                   .block_table = s.be.from_host(Tensor::from_i32({E, static_cast<int64_t>(max_len)}, table), DType::I32),
+                   .seq_lens = s.be.from_host(Tensor::from_i32({E}, lens), DType::I32), .o = part_o, .lse = part_lse,
+                   .scale = scale});
+
+  // All-to-all by heads: rank q receives every rank's partials of its heads q*Hm .. (q+1)*Hm - 1; then
+  // each rank merges V partitions in partition order v = rank' + N*j.
+  Tensor o_parts = s.alloc({V, B, Hm, r});
+  Tensor lse_parts = s.alloc({V, B, Hm}, DType::F32);
+  {
+    const int64_t block = E * Hm * (r + 1);  // floats per (source, destination): o then lse
+    std::vector<float> out(N * block), in(N * block);
+    const float *po = part_o.f32(), *pl = part_lse.f32();
+    for (int q = 0; q < N; ++q) {
+      float* blk = out.data() + q * block;
+      for (int64_t e = 0; e < E; ++e) {
+        std::memcpy(blk + e * Hm * r, po + (e * H + q * Hm) * r, Hm * r * sizeof(float));
+        std::memcpy(blk + E * Hm * r + e * Hm, pl + e * H + q * Hm, Hm * sizeof(float));
+      }
+    }
+    if (N == 1) in.swap(out);
+    else K3_TRY(s.all_to_all(std::as_bytes(std::span<const float>(out)), std::as_writable_bytes(std::span<float>(in))));
+    float *oo = o_parts.f32(), *ol = lse_parts.f32();
+    for (int q = 0; q < N; ++q) {
+      const float* blk = in.data() + q * block;
+      for (int64_t b = 0; b < B; ++b)
+        for (int j = 0; j < Vr; ++j) {
+          const int64_t e = b * Vr + j, v = q + static_cast<int64_t>(N) * j;
+          std::memcpy(oo + (v * B + b) * Hm * r, blk + e * Hm * r, Hm * r * sizeof(float));
+          std::memcpy(ol + (v * B + b) * Hm, blk + E * Hm * r + e * Hm, Hm * sizeof(float));
+        }
+    }
+  }
+  Tensor olat = s.alloc({B, Hm, r});
+  s.be.lse_merge({.o_parts = o_parts, .lse_parts = lse_parts, .o = olat, .lse = Tensor()});
+  Tensor o = s.alloc({B, Hm, dv});
+  s.be.head_gemm({.x = olat, .w = lw.w_uv, .y = o});
+  Tensor gz = s.gemm(x, lw.w_g);
+  Tensor gated = s.alloc({B, Hm * dv});
+  s.be.sigmoid_mul({.x = o.reshape({B, Hm * dv}), .gate = gz, .y = gated});
+  return gather_heads(s, gated);
+}
+
+}  // namespace k3::rank

@@ -1,0 +1,51 @@
+// Internal to the rank-sliced forward (engine/rank_model.h): one decode step's context (backend, layout,
+// communicator, timers) and the pieces rank_model.cpp composes per layer. Not a public interface.
+#pragma once
+#include <span>
+
+#include "common/core/comm.h"
+#include "engine/model_weights.h"
+#include "engine/rank_model.h"
+
+namespace k3::rank {
+
+struct Step {
+  Backend& be;
+  const ModelConfig& cfg;
+  const RankLayout& g;
+  Comm& comm;
+  CollectiveTimes& times;
+
+  Tensor alloc(Shape shape) { return be.alloc(shape, be.compute_dtype()); }
+  Tensor alloc(Shape shape, DType dtype) { return be.alloc(shape, dtype); }
+  Tensor gemm(const Tensor& x, const Tensor& w);
+  Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps);
+
+  // The collectives, timed into `times`.
+  Status all_gather(std::span<const std::byte> mine, std::span<std::byte> all);
+  Status all_to_all(std::span<const std::byte> in, std::span<std::byte> out);
+  Status all_to_allv(std::span<const std::byte> in, std::span<const size_t> send, std::span<std::byte> out,
+                     std::span<const size_t> recv);
+  Status all_reduce(std::span<float> data);
+};
+
+// Each DCP rank's [R, c] block of head outputs, gathered into [R, dcp * c] (rank-major columns = head
+// order). dcp = 1: returns `mine`.
+Result<Tensor> gather_heads(Step& s, const Tensor& mine);
+
+// The gated outputs of all heads of one attention layer, [R, P] (KDA) or [R, H * dv] (MLA), before the
+// output projection. Each DCP rank computes its own heads; MLA appends the new rows on their owners.
+Result<Tensor> kda_heads(Step& s, int layer, const LayerWeights& lw, std::span<const RankItem> batch, const Tensor& x,
+                         CachePools& caches);
+Result<Tensor> mla_heads(Step& s, int layer, const LayerWeights& lw, std::span<const RankItem> batch, const Tensor& x,
+                         CachePools& caches);
+
+// The FFN of rows `x` into `out` ([rows, d]); rows may be 0. Routed experts are local (dcp groups and
+// single ranks) or exchanged with the EP ranks (every EP rank calls it for every MoE layer, in lockstep).
+Status ffn(Step& s, int layer, const LayerWeights& lw, const Tensor& x, Tensor& out);
+
+// The expert combine: y[m] = sum over slots j (in order) of weights[m, j] * h[m * k + j], from zero, as
+// moe_experts sums (compiled without FMA contraction, like the kernels).
+void combine_slots(const float* h, const float* weights, int64_t rows, int64_t k, int64_t width, float* y);
+
+}  // namespace k3::rank

@@ -1,0 +1,221 @@
+// Decode rank groups served by k3-cluster: deploy/cluster-dcp.json (two prefill PP2 instances + one decode
+// instance of DP2 x DCP8 on k3-tiny-h8) and deploy/cluster-ep.json (DP2 x EP4 on k3-tiny). Concurrent
+// requests over HTTP, greedy and seeded, with prompts longer than the group so every DCP rank holds
+// tokens, give the tokens of k3-generate. A rank killed mid-stream ends every request of its group with an
+// error within 5 s, the other group serves on with the right tokens, and the survivors' caches and
+// transfer pools are all free.
+// DCP8 runs as the spec file says (21 processes: router, 4 prefill stages, 2 x 8 decode ranks); they sleep
+// on events, and the whole case takes ~13 s on the 2-core machine.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <fstream>
+#include <future>
+#include <regex>
+
+#include "tests/cluster_e2e/cluster_launch.h"
+#include "tests/cluster_e2e/stream_load.h"
+#include "tests/router/http_client.h"
+#include "tests/support/generate_reference.h"
+#include "tests/support/run_command.h"
+#include "tests/transfer/process_guard.h"
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using k3::test::HttpConnection;
+using k3::test::HttpReply;
+using k3::test::StreamOutcome;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// The spec file with a model dir in `dir`, a free port, and (when > 0) the DCP size replaced.
+std::string write_spec(const std::string& file, const std::string& dir, int dcp) {
+  std::ifstream in(std::string(K3_SOURCE_DIR) + "/deploy/" + file);
+  json spec = json::parse(in);
+  spec["model"] = dir + "/model";
+  spec["router"]["port"] = 0;
+  spec["router"]["served_model_name"] = "k3-tiny";
+  if (dcp > 0) spec["decode"][0]["dcp"] = dcp;
+  std::ofstream(dir + "/spec.json") << spec.dump(2);
+  return dir + "/spec.json";
+}
+
+std::vector<int32_t> complete(int port, const std::vector<int32_t>& prompt, int max_tokens, float temperature,
+                              uint64_t seed) {
+  HttpConnection c(port);
+  c.send_request("POST", "/v1/completions",
+                 json({{"model", "k3-tiny"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", temperature},
+                       {"seed", seed}, {"ignore_eos", true}, {"return_token_ids", true}})
+                     .dump());
+  const HttpReply r = c.read_reply(180s);
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  return json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
+}
+
+// Prompts of 9..37 tokens: longer than any group here, so every DCP rank holds some of each prompt.
+std::vector<std::vector<int32_t>> long_prompts() {
+  std::vector<std::vector<int32_t>> out;
+  for (int len : {9, 17, 23, 37}) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>((len * 31 + i * 7) % 500 + 1));
+    out.push_back(p);
+  }
+  return out;
+}
+
+// Concurrent greedy and seeded requests == k3-generate; both DP groups served some.
+void check_tokens(const k3::test::LaunchedCluster& c, const std::string& model) {
+  const auto prompts = long_prompts();
+  constexpr int kMax = 6;
+  struct Case {
+    size_t prompt;
+    float temperature;
+    uint64_t seed;
+  };
+  std::vector<Case> cases;
+  for (size_t i = 0; i < prompts.size(); ++i) cases.push_back({i, 0.f, 0});
+  for (size_t i = 0; i < prompts.size(); ++i) cases.push_back({i, 0.75f, 11 + i});
+  std::vector<std::future<std::vector<int32_t>>> replies;
+  const int port = c.port;
+  for (const Case& k : cases)
+    replies.push_back(std::async(std::launch::async, [port, &prompts, k] {
+      return complete(port, prompts[k.prompt], kMax, k.temperature, k.seed);
+    }));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO("prompt " << cases[i].prompt << " (" << prompts[cases[i].prompt].size() << " tokens), temperature "
+                   << cases[i].temperature << ", seed " << cases[i].seed);
+    CHECK(replies[i].get() == k3::test::k3_generate_tokens(model, prompts[cases[i].prompt], kMax, cases[i].temperature,
+                                                           cases[i].seed));
+  }
+  const auto m = k3::test::read_metrics(c.port);
+  for (const char* node : {"decode/d-0", "decode/d-1"})
+    CHECK(k3::test::metric_or(m, std::string("k3_cluster_placements_total{node=\"") + node + "\"}") >= 1);
+}
+
+// Streams on both groups, a member of decode/d-0 SIGKILLed once both groups decode: d-0's streams end
+// with an error event within 5 s, d-1's finish with k3-generate's tokens, the survivors free everything.
+void check_rank_death(k3::test::LaunchedCluster& c, const std::string& model, int group_size) {
+  const auto prompts = long_prompts();
+  constexpr int kMax = 160;
+  std::vector<std::future<std::pair<StreamOutcome, Clock::time_point>>> streams;
+  const int port = c.port;
+  for (const auto& p : prompts)
+    streams.push_back(std::async(std::launch::async, [port, p] {
+      StreamOutcome o = k3::test::stream_completion(port, p, kMax, 120s);
+      return std::make_pair(o, Clock::now());
+    }));
+  // Both groups decode (their leaders' heartbeats report running requests) before the kill.
+  const auto until = Clock::now() + 120s;
+  for (;;) {
+    const auto m = k3::test::read_metrics(port);
+    if (k3::test::metric_or(m, "k3_cluster_node_running{node=\"decode/d-0\"}") >= 1 &&
+        k3::test::metric_or(m, "k3_cluster_node_running{node=\"decode/d-1\"}") >= 1)
+      break;
+    REQUIRE(Clock::now() < until);
+    std::this_thread::sleep_for(50ms);
+  }
+  const std::string victim = "decode/d-0/" + std::to_string(group_size - 1);
+  REQUIRE(c.pids.count(victim));
+  const auto killed_at = Clock::now();
+  REQUIRE(::kill(c.pids.at(victim), SIGKILL) == 0);
+  int failed = 0, finished = 0;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    auto [o, end] = streams[i].get();
+    INFO("stream " << i << ": " << k3::test::outcome_name(o.kind) << " " << o.error << " after "
+                   << std::chrono::duration<double>(end - killed_at).count() << " s from the kill");
+    if (o.kind == StreamOutcome::Kind::ErrorEvent) {
+      ++failed;
+      CHECK(end - killed_at < 5s);
+      CHECK(o.tokens < static_cast<size_t>(kMax));
+    } else {
+      REQUIRE(o.kind == StreamOutcome::Kind::Done);
+      ++finished;
+      CHECK(o.ids == k3::test::k3_generate_tokens(model, prompts[i], kMax));
+    }
+  }
+  CHECK(failed >= 1);    // d-0's requests
+  CHECK(finished >= 1);  // d-1's requests
+
+  // The survivors of d-0 report what they hold after closing everything: all pages and slots free; the
+  // leader's transfer pool is whole again.
+  std::map<std::string, std::string> free_lines, idle_lines;
+  const auto lines_until = Clock::now() + 30s;
+  while (free_lines.size() < static_cast<size_t>(group_size - 1) && Clock::now() < lines_until) {
+    auto line = c.proc->read_line(500ms);
+    if (!line) continue;
+    std::smatch hit;
+    if (std::regex_match(*line, hit, std::regex("NODE (decode/d-0[^ ]*) FREE (.*)"))) free_lines[hit[1]] = hit[2];
+    if (std::regex_match(*line, hit, std::regex("NODE decode/d-0 IDLE ([0-9]+) ([0-9]+)"))) idle_lines["d-0"] = hit[1].str() + " " + hit[2].str();
+  }
+  INFO("FREE lines of " << free_lines.size() << " survivors");
+  CHECK(free_lines.size() == static_cast<size_t>(group_size - 1));
+  for (const auto& [node, f] : free_lines) {
+    INFO(node << " FREE " << f);
+    int fp = 0, np = 0, fs = 0, ns = 0;
+    REQUIRE(std::sscanf(f.c_str(), "%d %d %d %d", &fp, &np, &fs, &ns) == 4);
+    CHECK(fp == np);
+    CHECK(fs == ns);
+  }
+  if (idle_lines.count("d-0")) {
+    unsigned long long fr = 0, cap = 0;
+    std::sscanf(idle_lines["d-0"].c_str(), "%llu %llu", &fr, &cap);
+    CHECK(fr == cap);
+  }
+  // The other group still serves new requests.
+  const auto m = k3::test::read_metrics(port);
+  CHECK(k3::test::metric_or(m, "k3_cluster_node_up{node=\"decode/d-1\"}", 1) == 1);
+  CHECK(complete(port, prompts[1], 4, 0.f, 0) == k3::test::k3_generate_tokens(model, prompts[1], 4));
+}
+
+// `dcp` 0: the spec file's.
+void run_dcp(int dcp) {
+  k3::test::TempDir dir("cluster-dcp");
+  const std::string spec = write_spec("cluster-dcp.json", dir.path(), dcp);
+  if (dcp == 0) dcp = 8;
+  k3::test::LaunchedCluster c = k3::test::launch_cluster(spec);
+  CHECK(c.pids.size() == static_cast<size_t>(1 + 2 * dcp + 4));  // router, 2 groups of dcp, 2 x PP2 prefill
+  check_tokens(c, dir.path() + "/model");
+  check_rank_death(c, dir.path() + "/model", dcp);
+  ::kill(c.proc->pid(), SIGTERM);
+  c.proc->wait_exit(30s);
+}
+
+}  // namespace
+
+TEST_CASE("deploy/cluster-dcp.json and cluster-ep.json describe DP2 x DCP8 and DP2 x EP4 groups", "[cluster_e2e][ranks]") {
+  for (const char* file : {"cluster-dcp.json", "cluster-ep.json"}) {
+    std::ifstream in(std::string(K3_SOURCE_DIR) + "/deploy/" + file);
+    const json spec = json::parse(in);
+    CHECK(spec.at("prefill").size() == 2);
+    CHECK(spec.at("decode").size() == 1);
+    CHECK(spec.at("decode").at(0).at("dp") == 2);
+  }
+  std::ifstream dcp(std::string(K3_SOURCE_DIR) + "/deploy/cluster-dcp.json");
+  const json d = json::parse(dcp);
+  CHECK(d.at("decode").at(0).at("dcp") == 8);
+  CHECK(d.at("generate").at("preset") == "k3-tiny-h8");
+  std::ifstream ep(std::string(K3_SOURCE_DIR) + "/deploy/cluster-ep.json");
+  CHECK(json::parse(ep).at("decode").at(0).at("ep") == 4);
+}
+
+TEST_CASE("k3-cluster: deploy/cluster-dcp.json (DP2 x DCP8, 16 decode processes) == k3-generate; a rank killed "
+          "mid-stream fails only its group",
+          "[cluster_e2e][ranks]") {
+  run_dcp(0);
+}
+
+TEST_CASE("k3-cluster: deploy/cluster-ep.json (DP2 x EP4) == k3-generate; a rank killed mid-stream fails only its group",
+          "[cluster_e2e][ranks]") {
+  k3::test::TempDir dir("cluster-ep");
+  const std::string spec = write_spec("cluster-ep.json", dir.path(), 0);
+  k3::test::LaunchedCluster c = k3::test::launch_cluster(spec);
+  CHECK(c.pids.size() == static_cast<size_t>(1 + 2 * 4 + 4));
+  check_tokens(c, dir.path() + "/model");
+  check_rank_death(c, dir.path() + "/model", 4);
+  ::kill(c.proc->pid(), SIGTERM);
+  c.proc->wait_exit(30s);
+}

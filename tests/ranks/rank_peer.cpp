@@ -1,0 +1,83 @@
+// One rank process of the rank-group tests: joins the group's UCX communicator, runs the rank_scenario.h
+// workload on its slice and prints one line per (step, request) it serves: "L <step> <request> <digest>",
+// then "DONE". Rank 0 prints "BOUND <endpoint>" first.
+//   k3-test-rank-peer <rank> <size> <endpoint> <heads> <seed> <dcp> <ep> <kv_partitions> [<step_deadline_ms>]
+// With a step deadline the rank runs a long scenario for the rank-death tests: after start-up it
+// shortens the communicator's deadline, prints "STEP <n>" after each step and, when a step fails (a peer
+// died), closes every request and prints "FAILED <steady clock µs> <status>" and "FREE <free pages> <pages> <free slots>
+// <slots>" (what the pools hold once everything is released).
+#include <cstdio>
+#include <cstdlib>
+#include <chrono>
+#include <string>
+
+#include "tests/ranks/rank_scenario.h"
+#include "transfer/comm_ucx.h"
+
+using namespace k3;
+using namespace k3::test::ranks;
+
+namespace {
+
+int run_until_failure(const RankLayout& g, transfer::UcxComm& comm, int heads, uint64_t seed,
+                      std::chrono::milliseconds deadline) {
+  const Scenario sc = make_scenario(heads, seed, 3, 1000);  // ~35 s of steps: the kill comes long before the end
+  auto run = setup_rank(sc, g, comm);
+  if (!run.is_ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", g.rank, run.status().to_string().c_str());
+    return 1;
+  }
+  if (auto s = comm.barrier(); !s.is_ok()) return 1;  // every rank is set up: steps are quick from here
+  comm.set_timeout(deadline);
+  for (size_t st = 0; st < sc.steps.size(); ++st) {
+    auto out = (*run)->step(sc, st);
+    if (!out.is_ok()) {
+      (*run)->close();
+      CachePools& pools = (*run)->model->caches();
+      const auto now = std::chrono::steady_clock::now().time_since_epoch();  // CLOCK_MONOTONIC: machine-wide
+      std::printf("FAILED %lld %s\n", static_cast<long long>(std::chrono::duration_cast<std::chrono::microseconds>(now).count()),
+                  out.status().to_string().c_str());
+      std::printf("FREE %d %d %d %d\n", pools.free_pages(), pools.options().num_pages, pools.free_slots(),
+                  pools.options().max_seqs);
+      std::fflush(stdout);
+      return 0;
+    }
+    std::printf("STEP %zu\n", st);
+    std::fflush(stdout);
+  }
+  std::printf("DONE\n");
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 9 && argc != 10) {
+    std::fprintf(stderr, "usage: %s rank size endpoint heads seed dcp ep kv_partitions\n", argv[0]);
+    return 2;
+  }
+  const int rank = std::atoi(argv[1]), size = std::atoi(argv[2]);
+  const RankLayout g{.dcp = std::atoi(argv[6]), .ep = std::atoi(argv[7]), .kv_partitions = std::atoi(argv[8]), .rank = rank};
+  auto comm = transfer::UcxComm::create(rank, size, argv[3], {}, [](const std::string& ep) {
+    std::printf("BOUND %s\n", ep.c_str());
+    std::fflush(stdout);
+  });
+  if (!comm.is_ok()) {
+    std::fprintf(stderr, "comm: %s\n", comm.status().to_string().c_str());
+    return 1;
+  }
+  if (argc == 10) return run_until_failure(g, **comm, std::atoi(argv[4]), std::strtoull(argv[5], nullptr, 10),
+                                           std::chrono::milliseconds(std::atoi(argv[9])));
+  const Scenario sc = make_scenario(std::atoi(argv[4]), std::strtoull(argv[5], nullptr, 10));
+  auto out = run_group(sc, g, **comm);
+  if (!out.is_ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, out.status().to_string().c_str());
+    return 1;
+  }
+  for (size_t s = 0; s < out->size(); ++s)
+    for (auto& [req, lg] : (*out)[s]) std::printf("L %zu %d %016llx\n", s, req, static_cast<unsigned long long>(fnv(lg.data(), lg.size() * 4)));
+  std::printf("DONE\n");
+  std::fflush(stdout);
+  return 0;
+}

@@ -1,0 +1,163 @@
+#include "transfer/nccl/comm_nccl.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "transfer/nccl/ordered_sum.h"
+
+namespace k3::transfer {
+namespace {
+
+Status nccl_status(ncclResult_t r, const std::string& what) {
+  if (r == ncclSuccess) return Status::ok();
+  return Status(Code::Internal, what + ": " + ncclGetErrorString(r));
+}
+Status cuda_status(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return Status::ok();
+  return Status(Code::Internal, what + ": " + cudaGetErrorString(e));
+}
+
+// Group of point-to-point calls: NCCL runs them concurrently (no deadlock between pairs).
+struct NcclGroup {
+  NcclGroup() { ncclGroupStart(); }
+  ~NcclGroup() { if (!ended) ncclGroupEnd(); }
+  Status end() {
+    ended = true;
+    return nccl_status(ncclGroupEnd(), "ncclGroupEnd");
+  }
+  bool ended = false;
+};
+
+}  // namespace
+
+Result<NcclId> NcclComm::new_unique_id() {
+  ncclUniqueId id;
+  K3_TRY(nccl_status(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+  NcclId out;
+  std::memcpy(out.data(), id.internal, out.size());
+  return out;
+}
+
+Result<std::unique_ptr<NcclComm>> NcclComm::create(int rank, int size, const NcclId& id, int device) {
+  if (size < 1) return invalid_argument("NcclComm: size must be >= 1, got " + std::to_string(size));
+  if (rank < 0 || rank >= size)
+    return invalid_argument("NcclComm: rank " + std::to_string(rank) + " outside 0.." + std::to_string(size - 1));
+  int devices = 0;
+  K3_TRY(cuda_status(cudaGetDeviceCount(&devices), "NcclComm: cudaGetDeviceCount"));
+  if (device < 0 || device >= devices)
+    return invalid_argument("NcclComm: device " + std::to_string(device) + " outside the " + std::to_string(devices) +
+                            " visible CUDA devices");
+  std::unique_ptr<NcclComm> c(new NcclComm(rank, size, device));
+  K3_TRY(cuda_status(cudaSetDevice(device), "NcclComm: cudaSetDevice"));
+  K3_TRY(cuda_status(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "NcclComm: cudaStreamCreate"));
+  ncclUniqueId uid;
+  std::memcpy(uid.internal, id.data(), id.size());
+  K3_TRY(nccl_status(ncclCommInitRank(&c->comm_, size, uid, rank), "ncclCommInitRank"));
+  return c;
+}
+
+NcclComm::~NcclComm() {
+  cudaSetDevice(device_);
+  if (comm_) ncclCommDestroy(comm_);
+  if (scratch_) cudaFree(scratch_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+Status NcclComm::finish(const char* what) {
+  return cuda_status(cudaStreamSynchronize(stream_), std::string("NcclComm ") + what);
+}
+
+Result<float*> NcclComm::scratch(size_t floats) {
+  if (floats > scratch_floats_) {
+    if (scratch_) K3_TRY(cuda_status(cudaFree(scratch_), "NcclComm: cudaFree"));
+    scratch_ = nullptr;
+    K3_TRY(cuda_status(cudaMalloc(&scratch_, floats * sizeof(float)), "NcclComm: scratch cudaMalloc"));
+    scratch_floats_ = floats;
+  }
+  return scratch_;
+}
+
+Status NcclComm::send(int peer, std::span<const std::byte> data, uint32_t tag) {
+  if (tag != 0) return invalid_argument("NcclComm::send: NCCL has no tags (tag " + std::to_string(tag) + ")");
+  if (peer < 0 || peer >= size_ || peer == rank_) return invalid_argument("NcclComm::send: bad peer " + std::to_string(peer));
+  K3_TRY(nccl_status(ncclSend(data.data(), data.size(), ncclUint8, peer, comm_, stream_), "ncclSend"));
+  return finish("send");
+}
+
+Status NcclComm::recv(int peer, std::span<std::byte> data, uint32_t tag) {
+  if (tag != 0) return invalid_argument("NcclComm::recv: NCCL has no tags (tag " + std::to_string(tag) + ")");
+  if (peer < 0 || peer >= size_ || peer == rank_) return invalid_argument("NcclComm::recv: bad peer " + std::to_string(peer));
+  K3_TRY(nccl_status(ncclRecv(data.data(), data.size(), ncclUint8, peer, comm_, stream_), "ncclRecv"));
+  return finish("recv");
+}
+
+Status NcclComm::all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {
+  if (all.size() != mine.size() * size_)
+    return invalid_argument("all_gather: all has " + std::to_string(all.size()) + " bytes, expected size x " +
+                            std::to_string(mine.size()));
+  K3_TRY(nccl_status(ncclAllGather(mine.data(), all.data(), mine.size(), ncclUint8, comm_, stream_), "ncclAllGather"));
+  return finish("all_gather");
+}
+
+Status NcclComm::all_to_allv(std::span<const std::byte> in, std::span<const size_t> send_counts,
+                             std::span<std::byte> out, std::span<const size_t> recv_counts) {
+  if (send_counts.size() != size_t(size_) || recv_counts.size() != size_t(size_))
+    return invalid_argument("all_to_allv: send_counts and recv_counts need " + std::to_string(size_) + " entries");
+  size_t st = 0, rt = 0;
+  for (int p = 0; p < size_; ++p) st += send_counts[p], rt += recv_counts[p];
+  if (st != in.size() || rt != out.size()) return invalid_argument("all_to_allv: counts do not add up to the buffers");
+  if (send_counts[rank_] != recv_counts[rank_]) return invalid_argument("all_to_allv: self send != self recv count");
+  size_t so = 0, ro = 0;
+  NcclGroup group;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) {
+      if (send_counts[p])
+        K3_TRY(cuda_status(cudaMemcpyAsync(out.data() + ro, in.data() + so, send_counts[p], cudaMemcpyDeviceToDevice, stream_),
+                           "all_to_allv: self copy"));
+    } else {
+      if (send_counts[p]) K3_TRY(nccl_status(ncclSend(in.data() + so, send_counts[p], ncclUint8, p, comm_, stream_), "ncclSend"));
+      if (recv_counts[p]) K3_TRY(nccl_status(ncclRecv(out.data() + ro, recv_counts[p], ncclUint8, p, comm_, stream_), "ncclRecv"));
+    }
+    so += send_counts[p];
+    ro += recv_counts[p];
+  }
+  K3_TRY(group.end());
+  return finish("all_to_allv");
+}
+
+Status NcclComm::all_to_all(std::span<const std::byte> in, std::span<std::byte> out) {
+  if (in.size() != out.size() || in.size() % size_ != 0)
+    return invalid_argument("all_to_all: in and out must be equal and divisible into " + std::to_string(size_) + " blocks");
+  std::vector<size_t> counts(size_, in.size() / size_);
+  return all_to_allv(in, counts, out, counts);
+}
+
+Status NcclComm::reduce_scatter_sum(std::span<const float> in, std::span<float> out) {
+  if (in.size() != out.size() * size_)
+    return invalid_argument("reduce_scatter_sum: in has " + std::to_string(in.size()) + " floats, expected size " +
+                            std::to_string(size_) + " x out " + std::to_string(out.size()));
+  K3_ASSIGN_OR_RETURN(float* parts, scratch(in.size()));
+  // Block p of every rank's `in` lands at parts[q * out.size()] on rank p, in rank order q.
+  K3_TRY(all_to_all(std::as_bytes(in), std::as_writable_bytes(std::span<float>(parts, in.size()))));
+  K3_TRY(cuda_status(ordered_sum(parts, size_, out.size(), out.data(), stream_), "reduce_scatter_sum: ordered_sum"));
+  return finish("reduce_scatter_sum");
+}
+
+Status NcclComm::all_reduce_sum(std::span<float> data) {
+  const size_t n = data.size();
+  K3_ASSIGN_OR_RETURN(float* all, scratch(n * size_));
+  // Every rank gathers every contribution and adds them in rank order: the same bits everywhere.
+  K3_TRY(nccl_status(ncclAllGather(data.data(), all, n, ncclFloat32, comm_, stream_), "ncclAllGather"));
+  K3_TRY(cuda_status(ordered_sum(all, size_, n, data.data(), stream_), "all_reduce_sum: ordered_sum"));
+  return finish("all_reduce_sum");
+}
+
+Status NcclComm::barrier() {
+  K3_ASSIGN_OR_RETURN(float* slots, scratch(size_));
+  // In place: this rank's float is slot rank() of the gathered array.
+  K3_TRY(nccl_status(ncclAllGather(slots + rank_, slots, 1, ncclFloat32, comm_, stream_), "barrier"));
+  return finish("barrier");
+}
+
+}  // namespace k3::transfer
