@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
   try {
     auto cfg = preset.empty() ? load_model_config(config_file) : preset_config(preset);
     if (!cfg.is_ok()) return fail(cfg.status());
-    const bool tiny_preset = preset.rfind("k3-tiny", 0) == 0;
+    const bool tiny_preset = preset.rfind("k3-tiny", 0) == 0 || preset == "kimi-linear-tiny";
     const DType dtype = dtype_text == "f32" ? DType::F32 : DType::BF16;
 
     // The tensor list does not depend on the tokenizer (vocab_size is checked, not changed, for

@@ -244,7 +244,8 @@ void CudaBackend::situ(const ops::SituParams& p) {
   const char* op = "situ";
   need_shape(op, "u", p.u, p.g.shape());
   need_shape(op, "y", p.y, p.g.shape());
-  launch_situ(fin(op, "g", p.g), fin(op, "u", p.u), fout(op, "y", p.y), p.g.numel(), p.beta, p.beta_linear, stream_);
+  launch_situ(fin(op, "g", p.g), fin(op, "u", p.u), fout(op, "y", p.y), p.g.numel(), p.beta, p.beta_linear,
+              p.act == ops::GluAct::Silu, stream_);
 }
 
 void CudaBackend::router_topk(const ops::RouterTopkParams& p) {
@@ -286,6 +287,7 @@ void CudaBackend::moe_experts(const ops::MoeExpertsParams& p) {
   need_shape(op, "y", p.y, {a.M, a.Dl});
   a.beta = p.beta;
   a.beta_linear = p.beta_linear;
+  a.silu = p.act == ops::GluAct::Silu;
   if (moe_grouped_supported(a)) launch_moe_grouped(a, stream_);
   else launch_moe_experts(a, stream_);
 }
