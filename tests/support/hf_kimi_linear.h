@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -25,7 +26,15 @@ class HfKimiLinearModels {
  public:
   // variants: comma-separated names from the script, empty for all. available() is false (and the
   // reason is in skip_reason()) only when the test venv lacks torch/transformers (exit 77).
+  // K3_HF_KIMI_LINEAR_DIR: reuse the output of an earlier run of the script (its --out folder) instead
+  // of running it (it imports torch: about a minute on a quiet 2-core machine).
   explicit HfKimiLinearModels(const std::string& variants = "") : tmp_("hf-kimi-linear") {
+    if (const char* reuse = std::getenv("K3_HF_KIMI_LINEAR_DIR")) {
+      for (const std::string name : {"qnull_dense1", "qlora_dense2"})
+        if (variants.empty() || variants.find(name) != std::string::npos) load(std::string(reuse) + "/" + name);
+      REQUIRE_FALSE(models_.empty());
+      return;
+    }
     const std::string tok = tmp_.path() + "/tokenizer";
     REQUIRE(run_command("mkdir -p '" + tok + "'").exit_code == 0);
     const int vocab = write_tiny_tokenizer(tok).value();
@@ -42,19 +51,8 @@ class HfKimiLinearModels {
     }
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
-    for (const std::string& line : split_lines(r.out)) {
-      if (line.rfind("wrote ", 0) != 0) continue;
-      HfKimiLinearModel m;
-      m.dir = line.substr(6);
-      m.name = m.dir.substr(m.dir.rfind('/') + 1);
-      std::ifstream(m.dir + "/oracle.json") >> m.oracle;
-      std::ifstream bin(m.dir + "/logits.f32", std::ios::binary);
-      const size_t n = m.oracle.at("prompts").size() * m.oracle.at("prompts").at(0).size() * size_t(vocab);
-      m.logits.resize(n);
-      bin.read(reinterpret_cast<char*>(m.logits.data()), std::streamsize(n * sizeof(float)));
-      REQUIRE(bin.gcount() == std::streamsize(n * sizeof(float)));
-      models_.push_back(std::move(m));
-    }
+    for (const std::string& line : split_lines(r.out))
+      if (line.rfind("wrote ", 0) == 0) load(line.substr(6));
     REQUIRE_FALSE(models_.empty());
   }
 
@@ -63,6 +61,20 @@ class HfKimiLinearModels {
   const std::vector<HfKimiLinearModel>& models() const { return models_; }
 
  private:
+  void load(const std::string& dir) {
+    HfKimiLinearModel m;
+    m.dir = dir;
+    m.name = dir.substr(dir.rfind('/') + 1);
+    std::ifstream(dir + "/oracle.json") >> m.oracle;
+    std::ifstream bin(dir + "/logits.f32", std::ios::binary);
+    const size_t n = m.oracle.at("prompts").size() * m.oracle.at("prompts").at(0).size() *
+                     m.oracle.at("vocab").get<size_t>();
+    m.logits.resize(n);
+    bin.read(reinterpret_cast<char*>(m.logits.data()), std::streamsize(n * sizeof(float)));
+    REQUIRE(bin.gcount() == std::streamsize(n * sizeof(float)));
+    models_.push_back(std::move(m));
+  }
+
   static std::vector<std::string> split_lines(const std::string& s) {
     std::vector<std::string> out;
     size_t pos = 0;
