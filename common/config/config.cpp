@@ -17,6 +17,8 @@ namespace k3 {
 namespace {
 
 using config_detail::FieldReader;
+using config_detail::float_json;
+using config_detail::positive;
 using Json = nlohmann::json;
 
 // HF bookkeeping keys that say nothing about the model's math; accepted and dropped.
@@ -86,19 +88,6 @@ Status parse_fields(const Json& obj, const std::string& prefix, ModelConfig& c) 
   K3_TRY(r.read("attn_res_block_size", c.attn_res_block_size));
   K3_TRY(r.read("num_nextn_predict_layers", c.num_nextn_predict_layers));
   return r.finish();
-}
-
-// Shortest decimal text that reads back as the same float, stored as the double of that text so
-// the JSON shows "1e-05" rather than the float's binary expansion, and parses back bit-exactly.
-Json float_json(float v) {
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof(buf), v);
-  return Json(std::strtod(std::string(buf, res.ptr).c_str(), nullptr));
-}
-
-Status positive(const std::string& field, int64_t v) {
-  if (v > 0) return Status::ok();
-  return invalid_argument(field + " must be > 0 (got " + std::to_string(v) + ")");
 }
 
 Status positive_finite(const std::string& field, float v) {

@@ -7,9 +7,7 @@
 #include "common/config/config_kimi_linear.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
-#include <cstdlib>
 #include <set>
 
 #include "common/config/field_reader.h"
@@ -18,6 +16,8 @@ namespace k3 {
 namespace {
 
 using config_detail::FieldReader;
+using config_detail::float_json;
+using config_detail::positive;
 using Json = nlohmann::json;
 
 // No effect on the forward pass of a NoPE, inference-only model; accepted and dropped.
@@ -31,11 +31,6 @@ const std::set<std::string> kIgnoredKeys = {
 
 Status refuse_unless(bool ok, const std::string& field, const std::string& why) {
   return ok ? Status::ok() : unsupported(field + ": " + why);
-}
-
-Status positive(const std::string& field, int64_t v) {
-  if (v > 0) return Status::ok();
-  return invalid_argument(field + " must be > 0 (got " + std::to_string(v) + ")");
 }
 
 Status parse_linear_attn(const Json& obj, const std::string& prefix, KdaConfig& kda) {
@@ -100,13 +95,6 @@ Status dense_count_from_mlp_types(const std::string& field, const std::vector<st
     return invalid_argument(field + " has " + std::to_string(dense) + " leading dense layers but first_k_dense_replace = " +
                             std::to_string(first_k_dense));
   return Status::ok();
-}
-
-// Shortest decimal text that reads back as the same float (as config.cpp writes floats).
-Json float_json(float v) {
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof(buf), v);
-  return Json(std::strtod(std::string(buf, res.ptr).c_str(), nullptr));
 }
 
 }  // namespace

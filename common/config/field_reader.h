@@ -1,7 +1,9 @@
 // Reads typed fields out of one JSON config object and remembers which keys it consumed, so that
 // whatever is left at the end is an unknown key. Shared by the config parsers of each model family.
 #pragma once
+#include <charconv>
 #include <cstdint>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <vector>
@@ -148,5 +150,18 @@ class FieldReader {
   std::string prefix_;
   std::set<std::string> seen_;
 };
+
+// Shortest decimal text that reads back as the same float, stored as the double of that text so
+// the JSON shows "1e-05" rather than the float's binary expansion, and parses back bit-exactly.
+inline Json float_json(float v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  return Json(std::strtod(std::string(buf, res.ptr).c_str(), nullptr));
+}
+
+inline Status positive(const std::string& field, int64_t v) {
+  if (v > 0) return Status::ok();
+  return invalid_argument(field + " must be > 0 (got " + std::to_string(v) + ")");
+}
 
 }  // namespace k3::config_detail
