@@ -282,6 +282,8 @@ std::string kimi_linear_config_to_json(const ModelConfig& c) {
   if (c.bos_token_id != -1) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
   else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
+  // Inference never pads; null keeps transformers' default (163839) from pointing past a small vocab.
+  j["pad_token_id"] = nullptr;
   Json la = Json::object();
   la["num_heads"] = c.kda.num_heads;
   la["head_dim"] = c.kda.head_dim;

@@ -9,7 +9,10 @@ OUT/<variant>/oracle.json:
   logits_file:   "logits.f32": float32 [8, 64, vocab], teacher-forced logits of every position
   gen_prompts:   2 shorter prompts;  greedy: 32 greedy tokens after each (transformers' generate)
 
-Usage: hf_kimi_linear_oracle.py --out DIR --tokenizer-dir DIR --vocab N [--variants a,b]
+With --load DIR (repeatable) it also loads an existing directory with from_pretrained (e.g. what
+k3-genweights --preset kimi-linear-tiny wrote) and writes the same oracle files into it.
+
+Usage: hf_kimi_linear_oracle.py --out DIR --tokenizer-dir DIR --vocab N [--variants a,b] [--load DIR]
 Exit status 77 when torch or transformers cannot be imported (the test reports it as skipped).
 """
 import argparse
@@ -89,17 +92,22 @@ def main():
     ap.add_argument("--vocab", type=int, required=True)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--load", action="append", default=[])
     a = ap.parse_args()
     torch.set_num_threads(2)
     t0 = time.time()
-    for k, name in enumerate(a.variants.split(",")):
-        v = VARIANTS[name]
-        d = os.path.join(a.out, name)
-        model = build(v, a.vocab, a.seed + 100 * k)
-        # Small shards exercise model.safetensors.index.json as transformers writes it.
-        model.save_pretrained(d, max_shard_size="100KB" if v["shards"] else "10GB")
-        for f in ("tiktoken.model", "tokenizer_config.json"):
-            shutil.copy(os.path.join(a.tokenizer_dir, f), os.path.join(d, f))
+    jobs = [(name, os.path.join(a.out, name)) for name in a.variants.split(",") if name]
+    jobs += [(None, d) for d in a.load]
+    for k, (name, d) in enumerate(jobs):
+        if name is None:
+            model = KimiLinearForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        else:
+            v = VARIANTS[name]
+            model = build(v, a.vocab, a.seed + 100 * k)
+            # Small shards exercise model.safetensors.index.json as transformers writes it.
+            model.save_pretrained(d, max_shard_size="100KB" if v["shards"] else "10GB")
+            for f in ("tiktoken.model", "tokenizer_config.json"):
+                shutil.copy(os.path.join(a.tokenizer_dir, f), os.path.join(d, f))
         g = torch.Generator().manual_seed(a.seed + k)
         prompts = torch.randint(0, a.vocab, (8, 64), generator=g)
         with torch.no_grad():
@@ -111,7 +119,7 @@ def main():
         with open(os.path.join(d, "oracle.json"), "w") as f:
             json.dump(oracle, f)
         print(f"wrote {d}")
-        print(f"{name}: {time.time() - t0:.1f} s since start", file=sys.stderr)
+        print(f"{d}: {time.time() - t0:.1f} s since start", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 // 1 and 2 dense layers, one of them sharded with model.safetensors.index.json) are loaded as they are;
 // every position's logits of 8 prompts x 64 tokens match transformers' within 1e-4 of the logits' scale
 // (fp32), in one batched prefill and along an incremental decode; k3-generate's 32 greedy tokens equal
-// transformers' greedy tokens.
+// transformers' greedy tokens. The same holds for k3-genweights' kimi-linear-tiny loaded by transformers
+// with from_pretrained (the generator writes the Hugging Face layout).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -35,8 +36,19 @@ double rel_diff(const float* a, const float* b, int64_t n) {
   return num / den;
 }
 
+// k3-genweights' kimi-linear-tiny, f32, in a temp dir that lives as long as the process.
+std::string genweights_dir() {
+  static const k3::test::TempDir dir("genweights-kimi-linear");
+  const std::string out = dir.path() + "/genweights-kimi-linear-tiny";
+  static const int rc = k3::test::run_command(std::string(K3_BIN_DIR) + "/k3-genweights --preset kimi-linear-tiny "
+                                              "--dtype f32 --seed 5 --quiet --out '" + out + "'").exit_code;
+  REQUIRE(rc == 0);
+  return out;
+}
+
 const HfKimiLinearModels& hf_models() {
-  static const HfKimiLinearModels models;  // built once per test process (imports torch: slow)
+  // Built once per test process (imports torch: slow).
+  static const HfKimiLinearModels models("", {genweights_dir()});
   return models;
 }
 
@@ -63,7 +75,7 @@ TEST_CASE("transformers' Kimi Linear directories load with the family's variants
     WARN("skipped: " << hf.skip_reason());
     return;
   }
-  REQUIRE(hf.models().size() == 2);
+  REQUIRE(hf.models().size() == 3);
   for (const HfKimiLinearModel& m : hf.models()) {
     INFO(m.name);
     const ModelConfig cfg = load_model_config(m.dir + "/config.json").value();
@@ -74,7 +86,10 @@ TEST_CASE("transformers' Kimi Linear directories load with the family's variants
     CHECK_FALSE(cfg.mla_use_output_gate);
     CHECK_FALSE(cfg.kda.use_full_rank_gate);
     CHECK(cfg.uses_silu());
-    if (m.name == "qnull_dense1") {
+    if (m.name == "genweights-kimi-linear-tiny") {
+      CHECK(cfg.num_hidden_layers == 8);
+      CHECK(cfg.kda.full_attn_layers == std::vector<int>{4, 8});
+    } else if (m.name == "qnull_dense1") {
       CHECK(cfg.q_lora_rank == 0);
       CHECK(cfg.first_k_dense_replace == 1);
       CHECK(cfg.kda.full_attn_layers == std::vector<int>{4});

@@ -26,12 +26,17 @@ class HfKimiLinearModels {
  public:
   // variants: comma-separated names from the script, empty for all. available() is false (and the
   // reason is in skip_reason()) only when the test venv lacks torch/transformers (exit 77).
+  // load_dirs: existing model directories (e.g. k3-genweights output) that transformers loads with
+  // from_pretrained and computes the same reference outputs for (written into those directories).
   // K3_HF_KIMI_LINEAR_DIR: reuse the output of an earlier run of the script (its --out folder) instead
   // of running it (it imports torch: about a minute on a quiet 2-core machine).
-  explicit HfKimiLinearModels(const std::string& variants = "") : tmp_("hf-kimi-linear") {
+  explicit HfKimiLinearModels(const std::string& variants = "", const std::vector<std::string>& load_dirs = {})
+      : tmp_("hf-kimi-linear") {
     if (const char* reuse = std::getenv("K3_HF_KIMI_LINEAR_DIR")) {
       for (const std::string name : {"qnull_dense1", "qlora_dense2"})
         if (variants.empty() || variants.find(name) != std::string::npos) load(std::string(reuse) + "/" + name);
+      for (const std::string& d : load_dirs)
+        if (std::ifstream(d + "/oracle.json")) load(d);
       REQUIRE_FALSE(models_.empty());
       return;
     }
@@ -39,10 +44,11 @@ class HfKimiLinearModels {
     REQUIRE(run_command("mkdir -p '" + tok + "'").exit_code == 0);
     const int vocab = write_tiny_tokenizer(tok).value();
     const std::string python = std::string(K3_BIN_DIR) + "/../venv/bin/python3";
-    const std::string cmd = "'" + python + "' " + std::string(K3_SOURCE_DIR) +
+    std::string cmd = "'" + python + "' " + std::string(K3_SOURCE_DIR) +
                             "/tests/kimi_linear/hf_kimi_linear_oracle.py --out '" + tmp_.path() +
                             "' --tokenizer-dir '" + tok + "' --vocab " + std::to_string(vocab) +
                             (variants.empty() ? "" : " --variants " + variants);
+    for (const std::string& d : load_dirs) cmd += " --load '" + d + "'";
     const CommandResult r = run_command(cmd);
     if (r.exit_code == 77 || r.exit_code == 127) {
       skip_ = "the test venv (" + python + ") has no torch/transformers: run tools/test.sh, which installs "
