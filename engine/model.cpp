@@ -17,6 +17,12 @@ std::vector<int32_t> cu_seqlens(std::span<const BatchItem> batch) {
   return cu;
 }
 
+ops::GateForm gate_form(const ModelConfig& cfg) {
+  return cfg.kda.gate_form == KdaGateForm::Softplus ? ops::GateForm::Softplus : ops::GateForm::LowerBoundedSigmoid;
+}
+
+ops::GluAct glu_act(const ModelConfig& cfg) { return cfg.uses_silu() ? ops::GluAct::Silu : ops::GluAct::Situ; }
+
 bool all_single_token_decode(std::span<const BatchItem> batch) {
   for (const BatchItem& it : batch)
     if (it.num_new != 1 || it.seq->num_tokens == 0) return false;
@@ -102,7 +108,9 @@ void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePoo
   for (int l = begin_; l < end_; ++l) {
     const LayerWeights& lw = w_->layers[l - begin_];
     // AttnRes (docs/MODEL.md §4.2): mix before this layer's attention, then snapshot at block starts.
-    Tensor h = act.bank.empty() ? act.partial : attn_res_mix(lw.att_query, act);
+    // A plain residual stream (Kimi Linear) is the partial sum itself: no mix, no bank, no block starts.
+    const bool attn_res = cfg_.uses_attn_res();
+    Tensor h = !attn_res || act.bank.empty() ? act.partial : attn_res_mix(lw.att_query, act);
     const bool new_block = cfg_.starts_block(l);
     if (new_block) act.bank.push_back(act.partial);
     Tensor x = rmsnorm(h, lw.in_norm, eps);
@@ -117,7 +125,7 @@ void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePoo
     } else {
       backend_.add({.a = act.partial, .b = y, .y = act.partial});
     }
-    Tensor h2 = attn_res_mix(lw.mlp_query, act);
+    Tensor h2 = attn_res ? attn_res_mix(lw.mlp_query, act) : act.partial;
     Tensor x2 = rmsnorm(h2, lw.post_norm, eps);
     Tensor f = alloc({rows, cfg_.hidden_size});
     phase(cfg_.is_dense_ffn(l) ? LayerPhase::Dense : LayerPhase::Moe);
@@ -144,7 +152,8 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   if (all_single_token_decode(batch) && backend_.supports("kda_decode", {H, D}).empty()) {
     backend_.kda_decode({.qkv = qkv, .conv_w = lw.conv_w, .conv_cache = caches.kda_conv(l), .f = f,
                          .a_log = lw.a_log, .dt_bias = lw.dt_bias, .b = blog, .state = caches.kda_state(l),
-                         .slots = slots, .o = o, .heads = static_cast<int>(H), .g_min = cfg_.kda.gate_lower_bound});
+                         .slots = slots, .o = o, .heads = static_cast<int>(H), .g_min = cfg_.kda.gate_lower_bound,
+                         .form = gate_form(cfg_)});
   } else {
     auto cu_host = cu_seqlens(batch);
     Tensor cu = index_ ? index_->cu_seqlens : backend_.from_host(Tensor::from_i32({n + 1}, cu_host), DType::I32);
@@ -160,7 +169,7 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
     backend_.l2norm({.x = kh, .y = kh, .eps = 1e-6f, .scale = 1.f});
     Tensor g = alloc({R, H, D}, DType::F32);
     backend_.kda_gate({.f = f, .a_log = lw.a_log, .dt_bias = lw.dt_bias, .g = g, .heads = static_cast<int>(H),
-                       .g_min = cfg_.kda.gate_lower_bound});
+                       .g_min = cfg_.kda.gate_lower_bound, .form = gate_form(cfg_)});
     Tensor beta = alloc({R, H}, DType::F32);
     backend_.sigmoid(blog, beta);
     // Checkpoints as the op's table: column j of row i is the slot that receives sequence i's state after
@@ -184,11 +193,13 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
                         .beta = beta, .state = caches.kda_state(l), .slots = slots, .cu_seqlens = cu, .o = o,
                         .chunk_size = kKdaChunkTokens,
                         .checkpoints = width > 0 ? caches.kda_state(l) : Tensor(), .checkpoint_slots = ckpt_table,
-                        .checkpoint_interval = width > 0 ? kKdaChunkTokens : 0});
+                        .checkpoint_interval = width > 0 ? kKdaChunkTokens : 0,
+                        .bounded_gate = gate_form(cfg_) == ops::GateForm::LowerBoundedSigmoid});
   }
   // Gated RMSNorm per head (shared o_norm weight), then the output projection.
   Tensor on = rmsnorm(o.reshape({R * H, D}), lw.o_norm, cfg_.rms_norm_eps).reshape({R, P});
-  Tensor z = gemm(x, lw.w_g);
+  // Output gate logits: full rank (K3) or through a rank-D bottleneck (Kimi Linear).
+  Tensor z = cfg_.kda.use_full_rank_gate ? gemm(x, lw.w_g) : gemm(gemm(x, lw.w_ga), lw.w_gb);
   Tensor gated = alloc({R, P});
   backend_.sigmoid_mul({.x = on, .gate = z, .y = gated});
   backend_.gemm({.x = gated, .w = lw.w_o, .y = out});
@@ -230,7 +241,8 @@ void Model::mla_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   const float scale = 1.f / std::sqrt(static_cast<float>(dqk));
   const int page_size = caches.options().page_size;
 
-  Tensor q = gemm(rmsnorm(gemm(x, lw.w_qa), lw.qa_norm, 1e-6f), lw.w_qb);   // [R, H*dqk]
+  // [R, H*dqk], through the low-rank bottleneck when the config has one.
+  Tensor q = cfg_.uses_q_lora() ? gemm(rmsnorm(gemm(x, lw.w_qa), lw.qa_norm, 1e-6f), lw.w_qb) : gemm(x, lw.w_q);
   Tensor a = gemm(x, lw.w_kva);                                              // [R, r + dr] = [c | k^R]
   Tensor c = alloc({R, r});
   backend_.copy_cols({.src = a, .dst = c, .src_col = 0, .ncols = r});
@@ -293,6 +305,10 @@ void Model::mla_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
       r0 += T;
     }
   }
+  if (!cfg_.mla_use_output_gate) {
+    backend_.gemm({.x = o.reshape({R, H * dv}), .w = lw.w_o, .y = out});
+    return;
+  }
   Tensor gz = gemm(x, lw.w_g);
   Tensor gated = alloc({R, H * dv});
   backend_.sigmoid_mul({.x = o.reshape({R, H * dv}), .gate = gz, .y = gated});
@@ -304,7 +320,7 @@ void Model::ffn_layer(int l, const Tensor& x, Tensor& out) {
   const float beta = cfg_.activation_situ_beta, beta_l = cfg_.activation_situ_linear_beta;
   auto situ_mlp = [&](const Tensor& wg, const Tensor& wu, const Tensor& wd, Tensor& y) {
     Tensor g = gemm(x, wg), u = gemm(x, wu);
-    backend_.situ({.g = g, .u = u, .y = g, .beta = beta, .beta_linear = beta_l});
+    backend_.situ({.g = g, .u = u, .y = g, .beta = beta, .beta_linear = beta_l, .act = glu_act(cfg_)});
     backend_.gemm({.x = g, .w = wd, .y = y});
   };
   if (cfg_.is_dense_ffn(l)) {
@@ -317,12 +333,17 @@ void Model::ffn_layer(int l, const Tensor& x, Tensor& out) {
   Tensor ids = alloc({R, k}, DType::I32), weights = alloc({R, k}, DType::F32);
   backend_.router_topk({.logits = logits, .bias = lw.router_bias, .ids = ids, .weights = weights,
                         .k = static_cast<int>(k), .scale = cfg_.routed_scaling_factor});
-  Tensor z = gemm(x, lw.lat_down);
-  Tensor y = alloc({R, cfg_.routed_expert_hidden_size});
-  backend_.moe_experts({.z = z, .ids = ids, .weights = weights, .w1 = lw.w1, .w3 = lw.w3, .w2 = lw.w2, .y = y,
-                        .beta = beta, .beta_linear = beta_l});
-  Tensor yn = rmsnorm(y, lw.lat_norm, cfg_.rms_norm_eps);
-  backend_.gemm({.x = yn, .w = lw.lat_up, .y = out});
+  if (cfg_.uses_latent_moe()) {
+    Tensor z = gemm(x, lw.lat_down);
+    Tensor y = alloc({R, cfg_.routed_expert_hidden_size});
+    backend_.moe_experts({.z = z, .ids = ids, .weights = weights, .w1 = lw.w1, .w3 = lw.w3, .w2 = lw.w2, .y = y,
+                          .beta = beta, .beta_linear = beta_l, .act = glu_act(cfg_)});
+    Tensor yn = rmsnorm(y, lw.lat_norm, cfg_.rms_norm_eps);
+    backend_.gemm({.x = yn, .w = lw.lat_up, .y = out});
+  } else {  // full-width experts write the layer output directly
+    backend_.moe_experts({.z = x, .ids = ids, .weights = weights, .w1 = lw.w1, .w3 = lw.w3, .w2 = lw.w2, .y = out,
+                          .beta = beta, .beta_linear = beta_l, .act = glu_act(cfg_)});
+  }
   if (cfg_.num_shared_experts > 0) {
     Tensor ys = alloc(out.shape());
     situ_mlp(lw.shared_gate, lw.shared_up, lw.shared_down, ys);
@@ -336,7 +357,7 @@ Tensor Model::logits(const Activations& act, std::span<const int32_t> rows) {
 
 Tensor Model::backend_logits(const Activations& act, std::span<const int32_t> rows) {
   K3_CHECK(end_ == cfg_.num_hidden_layers, "logits() on a model range that does not end at the last layer");
-  Tensor h = attn_res_mix(w_->out_query, act);
+  Tensor h = cfg_.uses_attn_res() ? attn_res_mix(w_->out_query, act) : act.partial;
   const int64_t n = static_cast<int64_t>(rows.size());
   Tensor sel = alloc({n, cfg_.hidden_size});
   K3_CHECK(!index_ || index_->last_rows.numel() == n, "logits: the step index holds another number of rows");

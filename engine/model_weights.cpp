@@ -66,16 +66,25 @@ void load_kda(Uploader& u, const ModelConfig& cfg, const std::string& p, LayerWe
   lw.a_log = u.up_f32(a_log.reshape({a_log.numel()}).slice_rows(0, H).clone());
   lw.dt_bias = u.up_f32(u.host(p + "dt_bias"));
   lw.w_b = u.get(p + "b_proj.weight");
-  lw.w_g = u.get(p + "g_proj.weight");
+  if (cfg.kda.use_full_rank_gate) {
+    lw.w_g = u.get(p + "g_proj.weight");
+  } else {
+    lw.w_ga = u.get(p + "g_a_proj.weight");
+    lw.w_gb = u.get(p + "g_b_proj.weight");
+  }
   lw.o_norm = u.get(p + "o_norm.weight");
   lw.w_o = u.get(p + "o_proj.weight");
 }
 
 void load_mla(Uploader& u, const ModelConfig& cfg, const std::string& p, LayerWeights& lw) {
   const int64_t H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim, dv = cfg.v_head_dim, r = cfg.kv_lora_rank;
-  lw.w_qa = u.get(p + "q_a_proj.weight");
-  lw.qa_norm = u.get(p + "q_a_layernorm.weight");
-  lw.w_qb = u.get(p + "q_b_proj.weight");
+  if (cfg.uses_q_lora()) {
+    lw.w_qa = u.get(p + "q_a_proj.weight");
+    lw.qa_norm = u.get(p + "q_a_layernorm.weight");
+    lw.w_qb = u.get(p + "q_b_proj.weight");
+  } else {
+    lw.w_q = u.get(p + "q_proj.weight");
+  }
   lw.w_kva = u.get(p + "kv_a_proj_with_mqa.weight");
   lw.kva_norm = u.get(p + "kv_a_layernorm.weight");
   Tensor kvb = u.host(p + "kv_b_proj.weight");   // [H*(dn+dv), r]
@@ -90,7 +99,7 @@ void load_mla(Uploader& u, const ModelConfig& cfg, const std::string& p, LayerWe
   }
   lw.w_uk_t = u.up(uk_t);
   lw.w_uv = u.up(uv);
-  lw.w_g = u.get(p + "g_proj.weight");
+  if (cfg.mla_use_output_gate) lw.w_g = u.get(p + "g_proj.weight");
   lw.w_o = u.get(p + "o_proj.weight");
 }
 
@@ -101,12 +110,15 @@ void load_ffn(Uploader& u, const ModelConfig& cfg, int l, const std::string& p, 
     lw.dense_down = u.get(p + "down_proj.weight");
     return;
   }
-  const int64_t E = cfg.num_experts, f = cfg.moe_intermediate_size, dl = cfg.routed_expert_hidden_size;
+  const int64_t E = cfg.num_experts, f = cfg.moe_intermediate_size,
+                dl = cfg.uses_latent_moe() ? cfg.routed_expert_hidden_size : cfg.hidden_size;
   lw.router = u.get(p + "gate.weight");  // compute dtype (the GEMM's operand); logits come out F32
   lw.router_bias = u.up_f32(u.host(p + "gate.e_score_correction_bias"));
-  lw.lat_down = u.get(p + "routed_expert_down_proj.weight");
-  lw.lat_norm = u.get(p + "routed_expert_norm.weight");
-  lw.lat_up = u.get(p + "routed_expert_up_proj.weight");
+  if (cfg.uses_latent_moe()) {
+    lw.lat_down = u.get(p + "routed_expert_down_proj.weight");
+    lw.lat_norm = u.get(p + "routed_expert_norm.weight");
+    lw.lat_up = u.get(p + "routed_expert_up_proj.weight");
+  }
   std::vector<Tensor> w1, w3, w2;
   for (int64_t e = 0; e < E; ++e) {
     const std::string ep = p + "experts." + std::to_string(e) + ".";
@@ -135,18 +147,21 @@ Result<std::unique_ptr<Model::Weights>> upload_weights(Backend& backend, const M
   if (end == cfg.num_hidden_layers) {
     w->final_norm = u.get("model.norm.weight");
     w->lm_head = u.get("lm_head.weight");
-    w->out_query = u.query("model.output_attn_res_proj.weight", "model.output_attn_res_norm.weight");
+    if (cfg.uses_attn_res())
+      w->out_query = u.query("model.output_attn_res_proj.weight", "model.output_attn_res_norm.weight");
   }
   for (int l = begin; l < end; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerWeights lw;
     lw.in_norm = u.get(p + "input_layernorm.weight");
     lw.post_norm = u.get(p + "post_attention_layernorm.weight");
-    lw.att_query = u.query(p + "self_attention_res_proj.weight", p + "self_attention_res_norm.weight");
-    lw.mlp_query = u.query(p + "mlp_res_proj.weight", p + "mlp_res_norm.weight");
+    if (cfg.uses_attn_res()) {
+      lw.att_query = u.query(p + "self_attention_res_proj.weight", p + "self_attention_res_norm.weight");
+      lw.mlp_query = u.query(p + "mlp_res_proj.weight", p + "mlp_res_norm.weight");
+    }
     if (cfg.layer_kind(l) == LayerKind::Kda) load_kda(u, cfg, p + "self_attn.", lw);
     else load_mla(u, cfg, p + "self_attn.", lw);
-    load_ffn(u, cfg, l, p + "mlp.", lw);
+    load_ffn(u, cfg, l, p + (cfg.is_dense_ffn(l) ? std::string("mlp.") : moe_prefix(cfg)), lw);
     w->layers.push_back(std::move(lw));
   }
   return w;

@@ -10,26 +10,28 @@ namespace k3 {
 
 struct LayerWeights {
   Tensor in_norm, post_norm;          // [d]
-  Tensor att_query, mlp_query;        // [d] F32, w ⊙ γ
+  Tensor att_query, mlp_query;        // [d] F32, w ⊙ γ (AttnRes only)
   // KDA
   Tensor w_qkv;                       // [3P, d]
   Tensor conv_w;                      // [3P, W]
   Tensor w_fa, w_fb;                  // [D, d], [P, D]
   Tensor a_log, dt_bias;              // [H] F32, [P] F32
   Tensor w_b;                         // [H, d]
-  Tensor w_g;                         // [P, d] (KDA) or [H*dv, d] (MLA)
+  Tensor w_g;                         // [P, d] (KDA full-rank gate) or [H*dv, d] (gated MLA); else empty
+  Tensor w_ga, w_gb;                  // KDA low-rank output gate: [D, d], [P, D]
   Tensor o_norm;                      // [D]
   Tensor w_o;                         // [d, P] or [d, H*dv]
   // MLA
   Tensor w_qa, qa_norm, w_qb;         // [r_q, d], [r_q], [H*dqk, r_q]
+  Tensor w_q;                         // [H*dqk, d] when there is no query bottleneck
   Tensor w_kva, kva_norm, w_kvb;      // [r_kv+dr, d], [r_kv], [H*(dn+dv), r_kv]
   Tensor w_uk_t;                      // [H, r_kv, dn]
   Tensor w_uv;                        // [H, dv, r_kv]
   // FFN
   Tensor dense_gate, dense_up, dense_down;
   Tensor router, router_bias;         // [E, d] compute dtype, [E] F32
-  Tensor lat_down, lat_norm, lat_up;  // [dl, d], [dl], [d, dl]
-  Tensor w1, w3, w2;                  // [E, f, dl], [E, f, dl], [E, dl, f]
+  Tensor lat_down, lat_norm, lat_up;  // [dl, d], [dl], [d, dl] (LatentMoE only)
+  Tensor w1, w3, w2;                  // [E, f, dl], [E, f, dl], [E, dl, f]; dl = d without the latent
   Tensor shared_gate, shared_up, shared_down;
 };
 
@@ -37,7 +39,7 @@ struct Model::Weights {
   Tensor embed;                       // [V, d]
   Tensor final_norm;                  // [d]
   Tensor lm_head;                     // [V, d]
-  Tensor out_query;                   // [d] F32
+  Tensor out_query;                   // [d] F32 (AttnRes only)
   std::vector<LayerWeights> layers;   // index l - begin
 };
 

@@ -13,6 +13,12 @@
 
 namespace k3::ops {
 
+// The KDA decay gate's form (docs/MODEL.md §2.2): K3's lower-bounded sigmoid or Kimi Linear's
+// unbounded softplus, g = -exp(A_log[h]) * softplus(f + dt_bias).
+enum class GateForm { LowerBoundedSigmoid, Softplus };
+// The gated MLP activation act(g, u): K3's SiTU or SiLU(g) * u.
+enum class GluAct { Situ, Silu };
+
 // y = alpha * x @ w^T + beta * y.
 struct GemmParams {
   Tensor x;  // [M, K]
@@ -56,9 +62,10 @@ struct KdaGateParams {
   Tensor f;        // [T, H*D] decay logits
   Tensor a_log;    // [>=H] F32 (the K3 file stores 128 values; the first H are used)
   Tensor dt_bias;  // [H*D] F32
-  Tensor g;        // [T, H, D] F32 output (log-decay, in (g_min, 0))
+  Tensor g;        // [T, H, D] F32 output (log-decay, in (g_min, 0); Softplus: any value < 0)
   int heads = 0;
-  float g_min = -5.f;
+  float g_min = -5.f;  // LowerBoundedSigmoid only
+  GateForm form = GateForm::LowerBoundedSigmoid;
 };
 
 // KDA over a varlen batch. q, k are already L2-normalised (q also scaled by D^-1/2).
@@ -84,6 +91,7 @@ struct KdaParams {
   Tensor checkpoints;       // [num_ckpt_slots, H, V, K] F32, written only (empty when I = 0)
   Tensor checkpoint_slots;  // [N, M] I32
   int checkpoint_interval = 0;
+  bool bounded_gate = true;  // every g >= -5 (K3's gate); false for Kimi Linear's softplus gate
 };
 
 // One decode token per request, fused: conv update on q/k/v, L2 norm, gate, beta, delta rule.
@@ -100,6 +108,7 @@ struct KdaDecodeParams {
   Tensor o;           // [B, H, D] output (before gated norm)
   int heads = 0;
   float g_min = -5.f;
+  GateForm form = GateForm::LowerBoundedSigmoid;
 };
 
 // Causal attention with materialised K/V (MLA prefill, NoPE). The T query rows sit at absolute
@@ -151,8 +160,9 @@ struct SituParams {
   Tensor g;  // [M, F]
   Tensor u;  // [M, F]
   Tensor y;  // [M, F] output (may alias g)
-  float beta = 4.f;
+  float beta = 4.f;         // Situ only
   float beta_linear = 25.f;
+  GluAct act = GluAct::Situ;
 };
 
 // noaux_tc router: s = sigmoid(logits) (fp32); pick top-k of s + bias; weights = rho * s / sum(s_sel).
@@ -175,8 +185,9 @@ struct MoeExpertsParams {
   Tensor w3;       // [E, F, Dl]
   Tensor w2;       // [E, Dl, F]
   Tensor y;        // [M, Dl] output
-  float beta = 4.f;
+  float beta = 4.f;         // Situ only
   float beta_linear = 25.f;
+  GluAct act = GluAct::Situ;  // Silu: the experts are SiLU-gated MLPs (Kimi Linear)
 };
 
 // Element-wise helpers the model composes.

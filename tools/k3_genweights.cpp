@@ -162,7 +162,8 @@ Status write_weights(const fs::path& dir, const ModelConfig& cfg, uint64_t seed,
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "k3-genweights: write a random K3-architecture model directory.\n"
+      "k3-genweights: write a random model directory: K3 (kimi_k3) or, with the kimi-linear-* presets or a\n"
+      "kimi_linear config, Kimi Linear in the Hugging Face layout (docs/MODELS.md).\n"
       "Writes OUT/config.json, the weights and a small generated tokenizer (OUT/tiktoken.model,\n"
       "OUT/tokenizer_config.json). Weights that fit in --shard-size (default 5GB) go to OUT/model.safetensors;\n"
       "larger ones are split, in order, into OUT/model-00001-of-0000N.safetensors ... plus\n"
@@ -170,8 +171,9 @@ int main(int argc, char** argv) {
       "size, eos and bos ids are taken from that tokenizer; for other configs vocab_size must cover it and\n"
       "missing eos/bos ids are taken from it. Weights are deterministic for a given seed: each tensor is drawn\n"
       "from its own generator seeded by (seed, tensor name); see docs/MODEL_INIT.md for the distributions.\n"
-      "Matrices and norm weights use --dtype; A_log, dt_bias, the conv taps and the router correction bias\n"
-      "are always F32. Models larger than 4 GiB (k3-small, k3) need --allow-large.\n"
+      "Matrices and norm weights use --dtype; in K3 models A_log, dt_bias, the conv taps and the router\n"
+      "correction bias are always F32 (Kimi Linear: --dtype too). Models larger than 4 GiB (k3-small, k3,\n"
+      "kimi-linear-48b) need --allow-large.\n"
       "Progress goes to stderr: a bar on a terminal, a line every 5 % otherwise (--quiet: none).\n"
       "Files are written into OUT/.k3-genweights-partial and moved into OUT at the end, config.json last,\n"
       "so an interrupted run never leaves a half-written model with a config.json (a new OUT has none; with\n"
@@ -182,7 +184,7 @@ int main(int argc, char** argv) {
   std::string preset_help = "preset name:";
   for (const auto& n : preset_names()) preset_help += " " + n;
   auto* o_preset = app.add_option("--preset", preset, preset_help);
-  auto* o_config = app.add_option("--config", config_file, "config.json in the published K3 format (validated)");
+  auto* o_config = app.add_option("--config", config_file, "config.json in the published K3 or Kimi Linear format (validated)");
   o_preset->excludes(o_config);
   app.add_option("--out", out_dir, "output directory (created if missing)")->required();
   app.add_option("--seed", seed, "random seed (default 0)");
@@ -204,7 +206,7 @@ int main(int argc, char** argv) {
   try {
     auto cfg = preset.empty() ? load_model_config(config_file) : preset_config(preset);
     if (!cfg.is_ok()) return fail(cfg.status());
-    const bool tiny_preset = preset.rfind("k3-tiny", 0) == 0;
+    const bool tiny_preset = preset.rfind("k3-tiny", 0) == 0 || preset == "kimi-linear-tiny";
     const DType dtype = dtype_text == "f32" ? DType::F32 : DType::BF16;
 
     // The tensor list does not depend on the tokenizer (vocab_size is checked, not changed, for

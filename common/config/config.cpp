@@ -10,128 +10,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/config/config_kimi_linear.h"
+#include "common/config/field_reader.h"
+
 namespace k3 {
 namespace {
 
+using config_detail::FieldReader;
+using config_detail::float_json;
+using config_detail::positive;
 using Json = nlohmann::json;
 
 // HF bookkeeping keys that say nothing about the model's math; accepted and dropped.
 const std::set<std::string> kIgnoredKeys = {"architectures", "torch_dtype", "dtype", "transformers_version",
                                             "auto_map"};
-
-// Reads typed fields out of one JSON object and remembers which keys it consumed, so that
-// whatever is left at the end is an unknown key (a typo must never fall back to a default).
-class FieldReader {
- public:
-  FieldReader(const Json& obj, std::string prefix) : obj_(obj), prefix_(std::move(prefix)) {}
-
-  std::string path(const std::string& key) const { return prefix_ + key; }
-
-  Status read(const std::string& key, int& out) {
-    const Json* v = take(key);
-    if (!v) return Status::ok();
-    if (!v->is_number_integer()) return type_error(key, "an integer", *v);
-    int64_t x = v->get<int64_t>();
-    if (x < INT32_MIN || x > INT32_MAX) return invalid_argument(path(key) + ": integer out of range");
-    out = static_cast<int>(x);
-    return Status::ok();
-  }
-  Status read(const std::string& key, int64_t& out) {
-    const Json* v = take(key);
-    if (!v) return Status::ok();
-    if (!v->is_number_integer()) return type_error(key, "an integer", *v);
-    out = v->get<int64_t>();
-    return Status::ok();
-  }
-  Status read(const std::string& key, float& out) {
-    const Json* v = take(key);
-    if (!v) return Status::ok();
-    if (!v->is_number()) return type_error(key, "a number", *v);
-    out = static_cast<float>(v->get<double>());
-    return Status::ok();
-  }
-  Status read(const std::string& key, bool& out) {
-    const Json* v = take(key);
-    if (!v) return Status::ok();
-    if (!v->is_boolean()) return type_error(key, "a boolean", *v);
-    out = v->get<bool>();
-    return Status::ok();
-  }
-  Status read(const std::string& key, std::string& out) {
-    const Json* v = take(key);
-    if (!v) return Status::ok();
-    if (!v->is_string()) return type_error(key, "a string", *v);
-    out = v->get<std::string>();
-    return Status::ok();
-  }
-  Status read(const std::string& key, std::vector<int>& out) {
-    const Json* v = take(key);
-    if (!v) return Status::ok();
-    if (!v->is_array()) return type_error(key, "a list of integers", *v);
-    out.clear();
-    for (const Json& e : *v) {
-      if (!e.is_number_integer()) return type_error(key, "a list of integers", *v);
-      out.push_back(e.get<int>());
-    }
-    return Status::ok();
-  }
-  // "eos_token_id": a single id or a list of ids.
-  Status read_int_or_list(const std::string& key, std::vector<int>& out) {
-    const Json* v = obj_.contains(key) ? &obj_.at(key) : nullptr;
-    if (v && v->is_number_integer()) {
-      seen_.insert(key);
-      out = {v->get<int>()};
-      return Status::ok();
-    }
-    if (v && v->is_null()) {
-      seen_.insert(key);
-      out.clear();
-      return Status::ok();
-    }
-    return read(key, out);
-  }
-  // A nullable id ("bos_token_id": null means none, stored as -1).
-  Status read_optional_id(const std::string& key, int& out) {
-    if (obj_.contains(key) && obj_.at(key).is_null()) {
-      seen_.insert(key);
-      out = -1;
-      return Status::ok();
-    }
-    return read(key, out);
-  }
-  const Json* take_object(const std::string& key, Status& st) {
-    const Json* v = take(key);
-    if (v && !v->is_object()) {
-      st = type_error(key, "an object", *v);
-      return nullptr;
-    }
-    return v;
-  }
-  void ignore(const std::string& key) { seen_.insert(key); }
-
-  // Every key not consumed is an error naming it.
-  Status finish() const {
-    for (auto it = obj_.begin(); it != obj_.end(); ++it)
-      if (!seen_.count(it.key()))
-        return invalid_argument("unknown config field '" + path(it.key()) +
-                                "' (not part of the kimi_k3 config schema; check the spelling)");
-    return Status::ok();
-  }
-
- private:
-  const Json* take(const std::string& key) {
-    if (!obj_.contains(key)) return nullptr;
-    seen_.insert(key);
-    return &obj_.at(key);
-  }
-  Status type_error(const std::string& key, const char* want, const Json& got) const {
-    return invalid_argument(path(key) + " must be " + want + " (got " + got.dump() + ")");
-  }
-
-  const Json& obj_;
-  std::string prefix_;
-  std::set<std::string> seen_;
-};
 
 Status parse_kda(const Json& obj, const std::string& prefix, KdaConfig& kda) {
   FieldReader r(obj, prefix + "linear_attn_config.");
@@ -196,19 +88,6 @@ Status parse_fields(const Json& obj, const std::string& prefix, ModelConfig& c) 
   K3_TRY(r.read("attn_res_block_size", c.attn_res_block_size));
   K3_TRY(r.read("num_nextn_predict_layers", c.num_nextn_predict_layers));
   return r.finish();
-}
-
-// Shortest decimal text that reads back as the same float, stored as the double of that text so
-// the JSON shows "1e-05" rather than the float's binary expansion, and parses back bit-exactly.
-Json float_json(float v) {
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof(buf), v);
-  return Json(std::strtod(std::string(buf, res.ptr).c_str(), nullptr));
-}
-
-Status positive(const std::string& field, int64_t v) {
-  if (v > 0) return Status::ok();
-  return invalid_argument(field + " must be > 0 (got " + std::to_string(v) + ")");
 }
 
 Status positive_finite(const std::string& field, float v) {
@@ -285,7 +164,12 @@ void fill_k3_layer_pattern(ModelConfig& cfg) {
 }
 
 Status validate(const ModelConfig& c) {
-  K3_TRY(must_equal("model_type", c.model_type, "kimi_k3", "this server implements the Kimi K3 architecture"));
+  if (c.is_kimi_linear()) return validate_kimi_linear(c);
+  if (c.model_type != "kimi_k3")
+    return unsupported("model_type must be \"kimi_k3\" or \"kimi_linear\" (got \"" + c.model_type +
+                       "\"): the model families this server implements");
+  if (c.kda.gate_form != KdaGateForm::LowerBoundedSigmoid)
+    return unsupported("linear_attn_config: kimi_k3 uses the lower-bounded sigmoid gate");
   K3_TRY(positive("hidden_size", c.hidden_size));
   K3_TRY(positive("num_hidden_layers", c.num_hidden_layers));
   K3_TRY(positive("vocab_size", c.vocab_size));
@@ -381,12 +265,14 @@ Result<ModelConfig> parse_model_config(const std::string& json_text) {
     prefix = "text_config.";
   }
   ModelConfig cfg;
-  K3_TRY(parse_fields(root, prefix, cfg));
+  const bool kimi_linear = root.contains("model_type") && root.at("model_type") == "kimi_linear";
+  K3_TRY(kimi_linear ? parse_kimi_linear_fields(root, prefix, cfg) : parse_fields(root, prefix, cfg));
   K3_TRY(validate(cfg));
   return cfg;
 }
 
 std::string model_config_to_json(const ModelConfig& c) {
+  if (c.is_kimi_linear()) return kimi_linear_config_to_json(c);
   Json j = Json::object();
   j["model_type"] = c.model_type;
   j["hidden_size"] = c.hidden_size;

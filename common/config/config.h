@@ -1,5 +1,10 @@
 // The model config: the published K3 config's field names (docs/MODEL.md §1, §8), loaded from JSON and
 // validated at the boundary. Every validation error names the field and the rule it broke.
+//
+// Two model families share this struct and the same layer code: "kimi_k3" and Hugging Face Kimi Linear
+// ("kimi_linear", docs/MODELS.md). What differs between them is held as variant fields below (the KDA
+// gate form, AttnRes or a plain residual, latent or full-width experts, SiTU or SiLU, the MLA output
+// gate and q bottleneck); each family's parser sets them from its own config.json.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,12 +16,18 @@ namespace k3 {
 
 enum class LayerKind { Kda, Mla };
 
+// The KDA log-decay per channel (docs/MODEL.md §2.2):
+//   LowerBoundedSigmoid (K3):  g = g_min · σ(e^{A_log} · (f + dt_bias))
+//   Softplus (Kimi Linear):    g = −e^{A_log} · softplus(f + dt_bias)
+enum class KdaGateForm { LowerBoundedSigmoid, Softplus };
+
 struct KdaConfig {            // linear_attn_config
   int num_heads = 0;          // H_k
   int head_dim = 0;           // D
   int short_conv_kernel_size = 4;
-  float gate_lower_bound = -5.f;
-  bool use_full_rank_gate = true;
+  float gate_lower_bound = -5.f;      // LowerBoundedSigmoid only
+  KdaGateForm gate_form = KdaGateForm::LowerBoundedSigmoid;
+  bool use_full_rank_gate = true;     // output gate g_proj [P, d]; false: g_a_proj [D, d] then g_b_proj [P, D]
   std::vector<int> kda_layers;        // 1-based
   std::vector<int> full_attn_layers;  // 1-based
 };
@@ -37,7 +48,7 @@ struct ModelConfig {
   // MLA
   int num_attention_heads = 0;    // H
   int num_key_value_heads = 0;
-  int q_lora_rank = 0;
+  int q_lora_rank = 0;            // 0: no query bottleneck (q_proj [H*dqk, d]), Kimi Linear's null
   int kv_lora_rank = 0;
   int qk_nope_head_dim = 0;
   int qk_rope_head_dim = 0;
@@ -50,7 +61,7 @@ struct ModelConfig {
   int num_experts_per_token = 0;
   int num_shared_experts = 0;
   int moe_intermediate_size = 0;        // f_e
-  int routed_expert_hidden_size = 0;    // d_lat
+  int routed_expert_hidden_size = 0;    // d_lat; 0: routed experts run at full width d (no latent)
   bool latent_moe_use_norm = true;
   int first_k_dense_replace = 1;
   int moe_layer_freq = 1;
@@ -62,10 +73,10 @@ struct ModelConfig {
   int num_expert_group = 1;
   int topk_group = 1;
 
-  std::string hidden_act = "situ";
+  std::string hidden_act = "situ";      // "situ" (K3) or "silu" (Kimi Linear)
   float activation_situ_beta = 4.f;
   float activation_situ_linear_beta = 25.f;
-  int attn_res_block_size = 0;          // S
+  int attn_res_block_size = 0;          // S; 0: plain residual stream (Kimi Linear)
   int num_nextn_predict_layers = 0;
 
   // Derived helpers (valid after validate()).
@@ -76,9 +87,17 @@ struct ModelConfig {
   int mla_cache_width() const { return kv_lora_rank + qk_rope_head_dim; }    // 576 for K3
   int num_kda_layers() const;
   int num_mla_layers() const;
-  // AttnRes: does layer l start a new block (append P to the bank before its attention)?
-  bool starts_block(int layer) const { return layer % attn_res_block_size == 0; }
-  int num_blocks() const { return (num_hidden_layers + attn_res_block_size - 1) / attn_res_block_size; }
+  bool is_kimi_linear() const { return model_type == "kimi_linear"; }
+  bool uses_attn_res() const { return attn_res_block_size > 0; }
+  bool uses_latent_moe() const { return routed_expert_hidden_size > 0; }
+  bool uses_q_lora() const { return q_lora_rank > 0; }
+  bool uses_silu() const { return hidden_act == "silu"; }
+  // AttnRes: does layer l start a new block (append P to the bank before its attention)? Never
+  // with a plain residual, whose bank stays empty.
+  bool starts_block(int layer) const { return uses_attn_res() && layer % attn_res_block_size == 0; }
+  int num_blocks() const {
+    return uses_attn_res() ? (num_hidden_layers + attn_res_block_size - 1) / attn_res_block_size : 0;
+  }
 };
 
 // The K3 layer rule for our presets: layer l is MLA iff (l+1) % 4 == 0 or l == L-1.
@@ -98,8 +117,8 @@ std::string model_config_to_json(const ModelConfig& cfg);
 Result<ModelConfig> load_model_config(const std::string& path);
 
 // Presets: "k3-tiny", "k3-tiny-h8" (k3-tiny with 8 KDA and MLA heads, for DCP8), "k3-tiny-93", "k3-small",
-// "k3". vocab_size of the tiny presets is set by the caller from the tokenizer it generates (preset value
-// is a placeholder until then).
+// "k3", "kimi-linear-tiny", "kimi-linear-48b". vocab_size of the tiny presets is set by the caller from the
+// tokenizer it generates (preset value is a placeholder until then).
 Result<ModelConfig> preset_config(const std::string& name);
 std::vector<std::string> preset_names();
 

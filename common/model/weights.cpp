@@ -14,17 +14,28 @@ struct SpecList {
   }
 };
 
+// K3 files keep the gate parameters and conv taps in F32; Kimi Linear checkpoints may store them in
+// the checkpoint dtype (they are widened to F32 at upload either way).
+bool k3_f32(const ModelConfig& c) { return !c.is_kimi_linear(); }
+
 void add_kda(const ModelConfig& c, SpecList s) {
   const int64_t d = c.hidden_size, P = c.kda_proj_dim(), D = c.kda.head_dim, H = c.kda.num_heads,
                 W = c.kda.short_conv_kernel_size;
+  const bool f32 = k3_f32(c);
   for (const char* z : {"q", "k", "v"}) s.add(std::string(z) + "_proj.weight", {P, d});
-  for (const char* z : {"q", "k", "v"}) s.add(std::string(z) + "_conv1d.weight", {P, 1, W}, true);
+  for (const char* z : {"q", "k", "v"}) s.add(std::string(z) + "_conv1d.weight", {P, 1, W}, f32);
   s.add("f_a_proj.weight", {D, d});
   s.add("f_b_proj.weight", {P, D});
-  s.add("A_log", {H}, true);
-  s.add("dt_bias", {P}, true);
+  // Kimi Linear stores A_log as [1, 1, H, 1] (broadcast over batch, time and channel).
+  s.add("A_log", c.is_kimi_linear() ? Shape{1, 1, H, 1} : Shape{H}, f32);
+  s.add("dt_bias", {P}, f32);
   s.add("b_proj.weight", {H, d});
-  s.add("g_proj.weight", {P, d});
+  if (c.kda.use_full_rank_gate) {
+    s.add("g_proj.weight", {P, d});
+  } else {
+    s.add("g_a_proj.weight", {D, d});
+    s.add("g_b_proj.weight", {P, D});
+  }
   s.add("o_norm.weight", {D});
   s.add("o_proj.weight", {d, P});
 }
@@ -32,13 +43,17 @@ void add_kda(const ModelConfig& c, SpecList s) {
 void add_mla(const ModelConfig& c, SpecList s) {
   const int64_t d = c.hidden_size, H = c.num_attention_heads, rq = c.q_lora_rank, rkv = c.kv_lora_rank,
                 dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
-  s.add("q_a_proj.weight", {rq, d});
-  s.add("q_a_layernorm.weight", {rq});
-  s.add("q_b_proj.weight", {H * (dn + dr), rq});
+  if (c.uses_q_lora()) {
+    s.add("q_a_proj.weight", {rq, d});
+    s.add("q_a_layernorm.weight", {rq});
+    s.add("q_b_proj.weight", {H * (dn + dr), rq});
+  } else {
+    s.add("q_proj.weight", {H * (dn + dr), d});
+  }
   s.add("kv_a_proj_with_mqa.weight", {rkv + dr, d});
   s.add("kv_a_layernorm.weight", {rkv});
   s.add("kv_b_proj.weight", {H * (dn + dv), rkv});
-  s.add("g_proj.weight", {H * dv, d});
+  if (c.mla_use_output_gate) s.add("g_proj.weight", {H * dv, d});
   s.add("o_proj.weight", {d, H * dv});
 }
 
@@ -50,19 +65,22 @@ void add_dense_ffn(const ModelConfig& c, SpecList s) {
 }
 
 void add_moe(const ModelConfig& c, SpecList s) {
-  const int64_t d = c.hidden_size, E = c.num_experts, lat = c.routed_expert_hidden_size,
+  // Routed experts run in the latent (K3) or at full width (Kimi Linear).
+  const int64_t d = c.hidden_size, E = c.num_experts, lat = c.uses_latent_moe() ? c.routed_expert_hidden_size : d,
                 fe = c.moe_intermediate_size, fs = static_cast<int64_t>(c.num_shared_experts) * fe;
   s.add("gate.weight", {E, d});
-  s.add("gate.e_score_correction_bias", {E}, true);
-  s.add("routed_expert_down_proj.weight", {lat, d});
+  s.add("gate.e_score_correction_bias", {E}, k3_f32(c));
+  if (c.uses_latent_moe()) s.add("routed_expert_down_proj.weight", {lat, d});
   for (int64_t e = 0; e < E; ++e) {
     const std::string x = "experts." + std::to_string(e) + ".";
     s.add(x + "w1.weight", {fe, lat});
     s.add(x + "w3.weight", {fe, lat});
     s.add(x + "w2.weight", {lat, fe});
   }
-  s.add("routed_expert_norm.weight", {lat});
-  s.add("routed_expert_up_proj.weight", {d, lat});
+  if (c.uses_latent_moe()) {
+    s.add("routed_expert_norm.weight", {lat});
+    s.add("routed_expert_up_proj.weight", {d, lat});
+  }
   if (fs > 0) {
     s.add("shared_experts.gate_proj.weight", {fs, d});
     s.add("shared_experts.up_proj.weight", {fs, d});
@@ -100,7 +118,19 @@ Status check_tensor(const TensorSpec& spec, const Tensor& t, Tensor& accepted) {
   return Status::ok();
 }
 
+// transformers' save_pretrained writes a Kimi Linear dense layer's MLP under "block_sparse_moe." too
+// (its rename of MoE tensors is undone for every "mlp."), while the released checkpoints use "mlp.":
+// the stored name of an expected "....mlp.x" may be either.
+std::string alternate_name(const ModelConfig& cfg, const std::string& name) {
+  static const std::string kMlp = ".mlp.", kMoe = ".block_sparse_moe.";
+  const size_t at = name.find(kMlp);
+  if (!cfg.is_kimi_linear() || at == std::string::npos) return {};
+  return name.substr(0, at) + kMoe + name.substr(at + kMlp.size());
+}
+
 }  // namespace
+
+std::string moe_prefix(const ModelConfig& cfg) { return cfg.is_kimi_linear() ? "block_sparse_moe." : "mlp."; }
 
 std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg, int layer_begin, int layer_end) {
   if (layer_end < 0) layer_end = cfg.num_hidden_layers;
@@ -115,18 +145,22 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg, int layer_begin
     SpecList layer{out, p};
     layer.add("input_layernorm.weight", {d});
     layer.add("post_attention_layernorm.weight", {d});
-    layer.add("self_attention_res_proj.weight", {1, d});
-    layer.add("self_attention_res_norm.weight", {d});
-    layer.add("mlp_res_proj.weight", {1, d});
-    layer.add("mlp_res_norm.weight", {d});
+    if (cfg.uses_attn_res()) {
+      layer.add("self_attention_res_proj.weight", {1, d});
+      layer.add("self_attention_res_norm.weight", {d});
+      layer.add("mlp_res_proj.weight", {1, d});
+      layer.add("mlp_res_norm.weight", {d});
+    }
     if (cfg.layer_kind(l) == LayerKind::Kda) add_kda(cfg, {out, p + "self_attn."});
     else add_mla(cfg, {out, p + "self_attn."});
     if (cfg.is_dense_ffn(l)) add_dense_ffn(cfg, {out, p + "mlp."});
-    else add_moe(cfg, {out, p + "mlp."});
+    else add_moe(cfg, {out, p + moe_prefix(cfg)});
   }
-  if (layer_end == cfg.num_hidden_layers) {
+  if (layer_end == cfg.num_hidden_layers && cfg.uses_attn_res()) {
     top.add("model.output_attn_res_proj.weight", {1, d});
     top.add("model.output_attn_res_norm.weight", {d});
+  }
+  if (layer_end == cfg.num_hidden_layers) {
     top.add("model.norm.weight", {d});
     top.add("lm_head.weight", {V, d});
   }
@@ -147,6 +181,10 @@ Result<WeightStore> load_weights(const std::string& model_dir, const ModelConfig
   WeightStore store;
   for (const TensorSpec& spec : expected_tensors(cfg, layer_begin, layer_end)) {
     auto it = files.tensors.find(spec.name);
+    if (it == files.tensors.end()) {
+      const std::string alt = alternate_name(cfg, spec.name);
+      if (!alt.empty()) it = files.tensors.find(alt);
+    }
     if (it == files.tensors.end())
       return not_found("weight '" + spec.name + "' is missing from '" + model_dir + "' (expected shape " +
                        shape_str(spec.shape) + ")");

@@ -22,6 +22,10 @@ struct TensorSpec {
 // mix when the range includes the first / last layer). Default: the whole model.
 std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg, int layer_begin = 0, int layer_end = -1);
 
+// The name prefix of a MoE layer's tensors under "model.layers.N.": "mlp." (K3) or "block_sparse_moe."
+// (Kimi Linear checkpoints; dense layers use "mlp." in both).
+std::string moe_prefix(const ModelConfig& cfg);
+
 // Host tensors by name, kept alive by the mapped files.
 class WeightStore {
  public:

@@ -84,7 +84,9 @@ InitRule init_rule(const ModelConfig& cfg, const TensorSpec& spec) {
   const double d = cfg.hidden_size;
   // Output projections write into the AttnRes partial sum P. A block sums 2*S sublayer outputs
   // (attention + FFN per layer), so 1/sqrt(2S) keeps a finished block at O(1) RMS whatever L is.
-  const double out_scale = 1.0 / std::sqrt(2.0 * cfg.attn_res_block_size);
+  // A plain residual stream sums all 2L of them.
+  const int block = cfg.uses_attn_res() ? cfg.attn_res_block_size : cfg.num_hidden_layers;
+  const double out_scale = 1.0 / std::sqrt(2.0 * block);
   auto normal = [](double s) { return InitRule{InitRule::Kind::Normal, static_cast<float>(s), 0.f}; };
   auto constant = [](float v) { return InitRule{InitRule::Kind::Constant, 0.f, v}; };
 
@@ -100,7 +102,8 @@ InitRule init_rule(const ModelConfig& cfg, const TensorSpec& spec) {
   const double fan_in_std = 1.0 / std::sqrt(static_cast<double>(spec.shape[1]));
   const bool writes_residual = ends_with(n, "self_attn.o_proj.weight") || ends_with(n, "mlp.down_proj.weight") ||
                                ends_with(n, "routed_expert_up_proj.weight") ||
-                               ends_with(n, "shared_experts.down_proj.weight");
+                               ends_with(n, "shared_experts.down_proj.weight") ||
+                               (!cfg.uses_latent_moe() && ends_with(n, ".w2.weight"));
   return normal(writes_residual ? fan_in_std * out_scale : fan_in_std);
 }
 

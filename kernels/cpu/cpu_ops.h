@@ -42,5 +42,11 @@ inline float siluf(float x) { return x / (1.f + std::exp(-x)); }
 inline float situf(float g, float u, float beta, float beta_linear) {
   return beta * std::tanh(g / beta) * sigmoidf(g) * (beta_linear * std::tanh(u / beta_linear));
 }
+// act(g, u) of a gated MLP: SiTU or SiLU(g) * u.
+inline float gluf(ops::GluAct act, float g, float u, float beta, float beta_linear) {
+  return act == ops::GluAct::Silu ? siluf(g) * u : situf(g, u, beta, beta_linear);
+}
+// softplus with the overflow guard of the reference implementations (x for x > 20).
+inline float softplusf(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
 
 }  // namespace k3::cpu

@@ -125,7 +125,8 @@ void kda_gate(ThreadPool& pool, const ops::KdaGateParams& p) {
             "a_log: expected at least heads = " + std::to_string(H) + " values, got " + shape_str(p.a_log.shape()));
   check_tensor("kda_gate", "dt_bias", p.dt_bias, DType::F32, {P});
   check_tensor("kda_gate", "g", p.g, DType::F32, {T, H, D});
-  check_arg(p.g_min < 0.f, "kda_gate", "g_min must be < 0");
+  const bool softplus = p.form == ops::GateForm::Softplus;
+  check_arg(softplus || p.g_min < 0.f, "kda_gate", "g_min must be < 0");
   const float *f = p.f.f32(), *a_log = p.a_log.f32(), *dt = p.dt_bias.f32();
   float* g = p.g.f32();
   pool.parallel_for(T, [&](int64_t t0, int64_t t1) {
@@ -134,7 +135,8 @@ void kda_gate(ThreadPool& pool, const ops::KdaGateParams& p) {
         const float a = std::exp(a_log[h]);
         for (int64_t i = 0; i < D; ++i) {
           const int64_t c = h * D + i;
-          g[t * P + c] = p.g_min * sigmoidf(a * (f[t * P + c] + dt[c]));
+          const float x = f[t * P + c] + dt[c];
+          g[t * P + c] = softplus ? -a * softplusf(x) : p.g_min * sigmoidf(a * x);
         }
       }
   }, 4);

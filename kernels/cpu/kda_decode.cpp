@@ -1,7 +1,7 @@
 // Fused KDA decode step on the CPU, composed from the other ops' pieces in the order the device
 // kernel fuses them (docs/MODEL.md §8.1 K2–K6 for one token per request):
 // conv update + SiLU on q|k|v -> per-head L2 norm (q also * D^-1/2, eps 1e-6 inside the sqrt)
-// -> lower-bounded gate -> beta = sigmoid(b) -> one delta-rule step on the request's state.
+// -> decay gate (either form) -> beta = sigmoid(b) -> one delta-rule step on the request's state.
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -39,7 +39,8 @@ void kda_decode(ThreadPool& pool, const ops::KdaDecodeParams& p) {
 
   // K4: gate (validates a_log and dt_bias).
   Tensor g = Tensor::zeros({B, H, D});
-  kda_gate(pool, {.f = p.f, .a_log = p.a_log, .dt_bias = p.dt_bias, .g = g, .heads = p.heads, .g_min = p.g_min});
+  kda_gate(pool, {.f = p.f, .a_log = p.a_log, .dt_bias = p.dt_bias, .g = g, .heads = p.heads, .g_min = p.g_min,
+                  .form = p.form});
 
   // K3, K5, K6 per (request, head).
   const float* x = conv_out.f32();

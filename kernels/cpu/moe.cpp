@@ -12,11 +12,12 @@ void situ(ThreadPool& pool, const ops::SituParams& p) {
   check_tensor("situ", "g", p.g, DType::F32, {kAny, kAny});
   check_tensor("situ", "u", p.u, DType::F32, {p.g.dim(0), p.g.dim(1)});
   check_tensor("situ", "y", p.y, DType::F32, {p.g.dim(0), p.g.dim(1)});
-  check_arg(p.beta > 0.f && p.beta_linear > 0.f, "situ", "beta and beta_linear must be > 0");
+  check_arg(p.act == ops::GluAct::Silu || (p.beta > 0.f && p.beta_linear > 0.f), "situ",
+            "beta and beta_linear must be > 0");
   const float *g = p.g.f32(), *u = p.u.f32();
   float* y = p.y.f32();
   pool.parallel_for(p.g.numel(), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) y[i] = situf(g[i], u[i], p.beta, p.beta_linear);
+    for (int64_t i = i0; i < i1; ++i) y[i] = gluf(p.act, g[i], u[i], p.beta, p.beta_linear);
   }, 4096);
 }
 
@@ -94,7 +95,7 @@ void moe_experts(ThreadPool& pool, const ops::MoeExpertsParams& p) {
     for (int64_t r = 0; r < n; ++r) std::copy_n(z + (rows[r] / k) * Dl, Dl, zg.data() + r * Dl);
     gemm_rows(pool, zg.data(), w1 + e * F * Dl, h1.data(), n, F, Dl);
     gemm_rows(pool, zg.data(), w3 + e * F * Dl, h3.data(), n, F, Dl);
-    for (int64_t i = 0; i < n * F; ++i) h1[i] = situf(h1[i], h3[i], p.beta, p.beta_linear);
+    for (int64_t i = 0; i < n * F; ++i) h1[i] = gluf(p.act, h1[i], h3[i], p.beta, p.beta_linear);
     gemm_rows(pool, h1.data(), w2 + e * Dl * F, h2.data(), n, Dl, F);
     for (int64_t r = 0; r < n; ++r) std::copy_n(h2.data() + r * Dl, Dl, expert_out.data() + rows[r] * Dl);
   }

@@ -255,7 +255,8 @@ void CudaBackend::situ(const ops::SituParams& p) {
   const char* op = "situ";
   need_shape(op, "u", p.u, p.g.shape());
   need_shape(op, "y", p.y, p.g.shape());
-  launch_situ(fin(op, "g", p.g), fin(op, "u", p.u), fout(op, "y", p.y), p.g.numel(), p.beta, p.beta_linear, stream_);
+  launch_situ(fin(op, "g", p.g), fin(op, "u", p.u), fout(op, "y", p.y), p.g.numel(), p.beta, p.beta_linear,
+              p.act == ops::GluAct::Silu, stream_);
 }
 
 void CudaBackend::router_topk(const ops::RouterTopkParams& p) {
@@ -299,6 +300,7 @@ void CudaBackend::moe_experts(const ops::MoeExpertsParams& p) {
   a.beta_linear = p.beta_linear;
   // Few pairs (decode): the per-row kernel unless the caller asked for batch invariance (its sums run
   // in another order than the grouped GEMM's, so a row's value would depend on the batch size).
+  a.silu = p.act == ops::GluAct::Silu;
   if (!batch_invariant_ && moe_gemv_supported(a)) launch_moe_gemv(a, grow(moe_work_, moe_gemv_workspace_bytes(a)), stream_);
   else if (moe_grouped_supported(a)) launch_moe_grouped(a, grow(moe_work_, moe_grouped_workspace_bytes(a)), stream_);
   else launch_moe_experts(a, stream_);

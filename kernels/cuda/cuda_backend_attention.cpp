@@ -23,7 +23,7 @@ void CudaBackend::kda_gate(const ops::KdaGateParams& p) {
   need_shape(op, "dt_bias", p.dt_bias, {H * D});
   need_shape(op, "g", p.g, {T, H, D});
   launch_kda_gate(f, f32(op, "a_log", p.a_log), f32(op, "dt_bias", p.dt_bias), f32(op, "g", p.g), T, H, int(D),
-                  p.g_min, stream_);
+                  p.g_min, p.form == ops::GateForm::Softplus, stream_);
 }
 
 namespace {
@@ -112,7 +112,9 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   K3_CHECK(p.checkpoint_interval == 0 || (p.checkpoint_interval > 0 && p.checkpoint_interval % p.chunk_size == 0),
            "kda_chunk: checkpoint_interval must be a positive multiple of " + std::to_string(p.chunk_size) +
                ", got " + std::to_string(p.checkpoint_interval));
-  if (a.K != 128 || a.V != 128 || p.chunk_size != 64) {  // same function, token by token
+  // Same function, token by token, where the chunked kernel's assumptions fail: its head shape, or a
+  // gate without K3's lower bound (its factored decays need every per-token g >= g_min).
+  if (a.K != 128 || a.V != 128 || p.chunk_size != 64 || !p.bounded_gate) {
     kda_recurrent(p);
     return;
   }
@@ -173,6 +175,7 @@ void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {
   a.o = fout(op, "o", p.o);
   need_shape(op, "o", p.o, {a.B, a.H, a.D});
   a.g_min = p.g_min;
+  a.softplus = p.form == ops::GateForm::Softplus;
   a.slots = device_ints({&p.slots})[0];
   launch_kda_decode(a, stream_);
 }

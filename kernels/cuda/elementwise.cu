@@ -36,10 +36,10 @@ __global__ void l2norm_kernel(FIn x, FOut y, int D, float eps, float scale) {
   for (int i = threadIdx.x; i < D; i += blockDim.x) y.set(row * D + i, x[row * D + i] * inv);
 }
 
-__global__ void situ_kernel(FIn g, FIn u, FOut y, int64_t n, float beta, float beta_l) {
+__global__ void situ_kernel(FIn g, FIn u, FOut y, int64_t n, float beta, float beta_l, bool silu) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float gv = g[i], uv = u[i];
-    y.set(i, beta * tanhf(gv / beta) * sigmoidf(gv) * beta_l * tanhf(uv / beta_l));
+    y.set(i, glu_act(silu, gv, uv, beta, beta_l));
   }
 }
 
@@ -69,11 +69,11 @@ __global__ void embedding_kernel(FIn table, const int32_t* ids, FOut y, int64_t 
 }
 
 __global__ void kda_gate_kernel(FIn f, const float* a_log, const float* dt_bias, float* g, int64_t n, int H, int D,
-                                float g_min) {
+                                float g_min, bool softplus) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int c = int(i % (int64_t(H) * D));
     const int h = c / D;
-    g[i] = g_min * sigmoidf(expf(a_log[h]) * (f[i] + dt_bias[c]));
+    g[i] = kda_log_decay(softplus, a_log[h], f[i] + dt_bias[c], g_min);
   }
 }
 
@@ -111,9 +111,9 @@ void launch_l2norm(FIn x, FOut y, int64_t M, int D, float eps, float scale, cuda
   l2norm_kernel<<<unsigned(M), 128, 0, s>>>(x, y, D, eps, scale);
   K3_CUDA_LAUNCHED("l2norm_kernel");
 }
-void launch_situ(FIn g, FIn u, FOut y, int64_t n, float beta, float beta_linear, cudaStream_t s) {
+void launch_situ(FIn g, FIn u, FOut y, int64_t n, float beta, float beta_linear, bool silu, cudaStream_t s) {
   if (n == 0) return;
-  situ_kernel<<<grid_for(n), 256, 0, s>>>(g, u, y, n, beta, beta_linear);
+  situ_kernel<<<grid_for(n), 256, 0, s>>>(g, u, y, n, beta, beta_linear, silu);
   K3_CUDA_LAUNCHED("situ_kernel");
 }
 void launch_add(FIn a, FIn b, FOut y, int64_t n, cudaStream_t s) {
@@ -137,10 +137,10 @@ void launch_embedding(FIn table, const int32_t* ids, FOut y, int64_t M, int64_t 
   K3_CUDA_LAUNCHED("embedding_kernel");
 }
 void launch_kda_gate(FIn f, const float* a_log, const float* dt_bias, float* g, int64_t T, int H, int D, float g_min,
-                     cudaStream_t s) {
+                     bool softplus, cudaStream_t s) {
   const int64_t n = T * H * D;
   if (n == 0) return;
-  kda_gate_kernel<<<grid_for(n), 256, 0, s>>>(f, a_log, dt_bias, g, n, H, D, g_min);
+  kda_gate_kernel<<<grid_for(n), 256, 0, s>>>(f, a_log, dt_bias, g, n, H, D, g_min, softplus);
   K3_CUDA_LAUNCHED("kda_gate_kernel");
 }
 void launch_copy_cols(const void* src, int64_t src_rows, int64_t src_cols, void* dst, int64_t dst_rows,

@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
     const float f = a.f[int64_t(b) * P + int64_t(h) * D + i], dt = a.dt_bias[h * D + i], a_log = a.a_log[h];
     const float b_logit = a.b[int64_t(b) * H + h];
     vv[i] = finish_conv(a, slot, 2 * P + int64_t(h) * D + i, cv);
-    al[i] = expf(a.g_min * sigmoidf(expf(a_log) * (f + dt)));
+    al[i] = expf(kda_log_decay(a.softplus, a_log, f + dt, a.g_min));
     if (i == 0) beta_s = sigmoidf(b_logit);
   }
   sq = warp_sum(sq);

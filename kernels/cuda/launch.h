@@ -13,15 +13,17 @@ namespace k3::cuda {
 void launch_rmsnorm(FIn x /*[M,D]*/, FIn w /*[D], p may be null*/, FOut y /*[M,D]*/, int64_t M, int D, float eps,
                     cudaStream_t s);
 void launch_l2norm(FIn x, FOut y, int64_t M, int D, float eps, float scale, cudaStream_t s);
-void launch_situ(FIn g, FIn u, FOut y, int64_t n, float beta, float beta_linear, cudaStream_t s);
+// y = act(g, u): SiTU, or SiLU(g) * u when silu.
+void launch_situ(FIn g, FIn u, FOut y, int64_t n, float beta, float beta_linear, bool silu, cudaStream_t s);
 void launch_add(FIn a, FIn b, FOut y, int64_t n, cudaStream_t s);
 void launch_sigmoid_mul(FIn x, FIn gate, FOut y, int64_t n, cudaStream_t s);
 void launch_sigmoid(FIn x, FOut y, int64_t n, cudaStream_t s);
 void launch_embedding(FIn table /*[V,D]*/, const int32_t* ids /*[M]*/, FOut y /*[M,D]*/, int64_t M, int64_t D,
                       int64_t V, cudaStream_t s);
-// g[t,h,i] = g_min * sigmoid(exp(a_log[h]) * (f[t,h*D+i] + dt_bias[h*D+i])), fp32 out [T,H,D].
+// g[t,h,i] = g_min * sigmoid(exp(a_log[h]) * (f[t,h*D+i] + dt_bias[h*D+i])), fp32 out [T,H,D];
+// softplus: g = -exp(a_log[h]) * softplus(f + dt_bias) (Kimi Linear).
 void launch_kda_gate(FIn f, const float* a_log, const float* dt_bias, float* g, int64_t T, int H, int D, float g_min,
-                     cudaStream_t s);
+                     bool softplus, cudaStream_t s);
 // dst[r, dst_col+j] = src[r / repeat, src_col+j], elements of `elem` bytes (2 or 4).
 void launch_copy_cols(const void* src, int64_t src_rows, int64_t src_cols, void* dst, int64_t dst_rows,
                       int64_t dst_cols, int64_t src_col, int64_t dst_col, int64_t ncols, int repeat, int elem,
@@ -105,6 +107,7 @@ struct KdaDecodeArgs {
   FOut o;                        // [B, H, D]
   int B = 0, H = 0, D = 0, W = 0;
   float g_min = -5.f;
+  bool softplus = false;  // Kimi Linear's gate form
 };
 void launch_kda_decode(const KdaDecodeArgs& a, cudaStream_t s);
 
@@ -174,6 +177,7 @@ struct MoeArgs {
   FOut y;                       // [M, Dl]
   int M = 0, k = 0, E = 0, F = 0, Dl = 0;
   float beta = 4.f, beta_linear = 25.f;
+  bool silu = false;  // SiLU-gated experts (Kimi Linear) instead of SiTU
 };
 void launch_moe_experts(const MoeArgs& a, cudaStream_t s);
 // ---- moe_grouped.cu: pairs sorted by expert on the device, one grouped tensor-core GEMM per

@@ -32,7 +32,7 @@ __global__ void moe_experts_kernel(MoeArgs a) {
       }
       g = warp_sum(g);
       u = warp_sum(u);
-      if (lane == 0) h[f] = a.beta * tanhf(g / a.beta) * sigmoidf(g) * a.beta_linear * tanhf(u / a.beta_linear);
+      if (lane == 0) h[f] = glu_act(a.silu, g, u, a.beta, a.beta_linear);
     }
     __syncthreads();
     for (int d = warp; d < a.Dl; d += nw) {

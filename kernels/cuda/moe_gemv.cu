@@ -90,7 +90,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 bool moe_gemv_supported(const MoeArgs& a) {
-  return a.z.bf16 && a.w1.bf16 && a.w3.bf16 && a.w2.bf16 && a.M * a.k <= kMoeGemvMaxPairs && a.Dl % 8 == 0 &&
+  // SiTU only: the SiLU experts (Kimi Linear) take the grouped path.
+  return !a.silu && a.z.bf16 && a.w1.bf16 && a.w3.bf16 && a.w2.bf16 && a.M * a.k <= kMoeGemvMaxPairs && a.Dl % 8 == 0 &&
          a.F % 8 == 0 && a.Dl <= 8192 && a.F <= 8192 && aligned16(a.w1.p) && aligned16(a.w3.p) && aligned16(a.w2.p);
 }
 

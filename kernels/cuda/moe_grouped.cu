@@ -78,7 +78,7 @@ template <bool DUAL>
 __global__ void __launch_bounds__(128) moe_gemm_kernel(const __nv_bfloat16* a_src, const int32_t* row_token,
                                                        const int32_t* tile_expert, const __nv_bfloat16* w_a,
                                                        const __nv_bfloat16* w_b, void* out, int N, int K, float beta,
-                                                       float beta_linear) {
+                                                       float beta_linear, bool silu) {
   const int t = blockIdx.x, n0 = blockIdx.y * kTile;
   const int e = tile_expert[t];
   if (e < 0) return;
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const __nv_bfloat16* a_sr
     const int64_t o = int64_t(r0 + row) * N + n0 + col;
     if (DUAL) {
       const float g = Cs[row * kCLd + col], u = Cs2[row * kCLd + col];
-      const float h = beta * tanhf(g / beta) * sigmoidf(g) * beta_linear * tanhf(u / beta_linear);
+      const float h = glu_act(silu, g, u, beta, beta_linear);
       static_cast<__nv_bfloat16*>(out)[o] = __float2bfloat16(h);
     } else {
       static_cast<float*>(out)[o] = Cs[row * kCLd + col];
@@ -230,10 +230,10 @@ void launch_moe_grouped(const MoeArgs& a, void* workspace, cudaStream_t s) {
   const auto* z = static_cast<const __nv_bfloat16*>(a.z.p);
   moe_gemm_kernel<true><<<dim3(tiles_max, (a.F + kTile - 1) / kTile), 128, smem1, s>>>(
       z, row_token, tile_expert, static_cast<const __nv_bfloat16*>(a.w1.p), static_cast<const __nv_bfloat16*>(a.w3.p),
-      h, a.F, a.Dl, a.beta, a.beta_linear);
+      h, a.F, a.Dl, a.beta, a.beta_linear, a.silu);
   K3_CUDA_LAUNCHED("moe_gemm_kernel<w1,w3>");
   moe_gemm_kernel<false><<<dim3(tiles_max, (a.Dl + kTile - 1) / kTile), 128, smem2, s>>>(
-      h, nullptr, tile_expert, static_cast<const __nv_bfloat16*>(a.w2.p), nullptr, out, a.Dl, a.F, 0.f, 0.f);
+      h, nullptr, tile_expert, static_cast<const __nv_bfloat16*>(a.w2.p), nullptr, out, a.Dl, a.F, 0.f, 0.f, false);
   K3_CUDA_LAUNCHED("moe_gemm_kernel<w2>");
   moe_combine_kernel<<<a.M, 256, 0, s>>>(out, pos_of, a.weights, a.y, a.k, a.Dl);
   K3_CUDA_LAUNCHED("moe_combine_kernel");

@@ -34,5 +34,15 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(t);
 }
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + __expf(-x)); }
+// act(g, u) of a gated MLP: SiLU(g) * u, or SiTU (docs/MODEL.md §5.1).
+__device__ __forceinline__ float glu_act(bool silu, float g, float u, float beta, float beta_l) {
+  return silu ? g * sigmoidf(g) * u : beta * tanhf(g / beta) * sigmoidf(g) * beta_l * tanhf(u / beta_l);
+}
+// KDA log-decay of one channel from x = f + dt_bias: -e^{A_log} softplus(x) (Kimi Linear) or
+// g_min σ(e^{A_log} x) (K3). softplus is x above 20, as in the reference implementations.
+__device__ __forceinline__ float kda_log_decay(bool softplus, float a_log, float x, float g_min) {
+  if (softplus) return -expf(a_log) * (x > 20.f ? x : log1pf(expf(x)));
+  return g_min * sigmoidf(expf(a_log) * x);
+}
 
 }  // namespace k3::cuda

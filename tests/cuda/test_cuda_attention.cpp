@@ -56,12 +56,14 @@ TEST_CASE("cuda kda_gate matches cpu", "[cuda]") {
   std::mt19937 rng(22);
   const int64_t T = 13, H = 3, D = 128;
   Tensor f = randn({T, H * D}, rng, 2.f), a_log = randn({128}, rng, 0.5f, false), dt = randn({H * D}, rng, 0.5f, false);
-  Tensor out = Tensor::zeros({T, H, D});
-  bk.cpu->kda_gate({.f = f, .a_log = a_log, .dt_bias = dt, .g = out, .heads = int(H), .g_min = -5.f});
-  Tensor gout = poisoned(g, {T, H, D}, DType::F32);
-  g.kda_gate({.f = g.from_host(f, DType::BF16), .a_log = g.from_host(a_log, DType::F32),
-              .dt_bias = g.from_host(dt, DType::F32), .g = gout, .heads = int(H), .g_min = -5.f});
-  expect_close(g, gout, out, tol("f32_math"), "kda_gate");
+  for (const ops::GateForm form : {ops::GateForm::LowerBoundedSigmoid, ops::GateForm::Softplus}) {
+    Tensor out = Tensor::zeros({T, H, D});
+    bk.cpu->kda_gate({.f = f, .a_log = a_log, .dt_bias = dt, .g = out, .heads = int(H), .g_min = -5.f, .form = form});
+    Tensor gout = poisoned(g, {T, H, D}, DType::F32);
+    g.kda_gate({.f = g.from_host(f, DType::BF16), .a_log = g.from_host(a_log, DType::F32),
+                .dt_bias = g.from_host(dt, DType::F32), .g = gout, .heads = int(H), .g_min = -5.f, .form = form});
+    expect_close(g, gout, out, tol("f32_math"), form == ops::GateForm::Softplus ? "kda_gate softplus" : "kda_gate");
+  }
 }
 
 TEST_CASE("cuda kda chunked and recurrent match the cpu recurrence", "[cuda]") {

@@ -176,17 +176,20 @@ TEST_CASE("cuda moe_experts matches cpu", "[cuda]") {
       for (int64_t j = 0; j < k; ++j) idv.push_back(int32_t((m * 7 + j * 3 + (m % 5)) % std::max<int64_t>(E - 1, 1)));
     Tensor ids = Tensor::from_i32({M, k}, idv);
     Tensor wt = uniform({M, k}, rng, 0.1f, 1.f, false);
-    Tensor y = Tensor::zeros({M, Dl});
-    bk.cpu->moe_experts({.z = z, .ids = ids, .weights = wt, .w1 = w1, .w3 = w3, .w2 = w2, .y = y});
-    Tensor gy = poisoned(g, {M, Dl}, DType::BF16);
-    g.set_batch_invariant(invariant);
-    g.moe_experts({.z = g.from_host(z, DType::BF16), .ids = g.from_host(ids, DType::I32),
-                   .weights = g.from_host(wt, DType::F32), .w1 = g.from_host(w1, sh.wdt),
-                   .w3 = g.from_host(w3, sh.wdt), .w2 = g.from_host(w2, sh.wdt), .y = gy});
-    expect_close(g, gy, y, tol("moe"), "moe_experts M=" + std::to_string(M) + " E=" + std::to_string(E) +
-                                           " F=" + std::to_string(F) + " " + dtype_name(sh.wdt) +
-                                           (invariant ? " (batch-invariant)" : ""));
-    g.set_batch_invariant(false);
+    for (const ops::GluAct act : {ops::GluAct::Situ, ops::GluAct::Silu}) {
+      Tensor y = Tensor::zeros({M, Dl});
+      bk.cpu->moe_experts({.z = z, .ids = ids, .weights = wt, .w1 = w1, .w3 = w3, .w2 = w2, .y = y, .act = act});
+      Tensor gy = poisoned(g, {M, Dl}, DType::BF16);
+      g.set_batch_invariant(invariant);
+      g.moe_experts({.z = g.from_host(z, DType::BF16), .ids = g.from_host(ids, DType::I32),
+                     .weights = g.from_host(wt, DType::F32), .w1 = g.from_host(w1, sh.wdt),
+                     .w3 = g.from_host(w3, sh.wdt), .w2 = g.from_host(w2, sh.wdt), .y = gy, .act = act});
+      expect_close(g, gy, y, tol("moe"), "moe_experts M=" + std::to_string(M) + " E=" + std::to_string(E) +
+                                             " F=" + std::to_string(F) + " " + dtype_name(sh.wdt) +
+                                             (act == ops::GluAct::Silu ? " silu" : " situ") +
+                                             (invariant ? " (batch-invariant)" : ""));
+      g.set_batch_invariant(false);
+    }
   }
 }
 

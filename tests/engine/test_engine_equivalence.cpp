@@ -34,7 +34,7 @@ struct Rig {
 }  // namespace
 
 TEST_CASE("prefill T then decode 1 equals prefill T+1 (whole model)", "[engine]") {
-  for (const char* preset : {"k3-tiny", "k3-tiny-93"}) {
+  for (const char* preset : {"k3-tiny", "k3-tiny-93", "kimi-linear-tiny"}) {
     Rig rig(preset);
     std::mt19937 rng(1);
     for (int T : {1, 5, 17, 64, 70}) {

@@ -85,8 +85,12 @@ std::vector<int32_t> engine_generate(const ModelConfig& cfg, const WeightStore& 
 
 }  // namespace
 
-TEST_CASE("PP prefill + cache images + decode equals the monolithic engine (k3-tiny)", "[pipeline]") {
-  ModelConfig cfg = tiny_config("k3-tiny");
+TEST_CASE("PP prefill + cache images + decode equals the monolithic engine (k3-tiny, kimi-linear-tiny)",
+          "[pipeline]") {
+  // kimi-linear-tiny: a plain residual stream, so only the partial sum crosses the stage boundaries.
+  const std::string preset = GENERATE(std::string("k3-tiny"), std::string("kimi-linear-tiny"));
+  INFO(preset);
+  ModelConfig cfg = tiny_config(preset);
   WeightStore w = random_weights(cfg, 21, DType::F32);
   auto be = make_cpu_backend({.threads = 2});
   std::mt19937 rng(9);

@@ -150,6 +150,27 @@ TEST_CASE("kda_gate is g_min * sigmoid(exp(A_log[h]) * (f + dt_bias)) using the 
       }
 }
 
+TEST_CASE("kda_gate's softplus form is -exp(A_log[h]) * softplus(f + dt_bias), unbounded below") {
+  auto be = cpu_backend(2);
+  std::mt19937 rng(16);
+  const int64_t T = 5, H = 3, D = 4;
+  Tensor f = randn({T, H * D}, rng, 15.f), a_log = randn({H}, rng), dt = randn({H * D}, rng);
+  Tensor g = Tensor::zeros({T, H, D});
+  be->kda_gate({.f = f, .a_log = a_log, .dt_bias = dt, .g = g, .heads = H, .form = ops::GateForm::Softplus});
+  bool below_k3_bound = false;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < D; ++i) {
+        const double x = double(f.f32()[t * H * D + h * D + i]) + dt.f32()[h * D + i];
+        const double ref = -std::exp(double(a_log.f32()[h])) * std::log1p(std::exp(x));
+        const float got = g.f32()[(t * H + h) * D + i];
+        CHECK(got == Approx(ref).epsilon(1e-5));
+        CHECK(got < 0.f);
+        below_k3_bound |= got < -5.f;
+      }
+  CHECK(below_k3_bound);  // the inputs reach past K3's lower bound: nothing clamps them
+}
+
 TEST_CASE("kda_decode equals conv + l2norm + gate + sigmoid + one recurrence step, over two steps") {
   auto be = cpu_backend(2);
   std::mt19937 rng(15);

@@ -195,6 +195,9 @@ TEST_CASE("router_topk selects by s + bias but weights by the unbiased s, renorm
 }
 
 TEST_CASE("moe_experts equals a naive per-row loop, and a row's result does not depend on the batch") {
+  const bool silu = GENERATE(false, true);  // K3's SiTU experts, Kimi Linear's SiLU experts
+  const ops::GluAct act = silu ? ops::GluAct::Silu : ops::GluAct::Situ;
+  INFO((silu ? "silu" : "situ"));
   std::mt19937 rng(37);
   auto be = cpu_backend(2);
   const int64_t M = 9, Dl = 12, F = 10, E = 5, k = 3;
@@ -204,7 +207,7 @@ TEST_CASE("moe_experts equals a naive per-row loop, and a row's result does not 
   std::uniform_int_distribution<int> pick(0, E - 1);
   for (int64_t i = 0; i < M * k; ++i) idv.push_back(pick(rng));
   Tensor ids = i32({M, k}, idv), y = Tensor::zeros({M, Dl});
-  be->moe_experts({.z = z, .ids = ids, .weights = weights, .w1 = w1, .w3 = w3, .w2 = w2, .y = y});
+  be->moe_experts({.z = z, .ids = ids, .weights = weights, .w1 = w1, .w3 = w3, .w2 = w2, .y = y, .act = act});
   for (int64_t m = 0; m < M; ++m) {
     std::vector<double> ref(Dl, 0.0);
     for (int64_t j = 0; j < k; ++j) {
@@ -216,7 +219,7 @@ TEST_CASE("moe_experts equals a naive per-row loop, and a row's result does not 
           g += double(w1.f32()[(e * F + f) * Dl + i]) * z.f32()[m * Dl + i];
           u += double(w3.f32()[(e * F + f) * Dl + i]) * z.f32()[m * Dl + i];
         }
-        a[f] = 4 * std::tanh(g / 4) / (1 + std::exp(-g)) * 25 * std::tanh(u / 25);
+        a[f] = silu ? g / (1 + std::exp(-g)) * u : 4 * std::tanh(g / 4) / (1 + std::exp(-g)) * 25 * std::tanh(u / 25);
       }
       for (int64_t i = 0; i < Dl; ++i) {
         double h = 0;
@@ -228,7 +231,7 @@ TEST_CASE("moe_experts equals a naive per-row loop, and a row's result does not 
     // Alone in a batch of one: bitwise the same row.
     Tensor y1 = Tensor::zeros({1, Dl});
     be->moe_experts({.z = z.slice_rows(m, m + 1), .ids = ids.slice_rows(m, m + 1),
-                     .weights = weights.slice_rows(m, m + 1), .w1 = w1, .w3 = w3, .w2 = w2, .y = y1});
+                     .weights = weights.slice_rows(m, m + 1), .w1 = w1, .w3 = w3, .w2 = w2, .y = y1, .act = act});
     CHECK(std::memcmp(y1.f32(), y.f32() + m * Dl, Dl * 4) == 0);
   }
 }

@@ -122,7 +122,7 @@ TEST_CASE("each validation rule fails with a message naming the field") {
       {"unknown top-level key", [](Json& j) { j["hiden_size"] = 64; }, "hiden_size"},
       {"unknown KDA key", [](Json& j) { j["linear_attn_config"]["num_head"] = 4; }, "linear_attn_config.num_head"},
       {"wrong type", [](Json& j) { j["hidden_size"] = "64"; }, "hidden_size must be an integer"},
-      {"model type", [](Json& j) { j["model_type"] = "kimi_linear"; }, "model_type"},
+      {"model type", [](Json& j) { j["model_type"] = "kimi_k4"; }, "model_type"},
       {"non-positive dim", [](Json& j) { j["hidden_size"] = 0; }, "hidden_size must be > 0"},
       {"KDA head dim", [](Json& j) { j["linear_attn_config"]["head_dim"] = -1; }, "linear_attn_config.head_dim"},
       {"vocab", [](Json& j) { j["vocab_size"] = 0; }, "vocab_size"},

@@ -391,3 +391,25 @@ TEST_CASE("layouts validate and derive from a model config", "[plan]") {
   CHECK(d4.rows_on(2, 10) == 2);
   CHECK(d4.rows_on(3, 2) == 0);
 }
+
+TEST_CASE("plans relayout every byte for the Kimi Linear 48B schedule (27 layers, MLA at 4, 8, ..., 24, 27)",
+          "[plan]") {
+  // The real layer kinds, small byte sizes (the relayout depends on kinds and counts, not on widths).
+  const ModelConfig cfg = preset_config("kimi-linear-48b").value();
+  CacheLayout model = test_model(1, 0);
+  model.layers.clear();
+  for (int l = 0; l < cfg.num_hidden_layers; ++l)
+    model.layers.push_back(cfg.layer_kind(l) == LayerKind::Mla ? LayerCache::Mla : LayerCache::Kda);
+  REQUIRE(model.validate().is_ok());
+  REQUIRE(model.num_main_layers() == 27);
+  const auto layouts = decode_layouts();
+  std::mt19937_64 rng(27);
+  for (uint32_t pp : {1u, 2u, 4u, 27u})
+    for (const Decode& dl : layouts) {
+      PrefillLayout prefill{random_partition(27, pp, rng)};
+      REQUIRE(prefill.validate(model).is_ok());
+      const uint32_t T = 1 + uint32_t(rng() % 37);
+      INFO(dl.name << " PP=" << pp << " T=" << T);
+      check_pair(model, prefill, dl.layout, T, rng);
+    }
+}
