@@ -1,7 +1,8 @@
 // k3-cluster serving a Kimi Linear directory saved by transformers (plain residual: only the partial sum
 // crosses the stage boundary; 6 layers, MLA first, 2 dense layers, q_lora_rank set, sharded weights):
-// prefill PP2, decode DP2. Concurrent greedy requests return the same 32 tokens as `k3-generate` and as
-// transformers' KimiLinearForCausalLM, and the router placed requests on both decode ranks.
+// two prefill instances of PP2, decode DP2. Concurrent greedy requests return the same 32 tokens as
+// `k3-generate` and as transformers' KimiLinearForCausalLM, and the router placed requests on both decode
+// ranks.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -46,12 +47,16 @@ TEST_CASE("k3-cluster on a transformers-saved Kimi Linear model (PP2 + DP2) == k
   k3::test::TempDir dir("cluster-kimi-linear");
   const json spec = {{"model", m.dir},
                      {"router", {{"host", "127.0.0.1"}, {"port", 0}, {"served_model_name", "kimi-linear"}}},
-                     {"prefill", json::array({{{"id", "p"}, {"stages", 2}, {"chunk_size", 8}}})},
+                     // Prefill instance i feeds decode rank i (as deploy/cluster-k3-tiny-93.json).
+                     {"prefill", json::array({{{"id", "a"}, {"stages", 2}, {"chunk_size", 8}},
+                                              {{"id", "b"}, {"stages", 2}, {"chunk_size", 8}}})},
                      {"decode", json::array({{{"id", "d"}, {"ranks", 2}}})},
-                     {"threads", 1}};
+                     {"threads", 1},
+                     {"timeouts", {{"heartbeat_ms", 500}, {"heartbeat_misses", 6}, {"claim_ms", 10000},
+                                   {"startup_s", 300}, {"shutdown_ms", 5000}}}};
   std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
   k3::test::LaunchedCluster cluster = k3::test::launch_cluster(dir.path() + "/spec.json");
-  CHECK(cluster.pids.size() == 1 + 2 + 2);  // router, 2 decode ranks, 2 prefill stages
+  CHECK(cluster.pids.size() == 1 + 2 + 4);  // router, 2 decode ranks, 2 x 2 prefill stages
 
   // The oracle's two prompts (16 and 5 tokens; chunk 8 splits the first) plus two more, all at once.
   std::vector<std::vector<int32_t>> prompts;
