@@ -35,10 +35,6 @@ Status ClusterService::check_fits(const GenerationParams& params) const {
 Result<RequestHandle> ClusterService::submit(GenerationParams params, EventSink sink) {
   // Logprobs travel in the sampling params; the last prefill stage and the decode rank compute them.
   K3_TRY(check_generation_params(params, bool(sink), cfg_.vocab_size, cfg_.max_position_embeddings));
-  // The nodes that sample here do not apply the structured-output grammar yet: refuse rather than
-  // return unconstrained text.
-  if (params.output_format.constrained())
-    return invalid_argument("response_format: json_object and json_schema are not supported in cluster mode yet");
   if (!ready()) return Status(Code::Unavailable, "no prefill/decode pair is ready");
   if (Status fits = check_fits(params); !fits.is_ok()) {
     std::lock_guard lk(pub_mu_);

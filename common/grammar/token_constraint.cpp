@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/grammar/output_format.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace k3::grammar {
@@ -24,6 +25,16 @@ std::shared_ptr<const TokenVocab> TokenVocab::from_tokenizer(const Tokenizer& to
 TokenConstraint::TokenConstraint(std::shared_ptr<const JsonGrammar> grammar, std::shared_ptr<const TokenVocab> vocab,
                                  std::vector<int32_t> stop_ids)
     : grammar_(std::move(grammar)), vocab_(std::move(vocab)), stop_ids_(std::move(stop_ids)), matcher_(*grammar_) {}
+
+Result<std::unique_ptr<TokenConstraint>> TokenConstraint::for_format(const std::string& wire,
+                                                                     std::shared_ptr<const TokenVocab> vocab,
+                                                                     std::vector<int32_t> stop_ids) {
+  K3_ASSIGN_OR_RETURN(OutputFormat format, OutputFormat::parse(wire));
+  if (!format.constrained()) return std::unique_ptr<TokenConstraint>();
+  if (!vocab) return invalid_argument("structured output needs the tokenizer's vocabulary, which this node did not load");
+  K3_ASSIGN_OR_RETURN(std::shared_ptr<const JsonGrammar> g, format.compile());
+  return std::make_unique<TokenConstraint>(std::move(g), std::move(vocab), std::move(stop_ids));
+}
 
 bool TokenConstraint::is_stop(int32_t id) const {
   return std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();

@@ -35,6 +35,11 @@ class TokenConstraint {
 
   TokenConstraint(std::shared_ptr<const JsonGrammar> grammar, std::shared_ptr<const TokenVocab> vocab,
                   std::vector<int32_t> stop_ids);
+  // From an OutputFormat's wire form (what the sampling nodes receive): null for free text; an error
+  // for a format that does not compile or when no vocabulary was loaded.
+  static Result<std::unique_ptr<TokenConstraint>> for_format(const std::string& wire,
+                                                             std::shared_ptr<const TokenVocab> vocab,
+                                                             std::vector<int32_t> stop_ids);
 
   // Sets the bits of the allowed ids among [0, vocab) in `words` ((vocab + 31) / 32 words, zeroed by the
   // caller). Returns how many ids it allowed (0 only if the grammar has a dead end: a bug).
