@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "engine/cache_io.h"
+#include "kernels/token_mask.h"
 
 namespace k3::decode {
 
@@ -13,11 +14,11 @@ DecodeBatch::~DecodeBatch() {
 }
 
 void DecodeBatch::add(uint64_t id, std::vector<uint8_t> image, int64_t num_tokens, int32_t last_token,
-                      ops::SamplingRow sampling, uint64_t step, int logprobs) {
+                      ops::SamplingRow sampling, uint64_t step, int logprobs, grammar::TokenConstraint* constraint) {
   remove(id);
   seqs_[id] = Seq{.order = next_order_++, .running = false, .cache = {}, .image = std::move(image),
                   .num_tokens = num_tokens, .last_token = last_token, .sampling = sampling, .step = step,
-                  .logprobs = logprobs};
+                  .logprobs = logprobs, .constraint = constraint};
 }
 
 void DecodeBatch::remove(uint64_t id) {
@@ -135,16 +136,35 @@ DecodeBatch::StepResult DecodeBatch::step() {
     }
     return out;
   }
-  std::vector<int32_t> next;
-  backend_.sample({.logits = *logits, .rows = rows, .out = &next});
-  // Logprobs need the rows on the host; the copy is made only when some running request asked.
+  // Logprobs need the rows on the host; the copy is made only when some running request asked, and
+  // before a structured-output mask changes them (logprobs describe the model).
   bool want = false;
   for (uint64_t id : ids) want |= seqs_.at(id).logprobs >= 0;
   Tensor host;
   if (want) host = backend_.to_host(*logits);
   const int64_t vocab = engine_.config().vocab_size;
+  TokenMask mask(vocab);
+  std::vector<bool> drop(ids.size(), false);
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (grammar::TokenConstraint* c = seqs_.at(ids[i]).constraint) {
+      const size_t k = mask.add_row(static_cast<int64_t>(i));
+      if (c->fill_mask(mask.row_bits(k), vocab) == 0) {
+        drop[i] = true;  // a grammar dead end (a bug): fail the request, keep the row drawable
+        for (int32_t t = 0; t < vocab; ++t) mask.allow(k, t);
+      }
+    }
+  if (!mask.empty()) apply_token_mask(*logits, mask);
+  std::vector<int32_t> next;
+  backend_.sample({.logits = *logits, .rows = rows, .out = &next});
   for (size_t i = 0; i < ids.size(); ++i) {
     Seq& s = seqs_.at(ids[i]);
+    Status fits = drop[i] ? internal_error("constrained decoding: no token fits the grammar here") : Status::ok();
+    if (fits.is_ok() && s.constraint) fits = s.constraint->accept(next.at(i));
+    if (!fits.is_ok()) {
+      out.failed.push_back({ids[i], fits.to_string()});
+      remove(ids[i]);
+      continue;
+    }
     s.num_tokens = s.cache.num_tokens;
     s.last_token = next.at(i);
     ++s.step;

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/grammar/token_constraint.h"
 #include "engine/engine.h"
 #include "engine/token_logprobs.h"
 
@@ -34,8 +35,10 @@ class DecodeBatch {
   // is `last_token`; `step` is its sampling step for the next token (tokens generated so far). It joins
   // the running batch when there is room. logprobs >= 0: each step also reports the sampled token's
   // logprob and this many alternatives (its logits row is then copied off the backend).
+  // constraint (structured output, may be null): each step masks the request's row with it and
+  // advances it by the sampled token; the caller owns it and removes the request before dropping it.
   void add(uint64_t id, std::vector<uint8_t> image, int64_t num_tokens, int32_t last_token, ops::SamplingRow sampling,
-           uint64_t step, int logprobs = -1);
+           uint64_t step, int logprobs = -1, grammar::TokenConstraint* constraint = nullptr);
   // Forgets the request (running or waiting), freeing its caches. No-op for unknown ids.
   void remove(uint64_t id);
 
@@ -65,6 +68,7 @@ class DecodeBatch {
     ops::SamplingRow sampling;
     uint64_t step = 0;
     int logprobs = -1;
+    grammar::TokenConstraint* constraint = nullptr;  // not owned (see add)
   };
   int64_t growth_pages() const;    // pages the running requests need to grow by one token each
   int64_t pages_for(int64_t tokens) const;

@@ -114,7 +114,9 @@ void DecodeRank::finish(uint64_t id, protocol::FinishReason why) {
 bool DecodeRank::emit(Running& r, int32_t token, std::vector<protocol::TokenLogprobs> logprobs) {
   r.tokens.push_back(token);
   protocol::FinishReason why = protocol::FinishReason::None;
-  if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end())
+  // A closed JSON document ends the request: nothing may follow it but EOS.
+  if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end() ||
+      (r.constraint && r.constraint->closed()))
     why = protocol::FinishReason::Stop;
   else if (static_cast<int>(r.tokens.size()) >= r.max_tokens)
     why = protocol::FinishReason::Length;
@@ -152,6 +154,9 @@ void DecodeRank::admit(const transfer::ReadyAction& ready) {
     r.max_tokens = static_cast<int>(sp.max_tokens);
     r.stop_ids = sp.stop_token_ids;
     r.logprobs = sp.logprobs;
+    auto constraint = grammar::TokenConstraint::for_format(sp.output_format, opts_.vocab, r.stop_ids);
+    if (!constraint.is_ok()) return abort_local(id, "output format: " + constraint.status().to_string());
+    r.constraint = std::move(constraint).value();
   }
   auto [it, fresh] = running_.emplace(id, std::move(r));
   if (!fresh) return;  // a Ready is emitted once per request; a duplicate would be a driver bug
@@ -161,9 +166,14 @@ void DecodeRank::admit(const transfer::ReadyAction& ready) {
   const int logprobs = it->second.logprobs;
   if (logprobs >= 0 && ready.first_logprobs.size() != 1)
     return abort_local(id, "the last prefill stage sent no logprobs for the first token");
+  // The last prefill stage drew the first token under the same grammar: advance the state past it.
+  grammar::TokenConstraint* constraint = it->second.constraint.get();
+  if (constraint)
+    if (Status st = constraint->accept(ready.first_token); !st.is_ok()) return abort_local(id, st.to_string());
   if (emit(it->second, ready.first_token, ready.first_logprobs)) return;  // ended with its first token
   // It joins the batch when the decode cache has room (decode_batch.h); its image stays in host memory until then.
-  batch_->add(id, std::move(image).value(), ready.prompt_len, ready.first_token, sampling, /*step=*/1, logprobs);
+  batch_->add(id, std::move(image).value(), ready.prompt_len, ready.first_token, sampling, /*step=*/1, logprobs,
+              constraint);
 }
 
 Status DecodeRank::decode_step() {

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/grammar/token_constraint.h"
 #include "decode_node/decode_batch.h"
 #include "engine/engine.h"
 #include "transfer/ucx_decode_driver.h"
@@ -48,6 +49,7 @@ struct DecodeRankOptions {
   int max_tokens = 16;                 // generated tokens including the first
   std::vector<int32_t> stop_ids;
   ops::SamplingRow sampling;           // step is set per request
+  std::shared_ptr<const grammar::TokenVocab> vocab;  // for structured output (requests asking for it fail without)
   std::function<void(uint64_t, protocol::RequestState)> on_state;  // every state the driver observed
 };
 
@@ -88,6 +90,9 @@ class DecodeRank {
     int max_tokens = 16;
     std::vector<int32_t> stop_ids;
     int logprobs = -1;                 // from the CLAIM: report each token's logprob and this many alternatives
+    // Structured output: the grammar state, advanced by every token (the batch masks and advances it
+    // while the request runs there; heap-held so the batch's pointer survives moves of Running).
+    std::unique_ptr<grammar::TokenConstraint> constraint;
   };
   DecodeRank(const DecodeRankOptions& opts, Backend& backend) : opts_(opts), backend_(backend) {}
 

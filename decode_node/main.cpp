@@ -216,10 +216,12 @@ int main(int argc, char** argv) {
   auto extra = parse_token_ids(stop_text, "--stop-ids");
   if (!extra.is_ok()) return fail(extra.status());
   o.stop_ids = *extra;
-  if (!ignore_eos) {
+  {
     auto tok = Tokenizer::load(model_dir);
-    if (!tok.is_ok()) return fail(Status(tok.status().code(), "tokenizer (for EOS; or pass --ignore-eos): " + tok.status().message()));
-    for (int32_t id : tok->eos_ids()) o.stop_ids.push_back(id);
+    if (!tok.is_ok()) return fail(Status(tok.status().code(), "tokenizer (for EOS and structured output): " + tok.status().message()));
+    if (!ignore_eos)
+      for (int32_t id : tok->eos_ids()) o.stop_ids.push_back(id);
+    o.vocab = grammar::TokenVocab::from_tokenizer(*tok);
   }
   o.dp_size = dp_size == 0 ? o.rank + 1 : dp_size;
   if (o.rank >= o.dp_size)

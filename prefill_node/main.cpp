@@ -14,6 +14,7 @@
 
 #include "common/config/config.h"
 #include "common/model/weights.h"
+#include "common/tokenizer/tokenizer.h"
 #include "prefill_node/partition.h"
 #include "prefill_node/prefill_stage.h"
 #include "transfer/control_keys.h"
@@ -100,6 +101,11 @@ int main(int argc, char** argv) {
   o.timeouts.addrs_wait = transfer::Millis(addrs_ms);
   if (o.stage >= stages) return fail(invalid_argument("--stage " + std::to_string(o.stage) + " >= --stages " + std::to_string(stages)));
 
+  if (o.stage == stages - 1) {  // the last stage samples the first token: structured output needs the vocabulary
+    auto tok = Tokenizer::load(model_dir);
+    if (!tok.is_ok()) return fail(Status(tok.status().code(), "tokenizer (for structured output): " + tok.status().message()));
+    o.vocab = grammar::TokenVocab::from_tokenizer(*tok);
+  }
   const int begin = prefill::stage_begin(o.partition, o.stage);
   auto weights = load_weights(model_dir, *cfg, begin, begin + o.partition[o.stage]);
   if (!weights.is_ok()) return fail(weights.status());

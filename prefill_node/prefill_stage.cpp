@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "engine/cache_io.h"
+#include "kernels/token_mask.h"
 #include "engine/token_logprobs.h"
 #include "common/protocol/compat.h"
 #include "prefill_node/partition.h"
@@ -247,6 +248,18 @@ void PrefillStage::maybe_report(Request& r) {
   std::vector<protocol::TokenLogprobs> first_logprobs;
   if (is_last()) {
     const protocol::SamplingParams& sp = r.prefill->sampling;
+    // Logprobs describe the model: their copy is taken before a structured-output mask changes the row.
+    Tensor host;
+    if (sp.logprobs >= 0) host = backend_.to_host(r.last_logits);
+    auto constraint = grammar::TokenConstraint::for_format(sp.output_format, opts_.vocab, sp.stop_token_ids);
+    if (!constraint.is_ok()) return fail_request(r.id, "output format: " + constraint.status().to_string());
+    if (*constraint) {
+      TokenMask mask(cfg_.vocab_size);
+      const size_t k = mask.add_row(0);
+      if ((*constraint)->fill_mask(mask.row_bits(k), cfg_.vocab_size) == 0)
+        return fail_request(r.id, "constrained decoding: no token fits the grammar at the start");
+      apply_token_mask(r.last_logits, mask);
+    }
     std::vector<int32_t> out;
     backend_.sample({.logits = r.last_logits,
                      .rows = {ops::SamplingRow{.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p,
@@ -254,7 +267,6 @@ void PrefillStage::maybe_report(Request& r) {
                      .out = &out});
     first_token = out.at(0);
     if (sp.logprobs >= 0) {  // the only time the logits leave the backend: they were asked for
-      const Tensor host = backend_.to_host(r.last_logits);
       first_logprobs.push_back(to_wire(row_logprobs(host.f32(), cfg_.vocab_size, *first_token, sp.logprobs)));
     }
   }

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "common/grammar/token_constraint.h"
 #include "common/config/config.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
@@ -38,6 +39,9 @@ namespace k3::prefill {
 
 struct PrefillStageOptions {
   std::string instance_id = "p";
+  // The last stage samples the first token: with the vocabulary it can honour structured output
+  // (requests asking for it fail with a clear error on a stage without one).
+  std::shared_ptr<const grammar::TokenVocab> vocab;
   int stage = 0;
   std::vector<int> partition;          // layers per stage (validated by parse_partition)
   int chunk_size = 256;                // prompt tokens per pipeline chunk

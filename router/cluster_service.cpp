@@ -189,7 +189,7 @@ class ClusterWorkerOps {
   static proto::SamplingParams sampling_of(const GenerationParams& g) {
     return {.temperature = g.sampling.temperature, .top_p = g.sampling.top_p, .top_k = g.sampling.top_k,
             .seed = g.sampling.seed, .max_tokens = static_cast<uint32_t>(g.max_tokens), .stop_token_ids = g.stop_ids,
-            .logprobs = g.logprobs};
+            .logprobs = g.logprobs, .output_format = g.output_format.encode()};
   }
 
   // This attempt failed: abort it everywhere, then queue the request again if nothing was streamed.

@@ -6,6 +6,7 @@
 
 #include "router/api_error.h"
 #include "router/json_body.h"
+#include "router/response_format.h"
 
 namespace k3::router {
 namespace {
@@ -166,16 +167,6 @@ void reject_unsupported_features(const json& body, Endpoint endpoint) {
     throw ApiError(400, "tool_choice must be \"none\": this server does not call tools", "tool_choice", "unsupported_value");
   if (const json* f = member(body, "functions"); f && !(f->is_array() && f->empty()))
     throw ApiError(400, "functions are not supported by this server", "functions", "unsupported_value");
-  if (const json* rf = member(body, "response_format")) {
-    if (!rf->is_object()) throw bad_param("response_format", "response_format must be an object");
-    const auto type = get_string(*rf, "type");
-    if (!type) throw bad_param("response_format.type", "response_format.type is required");
-    if (*type != "text" && *type != "json_object" && *type != "json_schema")
-      throw bad_param("response_format.type", "response_format.type must be one of text, json_object, json_schema (got \"" + *type + "\")");
-    if (*type != "text")
-      throw ApiError(400, "response_format " + *type + " is not supported by this server", "response_format.type",
-                     "unsupported_value");
-  }
 }
 
 }  // namespace
@@ -249,6 +240,11 @@ CompletionRequest parse_completion_request(const std::string& text, Endpoint end
     throw ApiError(400, "logit_bias is not supported", "logit_bias", "unsupported_value");
   (void)get_string(body, "user");  // accepted and ignored, but it must be a string
   reject_unsupported_features(body, endpoint);
+  if (endpoint == Endpoint::Chat) {
+    ResponseFormat rf = parse_response_format(body, text);
+    rq.output_format = std::move(rf.format);
+    rq.grammar = std::move(rf.grammar);
+  }
 
   if (endpoint == Endpoint::Chat) {
     const bool want = get_bool(body, "logprobs").value_or(false);
@@ -305,6 +301,8 @@ GenerationParams generation_params(const CompletionRequest& rq, std::vector<int3
   if (!rq.ignore_eos) p.stop_ids.insert(p.stop_ids.end(), eos_ids.begin(), eos_ids.end());
   p.stop_strings = rq.stop;
   p.logprobs = rq.logprobs;
+  p.output_format = rq.output_format;
+  p.grammar = rq.grammar;
   return p;
 }
 

@@ -3,10 +3,12 @@
 // are ignored as OpenAI does; known ones are type- and range-checked.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/grammar/output_format.h"
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/generation_service.h"
@@ -34,6 +36,8 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;
   bool return_token_ids = false;             // extension: choices[].token_ids (and prompt_token_ids)
+  grammar::OutputFormat output_format;       // chat response_format (json_object / json_schema)
+  std::shared_ptr<const grammar::JsonGrammar> grammar;  // its compiled grammar; null for text
 };
 
 struct ModelLimits {

@@ -13,11 +13,13 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/core/status.h"
+#include "common/grammar/output_format.h"
 #include "kernels/ops.h"
 
 namespace k3::router {
@@ -32,6 +34,10 @@ struct GenerationParams {
   std::vector<std::string> stop_strings; // on detokenized text; the stop string itself is not returned
   int logprobs = -1;                     // -1: none; else the sampled token's logprob plus this many alternatives
   std::string trace_id;                  // the request id of the HTTP layer: log lines and protocol messages carry it
+  // Structured output: what the text must be (travels to the nodes in cluster mode) and its compiled
+  // grammar (null: free text); a service that cannot constrain refuses it at submit().
+  grammar::OutputFormat output_format;
+  std::shared_ptr<const grammar::JsonGrammar> grammar;
 };
 
 struct TokenLogprob {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "engine/token_logprobs.h"
+#include "kernels/token_mask.h"
 #include "kernels/backend_select.h"
 #include "router/text_stream.h"
 
@@ -18,6 +19,7 @@ struct LocalEngineService::Running {
   size_t prefilled = 0;              // prompt tokens already fed (or restored from the prefix cache)
   std::vector<int32_t> generated;
   std::unique_ptr<TextStream> text;
+  std::unique_ptr<grammar::TokenConstraint> constraint;  // structured output; null for free text
   bool done = false;
 };
 
@@ -42,6 +44,7 @@ Result<std::unique_ptr<LocalEngineService>> LocalEngineService::create(const Mod
   s->opts_ = opts;
   s->tokenizer_ = std::move(tokenizer);
   s->weights_ = std::move(weights);
+  s->vocab_bytes_ = grammar::TokenVocab::from_tokenizer(*s->tokenizer_);
   K3_ASSIGN_OR_RETURN(s->backend_, make_backend({.kind = opts.backend, .device = opts.device, .threads = opts.threads}));
   EngineOptions eo;
   eo.prefill_chunk = opts.prefill_chunk;
@@ -136,9 +139,27 @@ void LocalEngineService::emit_token(Running& r, const float* row) {
   srow.step = r.generated.size();
   std::vector<int32_t> out;
   Tensor one = Tensor::from_f32({1, vocab}, std::span<const float>(row, vocab));
+  if (r.constraint) {
+    // Structured output: only tokens that keep the text a prefix of a valid document (logprobs
+    // below still describe the unmasked model).
+    TokenMask mask(vocab);
+    const size_t k = mask.add_row(0);
+    if (r.constraint->fill_mask(mask.row_bits(k), vocab) == 0) {
+      finish(r, {.kind = GenerationEvent::Kind::Failed,
+                 .error = internal_error("constrained decoding: no token fits the grammar here")});
+      return;
+    }
+    apply_token_mask(one, mask);
+  }
   backend_->sample({.logits = one, .rows = {srow}, .out = &out});
   const int32_t id = out.at(0);
   r.generated.push_back(id);
+  if (r.constraint) {
+    if (Status st = r.constraint->accept(id); !st.is_ok()) {
+      finish(r, {.kind = GenerationEvent::Kind::Failed, .error = st});
+      return;
+    }
+  }
 
   GenerationEvent ev;
   ev.kind = GenerationEvent::Kind::Tokens;
@@ -156,7 +177,10 @@ void LocalEngineService::emit_token(Running& r, const float* row) {
 
   std::string reason;
   const auto& stops = r.params.stop_ids;
-  if (std::find(stops.begin(), stops.end(), id) != stops.end() || r.text->stopped()) reason = "stop";
+  // A closed JSON document ends the generation at once: nothing may follow it but EOS.
+  if (std::find(stops.begin(), stops.end(), id) != stops.end() || r.text->stopped() ||
+      (r.constraint && r.constraint->closed()))
+    reason = "stop";
   else if (static_cast<int>(r.generated.size()) >= r.params.max_tokens) reason = "length";
   if (!reason.empty()) ev.text += r.text->flush();
   {
@@ -229,6 +253,8 @@ void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
       r->params = std::move(waiting_.front().params);
       r->sink = std::move(waiting_.front().sink);
       waiting_.pop_front();
+      if (r->params.grammar)
+        r->constraint = std::make_unique<grammar::TokenConstraint>(r->params.grammar, vocab_bytes_, r->params.stop_ids);
       std::shared_ptr<const Tokenizer> tok = tokenizer_;
       const std::vector<int32_t> stop_ids = r->params.stop_ids;
       r->text = std::make_unique<TextStream>(

@@ -17,6 +17,7 @@
 #include "common/config/config.h"
 #include "engine/engine.h"
 #include "common/model/weights.h"
+#include "common/grammar/token_constraint.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/generation_service.h"
 
@@ -78,6 +79,7 @@ class LocalEngineService final : public GenerationService {
   ModelConfig cfg_;
   LocalEngineOptions opts_;
   std::shared_ptr<const Tokenizer> tokenizer_;
+  std::shared_ptr<const grammar::TokenVocab> vocab_bytes_;  // every token's bytes, for structured output
   WeightStore weights_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Engine> engine_;

@@ -166,6 +166,7 @@ struct SamplingParams {
   uint32_t max_tokens = 0;
   std::vector<int32_t> stop_token_ids;
   int32_t logprobs = -1;          // -1: none; else report each token's logprob plus this many alternatives
+  std::string output_format;      // structured output (grammar::OutputFormat::encode); "" = free text
   bool operator==(const SamplingParams&) const = default;
 };
 

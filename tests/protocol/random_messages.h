@@ -77,7 +77,7 @@ class RandomMessages {
   }
   SamplingParams sampling() {
     return {.temperature = f32(), .top_p = f32(), .top_k = i32(), .seed = u64(), .max_tokens = u32(),
-            .stop_token_ids = i32s(), .logprobs = i32()};
+            .stop_token_ids = i32s(), .logprobs = i32(), .output_format = str()};
   }
   Prefill prefill() {
     return {.request_id = u64(), .token_ids = i32s(), .sampling = sampling(),

@@ -9,6 +9,9 @@ With --cluster it starts `k3-cluster --spec <temp spec>` instead (router in clus
 port, prefill PP2, decode DP1, the same generated model), so every token crosses prefill -> UCX ->
 decode; the launcher is stopped with SIGTERM and must exit 0 (no child crashed). A plain k3-router
 on the same model runs beside it (K3_LOCAL_BASE_URL): the cluster's logprobs are compared with local mode's.
+
+With --script NAME it runs tests/router/NAME instead of openai_client_test.py (same server set-up);
+--pip PKG (repeatable) installs PKG into the venv too.
 """
 import json
 import os
@@ -34,21 +37,22 @@ def pypi_reachable():
         return False
 
 
-def ensure_venv():
+def ensure_venv(extra=()):
     py = os.path.join(VENV, "bin", "python")
+    packages = ["openai", *extra]
     if os.path.exists(py):
-        ok = subprocess.run([py, "-c", "import openai"], capture_output=True).returncode == 0
+        ok = subprocess.run([py, "-c", "import " + ", ".join(packages)], capture_output=True).returncode == 0
         if ok:
             return py
     if not os.path.exists(py):
         subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-    r = subprocess.run([py, "-m", "pip", "install", "--quiet", "openai"], capture_output=True, text=True)
+    r = subprocess.run([py, "-m", "pip", "install", "--quiet", *packages], capture_output=True, text=True)
     if r.returncode != 0:
         print(r.stdout, r.stderr)
         if not pypi_reachable():
-            print("SKIP: PyPI is unreachable, the openai package cannot be installed")
+            print(f"SKIP: PyPI is unreachable, {packages} cannot be installed")
             sys.exit(SKIP)
-        sys.exit("pip install openai failed although PyPI is reachable")
+        sys.exit(f"pip install {packages} failed although PyPI is reachable")
     return py
 
 
@@ -108,13 +112,16 @@ def stop(proc):
 
 
 def main():
-    cluster = "--cluster" in sys.argv[1:]
+    args = sys.argv[1:]
+    cluster = "--cluster" in args
+    script = args[args.index("--script") + 1] if "--script" in args else "openai_client_test.py"
+    extra = [args[i + 1] for i, a in enumerate(args) if a == "--pip"]
     server = "k3-cluster" if cluster else "k3-router"
     tools = ("k3-cluster", "k3-router", "k3-prefill", "k3-decode") if cluster else ("k3-router",)
     for tool in tools + ("k3-genweights", "k3-generate"):
         if not os.path.exists(os.path.join(BIN, tool)):
             sys.exit(f"{tool} is not built in {BIN}")
-    py = ensure_venv()
+    py = ensure_venv(extra)
     with tempfile.TemporaryDirectory(prefix="k3-openai-test-") as tmp:
         model = os.path.join(tmp, "k3-tiny")
         subprocess.run([os.path.join(BIN, "k3-genweights"), "--preset", "k3-tiny", "--out", model, "--seed", "0"],
@@ -127,7 +134,7 @@ def main():
                 env["K3_SERVER_KIND"] = "cluster"
                 local, local_url = start_router(model)
                 env["K3_LOCAL_BASE_URL"] = local_url + "/v1"
-            rc = subprocess.run([py, os.path.join(HERE, "openai_client_test.py")], env=env).returncode
+            rc = subprocess.run([py, os.path.join(HERE, script)], env=env).returncode
         finally:
             if local is not None:
                 stop(local)
