@@ -183,6 +183,10 @@ void GroupLeader::admit(const transfer::ReadyAction& ready) {
   r.stop_ids = opts_.rank.stop_ids;
   if (const protocol::Claim* c = driver_->side().claim(id); c && c->sampling.max_tokens > 0) {
     const protocol::SamplingParams& sp = c->sampling;
+    // A group samples without the token mask and without logprobs: say so rather than serve free text
+    // or drop the numbers the client asked for.
+    if (!sp.output_format.empty()) return abort_local(id, "response_format is not served by decode rank groups yet");
+    if (sp.logprobs >= 0) return abort_local(id, "logprobs are not served by decode rank groups yet");
     r.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .seed = sp.seed};
     r.max_tokens = static_cast<int>(sp.max_tokens);
     r.stop_ids = sp.stop_token_ids;

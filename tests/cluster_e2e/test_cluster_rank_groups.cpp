@@ -67,6 +67,24 @@ std::vector<std::vector<int32_t>> long_prompts() {
   return out;
 }
 
+// What a group cannot serve yet (logprobs, the structured-output mask) ends with an error naming it,
+// never with silently different output.
+void check_refused_features(int port) {
+  for (const json& extra : {json{{"logprobs", 1}}, json{{"response_format", {{"type", "json_object"}}}}}) {
+    json body{{"model", "k3-tiny"}, {"max_tokens", 4}};
+    const bool chat = extra.contains("response_format");
+    if (chat) body["messages"] = json::array({{{"role", "user"}, {"content", "hello there"}}});
+    else body["prompt"] = std::vector<int32_t>{5, 6, 7, 8, 9, 10, 11, 12, 13};
+    body.update(extra);
+    HttpConnection c(port);
+    c.send_request("POST", chat ? "/v1/chat/completions" : "/v1/completions", body.dump());
+    const HttpReply r = c.read_reply(180s);
+    INFO(body.dump() << " -> " << r.status << " " << r.body);
+    CHECK(r.status != 200);
+    CHECK(r.body.find("not served by decode rank groups") != std::string::npos);
+  }
+}
+
 // Concurrent greedy and seeded requests == k3-generate; both DP groups served some.
 void check_tokens(const k3::test::LaunchedCluster& c, const std::string& model) {
   const auto prompts = long_prompts();
@@ -215,6 +233,7 @@ TEST_CASE("k3-cluster: deploy/cluster-ep.json (DP2 x EP4) == k3-generate; a rank
   k3::test::LaunchedCluster c = k3::test::launch_cluster(spec);
   CHECK(c.pids.size() == static_cast<size_t>(1 + 2 * 4 + 4));
   check_tokens(c, dir.path() + "/model");
+  check_refused_features(c.port);
   check_rank_death(c, dir.path() + "/model", 4);
   ::kill(c.proc->pid(), SIGTERM);
   c.proc->wait_exit(30s);
