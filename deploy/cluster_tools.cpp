@@ -65,6 +65,12 @@ int render(const std::string& spec_path, const std::string& target, const std::s
   ClusterSpec& spec = loaded->spec;
   spec.model = model.empty() ? fs::absolute(spec.model).lexically_normal().string() : model;
   const nlohmann::json raw = spec_for_render(loaded->raw, spec.model);
+  // The renderers start one process per decode rank: a rank group (dcp/ep > 1) needs the leader-then-members
+  // start-up k3-cluster does, which they do not write yet. Refuse rather than render a spec that would not serve.
+  for (const DecodeProcess& d : decode_processes(spec))
+    if (d.group_size() > 1)
+      return fail("render: decode '" + d.instance + "' is a rank group (dcp " + std::to_string(d.dcp) + ", ep " +
+                  std::to_string(d.ep) + "); rendering rank groups for Kubernetes or Slurm is not supported yet");
   if (target == "slurm") {
     if (slurm.bin_dir.empty()) slurm.bin_dir = own_bin_dir();
     auto script = render_slurm(spec, raw, slurm);

@@ -90,7 +90,8 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
       a = {exe(ctx, "k3-router"), "--model", ctx.model, "--host", ctx.address, "--port", std::to_string(spec.port),
            "--cluster-endpoint", "tcp://" + ctx.address + ":" + std::to_string(ports.control_port), "--placement",
            spec.placement, "--heartbeat-ms", std::to_string(spec.heartbeat_ms), "--heartbeat-misses",
-           std::to_string(spec.heartbeat_misses), "--claim-timeout-ms", std::to_string(spec.claim_ms)};
+           std::to_string(spec.heartbeat_misses), "--claim-timeout-ms", std::to_string(spec.claim_ms), "--log-level",
+           ctx.log_level};
       if (!spec.served_model_name.empty()) a.insert(a.end(), {"--served-model-name", spec.served_model_name});
       for (size_t i = 0; i < spec.prefill.size(); ++i) {
         const auto& d = fed_decode(decodes, i);

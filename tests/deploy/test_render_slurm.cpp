@@ -91,3 +91,17 @@ TEST_CASE("render_slurm with the cpu backend overcommits instead of asking for G
   CHECK(deploy::render_slurm(*spec, raw, deploy::SlurmOptions{.per_node = -1}).status().message().find("--per-node") !=
         std::string::npos);
 }
+
+TEST_CASE("k3-cluster render refuses a spec with decode rank groups by name", "[deploy][slurm]") {
+  // The renderers start one process per decode rank; a DP2 x EP4 group needs k3-cluster's leader-then-members
+  // start-up, so rendering it must fail loudly instead of writing a job that would never serve.
+  test::TempDir dir("render-groups");
+  for (const char* target : {"slurm", "k8s"}) {
+    const auto r = test::run_command(std::string(K3_BIN_DIR) + "/k3-cluster render --target " + target + " --spec " +
+                                     K3_SOURCE_DIR + "/deploy/cluster-ep.json --out " + dir.path() + " 2>&1");
+    INFO(target << ": " << r.out);
+    CHECK(r.exit_code != 0);
+    CHECK(r.out.find("rank group") != std::string::npos);
+    CHECK(r.out.find("'d-0'") != std::string::npos);
+  }
+}
