@@ -142,6 +142,24 @@ Status validate_layer_pattern(const ModelConfig& c) {
   return Status::ok();
 }
 
+Status validate_ffn_shape(const ModelConfig& c) {
+  const int L = c.num_hidden_layers;
+  if (c.first_k_dense_replace < 0 || c.first_k_dense_replace > L)
+    return invalid_argument("first_k_dense_replace must be in [0, num_hidden_layers=" + std::to_string(L) +
+                            "] (got " + std::to_string(c.first_k_dense_replace) + ")");
+  if (c.first_k_dense_replace > 0) K3_TRY(positive("intermediate_size", c.intermediate_size));
+  if (c.first_k_dense_replace < L) {
+    K3_TRY(positive("num_experts", c.num_experts));
+    if (c.num_experts_per_token < 1 || c.num_experts_per_token > c.num_experts)
+      return invalid_argument("num_experts_per_token must be in [1, num_experts=" + std::to_string(c.num_experts) +
+                              "] (got " + std::to_string(c.num_experts_per_token) + ")");
+    if (c.num_shared_experts < 0)
+      return invalid_argument("num_shared_experts must be >= 0 (got " + std::to_string(c.num_shared_experts) + ")");
+    K3_TRY(positive("moe_intermediate_size", c.moe_intermediate_size));
+  }
+  return Status::ok();
+}
+
 LayerKind ModelConfig::layer_kind(int layer) const {
   K3_CHECK(layer >= 0 && layer < num_hidden_layers, "layer " + std::to_string(layer) + " out of range");
   const int one_based = layer + 1;
@@ -208,18 +226,8 @@ Status validate(const ModelConfig& c) {
 
   // FFN
   const int L = c.num_hidden_layers;
-  if (c.first_k_dense_replace < 0 || c.first_k_dense_replace > L)
-    return invalid_argument("first_k_dense_replace must be in [0, num_hidden_layers=" + std::to_string(L) +
-                            "] (got " + std::to_string(c.first_k_dense_replace) + ")");
-  if (c.first_k_dense_replace > 0) K3_TRY(positive("intermediate_size", c.intermediate_size));
+  K3_TRY(validate_ffn_shape(c));
   if (c.first_k_dense_replace < L) {
-    K3_TRY(positive("num_experts", c.num_experts));
-    if (c.num_experts_per_token < 1 || c.num_experts_per_token > c.num_experts)
-      return invalid_argument("num_experts_per_token must be in [1, num_experts=" + std::to_string(c.num_experts) +
-                              "] (got " + std::to_string(c.num_experts_per_token) + ")");
-    if (c.num_shared_experts < 0)
-      return invalid_argument("num_shared_experts must be >= 0 (got " + std::to_string(c.num_shared_experts) + ")");
-    K3_TRY(positive("moe_intermediate_size", c.moe_intermediate_size));
     K3_TRY(positive("routed_expert_hidden_size", c.routed_expert_hidden_size));
     K3_TRY(must_be_true("latent_moe_use_norm", c.latent_moe_use_norm,
                         "the latent MoE always applies routed_expert_norm before the up-projection"));

@@ -107,6 +107,10 @@ void fill_k3_layer_pattern(ModelConfig& cfg);
 // validate(); alone for callers that need only the layer kinds).
 Status validate_layer_pattern(const ModelConfig& cfg);
 
+// The FFN shape every family shares: first_k_dense_replace in [0, L], the dense width when a layer is
+// dense, the expert counts and width when a layer is MoE (part of validate() and of each family's checks).
+Status validate_ffn_shape(const ModelConfig& cfg);
+
 // Checks every rule; the message names the field (e.g. "linear_attn_config.head_dim") and the rule.
 Status validate(const ModelConfig& cfg);
 

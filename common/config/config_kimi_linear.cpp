@@ -227,18 +227,8 @@ Status validate_kimi_linear(const ModelConfig& c) {
   K3_TRY(refuse_unless(c.mla_use_nope, "mla_use_nope", "must be true: rotary MLA is not implemented"));
 
   const int L = c.num_hidden_layers;
-  if (c.first_k_dense_replace < 0 || c.first_k_dense_replace > L)
-    return invalid_argument("first_k_dense_replace must be in [0, num_hidden_layers=" + std::to_string(L) +
-                            "] (got " + std::to_string(c.first_k_dense_replace) + ")");
-  if (c.first_k_dense_replace > 0) K3_TRY(positive("intermediate_size", c.intermediate_size));
+  K3_TRY(validate_ffn_shape(c));
   if (c.first_k_dense_replace < L) {
-    K3_TRY(positive("num_experts", c.num_experts));
-    if (c.num_experts_per_token < 1 || c.num_experts_per_token > c.num_experts)
-      return invalid_argument("num_experts_per_token must be in [1, num_experts=" + std::to_string(c.num_experts) +
-                              "] (got " + std::to_string(c.num_experts_per_token) + ")");
-    if (c.num_shared_experts < 0)
-      return invalid_argument("num_shared_experts must be >= 0 (got " + std::to_string(c.num_shared_experts) + ")");
-    K3_TRY(positive("moe_intermediate_size", c.moe_intermediate_size));
     K3_TRY(refuse_unless(c.moe_layer_freq == 1, "moe_layer_freq",
                          "must be 1 (got " + std::to_string(c.moe_layer_freq) + "): every layer after "
                          "first_k_dense_replace is MoE"));
