@@ -79,6 +79,9 @@ class CudaBackend final : public Backend {
   // distance of 2 or 4 was slower, docs/PERF.md; kept for measuring).
   void set_mla_decode_l2_prefetch(int tiles) { mla_l2_prefetch_ = tiles; }
   int mla_decode_l2_prefetch() const { return mla_l2_prefetch_; }
+  // wgmma kernel: KV tiles by TMA bulk tensor copies (default on) or by per-thread cp.async.
+  void set_mla_decode_tma(bool on) { mla_tma_ = on; }
+  bool mla_decode_tma() const { return mla_tma_; }
   bool mla_decode_pv_n64() const { return mla_pv_n64_; }
 
   cudaStream_t stream() const { return stream_; }
@@ -98,6 +101,7 @@ class CudaBackend final : public Backend {
   bool mla_wgmma_ = true;  // set_mla_decode_wgmma
   bool mla_pv_n64_ = false;  // set_mla_decode_pv_n64
   int mla_l2_prefetch_ = 0;  // set_mla_decode_l2_prefetch
+  bool mla_tma_ = true;  // set_mla_decode_tma
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the

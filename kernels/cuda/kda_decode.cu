@@ -13,6 +13,7 @@
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
@@ -33,16 +34,11 @@ __device__ __forceinline__ void copy_state(float* smem, const float* gmem) {
 
 // Bulk-copy-engine path (sm_90): the whole state moves between global and shared memory in a few
 // cp.async.bulk operations tracked by one mbarrier, instead of 16 per-thread copies and stores.
-__device__ __forceinline__ void bulk_init(uint64_t* bar) {
-  const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(b));
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
+__device__ __forceinline__ void bulk_init(uint64_t* bar) { mbar_init(smem_u32(bar)); }
 __device__ __forceinline__ void bulk_load(float* smem, const float* gmem, unsigned bytes, uint64_t* bar) {
   const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
+  mbar_expect_tx(b, bytes);
   constexpr unsigned kPiece = 16384;
   for (unsigned off = 0; off < bytes; off += kPiece) {
     const unsigned n = bytes - off < kPiece ? bytes - off : kPiece;
@@ -51,15 +47,7 @@ __device__ __forceinline__ void bulk_load(float* smem, const float* gmem, unsign
                  : "memory");
   }
 }
-__device__ __forceinline__ void bulk_wait(uint64_t* bar) {
-  const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
-  unsigned done = 0;
-  while (!done)
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }\n"
-                 : "=r"(done)
-                 : "r"(b)
-                 : "memory");
-}
+__device__ __forceinline__ void bulk_wait(uint64_t* bar) { mbar_wait(smem_u32(bar), 0); }
 __device__ __forceinline__ void bulk_store(float* gmem, const float* smem, unsigned bytes) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem), "r"(s), "r"(bytes) : "memory");

@@ -132,6 +132,12 @@ struct MlaDecodeArgs {
   // prefetched into L2 (0: none, the default: 2 and 4 measured 5 % slower on the H200, docs/PERF.md;
   // CudaBackend::set_mla_decode_l2_prefetch).
   int l2_prefetch_tiles = 0;
+  // wgmma kernel: KV tiles come in by the tensor memory accelerator (one bulk tensor copy per
+  // 64-dim x box-row box, completion on an mbarrier) instead of per-thread cp.async; needs kv_rows
+  // (rows of the whole cache, pages x page_size, < 2^31) and a page size that is a multiple of 8.
+  // CudaBackend::set_mla_decode_tma; off (or another page size) takes the cp.async loads.
+  bool wgmma_tma = true;
+  int64_t kv_rows = 0;
 };
 // Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.
 struct MlaDecodePlan {

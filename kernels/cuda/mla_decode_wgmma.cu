@@ -19,6 +19,11 @@
 // The KV tile is loaded once per stage by cp.async (16-byte copies, rows past seq_len zero-filled:
 // unused cache rows may hold NaN), 2 stages, directly into the swizzled layout (the cp.async
 // destination applies the same XOR the wgmma descriptor implies).
+// By default the tile comes instead by the tensor memory accelerator: warp 0 issues one bulk tensor
+// copy per (64-dim chunk, box of rows within one page), 9 to 72 instructions for the whole tile
+// where cp.async needs 4608, landing swizzled; an mbarrier per stage counts the bytes in. With few
+// per-thread copies in flight the cp.async form streams ~1.7 TB/s; the copy engine keeps a whole
+// tile in flight per block whatever the warps are doing.
 //
 // Shared-memory layout (all offsets from a 1024-byte aligned base; atoms as in wgmma.cuh):
 //   Q    [9 dim chunks][8 head groups] atoms      = 72 KiB   (atom (c, g) at (8c + g) * 1024)
@@ -37,12 +42,15 @@
 // Cost of H = 96: two head groups, the second with 32 zero rows, so the tensor work is 128/96 =
 // 1.33x the useful work (the cache bytes are read once from HBM; the second group hits L2).
 #include <cmath>
+#include <numeric>
 
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/mla_wgmma_layout.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace k3::cuda {
@@ -61,7 +69,9 @@ constexpr int kPBytes = mlawg::kPBytes;           // 8192
 static_assert(kDimAtoms * (kTok / 8) * wg::kAtomBytes == kTileBytes && kHeads == mlawg::kRows && kTok == mlawg::kRows &&
               kDk == mlawg::kDk, "layout header and kernel agree");
 constexpr int kRedFloats = 2 * kHeads;     // one partial per (warpgroup, row)
-constexpr int kSmem = wg::kAtomBytes /*alignment slack*/ + kQBytes + kStages * kTileBytes + kPBytes + 2 * kRedFloats * 4;
+constexpr int kBarBytes = kStages * 8;   // one mbarrier per stage (TMA loads)
+constexpr int kSmem =
+    wg::kAtomBytes /*alignment slack*/ + kQBytes + kStages * kTileBytes + kPBytes + 2 * kRedFloats * 4 + kBarBytes;
 static_assert(kSmem <= 227 * 1024, "shared memory budget of one block");
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
@@ -106,9 +116,42 @@ __device__ __forceinline__ void prefetch_tile_l2(const MlaDecodeArgs& a, const i
   }
 }
 
-template <bool kPvN256>
+// TMA form of issue_tile, run by warp 0: tokens [t0, min(t0 + 64, end)) as boxes of box_rows rows x
+// 64 dims (box_rows divides the page size and 64, so a box never crosses a page), each landing at
+// its rows of its dim chunk already swizzled (the copy engine applies the same 128B XOR that
+// op_offset encodes). Boxes wholly past `end` are not loaded (their page may not exist); the rows
+// past `end` are zeroed by zero_tail once the copies are in.
+__device__ __forceinline__ void issue_tile_tma(uint32_t dst, uint32_t bar, const CUtensorMap* map,
+                                               const MlaDecodeArgs& a, const int32_t* pages, int t0, int end,
+                                               int page_shift, int box_rows) {
+  const int lane = threadIdx.x & 31;
+  const int rows = min(kTok, end - t0);
+  const int boxes = (rows + box_rows - 1) / box_rows * kDimAtoms;
+  if (lane == 0) mbar_expect_tx(bar, uint32_t(boxes * box_rows * wg::kRowBytes));
+  __syncwarp();
+  for (int k = lane; k < boxes; k += 32) {
+    const int rb = k / kDimAtoms, c = k % kDimAtoms;
+    const int tok = t0 + rb * box_rows;
+    const int pg = page_shift >= 0 ? tok >> page_shift : tok / a.page_size;
+    const int in_page = page_shift >= 0 ? tok & (a.page_size - 1) : tok - pg * a.page_size;
+    tma_load_2d(dst + uint32_t(c * 8 * wg::kAtomBytes + rb * box_rows * wg::kRowBytes), map, c * 64,
+                pages[pg] * a.page_size + in_page, bar);
+  }
+}
+
+// Rows [rows, 64) of a TMA-loaded stage: unused cache rows may hold NaN, and P = 0 times NaN is NaN.
+__device__ __forceinline__ void zero_tail(unsigned char* stage, int rows) {
+  constexpr int kPerRow = kDimAtoms * 8;  // 16-byte chunks of one row across the 9 dim atoms
+  for (int idx = threadIdx.x; idx < (kTok - rows) * kPerRow; idx += kThreads) {
+    const int r = rows + idx / kPerRow, c = (idx % kPerRow) / 8, q = idx % 8;
+    *reinterpret_cast<uint4*>(stage + c * 8 * wg::kAtomBytes + r * wg::kRowBytes + q * 16) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <bool kPvN256, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1)
-    mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse) {
+    mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse,
+                            const __grid_constant__ CUtensorMap kv_map, int box_rows) {
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 at run time below
   // Atoms must be 1024-byte aligned in the shared window (descriptor base offset 0).
   const uint32_t raw_addr = smem_u32(smem_raw);
@@ -118,6 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* p_s = kv_s + kStages * kTileBytes;
   float* red_max = reinterpret_cast<float*>(p_s + kPBytes);
   float* red_l = red_max + kRedFloats;
+  const uint32_t bar_addr = smem_u32(red_l + kRedFloats);  // kStages mbarriers, 8 bytes each
   const uint32_t q_addr = raw_addr + pad, kv_addr = q_addr + kQBytes, p_addr = kv_addr + kStages * kTileBytes;
 
   const int hg = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
@@ -135,11 +179,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // The first tile goes in flight before Q is staged, so both latencies overlap; the tiles after
   // the ones loaded into shared memory are prefetched into L2 (l2_prefetch_tiles of them ahead).
+  if constexpr (kTma) {
+    if (tid < 32) {
+      if (tid == 0)
+        for (int s = 0; s < kStages; ++s) mbar_init(bar_addr + 8 * s);
+      __syncwarp();
+      for (int s = 0; s < kStages - 1; ++s) {
+        const int ts = begin + s * kTok;
+        if (ts < end)
+          issue_tile_tma(kv_addr + s * kTileBytes, bar_addr + 8 * s, &kv_map, a, pages, ts, end, page_shift, box_rows);
+      }
+    }
+  } else {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    const int ts = begin + s * kTok;
-    if (ts < end) issue_tile(kv_s + s * kTileBytes, a, pages, ts, end, page_shift);
-    cp_async_commit();
+    for (int s = 0; s < kStages - 1; ++s) {
+      const int ts = begin + s * kTok;
+      if (ts < end) issue_tile(kv_s + s * kTileBytes, a, pages, ts, end, page_shift);
+      cp_async_commit();
+    }
   }
   const int pf = a.l2_prefetch_tiles;
   if (tid < 32)  // tiles kStages .. kStages + pf - 2; the loop below prefetches from kStages + pf - 1 on
@@ -155,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     *reinterpret_cast<uint4*>(q_s + op_offset(r, c)) = v;
   }
 
+  if constexpr (kTma) __syncthreads();  // the barriers thread 0 set up exist before anyone waits on them
   const float sl2 = a.scale * kLog2e;  // scores in log2 units
   float o[4][32];
 #pragma unroll
@@ -165,18 +223,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   float l0 = 0.f, l1 = 0.f;              // this thread's share of the running sums (own tokens only)
 
   int stage = 0;
+  uint32_t phases = 0;  // TMA: bit s = parity of the next completion of stage s's barrier
   for (int t0 = begin; t0 < end; t0 += kTok) {
-    cp_async_wait<kStages - 2>();
-    // This thread's cp.async data (and, on the first tile, its Q stores) -> async proxy; the
-    // barrier then makes every thread's part visible, and tells the next copy that every warp
-    // has finished the previous tile (its S and PV wgmma were waited for below).
+    if constexpr (kTma) {
+      mbar_wait(bar_addr + 8 * stage, (phases >> stage) & 1u);
+      phases ^= 1u << stage;
+      if (end - t0 < kTok) zero_tail(kv_s + stage * kTileBytes, end - t0);
+    } else {
+      cp_async_wait<kStages - 2>();
+    }
+    // This thread's cp.async data or tail zeros (and, on the first tile, its Q stores) -> async
+    // proxy; the barrier then makes every thread's part visible, and tells the next copy that every
+    // warp has finished the previous tile (its S and PV wgmma were waited for below).
     wg::fence_proxy_async();
     __syncthreads();
     {
       const int tn = t0 + (kStages - 1) * kTok;
       const int sn = (stage + kStages - 1) % kStages;
-      if (tn < end) issue_tile(kv_s + sn * kTileBytes, a, pages, tn, end, page_shift);
-      cp_async_commit();  // possibly empty: keeps the group count uniform for the wait above
+      if constexpr (kTma) {
+        if (tn < end && tid < 32)
+          issue_tile_tma(kv_addr + sn * kTileBytes, bar_addr + 8 * sn, &kv_map, a, pages, tn, end, page_shift, box_rows);
+      } else {
+        if (tn < end) issue_tile(kv_s + sn * kTileBytes, a, pages, tn, end, page_shift);
+        cp_async_commit();  // possibly empty: keeps the group count uniform for the wait above
+      }
       if (pf > 0 && tid < 32) prefetch_tile_l2(a, pages, tn + pf * kTok, end);
     }
     const uint32_t kt = kv_addr + stage * kTileBytes;
@@ -269,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < 32; ++i) wg::reg_fence(o[j][i]);
     stage = (stage + 1) % kStages;
   }
-  cp_async_wait<0>();  // only empty groups can remain; leave none behind
+  if constexpr (!kTma) cp_async_wait<0>();  // only empty groups can remain; leave none behind
 
   // Row sums: the quad's lanes, then the two warpgroups (both used the same running max).
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -330,10 +400,16 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
                              cudaStream_t s) {
   K3_CHECK(a.R == kR && a.Dr == kDr, "mla_decode_wgmma: needs R = 512, Dr = 64");
   K3_CHECK(plan.splits == 1 || plan.tokens_per_split % kTok == 0, "mla_decode_wgmma: split length must be a multiple of 64");
-  auto* kern = a.wgmma_pv_n256 ? mla_decode_wgmma_kernel<true> : mla_decode_wgmma_kernel<false>;
+  // TMA boxes: the largest row count that divides both the page and the 64-token tile (a box then
+  // never crosses a page); at least 8 rows (one swizzle atom) and row coordinates below 2^31.
+  const int box_rows = std::gcd(a.page_size, kTok);
+  const bool tma = a.wgmma_tma && box_rows >= 8 && a.kv_rows > 0 && a.kv_rows < (int64_t(1) << 31);
+  const CUtensorMap map = tma ? make_bf16_tensor_map_sw128(a.kv, a.kv_rows, kDk, box_rows) : CUtensorMap{};
+  auto* kern = a.wgmma_pv_n256 ? (tma ? mla_decode_wgmma_kernel<true, true> : mla_decode_wgmma_kernel<true, false>)
+                               : (tma ? mla_decode_wgmma_kernel<false, true> : mla_decode_wgmma_kernel<false, false>);
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid((a.H + kHeads - 1) / kHeads, plan.splits, a.B);
-  kern<<<grid, kThreads, kSmem, s>>>(a, plan.tokens_per_split, part_o, part_lse);
+  kern<<<grid, kThreads, kSmem, s>>>(a, plan.tokens_per_split, part_o, part_lse, map, box_rows);
   K3_CUDA_LAUNCHED("mla_decode_wgmma_kernel");
 }
 

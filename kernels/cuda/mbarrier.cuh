@@ -1,0 +1,43 @@
+// Shared-memory mbarriers (sm_90) as completion counters for bulk copies: one arrival (the issuing
+// thread's arrive.expect_tx, which also announces the bytes) plus the copies' complete_tx; a phase
+// completes when both are in. Waiters name the phase parity they wait for (0, 1, 0, ... per use).
+// PTX ISA: "mbarrier" and "cp.async.bulk.tensor".
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/mma.cuh"  // smem_u32
+
+namespace k3::cuda {
+
+// Arrival count 1; the fences make the initialised barrier visible to the async proxy (the copy
+// engine) before any copy names it.
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar));
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+}
+
+// One TMA box of a 2-D tensor map (kernels/cuda/tensor_map.h) at element coordinates (x = column,
+// y = row) into shared memory at `dst`, counted on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
+}  // namespace k3::cuda

@@ -1,0 +1,18 @@
+// Tensor maps for the Hopper tensor memory accelerator (TMA, cp.async.bulk.tensor): the descriptor
+// a kernel hands to one bulk instruction to copy a whole 2-D box of a global array into shared
+// memory, already in the 128-byte swizzled layout that wgmma reads (wgmma.cuh). Encoding goes
+// through the driver (cuTensorMapEncodeTiled), reached via the runtime's entry-point lookup so the
+// library does not link libcuda itself.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace k3::cuda {
+
+// Row-major bf16 array [rows][cols] (row pitch = cols elements, a multiple of 8), copied in boxes
+// of box_rows x 64 elements (128 bytes: one swizzle atom row) with the 128B swizzle. Throws
+// k3::Error naming the argument the driver refused.
+CUtensorMap make_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols, int box_rows);
+
+}  // namespace k3::cuda
