@@ -266,7 +266,8 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
   a.block_table = ptrs[0];
   a.seq_lens = ptrs[1];
-  MlaDecodePlan plan = plan_mla_decode(a.B, a.H, a.max_pages * a.page_size, num_sms_);
+  MlaDecodePlan plan =
+      plan_mla_decode(a.B, a.H, a.max_pages * a.page_size, num_sms_, a.use_wgmma && a.R == 512 && a.Dr == 64);
   if (batch_invariant_) {
     // Splits of a fixed size, so a request's partials do not depend on the batch (up to 64 splits,
     // the merge's limit; past 64 x kInvariantSplitTokens tokens the size grows in whole multiples).

@@ -144,7 +144,9 @@ struct MlaDecodePlan {
   int splits = 1;
   int tokens_per_split = 0;
 };
-MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms);
+// wgmma_kernel: the call will run the wgmma kernel (MlaDecodeArgs::use_wgmma with R = 512, Dr = 64),
+// whose blocks hold 64 heads.
+MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms, bool wgmma_kernel);
 int64_t mla_decode_workspace_floats(const MlaDecodePlan& plan, int B, int H, int R);
 void launch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* work, cudaStream_t s);
 // The wgmma kernel alone (called by launch_mla_decode): one split -> a.o, a.lse; several -> the fp32

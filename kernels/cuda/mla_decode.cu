@@ -378,11 +378,14 @@ void launch_mma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* part_o
 // num_sms; time ~ waves · tiles per split, plus for more than one split the merge (a launch, about
 // one tile's time, and the fp32 partials written and read back, relative to the cache bytes an SM
 // streams per tile). Splits keep >= 4 tiles (256 tokens): below that a split's fixed cost (Q
-// staging, pipeline fill, partial write) outweighs the parallelism.
-MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms) {
+// staging, pipeline fill, partial write) outweighs the parallelism. Blocks are counted as the
+// kernel that runs will form them: 64 heads per block on the wgmma kernel (it takes H >= 64), else
+// heads_per_block. (Counting the mma.sync kernel's 32-head blocks for the wgmma kernel once left
+// half the SMs idle at H = 64: 64 blocks planned as 128.)
+MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms, bool wgmma_kernel) {
   MlaDecodePlan plan;
   const int tiles = std::max(1, (max_context + kPlanTok - 1) / kPlanTok);
-  const int hpb = heads_per_block(H);
+  const int hpb = wgmma_kernel && H >= 64 ? 64 : heads_per_block(H);
   const int64_t groups = int64_t(std::max(B, 1)) * ((std::max(H, 1) + hpb - 1) / hpb);
   const int slots = std::max(num_sms, 1);
   const int max_splits = std::clamp(tiles / 4, 1, 64);
