@@ -82,6 +82,9 @@ class CudaBackend final : public Backend {
   // wgmma kernel: KV tiles by TMA bulk tensor copies (default on) or by per-thread cp.async.
   void set_mla_decode_tma(bool on) { mla_tma_ = on; }
   bool mla_decode_tma() const { return mla_tma_; }
+  // wgmma kernel: lazy running max (the O rescale only when the max grows by more than 2^8).
+  void set_mla_decode_lazy_rescale(bool on) { mla_lazy_ = on; }
+  bool mla_decode_lazy_rescale() const { return mla_lazy_; }
   bool mla_decode_pv_n64() const { return mla_pv_n64_; }
 
   cudaStream_t stream() const { return stream_; }
@@ -102,6 +105,7 @@ class CudaBackend final : public Backend {
   bool mla_pv_n64_ = false;  // set_mla_decode_pv_n64
   int mla_l2_prefetch_ = 0;  // set_mla_decode_l2_prefetch
   bool mla_tma_ = true;  // set_mla_decode_tma
+  bool mla_lazy_ = false;  // set_mla_decode_lazy_rescale
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the

@@ -262,6 +262,7 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   a.wgmma_pv_n256 = !mla_pv_n64_;
   a.l2_prefetch_tiles = std::max(0, mla_l2_prefetch_);
   a.wgmma_tma = mla_tma_;
+  a.wgmma_lazy_rescale = mla_lazy_;
   a.kv_rows = p.kv_cache.dim(0) * p.kv_cache.dim(1);
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
   a.block_table = ptrs[0];

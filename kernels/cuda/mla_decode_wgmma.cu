@@ -214,6 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if constexpr (kTma) __syncthreads();  // the barriers thread 0 set up exist before anyone waits on them
   const float sl2 = a.scale * kLog2e;  // scores in log2 units
+  const float slack = a.wgmma_lazy_rescale ? 8.f : 0.f;
   float o[4][32];
 #pragma unroll
   for (int j = 0; j < 4; ++j)
@@ -288,9 +289,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     // Token t0 < end belongs to warpgroup 0, so m_new is finite: corr = 2^(-inf) = 0 on the first
-    // tile, never 2^(-inf + inf).
-    const float mn0 = fmaxf(m0, fmaxf(red_max[r0], red_max[kHeads + r0]));
-    const float mn1 = fmaxf(m1, fmaxf(red_max[r1], red_max[kHeads + r1]));
+    // tile, never 2^(-inf + inf). The running max moves only when the tile's max passes it by more
+    // than `slack` (0: the exact max; lazy: 8, so p <= 2^8, exact in bf16's relative precision and
+    // undone by the final 1/l): both warpgroups see the same maxima and decide alike. A warp none of
+    // whose rows moved skips the O rescale (a multiply by 1).
+    const float x0 = fmaxf(red_max[r0], red_max[kHeads + r0]), x1 = fmaxf(red_max[r1], red_max[kHeads + r1]);
+    const float mn0 = x0 > m0 + slack ? x0 : m0;
+    const float mn1 = x1 > m1 + slack ? x1 : m1;
+    const bool moved = __any_sync(0xffffffffu, mn0 != m0 || mn1 != m1);
     const float c0 = fast_exp2(m0 - mn0), c1 = fast_exp2(m1 - mn1);
     m0 = mn0;
     m1 = mn1;
@@ -306,15 +312,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<uint32_t*>(p_s + op_offset(r0, col >> 3) + (col & 7) * 2) = pack_bf16(p0, p1);
       *reinterpret_cast<uint32_t*>(p_s + op_offset(r1, col >> 3) + (col & 7) * 2) = pack_bf16(p2, p3);
     }
+    if (moved) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int i = 0; i < 32; i += 4) {
-        o[j][i] *= c0;
-        o[j][i + 1] *= c0;
-        o[j][i + 2] *= c1;
-        o[j][i + 3] *= c1;
-      }
+        for (int i = 0; i < 32; i += 4) {
+          o[j][i] *= c0;
+          o[j][i + 1] *= c0;
+          o[j][i + 2] *= c1;
+          o[j][i + 3] *= c1;
+        }
+    }
     wg::fence_proxy_async();  // P stores -> async proxy
     __syncthreads();          // P of both warpgroups is written
 

@@ -303,13 +303,15 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   for (bool tma : {true, false})
     for (bool first_form : {false, true}) {
       cb->set_mla_decode_tma(tma);
+      cb->set_mla_decode_lazy_rescale(tma);  // the lazy running max with TMA loads, the exact one without
       cb->set_mla_decode_pv_n64(first_form);
       cb->set_mla_decode_l2_prefetch(first_form ? 0 : 2);
       check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng,
                              std::string(first_form ? "mla_decode wgmma first form" : "mla_decode wgmma") +
-                                 (tma ? " tma" : " cp.async"));
+                                 (tma ? " tma lazy max" : " cp.async"));
     }
   cb->set_mla_decode_tma(true);
+  cb->set_mla_decode_lazy_rescale(false);
   cb->set_mla_decode_pv_n64(false);
   cb->set_mla_decode_l2_prefetch(0);
   cb->set_mla_decode_wgmma(false);
