@@ -85,6 +85,10 @@ class CudaBackend final : public Backend {
   // wgmma kernel: lazy running max (the O rescale only when the max grows by more than 2^8).
   void set_mla_decode_lazy_rescale(bool on) { mla_lazy_ = on; }
   bool mla_decode_lazy_rescale() const { return mla_lazy_; }
+  // kda_decode by persistent blocks with a ring of state buffers, loading `ahead` (1 or 2) items
+  // ahead (kda_decode.cu), or (0, the default) one block per (request, head).
+  void set_kda_decode_ring(int ahead) { kda_ring_ = ahead; }
+  int kda_decode_ring() const { return kda_ring_; }
   bool mla_decode_pv_n64() const { return mla_pv_n64_; }
 
   cudaStream_t stream() const { return stream_; }
@@ -106,6 +110,7 @@ class CudaBackend final : public Backend {
   int mla_l2_prefetch_ = 0;  // set_mla_decode_l2_prefetch
   bool mla_tma_ = true;  // set_mla_decode_tma
   bool mla_lazy_ = false;  // set_mla_decode_lazy_rescale
+  int kda_ring_ = 0;  // set_kda_decode_ring
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the

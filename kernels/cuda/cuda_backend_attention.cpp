@@ -176,6 +176,7 @@ void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {
   need_shape(op, "o", p.o, {a.B, a.H, a.D});
   a.g_min = p.g_min;
   a.softplus = p.form == ops::GateForm::Softplus;
+  a.ring_ahead = kda_ring_;
   a.slots = device_ints({&p.slots})[0];
   launch_kda_decode(a, stream_);
 }

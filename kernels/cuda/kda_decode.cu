@@ -10,6 +10,8 @@
 // the lane uses, stored back from registers; or the bulk copy engine (one mbarrier) in and out.
 // One block owns all rows of its head, so the conv cache of a (request, head) has a single writer
 // (an earlier two-launch version split rows over blocks and needed a separate conv launch).
+#include <algorithm>
+
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
@@ -96,15 +98,126 @@ __device__ __forceinline__ float finish_conv(const KdaDecodeArgs& a, int64_t slo
   return acc * sigmoidf(acc);
 }
 
+// Shared-memory scratch of one item (request, head) besides its state.
+template <int D>
+struct ItemScratch {
+  float qv[D], kv[D], vv[D], al[D];
+  float red[2][2 * D / 32];
+  float beta;
+};
+
+// Per-token part of item (b, h) while its state copy travels: threads [0, D) own q and k channel
+// tid, threads [D, 2D) own v channel tid-D and its decay. Ends with a block barrier; returns this
+// lane's q (normalised, scaled), k (normalised) and decays in registers.
+template <int D>
+__device__ __forceinline__ void prep_item(const KdaDecodeArgs& a, int b, int h, int64_t slot, ItemScratch<D>& sc,
+                                          float (&q)[D / 32], float (&k)[D / 32], float (&alpha)[D / 32]) {
+  constexpr int NV = D / 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, H = a.H;
+  const int64_t P = int64_t(H) * D;
+  float sq = 0.f, sk = 0.f;
+  if (tid < D) {
+    const ConvChannel cq = load_conv(a, b, slot, int64_t(h) * D + tid);
+    const ConvChannel ck = load_conv(a, b, slot, P + int64_t(h) * D + tid);
+    const float qx = finish_conv(a, slot, int64_t(h) * D + tid, cq);
+    const float kx = finish_conv(a, slot, P + int64_t(h) * D + tid, ck);
+    sc.qv[tid] = qx;
+    sc.kv[tid] = kx;
+    sq = qx * qx;
+    sk = kx * kx;
+  } else {
+    const int i = tid - D;
+    const ConvChannel cv = load_conv(a, b, slot, 2 * P + int64_t(h) * D + i);
+    const float f = a.f[int64_t(b) * P + int64_t(h) * D + i], dt = a.dt_bias[h * D + i], a_log = a.a_log[h];
+    const float b_logit = a.b[int64_t(b) * H + h];
+    sc.vv[i] = finish_conv(a, slot, 2 * P + int64_t(h) * D + i, cv);
+    sc.al[i] = expf(kda_log_decay(a.softplus, a_log, f + dt, a.g_min));
+    if (i == 0) sc.beta = sigmoidf(b_logit);
+  }
+  sq = warp_sum(sq);
+  sk = warp_sum(sk);
+  if (lane == 0) {
+    sc.red[0][warp] = sq;
+    sc.red[1][warp] = sk;
+  }
+  __syncthreads();
+  float tq = 0.f, tk = 0.f;
+#pragma unroll
+  for (int w = 0; w < D / 32; ++w) {  // the q/k warps are the first D/32
+    tq += sc.red[0][w];
+    tk += sc.red[1][w];
+  }
+  const float qn = rsqrtf(tq + 1e-6f) * rsqrtf(float(D)), kn = rsqrtf(tk + 1e-6f);
+#pragma unroll
+  for (int e = 0; e < NV; ++e) {
+    q[e] = sc.qv[lane * NV + e] * qn;
+    k[e] = sc.kv[lane * NV + e] * kn;
+    alpha[e] = sc.al[lane * NV + e];
+  }
+}
+
+// The recurrence step on this warp's 16 state rows, read from `st` (shared memory) and written to
+// `dst_base` (the same shared rows when kToSmem, else the global state); o of item (b, h).
+template <int D, bool kToSmem>
+__device__ __forceinline__ void update_rows(const KdaDecodeArgs& a, int b, int h, float* st, float* dst_base,
+                                            const ItemScratch<D>& sc, const float (&q)[D / 32],
+                                            const float (&k)[D / 32], const float (&alpha)[D / 32]) {
+  constexpr int NV = D / 32;
+  const int lane = threadIdx.x & 31, row0 = (threadIdx.x >> 5) * kRowsPerWarp;
+  const float beta = sc.beta;
+  // Two passes over the rows (shared memory is cheap to re-read): s·k for all 16 rows first so
+  // their warp reductions overlap, then the update, the store and s·q.
+  float kvr[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const float* x = st + (row0 + r) * D + lane * NV;
+    float acc = 0.f;
+#pragma unroll
+    for (int e = 0; e < NV; ++e) acc += x[e] * alpha[e] * k[e];
+    kvr[r] = acc;
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) kvr[r] = warp_sum(kvr[r]);
+  float ov[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const float* x = st + (row0 + r) * D + lane * NV;
+    const float u = beta * (sc.vv[row0 + r] - kvr[r]);
+    float v[NV];
+    float acc = 0.f;
+#pragma unroll
+    for (int e = 0; e < NV; ++e) {
+      v[e] = x[e] * alpha[e] + k[e] * u;
+      acc += v[e] * q[e];
+    }
+    ov[r] = acc;
+    float* dst = dst_base + (row0 + r) * D + lane * NV;
+    if constexpr (NV == 4) {
+      if constexpr (kToSmem) *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+      else __stcs(reinterpret_cast<float4*>(dst), make_float4(v[0], v[1], v[2], v[3]));
+    } else {
+      if constexpr (kToSmem) *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
+      else __stcs(reinterpret_cast<float2*>(dst), make_float2(v[0], v[1]));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) ov[r] = warp_sum(ov[r]);
+  if (lane < kRowsPerWarp) {
+    float mine = ov[0];
+#pragma unroll
+    for (int r = 1; r < kRowsPerWarp; ++r)
+      if (lane == r) mine = ov[r];
+    a.o.set((int64_t(b) * a.H + h) * D + row0 + lane, mine);
+  }
+}
+
 template <int D, bool kBulk>
 __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
   constexpr int kThreads = D * 2;  // D/16 warps of 16 rows; 2*D threads also cover the 4 prep vectors
   constexpr int NV = D / 32;       // consecutive K elements per lane
   static_assert(kThreads / 32 * kRowsPerWarp == D, "one block covers the head's D rows");
   extern __shared__ __align__(16) float st[];  // [D][D] state of this (request, head)
-  __shared__ __align__(16) float qv[D], kv_[D], vv[D], al[D];
-  __shared__ float red[2][kThreads / 32];
-  __shared__ float beta_s;
+  __shared__ __align__(16) ItemScratch<D> sc;
   __shared__ uint64_t bar;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.y, h = blockIdx.x, H = a.H;
@@ -126,103 +239,74 @@ __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
     }
     cp_async_commit();
   }
-
-  // Per-token part while the copies are in flight: threads [0, D) own q and k channel tid,
-  // threads [D, 2D) own v channel tid-D and its decay.
-  const int64_t P = int64_t(H) * D;
-  float sq = 0.f, sk = 0.f;
-  if (tid < D) {
-    const ConvChannel cq = load_conv(a, b, slot, int64_t(h) * D + tid);
-    const ConvChannel ck = load_conv(a, b, slot, P + int64_t(h) * D + tid);
-    const float q = finish_conv(a, slot, int64_t(h) * D + tid, cq);
-    const float k = finish_conv(a, slot, P + int64_t(h) * D + tid, ck);
-    qv[tid] = q;
-    kv_[tid] = k;
-    sq = q * q;
-    sk = k * k;
-  } else {
-    const int i = tid - D;
-    const ConvChannel cv = load_conv(a, b, slot, 2 * P + int64_t(h) * D + i);
-    const float f = a.f[int64_t(b) * P + int64_t(h) * D + i], dt = a.dt_bias[h * D + i], a_log = a.a_log[h];
-    const float b_logit = a.b[int64_t(b) * H + h];
-    vv[i] = finish_conv(a, slot, 2 * P + int64_t(h) * D + i, cv);
-    al[i] = expf(kda_log_decay(a.softplus, a_log, f + dt, a.g_min));
-    if (i == 0) beta_s = sigmoidf(b_logit);
-  }
-  sq = warp_sum(sq);
-  sk = warp_sum(sk);
-  if (lane == 0) {
-    red[0][warp] = sq;
-    red[1][warp] = sk;
-  }
-  __syncthreads();
-  float tq = 0.f, tk = 0.f;
-#pragma unroll
-  for (int w = 0; w < D / 32; ++w) {  // the q/k warps are the first D/32
-    tq += red[0][w];
-    tk += red[1][w];
-  }
-  const float qn = rsqrtf(tq + 1e-6f) * rsqrtf(float(D)), kn = rsqrtf(tk + 1e-6f);
-  const float beta = beta_s;
-
   float q[NV], k[NV], alpha[NV];
-#pragma unroll
-  for (int e = 0; e < NV; ++e) {
-    q[e] = qv[lane * NV + e] * qn;
-    k[e] = kv_[lane * NV + e] * kn;
-    alpha[e] = al[lane * NV + e];
-  }
-  if constexpr (kBulk) bulk_wait(&bar);  // the barrier's init is ordered by the __syncthreads above
+  prep_item<D>(a, b, h, slot, sc, q, k, alpha);
+  if constexpr (kBulk) bulk_wait(&bar);  // the barrier's init is ordered by prep_item's __syncthreads
   else cp_async_wait<0>();
-  // Two passes over the rows (shared memory is cheap to re-read): s·k for all 16 rows first so
-  // their warp reductions overlap, then the update, the store and s·q.
-  float kvr[kRowsPerWarp];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const float* x = st + (row0 + r) * D + lane * NV;
-    float acc = 0.f;
-#pragma unroll
-    for (int e = 0; e < NV; ++e) acc += x[e] * alpha[e] * k[e];
-    kvr[r] = acc;
-  }
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) kvr[r] = warp_sum(kvr[r]);
-  float ov[kRowsPerWarp];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const float* x = st + (row0 + r) * D + lane * NV;
-    const float u = beta * (vv[row0 + r] - kvr[r]);
-    float v[NV];
-    float acc = 0.f;
-#pragma unroll
-    for (int e = 0; e < NV; ++e) {
-      v[e] = x[e] * alpha[e] + k[e] * u;
-      acc += v[e] * q[e];
-    }
-    ov[r] = acc;
-    float* dst = kBulk ? st + (row0 + r) * D + lane * NV : S + int64_t(row0 + r) * D + lane * NV;
-    if constexpr (NV == 4) {
-      if constexpr (kBulk) *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
-      else __stcs(reinterpret_cast<float4*>(dst), make_float4(v[0], v[1], v[2], v[3]));
-    } else {
-      if constexpr (kBulk) *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
-      else __stcs(reinterpret_cast<float2*>(dst), make_float2(v[0], v[1]));
-    }
-  }
+  update_rows<D, kBulk>(a, b, h, st, kBulk ? st : S, sc, q, k, alpha);
   if constexpr (kBulk) {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our stores -> the copy engine
     __syncthreads();
     if (tid == 0) bulk_store(S, st, D * D * 4);
   }
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) ov[r] = warp_sum(ov[r]);
-  if (lane < kRowsPerWarp) {
-    float mine = ov[0];
-#pragma unroll
-    for (int r = 1; r < kRowsPerWarp; ++r)
-      if (lane == r) mine = ov[r];
-    a.o.set((int64_t(b) * H + h) * D + row0 + lane, mine);
+}
+
+// Persistent form: gridDim.x blocks (as many as fit at once) walk the (request, head) items with a
+// ring of kRing state buffers in shared memory, so the copy engine always has the next items'
+// states coming in and the last ones going out while the warps update the current one (the
+// one-block-per-item form leaves each SM's copy engine idle while all its blocks compute, and its
+// last wave half empty). The n-th item of a block uses buffer n mod kRing; loads run kAhead items
+// ahead. kAhead = 2 keeps two loads in flight but must wait at each item for the store just issued
+// to leave shared memory (its buffer is the next load's); kAhead = 1 lets that store drain for a
+// whole item. Thread 0 issues every copy (bulk groups and mbarrier arrivals are per thread).
+constexpr int kRing = 3;
+template <int D, int kAhead>
+__global__ void __launch_bounds__(D * 2, 1) kda_decode_ring_kernel(KdaDecodeArgs a) {
+  static_assert(kAhead >= 1 && kAhead < kRing, "a buffer for the current item, kAhead loading");
+  constexpr int NV = D / 32, kStateBytes = D * D * 4;
+  extern __shared__ __align__(16) float ring[];  // [kRing][D][D]
+  __shared__ __align__(16) ItemScratch<D> sc;
+  __shared__ uint64_t bars[kRing];
+  const int tid = threadIdx.x;
+  const int items = a.B * a.H;
+  auto state_of = [&](int item) { return a.state + (int64_t(a.slots[item / a.H]) * a.H + item % a.H) * D * D; };
+  if (tid == 0) {
+    for (int r = 0; r < kRing; ++r) mbar_init(smem_u32(&bars[r]));
+    for (int j = 0; j < kAhead; ++j) {  // the first kAhead items' loads in flight
+      const int item = blockIdx.x + j * gridDim.x;
+      if (item < items) bulk_load(ring + j * D * D, state_of(item), kStateBytes, &bars[j]);
+    }
   }
+  int n = 0;  // items this block has done
+  for (int item = blockIdx.x; item < items; item += gridDim.x, ++n) {
+    const int buf = n % kRing;
+    float* st = ring + buf * D * D;
+    if (tid == 0) {  // the load kAhead items ahead goes where item n + kAhead - kRing was stored from
+      const int ahead = item + kAhead * gridDim.x;
+      if (ahead < items) {
+        // Stores are one bulk group per item: the kRing - kAhead - 1 latest may still be reading.
+        if constexpr (kRing - kAhead - 1 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        else asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+        const int nb = (n + kAhead) % kRing;
+        bulk_load(ring + nb * D * D, state_of(ahead), kStateBytes, &bars[nb]);
+      }
+    }
+    const int b = item / a.H, h = item % a.H;
+    float q[NV], k[NV], alpha[NV];
+    prep_item<D>(a, b, h, a.slots[b], sc, q, k, alpha);  // its barrier also orders the mbarrier inits
+    mbar_wait(smem_u32(&bars[buf]), uint32_t(n / kRing) & 1u);
+    update_rows<D, true>(a, b, h, st, st, sc, q, k, alpha);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our stores -> the copy engine
+    __syncthreads();  // every row is written; sc may be overwritten by the next item's prep
+    if (tid == 0) {
+      const unsigned src = smem_u32(st);
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(state_of(item)), "r"(src),
+                   "r"(kStateBytes)
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    }
+  }
+  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory outlives the reads
 }
 
 template <int D, bool kBulk>
@@ -237,8 +321,25 @@ void launch_variant(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
 constexpr int64_t kBulkMinBlocks = 1024;
 
 template <int D>
+void launch_ring(const KdaDecodeArgs& a, cudaStream_t s) {
+  constexpr int kSmem = kRing * D * D * 4;
+  if (a.ring_ahead != 1 && a.ring_ahead != 2)
+    throw Error("kda_decode: ring_ahead " + std::to_string(a.ring_ahead) + " not in {0, 1, 2}");
+  auto* kern = a.ring_ahead == 1 ? kda_decode_ring_kernel<D, 1> : kda_decode_ring_kernel<D, 2>;
+  K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  int dev = 0, sms = 0, per_sm = 0;
+  K3_CUDA_OK(cudaGetDevice(&dev));
+  K3_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  K3_CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, D * 2, kSmem));
+  const int64_t items = int64_t(a.B) * a.H;
+  const int grid = int(std::min<int64_t>(items, int64_t(std::max(1, sms)) * std::max(1, per_sm)));
+  kern<<<grid, D * 2, kSmem, s>>>(a);
+}
+
+template <int D>
 void launch_for(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
-  if (int64_t(a.B) * a.H >= kBulkMinBlocks) launch_variant<D, true>(a, grid, s);
+  if (a.ring_ahead > 0) launch_ring<D>(a, s);
+  else if (int64_t(a.B) * a.H >= kBulkMinBlocks) launch_variant<D, true>(a, grid, s);
   else launch_variant<D, false>(a, grid, s);
 }
 

@@ -175,8 +175,14 @@ TEST_CASE("cuda kda_decode matches cpu (conv + gate + delta rule, per-request sl
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
   std::mt19937 rng(24);
-  // (B, H) = (3, 2) takes the per-thread copy path, (40, 32) the bulk-copy path (>= 1024 blocks).
+  // (B, H) = (3, 2) takes the per-thread copy path, (40, 32) the bulk-copy path (>= 1024 blocks);
+  // each again on persistent blocks with the ring of state buffers (fewer blocks than items at
+  // (40, 32): every buffer and barrier phase is reused).
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  for (int ring : {0, 1, 2})
   for (auto [B, H, D] : std::vector<std::array<int64_t, 3>>{{3, 2, 64}, {3, 2, 128}, {40, 32, 64}, {40, 32, 128}}) {
+    cb->set_kda_decode_ring(ring);
     const int64_t W = 4, P = H * D, num_slots = B + 2;
     Tensor qkv = randn({B, 3 * P}, rng), conv_w = randn({3 * P, W}, rng, 0.5f, false);
     Tensor conv_cache = randn({num_slots, W - 1, 3 * P}, rng);
@@ -197,11 +203,13 @@ TEST_CASE("cuda kda_decode matches cpu (conv + gate + delta rule, per-request sl
                   .conv_cache = gcache, .f = g.from_host(f, DType::BF16), .a_log = g.from_host(a_log, DType::F32),
                   .dt_bias = g.from_host(dt, DType::F32), .b = g.from_host(b, DType::BF16), .state = gstate,
                   .slots = g.from_host(slots, DType::I32), .o = go, .heads = int(H)});
-    const std::string tag = " B=" + std::to_string(B) + " H=" + std::to_string(H) + " D=" + std::to_string(D);
+    const std::string tag = " B=" + std::to_string(B) + " H=" + std::to_string(H) + " D=" + std::to_string(D) +
+                            (ring ? " ring ahead " + std::to_string(ring) : "");
     expect_close(g, go, o, tol("kda_decode"), "kda_decode o" + tag);
     expect_close(g, gstate, state, tol("kda_decode"), "kda_decode state" + tag);
     expect_close(g, gcache, conv_cache, tol("kda_decode"), "kda_decode conv cache" + tag);
   }
+  cb->set_kda_decode_ring(0);
 }
 
 namespace {
