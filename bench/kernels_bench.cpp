@@ -299,12 +299,12 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
 
 // wgmma: CudaBackend::set_mla_decode_wgmma (the default, on, takes H >= 64); with --with-mma the
 // mma.sync kernel is reported beside it as an "_mma" line for those shapes; at H = 96 the wgmma
-// kernel as first written (four m64n64 per P·V step) as "_pvn64"; for H >= 64 the L2 prefetch
+// kernel with S split over dims between its warpgroups as "_splits"; for H >= 64 the L2 prefetch
 // (l2_prefetch >= 0, default off; no longer printed: slower in every measured call) as "_pfN", the KV tiles loaded by per-thread
 // cp.async instead of TMA bulk tensor copies (the default) as "_cpasync", and with the lazy running
 // max (CudaBackend::set_mla_decode_lazy_rescale) as "_lazy".
 void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool quick, std::vector<Line>& lines,
-                     bool wgmma = true, bool pv_n64 = false, int l2_prefetch = -1, bool tma = true,
+                     bool wgmma = true, bool split_s = false, int l2_prefetch = -1, bool tma = true,
                      bool lazy = false) {
   const int64_t R = 512, Dr = 64, page = 64, pages_per = ctx / page, num_pages = B * pages_per;
   Tensor kv = be.alloc({num_pages, page, R + Dr}, DType::BF16);
@@ -319,25 +319,25 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   Tensor table = be.from_host(Tensor::from_i32({B, pages_per}, perm), DType::I32);
   Tensor lens = dev_ints(be, std::vector<int32_t>(B, int32_t(ctx)));
   const float scale = 1.f / std::sqrt(192.f);
-  const bool was = be.mla_decode_wgmma(), was_n64 = be.mla_decode_pv_n64();
+  const bool was = be.mla_decode_wgmma(), was_split = be.mla_decode_split_s();
   const int was_pf = be.mla_decode_l2_prefetch();
   const bool was_tma = be.mla_decode_tma(), was_lazy = be.mla_decode_lazy_rescale();
   be.set_mla_decode_tma(tma);
   be.set_mla_decode_lazy_rescale(lazy);
   be.set_mla_decode_wgmma(wgmma);
-  be.set_mla_decode_pv_n64(pv_n64);
+  be.set_mla_decode_split_s(split_s);
   if (l2_prefetch >= 0) be.set_mla_decode_l2_prefetch(l2_prefetch);
   const double us = time_graphs(be.stream(), quick ? 50 : 200, {[&] {
     be.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = table, .seq_lens = lens, .o = o,
                    .lse = lse, .scale = scale});
   }});
   be.set_mla_decode_wgmma(was);
-  be.set_mla_decode_pv_n64(was_n64);
+  be.set_mla_decode_split_s(was_split);
   be.set_mla_decode_l2_prefetch(was_pf);
   be.set_mla_decode_tma(was_tma);
   be.set_mla_decode_lazy_rescale(was_lazy);
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
-                 (wgmma || H < 64 ? "" : "_mma") + (pv_n64 && wgmma && H >= 64 ? "_pvn64" : "") +
+                 (wgmma || H < 64 ? "" : "_mma") + (split_s && wgmma && H >= 64 ? "_splits" : "") +
                  (l2_prefetch >= 0 && wgmma && H >= 64 ? "_pf" + std::to_string(l2_prefetch) : "") +
                  (!tma && wgmma && H >= 64 ? "_cpasync" : "") + (lazy && wgmma && H >= 64 ? "_lazy" : ""),
          .us = us};
@@ -419,10 +419,11 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{
              {96, 32, 4096}, {96, 64, 8192}, {96, 128, 16384}, {64, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
-      if (H == 96) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*pv_n64=*/true);
       if (H >= 64) {
-        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*pv_n64=*/false, -1, /*tma=*/false);
-        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*pv_n64=*/false, -1, true, /*lazy=*/true);
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/true);
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/true, -1, true, /*lazy=*/true);
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/false, -1, /*tma=*/false);
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/false, -1, true, /*lazy=*/true);
       }
       if (H >= 64 && opts.with_mma) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/false);
     }

@@ -72,9 +72,9 @@ class CudaBackend final : public Backend {
   bool batch_invariant() const override { return batch_invariant_; }
   static constexpr int kInvariantSplitTokens = 1024;
   bool mla_decode_wgmma() const { return mla_wgmma_; }
-  // The wgmma kernel's P·V as four m64n64 instructions per step (its first form) instead of one
-  // m64n256; for measuring the two against each other.
-  void set_mla_decode_pv_n64(bool on) { mla_pv_n64_ = on; }
+  // The wgmma kernel's S = Q Kᵀ split over dims between its warpgroups (partials summed through
+  // shared memory) instead of over tokens; for measuring the two against each other.
+  void set_mla_decode_split_s(bool on) { mla_split_s_ = on; }
   // The wgmma kernel's L2 prefetch distance in 64-token tiles (default 0 = off: on the H200 a
   // distance of 2 or 4 was slower, docs/PERF.md; kept for measuring).
   void set_mla_decode_l2_prefetch(int tiles) { mla_l2_prefetch_ = tiles; }
@@ -89,7 +89,7 @@ class CudaBackend final : public Backend {
   // ahead (kda_decode.cu), or (0, the default) one block per (request, head).
   void set_kda_decode_ring(int ahead) { kda_ring_ = ahead; }
   int kda_decode_ring() const { return kda_ring_; }
-  bool mla_decode_pv_n64() const { return mla_pv_n64_; }
+  bool mla_decode_split_s() const { return mla_split_s_; }
 
   cudaStream_t stream() const { return stream_; }
   int num_sms() const { return num_sms_; }
@@ -106,7 +106,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   int num_sms_ = 0;
   bool mla_wgmma_ = true;  // set_mla_decode_wgmma
-  bool mla_pv_n64_ = false;  // set_mla_decode_pv_n64
+  bool mla_split_s_ = false;  // set_mla_decode_split_s
   int mla_l2_prefetch_ = 0;  // set_mla_decode_l2_prefetch
   bool mla_tma_ = true;  // set_mla_decode_tma
   bool mla_lazy_ = false;  // set_mla_decode_lazy_rescale

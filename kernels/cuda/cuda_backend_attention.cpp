@@ -260,7 +260,7 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   a.lse = f32(op, "lse", p.lse);
   a.scale = p.scale;
   a.use_wgmma = mla_wgmma_;
-  a.wgmma_pv_n256 = !mla_pv_n64_;
+  a.wgmma_split_s = mla_split_s_;
   a.l2_prefetch_tiles = std::max(0, mla_l2_prefetch_);
   a.wgmma_tma = mla_tma_;
   a.wgmma_lazy_rescale = mla_lazy_;

@@ -129,9 +129,10 @@ struct MlaDecodeArgs {
   // The Hopper wgmma kernel (mla_decode_wgmma.cu) for R = 512, Dr = 64, H >= 64 (CudaBackend sets it
   // from set_mla_decode_wgmma, default on); otherwise the mma.sync kernel.
   bool use_wgmma = false;
-  // wgmma kernel, P·V: one m64n256 per 16-token step and warpgroup (true, the default) or four
-  // m64n64 (the first form, kept to measure against: CudaBackend::set_mla_decode_pv_n64).
-  bool wgmma_pv_n256 = true;
+  // wgmma kernel, S = Q Kᵀ: each warpgroup all 64 tokens over half the dims, partials summed through
+  // shared memory (true), or half the tokens over all dims (false, the default):
+  // CudaBackend::set_mla_decode_split_s.
+  bool wgmma_split_s = false;
   // wgmma kernel: KV tiles this far ahead of the one being loaded into shared memory are bulk
   // prefetched into L2 (0: none, the default: 2 and 4 measured 5 % slower on the H200, docs/PERF.md;
   // CudaBackend::set_mla_decode_l2_prefetch).

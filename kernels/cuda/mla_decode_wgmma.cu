@@ -148,7 +148,7 @@ __device__ __forceinline__ void zero_tail(unsigned char* stage, int rows) {
   }
 }
 
-template <bool kPvN256, bool kTma>
+template <bool kSplitS, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse,
                             const __grid_constant__ CUtensorMap kv_map, int box_rows) {
@@ -256,15 +256,59 @@ __global__ void __launch_bounds__(kThreads, 1)
     float s[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] = 0.f;
-    wg::fence();
+    if constexpr (kSplitS) {
+      // Split over dims instead of tokens: this warpgroup takes all 64 tokens over dims 288w..288w+287
+      // (18 m64n64 steps: half the instructions, and Q is read once per 64 tokens rather than per 32,
+      // 147 KiB of shared-memory operand reads per tile instead of 221). The halves are summed
+      // through shared memory: each warpgroup hands the other the 16 partials of the other's 32
+      // tokens, WG 0 through P (free until this tile's P is written, after the max barrier), WG 1
+      // through this stage's rope chunk (dims 512..575: no longer read once both S are done).
+      float sf[32];
+      wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < kDk / 16; ++ks) {
-      wg::mma_m64n32_kk(s, wg::make_desc(q_addr + mlawg::s_a_off(ks)), wg::make_desc(kt + mlawg::s_b_off(ks, w)), ks > 0);
+      for (int kk = 0; kk < kDk / 32; ++kk) {
+        const int ks = (kDk / 32) * w + kk;
+        wg::mma_m64n64<0>(sf, wg::make_desc(q_addr + mlawg::s_a_off(ks)), wg::make_desc(kt + mlawg::s_a_off(ks)), kk > 0);
+      }
+      wg::commit();
+      wg::wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) wg::reg_fence(sf[i]);
+      __syncthreads();  // both warpgroups' S reads of the rope chunk are done
+      const int ti = tid & 127;
+      float4* mine = reinterpret_cast<float4*>(w == 0 ? p_s : kv_s + stage * kTileBytes + (kDimAtoms - 1) * 8 * wg::kAtomBytes);
+      const float4* theirs = reinterpret_cast<const float4*>(w == 1 ? p_s : kv_s + stage * kTileBytes + (kDimAtoms - 1) * 8 * wg::kAtomBytes);
+      // sf[16 w'..16 w'+15] are warpgroup w''s tokens (j = 4w'..4w'+3); selects, not a runtime index
+      // (which would put sf in local memory).
+      float give[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        give[i] = w ? sf[i] : sf[16 + i];
+        s[i] = w ? sf[16 + i] : sf[i];
+      }
+#pragma unroll
+      for (int i4 = 0; i4 < 4; ++i4)
+        mine[i4 * 128 + ti] = make_float4(give[4 * i4], give[4 * i4 + 1], give[4 * i4 + 2], give[4 * i4 + 3]);
+      __syncthreads();
+#pragma unroll
+      for (int i4 = 0; i4 < 4; ++i4) {
+        const float4 v = theirs[i4 * 128 + ti];
+        s[4 * i4] += v.x;
+        s[4 * i4 + 1] += v.y;
+        s[4 * i4 + 2] += v.z;
+        s[4 * i4 + 3] += v.w;
+      }
+    } else {
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < kDk / 16; ++ks) {
+        wg::mma_m64n32_kk(s, wg::make_desc(q_addr + mlawg::s_a_off(ks)), wg::make_desc(kt + mlawg::s_b_off(ks, w)), ks > 0);
+      }
+      wg::commit();
+      wg::wait<0>();
+#pragma unroll
+      for (int i = 0; i < 16; ++i) wg::reg_fence(s[i]);
     }
-    wg::commit();
-    wg::wait<0>();
-#pragma unroll
-    for (int i = 0; i < 16; ++i) wg::reg_fence(s[i]);
 
     // 2. Scale, mask tokens past the end, row max over both warpgroups. s[4j + e]: row r0 + 8 (e >> 1),
     // token t0 + 32w + 8j + 2 t4 + (e & 1).
@@ -331,13 +375,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kTok / 16; ++kk) {
       const uint64_t da = wg::make_desc(p_addr + mlawg::pv_a_off(kk));
-      if constexpr (kPvN256) {  // o[4][32] is the m64n256 accumulator set: four n64 sets back to back
-        wg::mma_m64n256_kt(*reinterpret_cast<float(*)[128]>(&o[0][0]), da,
-                           wg::make_desc(kt + mlawg::pv_b_off(kk, w, 0), 8 * wg::kAtomBytes, wg::kAtomBytes));
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) wg::mma_m64n64_kt(o[j], da, wg::make_desc(kt + mlawg::pv_b_off(kk, w, j)));
-      }
+      // o[4][32] is the m64n256 accumulator set: four n64 sets back to back.
+      wg::mma_m64n256_kt(*reinterpret_cast<float(*)[128]>(&o[0][0]), da,
+                         wg::make_desc(kt + mlawg::pv_b_off(kk, w, 0), 8 * wg::kAtomBytes, wg::kAtomBytes));
     }
     wg::commit();
     wg::wait<0>();
@@ -413,7 +453,7 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
   const int box_rows = std::gcd(a.page_size, kTok);
   const bool tma = a.wgmma_tma && box_rows >= 8 && a.kv_rows > 0 && a.kv_rows < (int64_t(1) << 31);
   const CUtensorMap map = tma ? make_bf16_tensor_map_sw128(a.kv, a.kv_rows, kDk, box_rows) : CUtensorMap{};
-  auto* kern = a.wgmma_pv_n256 ? (tma ? mla_decode_wgmma_kernel<true, true> : mla_decode_wgmma_kernel<true, false>)
+  auto* kern = a.wgmma_split_s ? (tma ? mla_decode_wgmma_kernel<true, true> : mla_decode_wgmma_kernel<true, false>)
                                : (tma ? mla_decode_wgmma_kernel<false, true> : mla_decode_wgmma_kernel<false, false>);
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid((a.H + kHeads - 1) / kHeads, plan.splits, a.B);

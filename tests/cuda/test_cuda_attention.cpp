@@ -290,7 +290,7 @@ TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused page
 }
 
 // The Hopper wgmma kernel (mla_decode_wgmma.cu), the default for H >= 64: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
-// 64, 300, 5000 (one split and several, merged); pages of 64, 16, 48 and 8; bf16 and fp32 o; both P·V forms.
+// 64, 300, 5000 (one split and several, merged); pages of 64, 16, 48 and 8; bf16 and fp32 o; S split over tokens and over dims.
 TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
@@ -305,22 +305,23 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
                                       {128, 512, 64, 48, {700, 64, 129}},
                                       {64, 512, 64, 16, {5000, 0, 1, 300}},
                                       {96, 512, 64, 8, {700, 65, 1}}};
-  // P·V as one m64n256 per step (the default) with the L2 prefetch on (a hint: same results), and
-  // as first written (four m64n64, no prefetch); KV tiles by TMA (the default: boxes of 64 rows for
-  // pages of 64, 16 rows for pages of 16 and 48) and by cp.async.
+  // KV tiles by TMA (the default: boxes of 64 rows for pages of 64, 16 rows for pages of 16 and 48,
+  // 8 for 8) and by cp.async; S split over tokens (the default, here with the L2 prefetch on: a
+  // hint, same results) and over dims; the exact and the lazy running max, each in two of the four.
   for (bool tma : {true, false})
-    for (bool first_form : {false, true}) {
+    for (bool split_s : {false, true}) {
+      const bool lazy = tma == split_s;
       cb->set_mla_decode_tma(tma);
-      cb->set_mla_decode_lazy_rescale(tma);  // the lazy running max with TMA loads, the exact one without
-      cb->set_mla_decode_pv_n64(first_form);
-      cb->set_mla_decode_l2_prefetch(first_form ? 0 : 2);
+      cb->set_mla_decode_lazy_rescale(lazy);
+      cb->set_mla_decode_split_s(split_s);
+      cb->set_mla_decode_l2_prefetch(split_s ? 0 : 2);
       check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng,
-                             std::string(first_form ? "mla_decode wgmma first form" : "mla_decode wgmma") +
-                                 (tma ? " tma lazy max" : " cp.async"));
+                             std::string("mla_decode wgmma") + (tma ? " tma" : " cp.async") +
+                                 (split_s ? " split S" : "") + (lazy ? " lazy max" : ""));
     }
   cb->set_mla_decode_tma(true);
   cb->set_mla_decode_lazy_rescale(false);
-  cb->set_mla_decode_pv_n64(false);
+  cb->set_mla_decode_split_s(false);
   cb->set_mla_decode_l2_prefetch(0);
   cb->set_mla_decode_wgmma(false);
 }
