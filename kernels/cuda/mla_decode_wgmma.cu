@@ -7,13 +7,15 @@
 //   1. S = Q Kᵀ: each warpgroup computes the 64 heads x its 32 tokens (WG w: tokens 32w..32w+31)
 //      over K = 576 with 36 wgmma m64n32k16 (A = Q, B = the staged K rows, both K-major in shared
 //      memory). 16 fp32 accumulators per thread.
+//      Or (split S, a switch) WG w: all 64 tokens over dims 288w..288w+287 with 18 m64n64k16, the
+//      two partial sums exchanged through shared memory.
 //   2. Online softmax per row (row = head): a row's 32 values of one warpgroup sit in one quad of
 //      one warp (accumulator layout, wgmma.cuh); the two warpgroups agree on the row max through
 //      shared memory (as the WS warps of mla_decode_mma_kernel do). P (bf16) goes to shared memory
 //      in the 128B-swizzled K-major layout, the running O is rescaled in registers.
 //   3. O += P V: warpgroup w owns output columns 256w..256w+255 as 4 x 64-column accumulator sets
-//      (4 x 32 = 128 fp32 registers per thread); per 16-token k step, one wgmma m64n256k16 (or, as
-//      first written and kept for comparison, 4 m64n64k16) with A = P (K-major) and B = V = dims
+//      (4 x 32 = 128 fp32 registers per thread); per 16-token k step, one wgmma m64n256k16 (four
+//      m64n64k16, as first written, measured the same and were removed) with A = P (K-major) and B = V = dims
 //      256w.. of the same staged rows, read MN-major (imm-trans-b = 1; the n256 descriptor carries
 //      the 8192-byte stride between dim chunks in LBO, wgmma.cuh).
 // The KV tile is loaded once per stage by cp.async (16-byte copies, rows past seq_len zero-filled:
