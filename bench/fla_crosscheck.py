@@ -110,6 +110,8 @@ def main():
     res, ok = {"tolerance": {"o_rel_l2": TOL_O, "state_rel_fro": TOL_STATE}, "cases": []}, True
     with tempfile.TemporaryDirectory() as tmp:
         for i, (lens, H, D) in enumerate(CASES):
+            # fla compiles and tunes its Triton kernels in the first case (over 80 s on an H200).
+            print(f"case {i + 1}/{len(CASES)}: lens {lens}, {H} heads, dim {D}", flush=True)
             try:
                 c = run_case(args.k3_op, lens, H, D, 100 + i, tmp)
             except Exception as e:  # a failing case is reported and fails the run, the others still run

@@ -301,11 +301,11 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
 // mma.sync kernel is reported beside it as an "_mma" line for those shapes; at H = 96 the wgmma
 // kernel with S split over dims between its warpgroups as "_splits"; for H >= 64 the L2 prefetch
 // (l2_prefetch >= 0, default off; no longer printed: slower in every measured call) as "_pfN", the KV tiles loaded by per-thread
-// cp.async instead of TMA bulk tensor copies (the default) as "_cpasync", and with the lazy running
-// max (CudaBackend::set_mla_decode_lazy_rescale) as "_lazy".
+// cp.async instead of TMA bulk tensor copies (the default) as "_cpasync", and with the exact running
+// max instead of the lazy one (CudaBackend::set_mla_decode_lazy_rescale, default on) as "_exact".
 void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool quick, std::vector<Line>& lines,
                      bool wgmma = true, bool split_s = false, int l2_prefetch = -1, bool tma = true,
-                     bool lazy = false) {
+                     bool lazy = true) {
   const int64_t R = 512, Dr = 64, page = 64, pages_per = ctx / page, num_pages = B * pages_per;
   Tensor kv = be.alloc({num_pages, page, R + Dr}, DType::BF16);
   Tensor q_lat = be.alloc({B, H, R}, DType::BF16), q_rope = be.alloc({B, H, Dr}, DType::BF16);
@@ -339,7 +339,7 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
                  (wgmma || H < 64 ? "" : "_mma") + (split_s && wgmma && H >= 64 ? "_splits" : "") +
                  (l2_prefetch >= 0 && wgmma && H >= 64 ? "_pf" + std::to_string(l2_prefetch) : "") +
-                 (!tma && wgmma && H >= 64 ? "_cpasync" : "") + (lazy && wgmma && H >= 64 ? "_lazy" : ""),
+                 (!tma && wgmma && H >= 64 ? "_cpasync" : "") + (!lazy && wgmma && H >= 64 ? "_exact" : ""),
          .us = us};
   l.bytes = double(B) * ctx * (R + Dr) * 2 + double(B) * H * (R + Dr) * 2 + double(B) * H * R * 2 + double(B) * H * 4;
   l.flops = 2.0 * B * H * ctx * (R + Dr + R);
@@ -421,9 +421,8 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
       if (H >= 64) {
         mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/true);
-        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/true, -1, true, /*lazy=*/true);
         mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/false, -1, /*tma=*/false);
-        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/false, -1, true, /*lazy=*/true);
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/false, -1, true, /*lazy=*/false);
       }
       if (H >= 64 && opts.with_mma) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/false);
     }

@@ -82,7 +82,7 @@ class CudaBackend final : public Backend {
   // wgmma kernel: KV tiles by TMA bulk tensor copies (default on) or by per-thread cp.async.
   void set_mla_decode_tma(bool on) { mla_tma_ = on; }
   bool mla_decode_tma() const { return mla_tma_; }
-  // wgmma kernel: lazy running max (the O rescale only when the max grows by more than 2^8).
+  // wgmma kernel: lazy running max (the O rescale only when the max grows by more than 2^8; default on).
   void set_mla_decode_lazy_rescale(bool on) { mla_lazy_ = on; }
   bool mla_decode_lazy_rescale() const { return mla_lazy_; }
   // kda_decode by persistent blocks with a ring of state buffers, loading `ahead` (1 or 2) items
@@ -109,7 +109,7 @@ class CudaBackend final : public Backend {
   bool mla_split_s_ = false;  // set_mla_decode_split_s
   int mla_l2_prefetch_ = 0;  // set_mla_decode_l2_prefetch
   bool mla_tma_ = true;  // set_mla_decode_tma
-  bool mla_lazy_ = false;  // set_mla_decode_lazy_rescale
+  bool mla_lazy_ = true;  // set_mla_decode_lazy_rescale
   int kda_ring_ = 0;  // set_kda_decode_ring
   bool batch_invariant_ = false;
   std::string device_name_;

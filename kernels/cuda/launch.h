@@ -143,8 +143,9 @@ struct MlaDecodeArgs {
   // CudaBackend::set_mla_decode_tma; off (or another page size) takes the cp.async loads.
   bool wgmma_tma = true;
   // wgmma kernel: the running softmax max moves only when a tile's max passes it by more than 8 (log2
-  // units), so the fp32 O rescale runs on few tiles (CudaBackend::set_mla_decode_lazy_rescale).
-  bool wgmma_lazy_rescale = false;
+  // units), so the fp32 O rescale runs on few tiles (the default: 2-4 % faster on the H200, docs/PERF.md;
+  // CudaBackend::set_mla_decode_lazy_rescale(false) gives the exact running max).
+  bool wgmma_lazy_rescale = true;
   int64_t kv_rows = 0;
 };
 // Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.

@@ -320,7 +320,7 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
                                  (split_s ? " split S" : "") + (lazy ? " lazy max" : ""));
     }
   cb->set_mla_decode_tma(true);
-  cb->set_mla_decode_lazy_rescale(false);
+  cb->set_mla_decode_lazy_rescale(true);
   cb->set_mla_decode_split_s(false);
   cb->set_mla_decode_l2_prefetch(0);
   cb->set_mla_decode_wgmma(false);
