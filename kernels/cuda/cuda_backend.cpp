@@ -10,6 +10,7 @@
 #include "kernels/cuda/arg_checks.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tensor_map.h"
 
 namespace k3 {
 namespace cuda {
@@ -33,6 +34,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   K3_CUDA_OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   gemm_ = std::make_unique<CublasLtGemm>();
   host_ = make_cpu_backend({1});
+  load_tensor_map_encoder();  // MLA decode's TMA loads encode a tensor map per call
 }
 
 CudaBackend::Stream::~Stream() {

@@ -24,6 +24,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 
 }  // namespace
 
+void load_tensor_map_encoder() { (void)encoder(); }
+
 CUtensorMap make_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols, int box_rows) {
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0) throw Error("tensor map: base address is not 16-byte aligned");
   if (cols % 8 != 0 || cols < 64) throw Error("tensor map: cols " + std::to_string(cols) + " is not a multiple of 8 >= 64");

@@ -15,4 +15,8 @@ namespace k3::cuda {
 // k3::Error naming the argument the driver refused.
 CUtensorMap make_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols, int box_rows);
 
+// Looks the driver's encoder up now (once per process; CudaBackend does it at construction, so the
+// lookup never happens inside a CUDA graph capture). Throws k3::Error if the driver lacks it.
+void load_tensor_map_encoder();
+
 }  // namespace k3::cuda
