@@ -59,6 +59,12 @@ class Backend {
   // costs GEMM speed: docs/PERF.md).
   virtual void set_batch_invariant(bool on) {}
   virtual bool batch_invariant() const { return kind() == BackendKind::Cpu; }
+  // Chunk invariance: a token's results also independent of how its sequence was cut into forwards
+  // (prompt whole, in chunks of any size, or one token at a time). Where this is on the model runs
+  // every attention row through the same per-row kernels a decode step uses (docs/ARCHITECTURE.md,
+  // "Batch and chunk invariance"). CUDA in batch-invariant mode; the CPU keeps its faster chunked
+  // forms, equal across chunkings only to rounding.
+  virtual bool chunk_invariant() const { return false; }
 
   // Empty string: supported; otherwise the reason it is not.
   virtual std::string supports(const std::string& op, const Shape& shape) const { return {}; }
