@@ -3,7 +3,7 @@
 # offline kit, configure + build the CUDA engine tests and k3-bench, then (each stage time-limited,
 # most important first; logs under OUT_DIR)
 #   inv.log     cuda_test_cuda_batch_invariance (alone == batch of 8 == chunks 1/63/64/65/1000, bitwise;
-#               k3-tiny, k3-tiny with K3 heads, k3-small);
+#               k3-tiny, k3-tiny with K3 heads), inv_small.log the same for k3-small;
 #   engine.log  the batch-invariant paths against the CPU engine, teacher-forced (k3-tiny, K3 heads);
 #   graph.log   cuda_test_cuda_decode_graph (recorded steps bitwise equal to eager, both modes);
 #   small.log   k3-small against the CPU engine, teacher-forced prefill over 8 x POSITIONS;
@@ -35,7 +35,8 @@ stage() {  # log, time limit, command...
   echo "$log: rc $rc, $(( $(date +%s) - s )) s" | tee -a "$OUT/$log"
   grep -E "BATCH-INVARIANT|GPU-ENGINE|DECODE-GRAPH|FAILED|passed|failed|SKIPPED|^\|" "$OUT/$log" | tail -24
 }
-stage inv.log 120 $B/tests/cuda_test_cuda_batch_invariance
+stage inv.log 120 $B/tests/cuda_test_cuda_batch_invariance "CUDA batch invariance: alone*"
+stage inv_small.log 150 $B/tests/cuda_test_cuda_batch_invariance "CUDA batch invariance for k3-small*"
 stage engine.log 40 $B/tests/cuda_test_cuda_engine "batch-invariant CUDA*"
 stage graph.log 40 $B/tests/cuda_test_cuda_decode_graph
 K3_FORCED_POSITIONS=$POS stage small.log 90 $B/tests/cuda_test_cuda_engine "k3-small on CUDA*"

@@ -10,6 +10,7 @@
 // a shorter prompt (one forward per token through 93 layers), compared with that prompt fed whole.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -74,7 +75,13 @@ bool bitwise(const Logits& a, const Logits& b) {
   return true;
 }
 
+// Seconds since `t0`, for the progress lines (a 93-layer run takes a while; the lines say where).
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void check_model(const char* label, ModelConfig cfg, Backend& gpu, int chunk1_len) {
+  const auto t0 = std::chrono::steady_clock::now();
   cfg.vocab_size = 2048;
   const WeightStore w = random_weights(cfg, 13, DType::BF16);
   std::vector<std::vector<int32_t>> prompts;
@@ -84,12 +91,16 @@ void check_model(const char* label, ModelConfig cfg, Backend& gpu, int chunk1_le
   o.cache = {.max_seqs = 8, .page_size = 16, .num_pages = 8 * 160};
   o.top_logits = 0;
   auto e = Engine::create(gpu, cfg, w, o).value();
+  std::printf("BATCH-INVARIANT %s: weights and engine ready at %.1f s\n", label, since(t0));
+  std::fflush(stdout);
   INFO(label);
   const Logits alone = run(*e, {prompts[0]}, 0);
   const Logits batched = run(*e, prompts, 0);
-  std::printf("BATCH-INVARIANT %s: alone vs batch of 8 (prefill + %d decode steps): %s, max |logit diff| %.6f\n",
-              label, kSteps, bitwise(alone, batched) ? "bitwise equal" : "DIFFERS", max_diff(alone, batched));
-  CHECK(bitwise(alone, batched));
+  const bool same = bitwise(alone, batched);
+  std::printf("BATCH-INVARIANT %s: alone vs batch of 8 (prefill + %d decode steps): %s, max |logit diff| %.6f "
+              "(%.1f s)\n", label, kSteps, same ? "bitwise equal" : "DIFFERS", max_diff(alone, batched), since(t0));
+  std::fflush(stdout);
+  CHECK(same);
   for (const int chunk : {1, 63, 64, 65, 1000}) {
     // Chunk 1 on a shorter prompt where one forward per token would be slow; its reference is that
     // prompt fed whole.
@@ -98,11 +109,12 @@ void check_model(const char* label, ModelConfig cfg, Backend& gpu, int chunk1_le
         short_prompt ? std::vector<int32_t>(prompts[0].begin(), prompts[0].begin() + chunk1_len) : prompts[0];
     const Logits ref = short_prompt ? run(*e, {p}, 0) : alone;
     const Logits got = run(*e, {p}, chunk);
-    const bool same = bitwise(got, ref);
-    std::printf("BATCH-INVARIANT %s: %zu-token prompt in chunks of %d vs whole: %s, max |logit diff| %.6f\n", label,
-                p.size(), chunk, same ? "bitwise equal" : "DIFFERS", max_diff(got, ref));
+    const bool equal = bitwise(got, ref);
+    std::printf("BATCH-INVARIANT %s: %zu-token prompt in chunks of %d vs whole: %s, max |logit diff| %.6f (%.1f s)\n",
+                label, p.size(), chunk, equal ? "bitwise equal" : "DIFFERS", max_diff(got, ref), since(t0));
+    std::fflush(stdout);
     INFO("chunk " << chunk);
-    CHECK(same);
+    CHECK(equal);
   }
 }
 

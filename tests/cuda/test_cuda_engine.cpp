@@ -8,6 +8,7 @@
 // Also: the batch-invariant mode's paths against the same reference, and k3-small (opt-in, long).
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +50,7 @@ Agreement report(const std::string& label, const ForcedLogits& got, const Forced
               label.c_str(), (long long)a.positions, a.max_abs_err, pre, dec, a.logit_scale,
               a.max_abs_err / a.logit_scale, (long long)a.decided, (long long)a.agree, (long long)top1_all,
               (long long)a.nonfinite);
+  std::fflush(stdout);
   return a;
 }
 
@@ -118,7 +120,11 @@ TEST_CASE("k3-small on CUDA against the CPU engine, teacher-forced prefill", "[.
   cfg.eos_token_ids.clear();
   const WeightStore w = random_weights(cfg, 11, DType::BF16);
   const auto prompts = random_prompts(8, positions, cfg.vocab_size, 5);
+  const auto t0 = std::chrono::steady_clock::now();
   const ForcedLogits ref = teacher_forced(*bk.cpu, cfg, w, prompts, positions);
+  std::printf("GPU-ENGINE k3-small: CPU reference over 8 x %d positions in %.1f s\n", positions,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::fflush(stdout);
   for (const bool invariant : {false, true}) {
     bk.gpu->set_batch_invariant(invariant);
     const ForcedLogits got = teacher_forced(*bk.gpu, cfg, w, prompts, positions);
