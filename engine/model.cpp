@@ -148,8 +148,11 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   Tensor slots = index_ ? index_->slots : backend_.from_host(Tensor::from_i32({n}, slot_ids), DType::I32);
 
   // The fused decode kernel where the backend has one for this head shape (CUDA: D in {64, 128});
-  // otherwise the general path below, which handles one-token items as well.
-  if (all_single_token_decode(batch) && backend_.supports("kda_decode", {H, D}).empty()) {
+  // otherwise the general path below, which handles one-token items as well. A chunk-invariant
+  // backend takes the general path for decode too: the fused kernel's conv/norm/gate arithmetic is
+  // not the prompt path's, so a token decoded by it would not match the same token in a prompt.
+  const bool fused = !backend_.chunk_invariant() && backend_.supports("kda_decode", {H, D}).empty();
+  if (all_single_token_decode(batch) && fused) {
     backend_.kda_decode({.qkv = qkv, .conv_w = lw.conv_w, .conv_cache = caches.kda_conv(l), .f = f,
                          .a_log = lw.a_log, .dt_bias = lw.dt_bias, .b = blog, .state = caches.kda_state(l),
                          .slots = slots, .o = o, .heads = static_cast<int>(H), .g_min = cfg_.kda.gate_lower_bound,
@@ -261,30 +264,10 @@ void Model::mla_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   backend_.scatter_rows({.src = a, .ids = new_rows, .dst = pool_rows});
 
   Tensor o = alloc({R, H, dv});
-  if (all_single_token_decode(batch)) {
-    const int64_t B = R;
-    size_t max_pages = 0;
-    for (const BatchItem& it : batch) max_pages = std::max(max_pages, it.seq->pages.size());
-    std::vector<int32_t> table(B * max_pages, 0), lens;
-    for (int64_t b = 0; b < B; ++b) {
-      const SeqCache& s = *batch[b].seq;
-      std::copy(s.pages.begin(), s.pages.end(), table.begin() + b * max_pages);
-      lens.push_back(static_cast<int32_t>(s.num_tokens + 1));
-    }
-    Tensor qv = q.reshape({B * H, dqk});
-    Tensor qn = alloc({B * H, dn}), qr = alloc({B * H, dr});
-    backend_.copy_cols({.src = qv, .dst = qn, .src_col = 0, .ncols = dn});
-    backend_.copy_cols({.src = qv, .dst = qr, .src_col = dn, .ncols = dr});
-    Tensor qlat = alloc({B, H, r});
-    backend_.head_gemm({.x = qn.reshape({B, H, dn}), .w = lw.w_uk_t, .y = qlat});
-    Tensor olat = alloc({B, H, r});
-    Tensor lse = alloc({B, H}, DType::F32);
-    Tensor block_table = index_ ? index_->block_table
-                                : backend_.from_host(Tensor::from_i32({B, static_cast<int64_t>(max_pages)}, table), DType::I32);
-    Tensor seq_lens = index_ ? index_->seq_lens : backend_.from_host(Tensor::from_i32({B}, lens), DType::I32);
-    backend_.mla_decode({.q_lat = qlat, .q_rope = qr.reshape({B, H, dr}), .kv_cache = pool, .block_table = block_table,
-                         .seq_lens = seq_lens, .o = olat, .lse = lse, .scale = scale});
-    backend_.head_gemm({.x = olat, .w = lw.w_uv, .y = o});
+  // Decode steps, and every forward where the backend promises chunk invariance: one absorbed query
+  // row per new token, so a token's attention is the same arithmetic whichever forward carries it.
+  if (all_single_token_decode(batch) || backend_.chunk_invariant()) {
+    mla_absorbed(l, batch, q, pool, o);
   } else {
     int64_t r0 = 0;
     for (const BatchItem& it : batch) {
@@ -313,6 +296,57 @@ void Model::mla_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   Tensor gated = alloc({R, H * dv});
   backend_.sigmoid_mul({.x = o.reshape({R, H * dv}), .gate = gz, .y = gated});
   backend_.gemm({.x = gated, .w = lw.w_o, .y = out});
+}
+
+// Absorbed MLA (docs/MODEL.md §3): q^N through W^UK, scores against the paged latent cache, the
+// latent output through W^UV. Query row j of item b sits at position num_tokens + j and attends to
+// positions [0, num_tokens + j] (the new rows are already in the cache). Outside a recorded step
+// the rows go in slices of kAbsorbedRowsPerCall, which bounds the split partials mla_decode keeps
+// (a row's arithmetic depends only on its own length, not on the rows beside it).
+void Model::mla_absorbed(int l, std::span<const BatchItem> batch, const Tensor& q, Tensor& pool, Tensor& o) {
+  constexpr int64_t kAbsorbedRowsPerCall = 2048;
+  const LayerWeights& lw = w_->layers[l - begin_];
+  const int64_t R = q.dim(0), H = cfg_.num_attention_heads, dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim,
+                r = cfg_.kv_lora_rank, dqk = dn + dr;
+  const float scale = 1.f / std::sqrt(static_cast<float>(dqk));
+  Tensor qv = q.reshape({R * H, dqk});
+  Tensor qn = alloc({R * H, dn}), qr = alloc({R * H, dr});
+  backend_.copy_cols({.src = qv, .dst = qn, .src_col = 0, .ncols = dn});
+  backend_.copy_cols({.src = qv, .dst = qr, .src_col = dn, .ncols = dr});
+  Tensor qlat = alloc({R, H, r});
+  backend_.head_gemm({.x = qn.reshape({R, H, dn}), .w = lw.w_uk_t, .y = qlat});
+  Tensor qrope = qr.reshape({R, H, dr});
+  Tensor olat = alloc({R, H, r});
+  Tensor lse = alloc({R, H}, DType::F32);
+  if (index_) {  // a recorded decode step: one row per item, tables already on the device
+    backend_.mla_decode({.q_lat = qlat, .q_rope = qrope, .kv_cache = pool, .block_table = index_->block_table,
+                         .seq_lens = index_->seq_lens, .o = olat, .lse = lse, .scale = scale});
+  } else {
+    std::vector<std::pair<const SeqCache*, int32_t>> rows;  // (sequence, attended length) per query row
+    rows.reserve(static_cast<size_t>(R));
+    for (const BatchItem& it : batch)
+      for (int64_t j = 0; j < it.num_new; ++j)
+        rows.emplace_back(it.seq, static_cast<int32_t>(it.seq->num_tokens + j + 1));
+    K3_CHECK(static_cast<int64_t>(rows.size()) == R, "mla: batch rows do not match the activations");
+    for (int64_t r0 = 0; r0 < R; r0 += kAbsorbedRowsPerCall) {
+      const int64_t n = std::min(kAbsorbedRowsPerCall, R - r0);
+      size_t width = 0;
+      for (int64_t i = r0; i < r0 + n; ++i) width = std::max(width, rows[i].first->pages.size());
+      std::vector<int32_t> table(static_cast<size_t>(n) * width, 0), lens;
+      for (int64_t i = 0; i < n; ++i) {
+        const SeqCache& s = *rows[r0 + i].first;
+        std::copy(s.pages.begin(), s.pages.end(), table.begin() + i * width);
+        lens.push_back(rows[r0 + i].second);
+      }
+      Tensor block_table = backend_.from_host(Tensor::from_i32({n, static_cast<int64_t>(width)}, table), DType::I32);
+      Tensor seq_lens = backend_.from_host(Tensor::from_i32({n}, lens), DType::I32);
+      Tensor olat_n = olat.slice_rows(r0, r0 + n), lse_n = lse.slice_rows(r0, r0 + n);
+      backend_.mla_decode({.q_lat = qlat.slice_rows(r0, r0 + n), .q_rope = qrope.slice_rows(r0, r0 + n),
+                           .kv_cache = pool, .block_table = block_table, .seq_lens = seq_lens, .o = olat_n,
+                           .lse = lse_n, .scale = scale});
+    }
+  }
+  backend_.head_gemm({.x = olat, .w = lw.w_uv, .y = o});
 }
 
 void Model::ffn_layer(int l, const Tensor& x, Tensor& out) {

@@ -102,6 +102,7 @@ class Model {
   void kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, Tensor& out, CachePools& caches);
   void kda_conv_checkpoints(int l, std::span<const BatchItem> batch, const Tensor& qkv, CachePools& caches);
   void mla_layer(int l, std::span<const BatchItem> batch, const Tensor& x, Tensor& out, CachePools& caches);
+  void mla_absorbed(int l, std::span<const BatchItem> batch, const Tensor& q, Tensor& pool, Tensor& o);
   void ffn_layer(int l, const Tensor& x, Tensor& out);
   Tensor attn_res_mix(const Tensor& query, const Activations& act);
   Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps);

@@ -59,6 +59,12 @@ class Backend {
   // costs GEMM speed: docs/PERF.md).
   virtual void set_batch_invariant(bool on) {}
   virtual bool batch_invariant() const { return kind() == BackendKind::Cpu; }
+  // Chunk invariance: a token's results also independent of how its sequence was cut into forwards
+  // (prompt whole, in chunks of any size, or one token at a time). Where this is on the model runs
+  // every attention row through the same per-row kernels a decode step uses (docs/ARCHITECTURE.md,
+  // "Batch and chunk invariance"). CUDA in batch-invariant mode; the CPU keeps its faster chunked
+  // forms, equal across chunkings only to rounding, unless CpuBackendOptions::chunk_invariant.
+  virtual bool chunk_invariant() const { return false; }
 
   // Empty string: supported; otherwise the reason it is not.
   virtual std::string supports(const std::string& op, const Shape& shape) const { return {}; }
@@ -92,6 +98,10 @@ class Backend {
 
 struct CpuBackendOptions {
   int threads = 0;  // 0: hardware concurrency (or K3_THREADS)
+  // The CUDA batch-invariant mode's paths on the CPU (Backend::chunk_invariant: KDA token
+  // recurrence for prompts, MLA prompt rows through mla_decode): their fp32 reference and a CPU test
+  // of the model logic behind them. Off by default (the chunked forms are faster).
+  bool chunk_invariant = false;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& opts = {});

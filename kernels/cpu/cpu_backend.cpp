@@ -13,7 +13,7 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : pool_(threads) {}
+  CpuBackend(int threads, bool chunk_invariant) : chunk_invariant_(chunk_invariant), pool_(threads) {}
 
   BackendKind kind() const override { return BackendKind::Cpu; }
   const char* name() const override { return "cpu"; }
@@ -56,7 +56,12 @@ class CpuBackend final : public Backend {
   void l2norm(const ops::L2NormParams& p) override { cpu::l2norm(pool_, p); }
   void short_conv(const ops::ShortConvParams& p) override { cpu::short_conv(pool_, p); }
   void kda_gate(const ops::KdaGateParams& p) override { cpu::kda_gate(pool_, p); }
-  void kda_chunk(const ops::KdaParams& p) override { cpu::kda_chunk(pool_, p); }
+  bool chunk_invariant() const override { return chunk_invariant_; }
+  // Chunk-invariant: the recurrence, whose state after a token does not depend on where calls cut.
+  void kda_chunk(const ops::KdaParams& p) override {
+    if (chunk_invariant_) cpu::kda_recurrent(pool_, p);
+    else cpu::kda_chunk(pool_, p);
+  }
   void kda_recurrent(const ops::KdaParams& p) override { cpu::kda_recurrent(pool_, p); }
   void kda_decode(const ops::KdaDecodeParams& p) override { cpu::kda_decode(pool_, p); }
   void mla_prefill(const ops::MlaPrefillParams& p) override { cpu::mla_prefill(pool_, p); }
@@ -73,13 +78,14 @@ class CpuBackend final : public Backend {
   void sample(const ops::SampleParams& p) override { cpu::sample(pool_, p); }
 
  private:
+  bool chunk_invariant_;
   cpu::ThreadPool pool_;
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& opts) {
-  return std::make_unique<CpuBackend>(cpu::resolve_thread_count(opts.threads));
+  return std::make_unique<CpuBackend>(cpu::resolve_thread_count(opts.threads), opts.chunk_invariant);
 }
 
 }  // namespace k3

@@ -19,23 +19,43 @@ constexpr int kLanes = 8;
 constexpr int64_t kBlockRows = 16;  // parallel work item: kBlockRows x kBlockCols outputs
 constexpr int64_t kBlockCols = 64;
 
+// Eight lanes as one GCC vector: AVX2 registers in the avx2 clone, two SSE halves in the baseline
+// one. Element-wise mul then add (no contraction), so each lane rounds as the scalar loop did; the
+// compiler did not keep the scalar form's acc[r][c][l] in registers (this form is ~1.6x faster).
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float)), aligned(sizeof(float))));
+// Always inlined into the clones, so a vector never crosses a call (-Wpsabi warns that the baseline
+// ISA would pass one differently; no call exists to disagree about). Up to the end of dot_tile.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+__attribute__((always_inline)) inline Lanes load_lanes(const float* p) {
+  Lanes v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
 // out[r][c] = dot(x[r], w[c]) for an R x C register tile.
 template <int R, int C>
 inline void dot_tile(const float* const* xr, const float* const* wr, int64_t K, float (*out)[4]) {
-  float acc[R][C][kLanes] = {};
+  Lanes acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = Lanes{};
   const int64_t k_main = K - K % kLanes;
-  for (int64_t k = 0; k < k_main; k += kLanes)
+  for (int64_t k = 0; k < k_main; k += kLanes) {
+    Lanes xv[R], wv[C];
+    for (int r = 0; r < R; ++r) xv[r] = load_lanes(xr[r] + k);
+    for (int c = 0; c < C; ++c) wv[c] = load_lanes(wr[c] + k);
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c)
-        for (int l = 0; l < kLanes; ++l) acc[r][c][l] += xr[r][k + l] * wr[c][k + l];
+      for (int c = 0; c < C; ++c) acc[r][c] += xv[r] * wv[c];
+  }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
-      const float* a = acc[r][c];
+      const Lanes a = acc[r][c];
       float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
       for (int64_t k = k_main; k < K; ++k) s += xr[r][k] * wr[c][k];
       out[r][c] = s;
     }
 }
+#pragma GCC diagnostic pop
 
 template <int R>
 void dot_rows(const float* const* xr, const float* w, int64_t n0, int64_t n1, int64_t K, float* const* yr,

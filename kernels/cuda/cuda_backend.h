@@ -70,6 +70,9 @@ class CudaBackend final : public Backend {
   // mla_decode splits the context in pieces of kInvariantSplitTokens whatever the batch.
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
   bool batch_invariant() const override { return batch_invariant_; }
+  // Batch-invariant mode is chunk-invariant too: kda_chunk runs the token recurrence, and the model
+  // (seeing chunk_invariant) decodes KDA through that same path and sends prompt rows through mla_decode.
+  bool chunk_invariant() const override { return batch_invariant_; }
   static constexpr int kInvariantSplitTokens = 1024;
   bool mla_decode_wgmma() const { return mla_wgmma_; }
   // The wgmma kernel's S = Q Kᵀ split over dims between its warpgroups (partials summed through

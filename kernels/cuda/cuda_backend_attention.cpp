@@ -106,6 +106,12 @@ void CudaBackend::kda_recurrent(const ops::KdaParams& p) {
 }
 
 void CudaBackend::kda_chunk(const ops::KdaParams& p) {
+  // Batch-invariant mode: the token recurrence, whose state after a token does not depend on where
+  // the forward calls cut the sequence (the chunked form's blocks start at each call's first token).
+  if (batch_invariant_) {
+    kda_recurrent(p);
+    return;
+  }
   KdaCheck c = check_kda("kda_chunk", p);
   KdaArgs& a = c.args;
   K3_CHECK(p.chunk_size >= 1, "kda_chunk: chunk_size must be >= 1, got " + std::to_string(p.chunk_size));

@@ -20,7 +20,9 @@ __global__ void lse_merge_kernel(FIn o_parts, const float* lse_parts, FOut o, fl
     float sum = 0.f;
     for (int n = 0; n < N; ++n) {
       const float l = lse_parts[n * rows + r];
-      w[n] = (m == -INFINITY || l == -INFINITY) ? 0.f : __expf(l - m);
+      // The largest part's weight is exactly 1 (not __expf(0)): a merge of one non-empty part then
+      // returns that part bit for bit, as the unsplit kernel would (chunk invariance relies on it).
+      w[n] = (m == -INFINITY || l == -INFINITY) ? 0.f : l == m ? 1.f : __expf(l - m);
       sum += w[n];
     }
     const float inv = sum > 0.f ? 1.f / sum : 0.f;

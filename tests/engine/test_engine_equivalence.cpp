@@ -18,10 +18,10 @@ struct Rig {
   WeightStore weights;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
-  Rig(const std::string& preset, int chunk = 0, int threads = 2) {
+  Rig(const std::string& preset, int chunk = 0, int threads = 2, bool chunk_invariant = false) {
     cfg = tiny_config(preset);
     weights = random_weights(cfg, 7, DType::F32);
-    backend = make_cpu_backend({.threads = threads});
+    backend = make_cpu_backend({.threads = threads, .chunk_invariant = chunk_invariant});
     engine = Engine::create(*backend, cfg, weights, engine_options(chunk)).value();
   }
   std::vector<float> prefill_logits(const std::vector<int32_t>& toks) {
@@ -64,6 +64,56 @@ TEST_CASE("chunked prefill equals one prefill for any chunk size", "[engine]") {
     auto got = chunked.prefill_logits(toks);
     INFO("chunk=" << chunk);
     REQUIRE(rel_diff(got.data(), ref.data(), whole.cfg.vocab_size) < kTol);
+  }
+}
+
+// The chunk-invariant paths (what CUDA runs in batch-invariant mode: KDA token recurrence for
+// prompts and decode, MLA prompt rows one by one through mla_decode) on the CPU: a prompt fed whole,
+// in chunks of any size or inside a batch gives bitwise the same logits, and the next decode step
+// too; and the mode agrees with the default paths to the usual tolerance.
+TEST_CASE("chunk-invariant mode: any chunking or batch gives one prefill's logits bitwise", "[engine]") {
+  for (const char* preset : {"k3-tiny", "kimi-linear-tiny"}) {
+    std::mt19937 rng(5);
+    auto toks = random_tokens(rng, 150, tiny_config(preset).vocab_size);
+    const std::vector<int32_t> next{7};
+    // Logits after the prompt, then after one decode token.
+    auto run = [&](Rig& rig, const std::vector<std::vector<int32_t>>& others) {
+      std::vector<SeqCache> seqs;
+      for (size_t i = 0; i <= others.size(); ++i) seqs.push_back(rig.engine->open().value());
+      std::vector<SeqCache*> ptrs;
+      for (auto& s : seqs) ptrs.push_back(&s);
+      std::vector<std::vector<int32_t>> prompts{toks}, steps(seqs.size(), next);
+      prompts.insert(prompts.end(), others.begin(), others.end());
+      const int64_t V = rig.cfg.vocab_size;
+      std::vector<float> out;
+      if (others.empty()) {
+        Tensor a = rig.engine->prefill(seqs[0], toks).value();
+        out.assign(a.f32(), a.f32() + V);
+      } else {
+        Tensor a = rig.engine->feed(ptrs, prompts).value();
+        out.assign(a.f32(), a.f32() + V);
+      }
+      Tensor b = rig.engine->feed(ptrs, steps).value();
+      out.insert(out.end(), b.f32(), b.f32() + V);
+      for (auto& s : seqs) rig.engine->close(s);
+      return out;
+    };
+    Rig whole(preset, 0, 2, true);
+    const auto ref = run(whole, {});
+    for (int chunk : {1, 3, 63, 64, 65, 149}) {
+      Rig chunked(preset, chunk, 2, true);
+      INFO(preset << " chunk=" << chunk);
+      REQUIRE(run(chunked, {}) == ref);
+    }
+    const int vocab = whole.cfg.vocab_size;
+    const auto batched =
+        run(whole, {random_tokens(rng, 40, vocab), random_tokens(rng, 1, vocab), random_tokens(rng, 200, vocab)});
+    INFO(preset << " batched with 3 others");
+    REQUIRE(batched == ref);
+    Rig fast(preset);
+    const auto dflt = run(fast, {});
+    REQUIRE(rel_diff(dflt.data(), ref.data(), vocab) < kTol);
+    REQUIRE(rel_diff(dflt.data() + vocab, ref.data() + vocab, vocab) < kTol);
   }
 }
 

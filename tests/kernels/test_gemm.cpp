@@ -4,6 +4,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
 #include "tests/kernels/kernel_test_util.h"
 
 using namespace k3;
@@ -21,7 +25,64 @@ Tensor naive_gemm(const Tensor& x, const Tensor& w, float alpha, float beta, con
     }
   return y;
 }
+
+// The kernel's arithmetic contract, written as plain scalar code: 8 interleaved fp32 partial sums
+// over K (lane l takes k = l mod 8), combined in a fixed tree, then the tail. Every tile shape and
+// vector form of kernels/cpu/gemm.cpp must round exactly like this.
+float lane_dot(const float* x, const float* w, int64_t K) {
+  float acc[8] = {};
+  const int64_t k_main = K - K % 8;
+  for (int64_t k = 0; k < k_main; k += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float p = x[k + l] * w[k + l];
+      acc[l] = acc[l] + p;
+    }
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (int64_t k = k_main; k < K; ++k) {
+    const float p = x[k] * w[k];
+    s = s + p;
+  }
+  return s;
+}
+
+bool equals_lane_dot(const Tensor& x, const Tensor& w, const Tensor& y) {
+  const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const float want = lane_dot(x.f32() + m * K, w.f32() + n * K, K);
+      if (std::memcmp(&want, y.f32() + m * N + n, sizeof(float)) != 0) return false;
+    }
+  return true;
+}
 }  // namespace
+
+TEST_CASE("gemm rounds every element as the 8-lane scalar definition, bitwise") {
+  std::mt19937 rng(10);
+  auto be = cpu_backend(2);
+  for (auto [M, N, K] : {std::tuple{1, 1, 1}, {2, 4, 8}, {3, 5, 7}, {17, 33, 65}, {5, 130, 257}, {33, 70, 129}}) {
+    Tensor x = randn({M, K}, rng), w = randn({N, K}, rng), y = Tensor::zeros({M, N});
+    be->gemm({.x = x, .w = w, .y = y});
+    INFO("M=" << M << " N=" << N << " K=" << K);
+    REQUIRE(equals_lane_dot(x, w, y));
+  }
+}
+
+// The CPU GEMM's single-thread rate at a transformer shape (opt-in: cpu_test_gemm "[perf]").
+TEST_CASE("gemm rate, one thread, M=256 N=K=2048", "[.][perf]") {
+  std::mt19937 rng(11);
+  auto be = cpu_backend(1);
+  const int64_t M = 256, N = 2048, K = 2048;
+  Tensor x = randn({M, K}, rng), w = randn({N, K}, rng), y = Tensor::zeros({M, N});
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    be->gemm({.x = x, .w = w, .y = y});
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("CPU GEMM M=%lld N=%lld K=%lld, 1 thread: %.2f GFLOP/s (best of 3)\n", (long long)M, (long long)N,
+              (long long)K, 2.0 * M * N * K / best / 1e9);
+  REQUIRE(equals_lane_dot(x.slice_rows(0, 2), w, y.slice_rows(0, 2)));
+}
 
 TEST_CASE("gemm matches a double-precision reference, alpha/beta included") {
   std::mt19937 rng(7);
