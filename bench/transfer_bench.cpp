@@ -429,10 +429,13 @@ Result<std::vector<double>> protocol_round_trip(int iters) {
 
 int run(const Options& o) {
   const size_t max_size = *std::max_element(o.sizes.begin(), o.sizes.end());
+  // Both regions hold writes_per_flush runs of the largest size (up to 1 GiB), so every size is timed with
+  // the same number of puts per flush.
+  const size_t region_bytes = std::max(max_size, std::min(max_size * o.writes_per_flush, size_t{1} << 30));
   const bool cuda = o.memory == "cuda";
   // Children are forked before this process touches CUDA (a forked CUDA context is unusable): the
   // target first, then the round trip's decode child; the write path last.
-  auto target = start_target(max_size, cuda, o.ucx_before_cuda);  // the target sleeps on its event fd, like a decode rank
+  auto target = start_target(region_bytes, cuda, o.ucx_before_cuda);  // the target sleeps on its event fd, like a decode rank
   if (!target) {
     std::fprintf(stderr, "transfer bench: could not start the target process\n");
     return 1;
@@ -473,7 +476,7 @@ int run(const Options& o) {
 #endif
   auto writer = UcxWriter::create(worker, reader).value();
   // The source is registered once too, as a prefill stage registers its KV pool.
-  auto src_region = make_region(ctx, max_size, cuda);  // per * size <= max_size below
+  auto src_region = make_region(ctx, region_bytes, cuda);  // per * size <= region_bytes below
   if (!src_region.is_ok()) {
     std::fprintf(stderr, "transfer bench: %s\n", src_region.status().to_string().c_str());
     return 1;
