@@ -51,6 +51,10 @@ struct Options {
   std::string memory = "host";  // where source and destination live: host | cuda (both sides)
   size_t writes_per_flush = 1;    // RemoteWrites per write() call (one flush each)
   bool peer_errors = false;  // diagnostic: drops puts to tcp (~0.2 GB/s) on UCX 1.13 and 1.22
+  // Diagnostics for --memory cuda (docs/PERF.md, "Device memory"): create each process's UCX context before
+  // its CUDA context (the old order), and put without the source registration's memory handle.
+  bool ucx_before_cuda = false;
+  bool no_source_memh = false;
 };
 
 int free_port() {
@@ -182,7 +186,21 @@ Result<Region> make_region(const std::shared_ptr<UcxContext>& ctx, size_t bytes,
 #endif
 }
 
-[[noreturn]] void run_target(int out_fd, size_t bytes, bool cuda) {
+// With device memory the CUDA context is made current before the UCX context, as ucx_perftest does.
+Status cuda_context_first(bool cuda, bool ucx_before_cuda) {
+  if (!cuda || ucx_before_cuda) return Status::ok();
+#ifdef K3_TRANSFER_HAVE_CUDA
+  return cuda_make_current(0);
+#else
+  return unsupported("--memory cuda needs a CUDA build (-DK3_CUDA=ON)");
+#endif
+}
+
+[[noreturn]] void run_target(int out_fd, size_t bytes, bool cuda, bool ucx_before_cuda) {
+  if (Status s = cuda_context_first(cuda, ucx_before_cuda); !s.is_ok()) {
+    std::fprintf(stderr, "transfer bench target: %s\n", s.to_string().c_str());
+    ::_exit(1);
+  }
   auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG).value();
   auto worker = UcxWorker::create(ctx).value();
   auto region = make_region(ctx, bytes, cuda);
@@ -199,7 +217,7 @@ Result<Region> make_region(const std::shared_ptr<UcxContext>& ctx, size_t bytes,
   for (;;) (void)worker->wait_until([] { return false; }, std::chrono::milliseconds(1000));
 }
 
-std::optional<Target> start_target(size_t bytes, bool cuda) {
+std::optional<Target> start_target(size_t bytes, bool cuda, bool ucx_before_cuda) {
   int fds[2];
   if (::pipe(fds) != 0) return std::nullopt;
   std::fflush(nullptr);
@@ -207,7 +225,7 @@ std::optional<Target> start_target(size_t bytes, bool cuda) {
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::close(fds[0]);
-    run_target(fds[1], bytes, cuda);
+    run_target(fds[1], bytes, cuda, ucx_before_cuda);
   }
   ::close(fds[1]);
   Target t;
@@ -411,10 +429,13 @@ Result<std::vector<double>> protocol_round_trip(int iters) {
 
 int run(const Options& o) {
   const size_t max_size = *std::max_element(o.sizes.begin(), o.sizes.end());
+  // Both regions hold writes_per_flush runs of the largest size (up to 1 GiB), so every size is timed with
+  // the same number of puts per flush.
+  const size_t region_bytes = std::max(max_size, std::min(max_size * o.writes_per_flush, size_t{1} << 30));
   const bool cuda = o.memory == "cuda";
   // Children are forked before this process touches CUDA (a forked CUDA context is unusable): the
   // target first, then the round trip's decode child; the write path last.
-  auto target = start_target(max_size, cuda);  // the target sleeps on its event fd, like a decode rank
+  auto target = start_target(region_bytes, cuda, o.ucx_before_cuda);  // the target sleeps on its event fd, like a decode rank
   if (!target) {
     std::fprintf(stderr, "transfer bench: could not start the target process\n");
     return 1;
@@ -441,6 +462,10 @@ int run(const Options& o) {
   }
   // The writer's data-plane context as the prefill driver makes it (ucx_prefill_driver.cpp): no peer
   // error mode, so UCX keeps shared-memory RMA (docs/PERF.md).
+  if (Status s = cuda_context_first(cuda, o.ucx_before_cuda); !s.is_ok()) {
+    std::fprintf(stderr, "transfer bench: %s\n", s.to_string().c_str());
+    return 1;
+  }
   auto ctx = UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG).value();
   auto worker = UcxWorker::create(ctx).value();
   auto ep = worker->connect(target->worker_address, o.peer_errors).value();
@@ -451,12 +476,13 @@ int run(const Options& o) {
 #endif
   auto writer = UcxWriter::create(worker, reader).value();
   // The source is registered once too, as a prefill stage registers its KV pool.
-  auto src_region = make_region(ctx, max_size, cuda);  // per * size <= max_size below
+  auto src_region = make_region(ctx, region_bytes, cuda);  // per * size <= region_bytes below
   if (!src_region.is_ok()) {
     std::fprintf(stderr, "transfer bench: %s\n", src_region.status().to_string().c_str());
     return 1;
   }
   const uint8_t* src = src_region->mem->base();
+  const UcxMemory* src_reg = o.no_source_memh ? nullptr : src_region->mem.get();
 
   std::printf("%-10s %8s %14s %14s %8s\n", "size", "iters", "perftest GB/s", "k3 GB/s", "ratio");
   for (size_t size : o.sizes) {
@@ -466,11 +492,11 @@ int run(const Options& o) {
     const size_t per = std::max<size_t>(1, std::min(o.writes_per_flush, target->length / size));
     std::vector<RemoteWrite> w;
     for (size_t k = 0; k < per; ++k) w.push_back({src + k * size, target->base + k * size, size});
-    for (int i = 0; i < 3; ++i) (void)writer->write(*rkey, w);
+    for (int i = 0; i < 3; ++i) (void)writer->write(*rkey, w, {}, src_reg);
     const size_t calls = std::max<size_t>(1, iters / per);
     const auto t0 = Clock::now();
     for (size_t i = 0; i < calls; ++i) {
-      if (Status s = writer->write(*rkey, w); !s.is_ok()) {
+      if (Status s = writer->write(*rkey, w, {}, src_reg); !s.is_ok()) {
         std::fprintf(stderr, "write: %s\n", s.to_string().c_str());
         return 1;
       }
@@ -506,6 +532,10 @@ void add_transfer_command(CLI::App& app) {
                   "puts of one size per write() call, i.e. per endpoint flush (a request's plan is one list)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--peer-errors", opts->peer_errors, "writer endpoint with UCP_ERR_HANDLING_MODE_PEER (diagnostic)");
+  cmd->add_flag("--ucx-before-cuda", opts->ucx_before_cuda,
+                "--memory cuda: create each process's UCX context before its CUDA context (diagnostic: the old order)");
+  cmd->add_flag("--no-source-memh", opts->no_source_memh,
+                "put without the source registration's memory handle (diagnostic: UCX detects each source)");
   cmd->callback([opts] {
     if (opts->sizes.empty())
       for (size_t s = size_t{4} << 10; s <= (size_t{64} << 20); s *= 4) opts->sizes.push_back(s);

@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
 # One call on the GPU host for the data plane with device memory: unpack the offline kit (it carries
-# UCX 1.22 with the CUDA transports), build k3-bench, the CUDA transfer test and the transfer tests,
-# then run them and the benches, every log under OUT_DIR:
+# UCX 1.22 with the CUDA transports), build k3-bench and the CUDA transfer test, then run them, every
+# log under OUT_DIR:
+#   build.log    GPU, compiler, configure + build time
 #   ucx.log      ucx_info -v and the CUDA transports UCX sees
-#   tests.log    cuda_test_cuda_transfer (CUDA -> CUDA/host puts vs the host reference) and the
-#                host-memory writer test
-#   cuda.log     k3-bench transfer --memory cuda beside ucx_perftest -m cuda, 1 and 16 puts per flush
-#   host.log     five consecutive k3-bench transfer runs (host memory): bandwidth and round trip
-#   bench/transfer_on_gpu_host.sh OUT_DIR
+#   tests.log    cuda_test_cuda_transfer (CUDA -> CUDA/host puts, with and without the source's memory
+#                handle, and through staging, each against the host reference)
+#   cuda-*.log   k3-bench transfer --memory cuda beside ucx_perftest -m cuda, one file per variant
+#                (UCX_PROTO_INFO=y: the protocol UCX picked for each put is in the file):
+#                  old    --ucx-before-cuda --no-source-memh   (the order and puts before the fix)
+#                  ctx    --no-source-memh                     (CUDA context before UCX only)
+#                  memh   --ucx-before-cuda                    (source memory handle only)
+#                  new    the defaults (both)
+#                  new16  the defaults, 16 puts per flush (one request's plan is one write list)
+#   perftest-proto.log  the protocols ucx_perftest -m cuda picks (UCX_PROTO_INFO=y), 1 MiB
+#   host.log     k3-bench transfer with host memory (loopback bandwidth and protocol round trip)
+#   summary.log  the bandwidth tables and the put protocol lines of every variant
+#   bench/transfer_on_gpu_host.sh OUT_DIR [VARIANT...]     (default: every variant above)
 # Needs .kit/k3-offline-kit.tar.gz (deploy/offline-kit.sh pack).
 set -uo pipefail
 OUT=${1:?output dir}
+shift
+VARIANTS=${*:-new old ctx memh new16}
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -21,28 +32,43 @@ source /tmp/k3kit/env.sh
 B=build-gpu
 t0=$(date +%s)
 cmake -S . -B $B -G Ninja -DK3_CUDA=ON -DCMAKE_BUILD_TYPE=Release >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-TESTS="transfer_test_ucx_writer"
-# shellcheck disable=SC2086
-ninja -C $B -j16 k3-bench cuda_test_cuda_transfer $TESTS >> "$OUT/build.log" 2>&1 ||
+ninja -C $B -j16 k3-bench cuda_test_cuda_transfer >> "$OUT/build.log" 2>&1 ||
   { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "configure+build: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/build.log"
 { ucx_info -v; ucx_info -d | grep -E "Transport|Device" | grep -B1 -i cuda; } > "$OUT/ucx.log" 2>&1
-grep -i "transport" "$OUT/ucx.log" | sort | uniq -c
-for t in cuda_test_cuda_transfer $TESTS; do
-  s=$(date +%s)
-  timeout 240 $B/tests/$t 2>&1 | tee -a "$OUT/tests.log" | grep -E "SKIPPED|FAILED|passed|failed" -A3 | tail -6
-  echo "$t: rc ${PIPESTATUS[0]}, $(( $(date +%s) - s )) s" | tee -a "$OUT/tests.log"
-done
-SIZES="16384 65536 262144 1048576 4194304 16777216 67108864"
-for w in 1 16; do
-  if [[ $w != 1 ]]; then SIZES="16384 65536 262144 1048576"; fi
-  echo "== --memory cuda --writes-per-flush $w" | tee -a "$OUT/cuda.log"
+s=$(date +%s)
+timeout 60 $B/tests/cuda_test_cuda_transfer > "$OUT/tests.log" 2>&1
+echo "cuda_test_cuda_transfer: rc $?, $(( $(date +%s) - s )) s" | tee -a "$OUT/tests.log"
+tail -3 "$OUT/tests.log"
+SIZES="16384 1048576 16777216"
+# The UCX_PROTO_INFO tables of puts (header + rows), timestamps cut, each distinct line once.
+proto_rows() { grep -A9 "by ucp_put" "$1" | sed -E 's/^\[[^]]*\] \[[^]]*\] *//' | grep -v "^[+-]" | awk '!seen[$0]++' | head -40; }
+for v in $VARIANTS; do
+  case $v in
+    old) flags="--ucx-before-cuda --no-source-memh" ;;
+    ctx) flags="--no-source-memh" ;;
+    memh) flags="--ucx-before-cuda" ;;
+    new) flags="" ;;
+    new16) flags="--writes-per-flush 16" ;;
+    *) echo "unknown variant $v"; continue ;;
+  esac
+  echo "== $v: k3-bench transfer --memory cuda $flags $(date -u +%T)" | tee -a "$OUT/summary.log"
   # shellcheck disable=SC2086
-  timeout 150 $B/bin/k3-bench transfer --memory cuda --writes-per-flush $w --sizes $SIZES \
-    --bytes-per-size 1073741824 --rt-iters 300 2>&1 | grep -v "peer prefill" | tee -a "$OUT/cuda.log"
+  UCX_PROTO_INFO=y timeout 60 $B/bin/k3-bench transfer --memory cuda $flags --sizes $SIZES \
+    --bytes-per-size 268435456 --rt-iters 20 > "$OUT/cuda-$v.log" 2>&1
+  echo "rc $?" >> "$OUT/summary.log"
+  grep -E "^(size|16 KiB|1 MiB|16 MiB)|round trip" "$OUT/cuda-$v.log" | tee -a "$OUT/summary.log"
+  proto_rows "$OUT/cuda-$v.log" >> "$OUT/summary.log"
 done
-for i in 1 2 3 4 5; do
-  echo "== host run $i $(date -u +%T)" | tee -a "$OUT/host.log"
-  timeout 120 $B/bin/k3-bench transfer --sizes 16384 1048576 16777216 --bytes-per-size 268435456 \
-    --rt-iters 300 2>&1 | grep -v "peer prefill" | tee -a "$OUT/host.log"
-done
+# What ucx_perftest picks for the same transfer (server and client, CUDA context first as it does).
+p=$((20000 + RANDOM % 20000))
+UCX_PROTO_INFO=y timeout 20 ucx_perftest -t ucp_put_bw -s 1048576 -n 200 -p $p -m cuda > "$OUT/perftest-proto.log" 2>&1 &
+sleep 1
+UCX_PROTO_INFO=y timeout 20 ucx_perftest 127.0.0.1 -t ucp_put_bw -s 1048576 -n 200 -p $p -m cuda >> "$OUT/perftest-proto.log" 2>&1
+wait
+echo "== perftest put protocols" >> "$OUT/summary.log"
+proto_rows "$OUT/perftest-proto.log" >> "$OUT/summary.log"
+echo "== host $(date -u +%T)" | tee -a "$OUT/summary.log"
+timeout 60 $B/bin/k3-bench transfer --sizes 16384 1048576 16777216 --bytes-per-size 268435456 \
+  --rt-iters 300 2>&1 | grep -v "peer prefill" > "$OUT/host.log"
+grep -E "^(size|16 KiB|1 MiB|16 MiB)|round trip" "$OUT/host.log" | tee -a "$OUT/summary.log"

@@ -21,6 +21,15 @@ void DecodeBatch::add(uint64_t id, std::vector<uint8_t> image, int64_t num_token
                   .logprobs = logprobs, .constraint = constraint};
 }
 
+void DecodeBatch::add_resident(uint64_t id, SeqCache cache, int32_t last_token, ops::SamplingRow sampling,
+                               uint64_t step, int logprobs, grammar::TokenConstraint* constraint) {
+  remove(id);
+  const int64_t num_tokens = cache.num_tokens;
+  seqs_[id] = Seq{.order = next_order_++, .running = true, .cache = std::move(cache), .image = {},
+                  .num_tokens = num_tokens, .last_token = last_token, .sampling = sampling, .step = step,
+                  .logprobs = logprobs, .constraint = constraint};
+}
+
 void DecodeBatch::remove(uint64_t id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;

@@ -39,6 +39,10 @@ class DecodeBatch {
   // advances it by the sampled token; the caller owns it and removes the request before dropping it.
   void add(uint64_t id, std::vector<uint8_t> image, int64_t num_tokens, int32_t last_token, ops::SamplingRow sampling,
            uint64_t step, int logprobs = -1, grammar::TokenConstraint* constraint = nullptr);
+  // A request whose caches are already in the engine's pools (`cache`, e.g. adopted where the transfer
+  // wrote them: CachePools::adopt): it runs from the next step, nothing is copied. Same other arguments.
+  void add_resident(uint64_t id, SeqCache cache, int32_t last_token, ops::SamplingRow sampling, uint64_t step,
+                    int logprobs = -1, grammar::TokenConstraint* constraint = nullptr);
   // Forgets the request (running or waiting), freeing its caches. No-op for unknown ids.
   void remove(uint64_t id);
 

@@ -7,6 +7,7 @@
 
 #include "engine/cache_io.h"
 #include "common/protocol/compat.h"
+#include "decode_node/cache_in_pool.h"
 #include "decode_node/region_image.h"
 
 namespace k3::decode {
@@ -23,7 +24,10 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
                                                        zmq::context_t& zctx) {
   if (opts.max_tokens < 1) return invalid_argument("--max-tokens must be >= 1");
   // A request holds its transfer slot until it finishes, so the running batch never exceeds num_slots.
-  if (opts.cache.max_seqs < static_cast<int>(opts.num_slots))
+  if (opts.cache_in_pool && backend.name() != std::string("cpu"))
+    return invalid_argument(std::string("--cache-in-pool: the transfer region is host memory; backend ") + backend.name() +
+                            " needs its caches on the device (not supported yet)");
+  if (!opts.cache_in_pool && opts.cache.max_seqs < static_cast<int>(opts.num_slots))
     return invalid_argument("--max-requests (" + std::to_string(opts.cache.max_seqs) + ") must be >= --pool-slots (" +
                             std::to_string(opts.num_slots) + ")");
   std::unique_ptr<DecodeRank> d(new DecodeRank(opts, backend));
@@ -32,8 +36,10 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
   EngineOptions eo;
   eo.cache = opts.cache;
   eo.top_logits = 0;
-  K3_ASSIGN_OR_RETURN(d->engine_, Engine::create(backend, cfg, weights, eo));
-  d->batch_ = std::make_unique<DecodeBatch>(*d->engine_, backend);
+  if (!opts.cache_in_pool) {
+    K3_ASSIGN_OR_RETURN(d->engine_, Engine::create(backend, cfg, weights, eo));
+    d->batch_ = std::make_unique<DecodeBatch>(*d->engine_, backend);
+  }
 
   transfer::DecodeDriverConfig dc;
   dc.side = {.instance_id = opts.instance_id, .model = d->layout_, .kda_head_sliced = true, .timeouts = opts.timeouts};
@@ -59,6 +65,17 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
     if (protocol::is_terminal(st)) self->pending_end_.push_back(id);
   };
   K3_ASSIGN_OR_RETURN(d->driver_, transfer::DecodeDriver::create(std::move(dc), zctx, &d->metrics_));
+  if (opts.cache_in_pool) {
+    // The engine's pools are views of the registered region; the pool's ids are the engine's (counted).
+    transfer::RankPool& pool = d->driver_->pool(opts.rank);
+    K3_ASSIGN_OR_RETURN(auto memory, cache_memory_in_region(d->layout_, pool.geometry(), d->driver_->memory(opts.rank),
+                                                            Device::Cpu));
+    eo.cache = cache_options_for(pool.geometry(), std::move(memory));
+    K3_ASSIGN_OR_RETURN(d->engine_, Engine::create(backend, cfg, weights, eo));
+    d->batch_ = std::make_unique<DecodeBatch>(*d->engine_, backend);
+    d->pool_ids_ = std::make_shared<CachePoolIds>(d->engine_->caches());
+    K3_TRY(pool.share_ids(d->pool_ids_));
+  }
   return d;
 }
 
@@ -140,9 +157,29 @@ void DecodeRank::admit(const transfer::ReadyAction& ready) {
   if (!mine || alloc->size() != 1)
     return abort_local(id, "k3-decode serves plain DP (one rank per request); the CLAIM named " +
                                std::to_string(alloc->size()) + " ranks");
-  auto image = packed_image_from_region(layout_, driver_->pool(opts_.rank).geometry(), *mine,
-                                        driver_->memory(opts_.rank), ready.prompt_len);
-  if (!image.is_ok()) return abort_local(id, image.status().to_string());
+  // cache_in_pool: the engine takes references on the pages and slot the transfer wrote (no copy);
+  // otherwise the request's bytes are copied out of the region and imported when the cache has room.
+  Result<std::vector<uint8_t>> image = std::vector<uint8_t>{};
+  // Every early return below drops the engine's references again (the transfer still holds its own).
+  struct Resident {
+    CachePools* pools = nullptr;
+    SeqCache seq;
+    ~Resident() {
+      if (pools) pools->close(seq);
+    }
+  } resident;
+  if (opts_.cache_in_pool) {
+    const auto& ids = mine->pages.page_ids();
+    auto seq = engine_->caches().adopt(mine->slot.slot() ? static_cast<int>(*mine->slot.slot()) : -1,
+                                       std::vector<int32_t>(ids.begin(), ids.end()), ready.prompt_len);
+    if (!seq.is_ok()) return abort_local(id, seq.status().to_string());
+    resident.pools = &engine_->caches();
+    resident.seq = std::move(seq).value();
+  } else {
+    image = packed_image_from_region(layout_, driver_->pool(opts_.rank).geometry(), *mine, driver_->memory(opts_.rank),
+                                     ready.prompt_len);
+    if (!image.is_ok()) return abort_local(id, image.status().to_string());
+  }
   Running r{.id = id};
   // The CLAIM's sampling params rule; a CLAIM without them (max_tokens 0) falls back to the flags.
   r.sampling = opts_.sampling;
@@ -171,6 +208,11 @@ void DecodeRank::admit(const transfer::ReadyAction& ready) {
   if (constraint)
     if (Status st = constraint->accept(ready.first_token); !st.is_ok()) return abort_local(id, st.to_string());
   if (emit(it->second, ready.first_token, ready.first_logprobs)) return;  // ended with its first token
+  if (opts_.cache_in_pool) {
+    resident.pools = nullptr;  // the batch owns the sequence now
+    batch_->add_resident(id, std::move(resident.seq), ready.first_token, sampling, /*step=*/1, logprobs, constraint);
+    return;
+  }
   // It joins the batch when the decode cache has room (decode_batch.h); its image stays in host memory until then.
   batch_->add(id, std::move(image).value(), ready.prompt_len, ready.first_token, sampling, /*step=*/1, logprobs,
               constraint);

@@ -4,6 +4,8 @@
 //  - A request becomes ready when every prefill stage's TRANSFER_DONE arrived. Its bytes are read out of
 //    the region (its page table and slot, region_image.h) into the Engine's CachePools (import_caches);
 //    its first token (sampled by the last prefill stage) is emitted and it joins the running batch.
+//    With cache_in_pool the Engine's CachePools live in the region itself: the request's pages and slot
+//    are adopted where the transfer wrote them (no copy) and it joins the batch at once.
 //  - Its transfer pool entries stay held until decoding ends (on_finished releases them exactly once):
 //    the DecodeSide keeps the request in DECODING, so a router ABORT or a router death during decoding
 //    ends it through the state machine, which is how the rank learns to drop it. The pool is the
@@ -38,7 +40,11 @@ struct DecodeRankOptions {
   uint32_t page_size = 16;             // transfer pool: tokens per page (compat with prefill)
   uint32_t num_pages = 256;            // transfer pool pages
   uint32_t num_slots = 8;              // transfer pool KDA slots (requests transferring or decoding)
-  CacheOptions cache;                  // the Engine's caches (decode working set)
+  CacheOptions cache;                  // the Engine's caches (decode working set); unused with cache_in_pool
+  // The Engine's caches ARE the transfer pool (decode_node/cache_in_pool.h): the transfer writes where
+  // the engine reads, a transferred request is held once, and its pages and slot are the pool's
+  // (num_pages / num_slots / page_size size both). CPU backend only for now (the region is host memory).
+  bool cache_in_pool = false;
   std::string bind_endpoint = "tcp://127.0.0.1:*";
   std::string router_endpoint;         // empty: tokens are only reported through finished()
   transfer::ProtocolTimeouts timeouts;
@@ -112,6 +118,7 @@ class DecodeRank {
   Backend& backend_;
   ModelConfig cfg_;
   transfer::CacheLayout layout_;
+  std::shared_ptr<transfer::PoolIds> pool_ids_;  // cache_in_pool: the engine's ids, shared with the pool
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<DecodeBatch> batch_;
   protocol::MetricsRegistry metrics_;

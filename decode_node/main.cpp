@@ -164,6 +164,10 @@ int main(int argc, char** argv) {
   app.add_option("--cache-pages", o.cache.num_pages, "decode MLA cache pages (default 256)")->check(CLI::PositiveNumber);
   app.add_option("--cache-page-size", o.cache.page_size, "tokens per decode MLA cache page (default 16)")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--cache-in-pool", o.cache_in_pool,
+               "place the decode cache in the transfer pool: decode from the pages the transfer wrote (one copy per "
+               "request); --pool-pages / --pool-slots / --page-size then size it and --max-requests / --cache-pages / "
+               "--cache-page-size are unused (cpu backend)");
   app.add_option("--max-tokens", o.max_tokens, "generated tokens per request, the first included (default 16)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--ignore-eos", ignore_eos, "do not stop at the tokenizer's end-of-sequence tokens");
@@ -239,6 +243,8 @@ int main(int argc, char** argv) {
   auto backend = make_backend(bc);
   if (!backend.is_ok()) return fail(backend.status());
   if (gf.size() > 1 || gf.rank > 0) {
+    if (o.cache_in_pool)
+      return fail(invalid_argument("--cache-in-pool: decode rank groups (--group-dcp / --group-ep) keep separate caches"));
     if (gf.rank >= gf.size())
       return fail(invalid_argument("--group-rank " + std::to_string(gf.rank) + " must be < the group size " +
                                    std::to_string(gf.size())));

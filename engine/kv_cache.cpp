@@ -29,17 +29,27 @@ Result<CacheLayout> cache_layout(const ModelConfig& cfg, const Backend& backend)
 
 CachePools::CachePools(Backend& backend, const ModelConfig& cfg, int layer_begin, int layer_end, const CacheOptions& opts)
     : backend_(backend), cfg_(cfg), layout_(cache_layout(cfg, backend).value()), opts_(opts),
-      slots_(opts.max_seqs + opts.checkpoint_slots), pages_(opts.num_pages), page_refs_(opts.num_pages, 0) {
+      slots_(opts.max_seqs + opts.checkpoint_slots), pages_(opts.num_pages), page_refs_(opts.num_pages, 0),
+      slot_refs_(opts.max_seqs + opts.checkpoint_slots, 0) {
   K3_CHECK(opts.checkpoint_slots >= 0, "CacheOptions.checkpoint_slots must be >= 0");
   const int total_slots = opts.max_seqs + opts.checkpoint_slots;
   const CacheLayout& c = layout_;
   const int64_t rows = c.kda_conv_rows, p = c.kda_proj_dim(), h = c.kda_heads, d = c.kda_head_dim;
+  const CacheMemory* mem = opts.memory.get();
+  // A pool in the owner's memory when given (checked: every layer has its array), else the backend's.
+  auto place = [&](const std::map<int, void*>* arrays, int layer, Shape shape, DType dtype, const char* what) {
+    if (!mem) return backend.alloc(shape, dtype);
+    auto it = arrays->find(layer);
+    K3_CHECK(it != arrays->end() && it->second != nullptr,
+             std::string("CacheOptions.memory has no ") + what + " array for layer " + std::to_string(layer));
+    return Tensor::view(it->second, std::move(shape), dtype, mem->device);
+  };
   for (int l = layer_begin; l < layer_end; ++l) {
     if (c.layers.at(l) == LayerCache::Kda) {
-      kda_conv_[l] = backend.alloc({total_slots, rows, 3 * p}, c.dtypes.conv);
-      kda_state_[l] = backend.alloc({total_slots, h, d, d}, c.dtypes.state);
+      kda_conv_[l] = place(mem ? &mem->kda_conv : nullptr, l, {total_slots, rows, 3 * p}, c.dtypes.conv, "KDA conv");
+      kda_state_[l] = place(mem ? &mem->kda_state : nullptr, l, {total_slots, h, d, d}, c.dtypes.state, "KDA state");
     } else {
-      mla_kv_[l] = backend.alloc({opts.num_pages, opts.page_size, c.mla_row_width}, c.dtypes.kv);
+      mla_kv_[l] = place(mem ? &mem->mla_kv : nullptr, l, {opts.num_pages, opts.page_size, c.mla_row_width}, c.dtypes.kv, "MLA");
     }
   }
 }
@@ -61,7 +71,7 @@ Tensor& CachePools::mla_kv(int layer) {
 }
 
 Result<SeqCache> CachePools::open() {
-  auto slot = slots_.alloc();
+  auto slot = alloc_slot();
   if (!slot) return Status(Code::ResourceExhausted, "no free sequence slot (max_seqs=" + std::to_string(opts_.max_seqs) + ")");
   SeqCache seq;
   seq.slot = *slot;
@@ -83,18 +93,57 @@ Status CachePools::reserve(SeqCache& seq, int64_t extra) {
   if (more > pages_.free_count())
     return Status(Code::ResourceExhausted, "out of MLA pages: need " + std::to_string(more) + ", free " +
                                                std::to_string(pages_.free_count()));
-  for (int64_t i = 0; i < more; ++i) {
-    const int page = *pages_.alloc();
-    page_refs_[page] = 1;
-    seq.pages.push_back(page);
-  }
+  auto pages = alloc_pages(static_cast<int>(more));
+  seq.pages.insert(seq.pages.end(), pages->begin(), pages->end());
   return Status::ok();
 }
 
 void CachePools::close(SeqCache& seq) {
-  if (seq.slot >= 0) slots_.free(seq.slot);
+  if (seq.slot >= 0) free_slot(seq.slot);
   for (int32_t page : seq.pages) release_page(page);
   seq = SeqCache{};
+}
+
+Result<SeqCache> CachePools::adopt(int slot, const std::vector<int32_t>& pages, int64_t num_tokens) {
+  if (has_kda() && (slot < 0 || slot >= slots_.capacity() || slot_refs_[slot] == 0))
+    return invalid_argument("adopt: slot " + std::to_string(slot) + " is not allocated");
+  if (!has_kda() && slot >= 0) return invalid_argument("adopt: a slot for a range without KDA layers");
+  for (int32_t page : pages)
+    if (page < 0 || page >= opts_.num_pages || page_refs_[page] == 0)
+      return invalid_argument("adopt: page " + std::to_string(page) + " is not allocated");
+  if (num_tokens < 0 || num_tokens > static_cast<int64_t>(pages.size()) * opts_.page_size)
+    return invalid_argument("adopt: " + std::to_string(num_tokens) + " tokens do not fit " + std::to_string(pages.size()) +
+                            " pages of " + std::to_string(opts_.page_size));
+  SeqCache seq;
+  seq.slot = has_kda() ? slot : -1;
+  if (seq.slot >= 0) ++slot_refs_[seq.slot];
+  for (int32_t page : pages) retain_page(page);
+  seq.pages = pages;
+  seq.num_tokens = num_tokens;
+  return seq;
+}
+
+std::optional<int> CachePools::alloc_slot() {
+  auto slot = slots_.alloc();
+  if (slot) slot_refs_[*slot] = 1;
+  return slot;
+}
+
+void CachePools::free_slot(int slot) {
+  K3_CHECK(slot >= 0 && slot < slots_.capacity() && slot_refs_[slot] > 0,
+           "free_slot " + std::to_string(slot) + ": slot has no owner");
+  if (--slot_refs_[slot] == 0) slots_.free(slot);
+}
+
+std::optional<std::vector<int32_t>> CachePools::alloc_pages(int n) {
+  if (n < 0 || n > pages_.free_count()) return std::nullopt;
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    const int page = *pages_.alloc();
+    page_refs_[page] = 1;
+    out.push_back(page);
+  }
+  return out;
 }
 
 void CachePools::copy_slot(int src, int dst) {

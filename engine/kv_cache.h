@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -18,11 +19,21 @@ namespace k3 {
 // The cache layout of `cfg` on `backend`: MLA rows and conv cache in the compute dtype, state F32.
 Result<CacheLayout> cache_layout(const ModelConfig& cfg, const Backend& backend);
 
+// Memory another owner provides for the pools (the decode rank's transfer region, so the engine decodes
+// from the bytes the transfer wrote): per global layer id, the start of that layer's contiguous array,
+// shaped as the pools below ([slots, ...] for KDA, [num_pages, page_size, row] for MLA), on `device`.
+// The owner keeps it alive and registered for the pools' lifetime.
+struct CacheMemory {
+  Device device = Device::Cpu;
+  std::map<int, void*> kda_conv, kda_state, mla_kv;
+};
+
 struct CacheOptions {
   int max_seqs = 8;         // KDA state slots
   int page_size = 16;       // tokens per MLA page
   int num_pages = 256;      // per MLA layer
   int checkpoint_slots = 0; // extra KDA slots the prefix cache keeps its checkpoints in (same pools)
+  std::shared_ptr<const CacheMemory> memory;  // null: the backend allocates the pools
 };
 
 // Hands out small integer ids (slots, pages) from a fixed range; double free is a bug (checked).
@@ -63,13 +74,19 @@ class CachePools {
   Result<SeqCache> open();
   // Makes room for `extra` more tokens (allocates pages). Fails without side effects when out of pages.
   Status reserve(SeqCache& seq, int64_t extra);
-  // Returns the slot and pages; idempotent (the SeqCache is emptied). A page shared with the prefix
-  // cache only loses this request's reference.
+  // Returns the slot and pages; idempotent (the SeqCache is emptied). A page or slot another owner also
+  // holds (the prefix cache, the decode transfer) only loses this request's reference.
   void close(SeqCache& seq);
+  // A sequence over a slot and pages another owner already holds and wrote (the decode transfer placed
+  // the request's caches there): takes one more reference on each, copies and zeroes nothing.
+  // `num_tokens` rows must fit the pages. Errors name an id that is not allocated.
+  Result<SeqCache> adopt(int slot, const std::vector<int32_t>& pages, int64_t num_tokens);
 
-  // For the prefix cache: slots it owns (checkpoints), page references, and state copies.
-  std::optional<int> alloc_slot() { return slots_.alloc(); }   // contents undefined
-  void free_slot(int slot) { slots_.free(slot); }
+  // For the prefix cache and the decode transfer: slots and pages they own (one reference each), page
+  // references, and state copies. Slots and pages are freed when their last owner lets go.
+  std::optional<int> alloc_slot();   // contents undefined
+  void free_slot(int slot);          // drops one reference
+  std::optional<std::vector<int32_t>> alloc_pages(int n);  // all or nothing; contents undefined
   // Copies the state and conv window of every KDA layer of slot `src` into slot `dst`.
   void copy_slot(int src, int dst);
   void retain_page(int32_t page);    // one more owner of an allocated page
@@ -91,7 +108,8 @@ class CachePools {
   CacheOptions opts_;
   IdAllocator slots_;
   IdAllocator pages_;
-  std::vector<uint16_t> page_refs_;   // owners of each page (requests and the prefix cache)
+  std::vector<uint16_t> page_refs_;   // owners of each page (requests, the prefix cache, the transfer)
+  std::vector<uint16_t> slot_refs_;   // owners of each slot (a request, the prefix cache, the transfer)
   std::map<int, Tensor> kda_conv_, kda_state_, mla_kv_;
 };
 

@@ -83,13 +83,14 @@ Result<uint64_t> RankPoolGeometry::kda_conv_addr(uint32_t slot, uint32_t layer_i
     return Status(Code::OutOfRange, "pool geometry: slot " + std::to_string(slot) + " >= " + std::to_string(num_slots));
   auto i = index_of(kda_layer_ids, layer_id);
   if (!i) return not_found("pool geometry: layer " + std::to_string(layer_id) + " is not a KDA layer");
-  return base + uint64_t(num_pages) * page_bytes() + uint64_t(slot) * slot_bytes() +
-         *i * (kda_conv_bytes + kda_state_bytes);
+  return base + uint64_t(num_pages) * page_bytes() + *i * uint64_t(num_slots) * (kda_conv_bytes + kda_state_bytes) +
+         uint64_t(slot) * kda_conv_bytes;
 }
 
 Result<uint64_t> RankPoolGeometry::kda_state_addr(uint32_t slot, uint32_t layer_id) const {
   K3_ASSIGN_OR_RETURN(uint64_t conv, kda_conv_addr(slot, layer_id));
-  return conv + kda_conv_bytes;
+  // Past this layer's conv array (num_slots entries), then `slot` state entries in.
+  return conv - uint64_t(slot) * kda_conv_bytes + uint64_t(num_slots) * kda_conv_bytes + uint64_t(slot) * kda_state_bytes;
 }
 
 // ---- handles ----
@@ -149,8 +150,30 @@ RankPool::RankPool(RankPoolGeometry g) : geo_(std::move(g)) {
   slot_in_use_.assign(geo_.num_slots, 0);
 }
 
+Status RankPool::share_ids(std::shared_ptr<PoolIds> ids) {
+  std::lock_guard lock(mu_);
+  if (!ids) return invalid_argument("RankPool::share_ids: ids is null");
+  if (free_page_ids_.size() != geo_.num_pages || free_slot_ids_.size() != geo_.num_slots)
+    return Status(Code::InvalidArgument, "pool rank " + std::to_string(geo_.rank) + ": ids shared while some are allocated");
+  shared_ = std::move(ids);
+  return Status::ok();
+}
+
 Result<PageHandle> RankPool::allocate_pages(uint32_t n) {
   std::lock_guard lock(mu_);
+  if (shared_) {
+    if (n == 0) return PageHandle(this, {});
+    auto ids = shared_->take_pages(n);
+    if (!ids)
+      return Status(Code::ResourceExhausted, "pool rank " + std::to_string(geo_.rank) + ": " + std::to_string(n) +
+                                                 " pages wanted, " + std::to_string(shared_->free_pages()) + " free");
+    for (uint32_t id : *ids) {
+      K3_CHECK(id < page_in_use_.size() && !page_in_use_[id], "shared ids handed out page " + std::to_string(id) + " twice");
+      page_in_use_[id] = 1;
+    }
+    stats_.page_allocs += n;
+    return PageHandle(this, std::move(*ids));
+  }
   if (n > free_page_ids_.size())
     return Status(Code::ResourceExhausted, "pool rank " + std::to_string(geo_.rank) + ": " + std::to_string(n) +
                                                " pages wanted, " + std::to_string(free_page_ids_.size()) + " free");
@@ -165,10 +188,17 @@ Result<PageHandle> RankPool::allocate_pages(uint32_t n) {
 Result<SlotHandle> RankPool::allocate_slot() {
   std::lock_guard lock(mu_);
   if (geo_.kda_layer_ids.empty()) return unsupported("pool rank " + std::to_string(geo_.rank) + ": no KDA layers");
-  if (free_slot_ids_.empty())
-    return Status(Code::ResourceExhausted, "pool rank " + std::to_string(geo_.rank) + ": no free KDA slot");
-  const uint32_t s = free_slot_ids_.back();
-  free_slot_ids_.pop_back();
+  if (!shared_ && free_slot_ids_.empty()) return Status(Code::ResourceExhausted, "pool rank " + std::to_string(geo_.rank) + ": no free KDA slot");
+  uint32_t s = 0;
+  if (shared_) {
+    auto taken = shared_->take_slot();
+    if (!taken) return Status(Code::ResourceExhausted, "pool rank " + std::to_string(geo_.rank) + ": no free KDA slot");
+    s = *taken;
+    K3_CHECK(s < slot_in_use_.size() && !slot_in_use_[s], "shared ids handed out slot " + std::to_string(s) + " twice");
+  } else {
+    s = free_slot_ids_.back();
+    free_slot_ids_.pop_back();
+  }
   slot_in_use_[s] = 1;
   stats_.slot_allocs += 1;
   return SlotHandle(this, s);
@@ -180,8 +210,9 @@ void RankPool::free_pages(const std::vector<uint32_t>& ids) {
     // Unreachable through handles; a failure here is a bug in this file.
     K3_CHECK(id < page_in_use_.size() && page_in_use_[id], "page freed twice or never allocated");
     page_in_use_[id] = 0;
-    free_page_ids_.push_back(id);
+    if (!shared_) free_page_ids_.push_back(id);
   }
+  if (shared_) shared_->give_pages(ids);
   stats_.page_frees += ids.size();
 }
 
@@ -189,21 +220,25 @@ void RankPool::free_slot(uint32_t slot) {
   std::lock_guard lock(mu_);
   K3_CHECK(slot < slot_in_use_.size() && slot_in_use_[slot], "slot freed twice or never allocated");
   slot_in_use_[slot] = 0;
-  free_slot_ids_.push_back(slot);
+  if (shared_) shared_->give_slot(slot);
+  else free_slot_ids_.push_back(slot);
   stats_.slot_frees += 1;
 }
 
 uint32_t RankPool::free_pages() const {
   std::lock_guard lock(mu_);
-  return uint32_t(free_page_ids_.size());
+  return shared_ ? shared_->free_pages() : uint32_t(free_page_ids_.size());
 }
 uint32_t RankPool::free_slots() const {
   std::lock_guard lock(mu_);
-  return uint32_t(free_slot_ids_.size());
+  return shared_ ? shared_->free_slots() : uint32_t(free_slot_ids_.size());
 }
 uint64_t RankPool::free_bytes() const {
   std::lock_guard lock(mu_);
-  return free_page_ids_.size() * geo_.page_bytes() + free_slot_ids_.size() * geo_.slot_bytes();
+  // Shared: what neither the transfer nor the engine holds (the whole region's one accounting).
+  const uint64_t pages = shared_ ? shared_->free_pages() : free_page_ids_.size();
+  const uint64_t slots = shared_ ? shared_->free_slots() : free_slot_ids_.size();
+  return pages * geo_.page_bytes() + slots * geo_.slot_bytes();
 }
 uint64_t RankPool::capacity_bytes() const { return geo_.region_bytes(); }
 PoolStats RankPool::stats() const {

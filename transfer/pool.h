@@ -10,7 +10,10 @@
 // (common/config/cache_layout.h), KDA entries sliced per rank by the DecodeLayout:
 //   [mla layers  (ascending id)] [num_pages] [page_size] [mla_row_bytes]
 //   [draft layers(ascending id)] [num_pages] [page_size] [draft_row_bytes]
-//   [num_slots] [kda layers (ascending id)] { conv [conv_bytes_per_rank] ; state [state_bytes_per_rank] }
+//   [kda layers  (ascending id)] { conv [num_slots] [conv_bytes_per_rank] ; state [num_slots] [state_bytes_per_rank] }
+// Every layer's pages, conv entries and state entries are each one contiguous array indexed by page id or
+// slot: the decode engine's cache tensors have exactly these shapes, so a decode rank can place its
+// engine cache in this region (PoolIds below) and decode from the bytes the transfer wrote.
 //
 // Handles free exactly once by construction: PageHandle / SlotHandle are move-only, free on destruction
 // or release(), and are empty afterwards (a moved-from handle owns nothing). The pool must outlive its
@@ -104,9 +107,27 @@ struct PoolStats {
   uint64_t slot_allocs = 0, slot_frees = 0;
 };
 
+// Where a pool's page ids and slots come from when another owner shares the region: the decode rank whose
+// engine cache lives in it (decode_node/cache_in_pool.h). The owner counts references, so an id the
+// transfer took stays allocated while either side still holds it. Not thread-safe itself: the pool
+// calls it under its own lock.
+class PoolIds {
+ public:
+  virtual ~PoolIds() = default;
+  virtual std::optional<std::vector<uint32_t>> take_pages(uint32_t n) = 0;  // all or nothing
+  virtual void give_pages(const std::vector<uint32_t>& ids) = 0;
+  virtual std::optional<uint32_t> take_slot() = 0;
+  virtual void give_slot(uint32_t slot) = 0;
+  virtual uint32_t free_pages() const = 0;
+  virtual uint32_t free_slots() const = 0;
+};
+
 class RankPool {
  public:
   static Result<std::unique_ptr<RankPool>> create(RankPoolGeometry geometry);
+  // From now on ids come from (and return to) `ids`, whose id space must be this geometry's (num_pages
+  // pages, num_slots slots). Only while the pool hands out nothing (InvalidArgument otherwise).
+  Status share_ids(std::shared_ptr<PoolIds> ids);
   RankPool(const RankPool&) = delete;
   RankPool& operator=(const RankPool&) = delete;
 
@@ -139,6 +160,7 @@ class RankPool {
   std::vector<uint32_t> free_slot_ids_;
   std::vector<uint8_t> page_in_use_, slot_in_use_;  // integrity: a double free is a bug -> K3_CHECK
   PoolStats stats_;
+  std::shared_ptr<PoolIds> shared_;  // set: ids come from there and the free lists above are unused
 };
 
 // What a request holds on one rank.

@@ -58,7 +58,8 @@ Result<std::unique_ptr<UcxWriter>> UcxWriter::create(std::shared_ptr<UcxWorker> 
 
 UcxWriter::~UcxWriter() = default;
 
-Status UcxWriter::post_put(const RemoteKey& dest, const void* src, size_t n, uint64_t remote, Batch& batch, int slot) {
+Status UcxWriter::post_put(const RemoteKey& dest, const void* src, size_t n, uint64_t remote, Batch& batch, int slot,
+                           const UcxMemory* source) {
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = &Batch::on_put_done;
@@ -67,6 +68,9 @@ Status UcxWriter::post_put(const RemoteKey& dest, const void* src, size_t n, uin
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     p.memh = staging_->get();
     p.memory_type = UCS_MEMORY_TYPE_HOST;
+  } else if (source != nullptr) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;  // memory type and device come with the registration
+    p.memh = source->get();
   } else if (reader_->type() == MemoryType::Cuda) {
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     p.memory_type = UCS_MEMORY_TYPE_CUDA;
@@ -91,14 +95,14 @@ std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadl
 
 Status UcxWriter::write_direct(const RemoteKey& dest, std::span<const RemoteWrite> writes, Batch& batch,
                                const std::function<bool()>& should_stop,
-                               std::chrono::steady_clock::time_point deadline) {
+                               std::chrono::steady_clock::time_point deadline, const UcxMemory* source) {
   for (const RemoteWrite& w : writes) {
     if (should_stop && should_stop()) return {Code::Aborted, "write cancelled"};
     if (batch.pending >= opt_.max_outstanding_puts) {
       K3_TRY(worker_->wait_until([&] { return batch.pending < opt_.max_outstanding_puts; }, left_until(deadline)));
     }
     if (batch.first_error != UCS_OK) return ucx_status(batch.first_error, "ucp_put_nbx completion");
-    K3_TRY(post_put(dest, w.src, w.length, w.remote_addr, batch, -1));
+    K3_TRY(post_put(dest, w.src, w.length, w.remote_addr, batch, -1, source));
   }
   return Status::ok();
 }
@@ -127,7 +131,7 @@ Status UcxWriter::write_staged(const RemoteKey& dest, std::span<const RemoteWrit
 }
 
 Status UcxWriter::write(const RemoteKey& dest, std::span<const RemoteWrite> writes,
-                        const std::function<bool()>& should_stop) {
+                        const std::function<bool()>& should_stop, const UcxMemory* source) {
   for (size_t i = 0; i < writes.size(); ++i) {
     const RemoteWrite& w = writes[i];
     if (w.length == 0) return invalid_argument("writes[" + std::to_string(i) + "].length is 0");
@@ -135,12 +139,17 @@ Status UcxWriter::write(const RemoteKey& dest, std::span<const RemoteWrite> writ
     if (!dest.contains(w.remote_addr, w.length))
       return {Code::OutOfRange, "writes[" + std::to_string(i) + "] [" + std::to_string(w.remote_addr) + ", +" +
                                     std::to_string(w.length) + ") is outside the destination registration"};
+    if (source && !source->contains(w.src, w.length))
+      return {Code::OutOfRange, "writes[" + std::to_string(i) + "] source is outside the given source registration"};
   }
+  if (source && source->type() != reader_->type())
+    return invalid_argument(std::string("UcxWriter::write: source registration is ") + memory_type_name(source->type()) +
+                            " memory but the writer's reader reads " + memory_type_name(reader_->type()) + " memory");
   if (dest.endpoint()->worker() != worker_) return invalid_argument("UcxWriter::write: rkey belongs to another worker");
   const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
   auto* batch = new Batch(staging_ ? opt_.staging_slots : 0);
   Status posted = staging_ ? write_staged(dest, writes, *batch, should_stop, deadline)
-                           : write_direct(dest, writes, *batch, should_stop, deadline);
+                           : write_direct(dest, writes, *batch, should_stop, deadline, source);
   // Complete at the remote side (also drains the posted puts after a cancel or an error).
   Status flushed = dest.endpoint()->flush(left_until(deadline));
   Status drained = worker_->wait_until([batch] { return batch->pending == 0; }, left_until(deadline));

@@ -67,8 +67,13 @@ class UcxWriter {
   UcxWriter& operator=(const UcxWriter&) = delete;
 
   // Writes every run into `dest` (bounds-checked against its registered range), then flushes.
+  // `source`, when given, is the registration every run's source bytes lie in (checked): the puts carry
+  // its memory handle, so UCX takes the source's memory type and device from the registration and never
+  // registers or looks the buffer up per put (the zero-copy protocols need a registered source; with
+  // device memory that is what lets a put go over cuda_ipc). Without it UCX detects and registers each
+  // source itself.
   Status write(const RemoteKey& dest, std::span<const RemoteWrite> writes,
-               const std::function<bool()>& should_stop = {});
+               const std::function<bool()>& should_stop = {}, const UcxMemory* source = nullptr);
   bool staging() const { return staging_ != nullptr; }
   const WriteStats& stats() const { return stats_; }
 
@@ -77,10 +82,13 @@ class UcxWriter {
   UcxWriter(std::shared_ptr<UcxWorker> w, std::shared_ptr<const SourceReader> r, WriterOptions o)
       : worker_(std::move(w)), reader_(std::move(r)), opt_(o) {}
   Status write_direct(const RemoteKey& dest, std::span<const RemoteWrite> writes, Batch& batch,
-                      const std::function<bool()>& should_stop, std::chrono::steady_clock::time_point deadline);
+                      const std::function<bool()>& should_stop, std::chrono::steady_clock::time_point deadline,
+                      const UcxMemory* source);
   Status write_staged(const RemoteKey& dest, std::span<const RemoteWrite> writes, Batch& batch,
                       const std::function<bool()>& should_stop, std::chrono::steady_clock::time_point deadline);
-  Status post_put(const RemoteKey& dest, const void* src, size_t n, uint64_t remote, Batch& batch, int slot);
+  // slot >= 0: from that staging slot; else from `source` (its memh) or unregistered memory (nullptr).
+  Status post_put(const RemoteKey& dest, const void* src, size_t n, uint64_t remote, Batch& batch, int slot,
+                  const UcxMemory* source = nullptr);
 
   std::shared_ptr<UcxWorker> worker_;
   std::shared_ptr<const SourceReader> reader_;

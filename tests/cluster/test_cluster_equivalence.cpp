@@ -107,6 +107,7 @@ struct ClusterSpec {
   // Sampling of every request: in the PREFILLs (first token) and decode's flags (the other tokens:
   // these tests' CLAIMs carry no sampling params, so decode falls back to its flags).
   protocol::SamplingParams sampling;
+  bool cache_in_pool = false;   // decode --cache-in-pool: its engine cache is the transfer pool
 };
 
 // Control-plane keys of every process a test starts, as k3-cluster writes them.
@@ -129,16 +130,17 @@ struct Cluster {
   explicit Cluster(ClusterSpec s) : keys(cluster_keys(s.stages)), spec(std::move(s)) {
     const std::string model = model_of(spec.preset).path();
     const std::string router_ep = router.server->endpoint();
-    decode = std::make_unique<ProcessGuard>(
-        kBin + "/k3-decode", std::vector<std::string>{"--model", model, "--router-endpoint", router_ep, "--ignore-eos",
-                                                      "--max-tokens", std::to_string(spec.max_tokens),
-                                                      "--temperature", std::to_string(spec.sampling.temperature),
-                                                      "--top-k", std::to_string(spec.sampling.top_k),
-                                                      "--top-p", std::to_string(spec.sampling.top_p),
-                                                      "--seed", std::to_string(spec.sampling.seed), "--threads", "1",
-                                                      "--heartbeat-ms", "200", "--log-level", log_level(),
-                                                      "--control-key", keys.files.keypair("decode/d"),
-                                                      "--control-public-keys", keys.files.public_keys()});
+    std::vector<std::string> decode_args{"--model", model, "--router-endpoint", router_ep, "--ignore-eos",
+                                         "--max-tokens", std::to_string(spec.max_tokens),
+                                         "--temperature", std::to_string(spec.sampling.temperature),
+                                         "--top-k", std::to_string(spec.sampling.top_k),
+                                         "--top-p", std::to_string(spec.sampling.top_p),
+                                         "--seed", std::to_string(spec.sampling.seed), "--threads", "1",
+                                         "--heartbeat-ms", "200", "--log-level", log_level(),
+                                         "--control-key", keys.files.keypair("decode/d"),
+                                         "--control-public-keys", keys.files.public_keys()};
+    if (spec.cache_in_pool) decode_args.push_back("--cache-in-pool");
+    decode = std::make_unique<ProcessGuard>(kBin + "/k3-decode", decode_args);
     auto ep = decode->wait_for("READY ", 60s);
     REQUIRE(ep);
     // Last stage first: each stage needs the LISTEN endpoint of the next.
@@ -310,6 +312,10 @@ TEST_CASE("cluster k3-tiny-93 on the production partition (16 stages), chunk 9: 
   check_equivalence({.preset = "k3-tiny-93", .stages = 16, .partition = part, .chunk = 9}, 400);
 }
 
+TEST_CASE("cluster PP=2, decode cache in the transfer pool: tokens equal the monolithic engine", "[cluster]") {
+  check_equivalence({.stages = 2, .partition = "", .chunk = 7, .cache_in_pool = true}, 1000);
+}
+
 TEST_CASE("decode dies while the stages hold a request's KV: every stage frees it and reports FAILED", "[cluster]") {
   Cluster c({.preset = "k3-tiny", .stages = 2, .partition = "", .chunk = 4});
   std::mt19937 rng(4);
@@ -323,8 +329,9 @@ TEST_CASE("decode dies while the stages hold a request's KV: every stage frees i
   c.wait_until([&] { return c.router.failed.count(900) > 0; }, 5s, "FAILED for the request at the router");
 }
 
-TEST_CASE("router ABORT mid-stream: decode drops the request and its transfer pool returns to full", "[cluster]") {
-  Cluster c({.stages = 2, .partition = "", .chunk = 4, .max_tokens = 1000000});
+namespace {
+void check_abort_mid_stream(bool cache_in_pool) {
+  Cluster c({.stages = 2, .partition = "", .chunk = 4, .max_tokens = 1000000, .cache_in_pool = cache_in_pool});
   std::mt19937 rng(8);
   const auto prompt = random_prompt(rng, 10, tiny_model().cfg.vocab_size);
   c.submit({{700, prompt}});
@@ -353,4 +360,13 @@ TEST_CASE("router ABORT mid-stream: decode drops the request and its transfer po
   // What streamed before the abort is the engine's output, token for token.
   const auto got = c.router.tokens[700];
   CHECK(got == engine_tokens(tiny_model(), prompt, static_cast<int>(got.size())));
+}
+}  // namespace
+
+TEST_CASE("router ABORT mid-stream: decode drops the request and its transfer pool returns to full", "[cluster]") {
+  check_abort_mid_stream(false);
+}
+
+TEST_CASE("router ABORT mid-stream, decode cache in the transfer pool: the pool returns to full", "[cluster]") {
+  check_abort_mid_stream(true);
 }

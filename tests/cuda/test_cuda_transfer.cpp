@@ -59,8 +59,10 @@ std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
 }
 
 // Writes `runs` from a device source into the target's registration and returns the written image.
-void check_against_host(bool cuda_destination, bool force_staging) {
+void check_against_host(bool cuda_destination, bool force_staging, bool source_memh = false) {
   constexpr size_t kSrc = 4 << 20, kDst = 8 << 20;
+  // The writer's CUDA context exists before its UCX context, as in every process that moves device memory.
+  REQUIRE(cuda_make_current(0).is_ok());
   Target target;
   auto sctx = UcxContext::create().value();
   // What makes UCX CUDA-aware: the wheel's cuda transports loaded into this context.
@@ -100,7 +102,7 @@ void check_against_host(bool cuda_destination, bool force_staging) {
     writes.push_back({static_cast<const uint8_t*>(src->data()) + r.src_off, base + r.dst_off, r.n});
     std::memcpy(expected.data() + r.dst_off, host_src.data() + r.src_off, r.n);
   }
-  REQUIRE(writer->write(*rkey, writes).is_ok());
+  REQUIRE(writer->write(*rkey, writes, {}, source_memh ? src_mem.get() : nullptr).is_ok());
   std::vector<uint8_t> got(kDst);
   if (cuda_destination) REQUIRE(dst_dev->download(got.data(), kDst).is_ok());
   else got = dst_host;
@@ -121,6 +123,12 @@ TEST_CASE("puts from CUDA memory into CUDA memory equal the host reference", "[c
   check_against_host(/*cuda_destination=*/true, /*force_staging=*/false);
 }
 
+TEST_CASE("puts from a registered CUDA source (its memory handle) into CUDA memory equal the host reference",
+          "[cuda][transfer]") {
+  K3_CUDA_DEVICE_OR_SKIP();
+  check_against_host(/*cuda_destination=*/true, /*force_staging=*/false, /*source_memh=*/true);
+}
+
 TEST_CASE("puts from CUDA memory into host memory equal the host reference", "[cuda][transfer]") {
   K3_CUDA_DEVICE_OR_SKIP();
   check_against_host(/*cuda_destination=*/false, /*force_staging=*/false);
@@ -134,6 +142,7 @@ TEST_CASE("CUDA source through pinned staging (CudaSourceReader) equals the host
 TEST_CASE("CudaBuffer rejects bad input", "[cuda][transfer]") {
   CHECK(CudaBuffer::create(0).status().code() == k3::Code::InvalidArgument);
   K3_CUDA_DEVICE_OR_SKIP();
+  CHECK(cuda_make_current(-1).code() == k3::Code::InvalidArgument);
   auto b = CudaBuffer::create(16).value();
   uint8_t host[32] = {};
   CHECK(b->upload(host, 32).code() == k3::Code::OutOfRange);

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -59,11 +60,14 @@ struct Harness {
   uint64_t start_free = 0;
   Millis now{0};
 
-  Harness() {
+  // share (optional): where rank i's pool takes its ids from (8 pages, 2 slots), e.g. a decode engine's
+  // cache pools (tests/cluster/test_cache_in_pool_faults.cpp).
+  explicit Harness(const std::function<std::shared_ptr<PoolIds>(uint32_t)>& share = {}) {
     const DecodeLayout layout{{0, 1}, true};
     for (uint32_t i = 0; i < 2; ++i) {
       auto g = RankPoolGeometry::for_rank(model(), layout, i, 1, 0x1000000 * (i + 1), 4, 8, 2).value();
       pools.push_back(RankPool::create(g).value());
+      if (share) REQUIRE(pools.back()->share_ids(share(i)).is_ok());
       start_free += pools.back()->free_bytes();
     }
     decode = std::make_unique<DecodeSide>(

@@ -116,6 +116,31 @@ TEST_CASE("staging path (host memory through the bounce buffer) equals the direc
   CHECK(writer->stats().puts > runs.size());  // long runs were split at slot size
 }
 
+TEST_CASE("puts from a registered source (its memory handle) equal the unregistered path", "[ucx]") {
+  Target target(1 << 20);
+  Source source;
+  auto ep = source.worker->connect(target.worker->address()).value();
+  auto rkey = RemoteKey::unpack(ep, target.mem->packed_rkey().value(), target.base(), target.pool.size()).value();
+  auto writer = UcxWriter::create(source.worker, std::make_shared<HostSourceReader>()).value();
+  auto src = pattern(256 << 10, 3);
+  auto src_mem = UcxMemory::map(source.ctx, src.data(), src.size()).value();
+  std::mt19937 rng(13);
+  auto runs = random_runs(rng, src, target.base(), target.pool.size(), 16384);
+  REQUIRE(runs.size() > 20);
+  REQUIRE(writer->write(*rkey, runs, {}, src_mem.get()).is_ok());
+  check_runs(runs, target.pool, target.base());
+  CHECK(writer->stats().puts == runs.size());
+
+  // A run whose source lies outside the given registration is refused by index, before any put.
+  std::vector<uint8_t> elsewhere(64, 9);
+  const uint64_t puts = writer->stats().puts;
+  std::vector<RemoteWrite> bad = {{src.data(), target.base(), 64}, {elsewhere.data(), target.base() + 64, 64}};
+  auto s = writer->write(*rkey, bad, {}, src_mem.get());
+  REQUIRE(s.code() == k3::Code::OutOfRange);
+  CHECK(s.message().find("writes[1] source") != std::string::npos);
+  CHECK(writer->stats().puts == puts);
+}
+
 TEST_CASE("writes outside the registration are refused before any put", "[ucx]") {
   Target target(4096);
   Source source;

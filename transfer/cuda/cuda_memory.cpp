@@ -21,6 +21,14 @@ Result<int> cuda_device_count() {
   return n;
 }
 
+Status cuda_make_current(int device) {
+  K3_ASSIGN_OR_RETURN(int n, cuda_device_count());
+  if (device < 0 || device >= n)
+    return invalid_argument("CUDA device " + std::to_string(device) + " out of range (have " + std::to_string(n) + ")");
+  K3_TRY(cuda_status(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")"));
+  return cuda_status(cudaFree(nullptr), "context creation (cudaFree(0))");
+}
+
 Result<std::unique_ptr<CudaBuffer>> CudaBuffer::create(size_t bytes) {
   if (bytes == 0) return invalid_argument("CudaBuffer::create: bytes is 0");
   void* p = nullptr;

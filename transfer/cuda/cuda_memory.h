@@ -14,6 +14,11 @@ namespace k3::transfer {
 // Number of CUDA devices visible, or an error naming why none can be used (no driver, no device).
 Result<int> cuda_device_count();
 
+// Makes `device`'s primary context current on this thread and creates it now (cudaSetDevice + cudaFree(0)).
+// A process that moves device memory over UCX calls this before it creates its UCX context, as
+// ucx_perftest does: docs/PERF.md ("Device memory") records what the order changes.
+Status cuda_make_current(int device);
+
 class CudaBuffer {
  public:
   // cudaMalloc of `bytes` on the current device.

@@ -1,0 +1,108 @@
+// The lazy-alloc fault cases with the decode pools' ids shared with real engine cache pools
+// (decode_node/cache_in_pool.h: RankPool::share_ids + CachePoolIds), as k3-decode --cache-in-pool runs
+// them: an ABORT at every state of the protocol, and a prefill peer dying at every state, leave both the
+// transfer pools and the engine's pools exactly as they started, also when the engine had adopted the
+// request (it was decoding) and lets go after the transfer did.
+#include <catch2/catch.hpp>
+
+#include "decode_node/cache_in_pool.h"
+#include "tests/engine/model_fixture.h"
+#include "tests/transfer/lazy_alloc_harness.h"
+
+using namespace k3;
+using namespace k3::transfer;
+using namespace k3::transfer::lazy_alloc_test;
+
+namespace {
+
+// One engine cache per decode rank of the harness, with its id space (8 pages of 4 tokens, 2 slots).
+struct EngineCaches {
+  std::unique_ptr<Backend> be = make_cpu_backend({.threads = 1});
+  ModelConfig cfg = test::tiny_config("k3-tiny", 512);
+  std::vector<std::unique_ptr<CachePools>> caches;
+  std::vector<SeqCache> adopted;
+  EngineCaches() {
+    for (int i = 0; i < 2; ++i)
+      caches.push_back(std::make_unique<CachePools>(*be, cfg, 0, cfg.num_hidden_layers,
+                                                    CacheOptions{.max_seqs = 2, .page_size = 4, .num_pages = 8}));
+  }
+  std::function<std::shared_ptr<PoolIds>(uint32_t)> share() {
+    return [this](uint32_t i) { return std::make_shared<decode::CachePoolIds>(*caches.at(i)); };
+  }
+  // What the rank does when the request is ready: its engine takes references on every rank's pages and slot.
+  void adopt(const Harness& h) {
+    const auto* alloc = h.decode->allocation(kId);
+    REQUIRE(alloc);
+    REQUIRE(alloc->size() == 2);
+    for (size_t i = 0; i < 2; ++i) {
+      const auto& a = (*alloc)[i];
+      const auto& ids = a.pages.page_ids();
+      adopted.push_back(caches[i]->adopt(static_cast<int>(*a.slot.slot()), std::vector<int32_t>(ids.begin(), ids.end()), 0).value());
+    }
+  }
+  void close_all() {
+    for (size_t i = 0; i < adopted.size(); ++i) caches[i]->close(adopted[i]);
+    adopted.clear();
+  }
+  void check_full() const {
+    for (const auto& c : caches) {
+      CHECK(c->free_pages() == 8);
+      CHECK(c->free_slots() == 2);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("shared engine cache ids: ABORT at every state leaves pools and caches as they started",
+          "[cluster][lazy_alloc][abort]") {
+  const int k_stop = GENERATE(range(1, Harness::kSteps));  // up to DECODING (step 9 would finish it)
+  const int where = GENERATE(0, 1, 2);
+  // 0: router ABORT reaches decode first, then every stage; 1: stages first, then decode; 2: only decode.
+  EngineCaches engine;
+  Harness h(engine.share());
+  for (int k = 0; k < k_stop; ++k) h.step(k);
+  INFO("abort after step " << k_stop - 1 << ", delivery " << where);
+  const bool decoding = h.ready == 1;
+  if (decoding) engine.adopt(h);
+  const Abort abort{.request_id = kId, .reason = AbortReason::ClientCancelled, .origin_role = Role::Router};
+  if (where == 0 || where == 2) h.deliver({Role::Decode, "decode-a", 0}, abort);
+  if (where == 0 || where == 1)
+    for (uint32_t s = 0; s < Harness::kStages; ++s) h.deliver({Role::Prefill, "prefill-a", s}, abort);
+  if (where == 1) h.deliver({Role::Decode, "decode-a", 0}, abort);
+  h.deliver_all();
+  h.flush_all();
+  h.deliver_all();
+  CHECK(h.decode->state(kId) == RequestState::Aborted);
+  if (decoding) {
+    // The transfer let go first; the engine still holds the request: nothing is free yet.
+    CHECK(h.free_bytes() < h.start_free);
+    engine.close_all();
+  }
+  h.check_clean(h.pools[0]->stats().page_allocs > 0);
+  engine.check_full();
+}
+
+TEST_CASE("shared engine cache ids: a prefill peer dying at every state leaves pools and caches as they started",
+          "[cluster][lazy_alloc][peer]") {
+  const int k_stop = GENERATE(range(1, Harness::kSteps));
+  EngineCaches engine;
+  Harness h(engine.share());
+  for (int k = 0; k < k_stop; ++k) h.step(k);
+  INFO("peer death after step " << k_stop - 1);
+  const bool decoding = h.ready == 1;
+  if (decoding) engine.adopt(h);
+  h.take(h.decode->on_peer_dead(Peer{Role::Prefill, "prefill-a", 0}, h.now), true);
+  h.deliver_all();
+  h.now += milliseconds(5000);  // past the quarantine of writes a dead stage may still have posted
+  h.take(h.decode->tick(h.now), true);
+  if (decoding) {
+    // Every byte had arrived: the request keeps decoding, then ends normally (engine, then transfer).
+    CHECK(h.decode->state(kId) == RequestState::Decoding);
+    engine.close_all();
+    h.take(h.decode->on_finished(kId, h.now), true);
+  }
+  CHECK(h.free_bytes() == h.start_free);
+  for (const auto& p : h.pools) CHECK(p->stats().page_allocs == p->stats().page_frees);
+  engine.check_full();
+}
