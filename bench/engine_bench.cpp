@@ -163,7 +163,10 @@ int run_engine_bench(const EngineBenchOptions& o) {
         seqs.back().num_tokens = ctx;
       }
       for (auto& s : seqs) ptrs.push_back(&s);
-      std::vector<std::vector<int32_t>> toks(B, std::vector<int32_t>{7});
+      // A different token per request: identical rows would all route to the same experts and a MoE
+      // step would read far fewer weights than the roofline assumes.
+      std::vector<std::vector<int32_t>> toks;
+      for (int i = 0; i < B; ++i) toks.push_back({static_cast<int32_t>((7 + 7919LL * i) % cfg.vocab_size)});
       std::vector<ops::SamplingRow> rows(B);
       std::vector<int32_t> ids;
       auto step = [&] {
