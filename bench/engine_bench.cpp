@@ -5,8 +5,8 @@
 //           steps, the launches one eager step makes, and the step's device time by layer type;
 //   prefill: tok/s of one prompt of each length, against the bf16 GEMM rate of the same run;
 //   gemm: the fixed-order (batch-invariant) GEMM against cuBLASLt at decode and prefill shapes.
-// Weights are random bf16 views of one host pattern (no per-tensor generation: k3-small has 8 G
-// parameters); the caches of a decode benchmark are left as allocated (zeros), their lengths set
+// Weights are the preset's synthetic model (drawn on the GPU where they live, the numbers
+// `--model synthetic:PRESET[:SEED]` and k3-genweights give); the caches of a decode benchmark are left as allocated (zeros), their lengths set
 // without a prefill: timing only, the tokens are meaningless.
 #include <CLI/CLI.hpp>
 
@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -39,45 +38,21 @@ struct EngineBenchOptions {
   int steps = 10;
   bool batch_invariant = false;
   bool profile = true;  // decode time split by layer type
+  uint64_t seed = 0;     // of the synthetic weights
 };
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Every tensor of the config as a view into one random pattern (bf16 matrices, F32 where required).
-struct PatternWeights {
-  std::vector<uint16_t> bf16;
-  std::vector<float> f32;
-  WeightStore store;
-  PatternWeights(const ModelConfig& cfg) {
-    const auto specs = expected_tensors(cfg);
-    int64_t most = 1;
-    for (const auto& s : specs) most = std::max(most, shape_numel(s.shape));
-    std::mt19937 rng(1);
-    std::uniform_real_distribution<float> ud(-0.04f, 0.04f);
-    std::vector<uint16_t> pattern(1 << 20);
-    for (auto& v : pattern) v = f32_to_bf16(ud(rng));
-    bf16.resize(size_t(most));
-    for (size_t i = 0; i < bf16.size(); i += pattern.size())
-      std::copy_n(pattern.begin(), std::min(pattern.size(), bf16.size() - i), bf16.begin() + i);
-    f32.resize(size_t(most));
-    for (size_t i = 0; i < f32.size(); ++i) f32[i] = bf16_to_f32(pattern[i % pattern.size()]);
-    for (const auto& s : specs) {
-      const DType dt = init_dtype(s, DType::BF16);
-      void* p = dt == DType::F32 ? static_cast<void*>(f32.data()) : static_cast<void*>(bf16.data());
-      store.put(s.name, Tensor::view(p, s.shape, dt));
-    }
-  }
-};
-
 // Bytes of weights one decode step reads for B requests: everything but the embedding table, the
 // routed experts only as many as B*k draws touch (uniform routing: E (1 - (1 - k/E)^B) per layer).
-double decode_weight_bytes(const ModelConfig& cfg, const WeightStore& w, int B) {
+double decode_weight_bytes(const ModelConfig& cfg, int B) {
   double bytes = 0, expert_bytes = 0;
-  for (const auto& [name, t] : w.all()) {
-    if (name == "model.embed_tokens.weight") continue;
-    if (name.find(".experts.") != std::string::npos) expert_bytes += double(t.numel()) * 2;
-    else bytes += double(t.numel()) * (t.dtype() == DType::F32 ? 4 : 2);
+  for (const TensorSpec& s : expected_tensors(cfg)) {
+    if (s.name == "model.embed_tokens.weight") continue;
+    const double n = double(shape_numel(s.shape));
+    if (s.name.find(".experts.") != std::string::npos) expert_bytes += n * 2;
+    else bytes += n * (init_dtype(s, DType::BF16) == DType::F32 ? 4 : 2);
   }
   const double E = cfg.num_experts, k = cfg.num_experts_per_token;
   const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - k / E, B)) / E : 0.0;
@@ -85,12 +60,12 @@ double decode_weight_bytes(const ModelConfig& cfg, const WeightStore& w, int B) 
 }
 
 // Per token, the parameters a prefill multiplies by (routed experts: k of E) and the attention FLOPs.
-double prefill_flops(const ModelConfig& cfg, const WeightStore& w, int64_t T) {
+double prefill_flops(const ModelConfig& cfg, int64_t T) {
   double params = 0;
-  for (const auto& [name, t] : w.all()) {
-    if (name == "model.embed_tokens.weight") continue;
-    double n = double(t.numel());
-    if (name.find(".experts.") != std::string::npos) n *= double(cfg.num_experts_per_token) / cfg.num_experts;
+  for (const TensorSpec& s : expected_tensors(cfg)) {
+    if (s.name == "model.embed_tokens.weight") continue;
+    double n = double(shape_numel(s.shape));
+    if (s.name.find(".experts.") != std::string::npos) n *= double(cfg.num_experts_per_token) / cfg.num_experts;
     params += n;
   }
   int mla = 0;
@@ -152,7 +127,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   const int bmax = *std::max_element(o.batches.begin(), o.batches.end());
   const int cmax = *std::max_element(o.contexts.begin(), o.contexts.end());
   const int pmax = *std::max_element(o.prefill.begin(), o.prefill.end());
-  PatternWeights pw(cfg);
+  const WeightStore weights = WeightStore::synthetic({.cfg = cfg, .seed = o.seed, .matrix_dtype = DType::BF16});
   EngineOptions eo;
   eo.top_logits = 0;
   eo.prefill_chunk = 8192;
@@ -160,7 +135,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   eo.cache.page_size = 64;
   eo.cache.num_pages = std::max(bmax * ((cmax + 3 * o.steps + 8 + 63) / 64 + 1), (pmax + 63) / 64 + 1);
   const auto t_load = Clock::now();
-  auto engine_r = Engine::create(be, cfg, pw.store, eo);
+  auto engine_r = Engine::create(be, cfg, weights, eo);
   if (!engine_r.is_ok()) {
     std::fprintf(stderr, "k3-bench engine: %s\n", engine_r.status().to_string().c_str());
     return 2;
@@ -188,7 +163,10 @@ int run_engine_bench(const EngineBenchOptions& o) {
         seqs.back().num_tokens = ctx;
       }
       for (auto& s : seqs) ptrs.push_back(&s);
-      std::vector<std::vector<int32_t>> toks(B, std::vector<int32_t>{7});
+      // A different token per request: identical rows would all route to the same experts and a MoE
+      // step would read far fewer weights than the roofline assumes.
+      std::vector<std::vector<int32_t>> toks;
+      for (int i = 0; i < B; ++i) toks.push_back({static_cast<int32_t>((7 + 7919LL * i) % cfg.vocab_size)});
       std::vector<ops::SamplingRow> rows(B);
       std::vector<int32_t> ids;
       auto step = [&] {
@@ -206,7 +184,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
         dt[graphs] = seconds_since(t0) / o.steps;
       }
       const int64_t launches = e.decode_step().stats().last_nodes;
-      const double bytes = decode_weight_bytes(cfg, pw.store, B) + double(B) * (ctx + o.steps) * kv_row + 2.0 * B * state;
+      const double bytes = decode_weight_bytes(cfg, B) + double(B) * (ctx + o.steps) * kv_row + 2.0 * B * state;
       const double roof = bytes / c.copy_bytes_per_us / 1e6;
       std::printf("| %d | %d | %.2f | %.2f | %.1f | %.0f | %.2f | %.2f | %lld |\n", B, ctx, dt[0] * 1e3, dt[1] * 1e3,
                   1.0 / dt[1], B / dt[1], roof * 1e3, roof / dt[1], (long long)launches);
@@ -245,7 +223,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
     be.synchronize();
     const double dt = seconds_since(t0);
     e.close(s);
-    const double flops = prefill_flops(cfg, pw.store, P);
+    const double flops = prefill_flops(cfg, P);
     std::printf("| %d | %.2f | %.0f | %.1f | %.3f |\n", P, dt, P / dt, flops / dt / 1e12,
                 flops / dt / 1e6 / c.gemm_flops_per_us);
     std::fflush(stdout);
@@ -265,6 +243,7 @@ void add_engine_command(CLI::App& app) {
   cmd->add_option("--contexts", o->contexts, "decode context lengths")->check(CLI::PositiveNumber);
   cmd->add_option("--prefill", o->prefill, "prefill prompt lengths")->check(CLI::PositiveNumber);
   cmd->add_option("--steps", o->steps, "timed decode steps per point")->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", o->seed, "seed of the synthetic weights (default 0)");
   cmd->add_flag("--batch-invariant", o->batch_invariant, "fixed-order GEMMs and fixed attention splits");
   cmd->add_flag("!--no-profile", o->profile, "skip the decode time split by layer type");
   cmd->callback([o] {

@@ -1,17 +1,26 @@
 #include "engine/model_weights.h"
 
 #include <cstring>
+#include <map>
+#include <optional>
 #include <string>
+
+#include "common/model/weights_init.h"
 
 namespace k3 {
 namespace {
 
 // Host-side preparation. Tensors used as stored go to the backend in their file dtype when the
 // backend takes it directly (bf16 files on the CUDA backend upload without an F32 round trip);
-// tensors that need arithmetic here (transposes, products) are prepared in F32.
+// tensors that need arithmetic here (transposes, products) are prepared in F32. A synthetic store's
+// uniform tensors are filled where they live instead (Backend::fill_uniform): a 98 GB model is
+// never drawn on the host; the small host-prepared ones are drawn by the store.
 class Uploader {
  public:
-  Uploader(Backend& b, const WeightStore& s) : b_(b), s_(s) {}
+  Uploader(Backend& b, const WeightStore& s) : b_(b), s_(s) {
+    if (const auto& src = s.synthetic_source())
+      for (TensorSpec& spec : expected_tensors(src->cfg)) specs_.emplace(spec.name, std::move(spec));
+  }
 
   Tensor host(const std::string& name) const { return s_.get(name).to_f32(); }
   // The stored tensor when it is already in the compute dtype, else its F32 widening.
@@ -21,17 +30,52 @@ class Uploader {
   }
   Tensor up(const Tensor& host) { return b_.from_host(host, b_.compute_dtype()); }
   Tensor up_f32(const Tensor& host_f32) { return b_.from_host(host_f32, DType::F32); }
-  Tensor get(const std::string& name) { return up(native(name)); }
+  Tensor get(const std::string& name) {
+    if (auto t = stacked({name}, 1)) return *t;
+    return up(native(name));
+  }
+
+  // The named tensors (same shape [rows, ...]) concatenated along dim 0, as one backend tensor.
+  Tensor rows(const std::vector<std::string>& names) {
+    if (auto t = stacked(names, static_cast<int64_t>(names.size()))) return *t;
+    std::vector<Tensor> parts;
+    for (const std::string& n : names) parts.push_back(native(n));
+    return up(cat_rows(std::move(parts)));
+  }
+
+ private:
+  // Synthetic uniform tensors drawn straight into one backend allocation; nullopt when the store is
+  // not synthetic or a part is drawn on the host (constants, dt_bias).
+  std::optional<Tensor> stacked(const std::vector<std::string>& names, int64_t parts) {
+    const auto& src = s_.synthetic_source();
+    if (!src) return std::nullopt;
+    std::vector<UniformDraw> draws;
+    for (const std::string& n : names) {
+      auto spec = specs_.find(n);
+      if (spec == specs_.end()) throw Error("weight '" + n + "' is not a tensor of the synthetic model");
+      auto d = uniform_draw(src->cfg, spec->second, src->seed);
+      if (!d || spec->second.f32_only) return std::nullopt;
+      draws.push_back(*d);
+    }
+    Shape shape = specs_.at(names[0]).shape;
+    shape[0] *= parts;
+    Tensor out = b_.alloc(shape, b_.compute_dtype());
+    const int64_t per = shape[0] / parts;
+    for (int64_t k = 0; k < parts; ++k)
+      b_.fill_uniform({.y = out.slice_rows(k * per, (k + 1) * per), .seed = draws[k].seed, .scale = draws[k].scale,
+                       .round_to_bf16 = src->matrix_dtype == DType::BF16});
+    return out;
+  }
 
   // Concatenates host tensors along dim 0 (F32 unless every part has the same dtype).
-  static Tensor cat_rows(std::vector<Tensor> parts, Shape per_part_shape) {
+  static Tensor cat_rows(std::vector<Tensor> parts) {
     const DType dt = parts.at(0).dtype();
     for (Tensor& p : parts)
       if (p.dtype() != dt) {
         for (Tensor& q : parts) q = q.to_f32();
         break;
       }
-    Shape out = per_part_shape;
+    Shape out = parts[0].shape();
     out[0] *= static_cast<int64_t>(parts.size());
     Tensor t = Tensor::zeros(out, parts[0].dtype());
     size_t off = 0;
@@ -40,6 +84,13 @@ class Uploader {
       off += p.nbytes();
     }
     return t;
+  }
+
+ public:
+  // Host tensors of one shape concatenated along dim 0.
+  static Tensor cat_host(std::vector<Tensor> parts, const Shape& per_part_shape) {
+    for (Tensor& p : parts) p = p.reshape(per_part_shape);
+    return cat_rows(std::move(parts));
   }
 
   // w ⊙ γ as an F32 [d] vector.
@@ -53,13 +104,14 @@ class Uploader {
  private:
   Backend& b_;
   const WeightStore& s_;
+  std::map<std::string, TensorSpec> specs_;  // synthetic stores: every tensor of the model
 };
 
 void load_kda(Uploader& u, const ModelConfig& cfg, const std::string& p, LayerWeights& lw) {
-  const int64_t P = cfg.kda_proj_dim(), W = cfg.kda.short_conv_kernel_size, d = cfg.hidden_size, H = cfg.kda.num_heads;
-  lw.w_qkv = u.up(Uploader::cat_rows({u.native(p + "q_proj.weight"), u.native(p + "k_proj.weight"), u.native(p + "v_proj.weight")}, {P, d}));
-  lw.conv_w = u.up(Uploader::cat_rows({u.host(p + "q_conv1d.weight").reshape({P, W}), u.host(p + "k_conv1d.weight").reshape({P, W}),
-                                       u.host(p + "v_conv1d.weight").reshape({P, W})}, {P, W}));
+  const int64_t P = cfg.kda_proj_dim(), W = cfg.kda.short_conv_kernel_size, H = cfg.kda.num_heads;
+  lw.w_qkv = u.rows({p + "q_proj.weight", p + "k_proj.weight", p + "v_proj.weight"});
+  lw.conv_w = u.up(Uploader::cat_host({u.host(p + "q_conv1d.weight"), u.host(p + "k_conv1d.weight"),
+                                       u.host(p + "v_conv1d.weight")}, {P, W}));
   lw.w_fa = u.get(p + "f_a_proj.weight");
   lw.w_fb = u.get(p + "f_b_proj.weight");
   Tensor a_log = u.host(p + "A_log");
@@ -119,16 +171,16 @@ void load_ffn(Uploader& u, const ModelConfig& cfg, int l, const std::string& p, 
     lw.lat_norm = u.get(p + "routed_expert_norm.weight");
     lw.lat_up = u.get(p + "routed_expert_up_proj.weight");
   }
-  std::vector<Tensor> w1, w3, w2;
+  std::vector<std::string> w1, w3, w2;
   for (int64_t e = 0; e < E; ++e) {
     const std::string ep = p + "experts." + std::to_string(e) + ".";
-    w1.push_back(u.native(ep + "w1.weight"));
-    w3.push_back(u.native(ep + "w3.weight"));
-    w2.push_back(u.native(ep + "w2.weight"));
+    w1.push_back(ep + "w1.weight");
+    w3.push_back(ep + "w3.weight");
+    w2.push_back(ep + "w2.weight");
   }
-  lw.w1 = u.up(Uploader::cat_rows(w1, {f, dl}).reshape({E, f, dl}));
-  lw.w3 = u.up(Uploader::cat_rows(w3, {f, dl}).reshape({E, f, dl}));
-  lw.w2 = u.up(Uploader::cat_rows(w2, {dl, f}).reshape({E, dl, f}));
+  lw.w1 = u.rows(w1).reshape({E, f, dl});
+  lw.w3 = u.rows(w3).reshape({E, f, dl});
+  lw.w2 = u.rows(w2).reshape({E, dl, f});
   if (cfg.num_shared_experts > 0) {
     lw.shared_gate = u.get(p + "shared_experts.gate_proj.weight");
     lw.shared_up = u.get(p + "shared_experts.up_proj.weight");

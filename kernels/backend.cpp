@@ -1,9 +1,12 @@
-// Host implementations of the data-movement ops. They are exact copies (no arithmetic but head_gemm,
-// which sums in a fixed order), so every backend that keeps tensors on the host can use them.
+// Host implementations of the data-movement ops and the weight fill. They are exact (no arithmetic
+// but head_gemm, which sums in a fixed order, and the fill's one multiply), so every backend that
+// keeps tensors on the host can use them.
 #include "kernels/backend.h"
 
 #include <algorithm>
 #include <cstring>
+
+#include "common/core/counter_random.h"
 
 namespace k3 {
 
@@ -47,6 +50,19 @@ void Backend::copy_cols(const ops::CopyColsParams& p) {
   auto* d = static_cast<uint8_t*>(p.dst.data());
   for (int64_t r = 0; r < md; ++r)
     std::memcpy(d + (r * nd + p.dst_col) * es, s + ((r / p.src_row_repeat) * ns + p.src_col) * es, n * es);
+}
+
+void Backend::fill_uniform(const ops::FillUniformParams& p) {
+  require_host(p.y, "fill_uniform", "y");
+  K3_CHECK(p.y.dtype() == DType::F32 || p.y.dtype() == DType::BF16,
+           std::string("fill_uniform: y must be F32 or BF16, got ") + dtype_name(p.y.dtype()));
+  const int64_t n = p.y.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    float v = counter_random::uniform(p.seed, static_cast<uint64_t>(i), p.scale);
+    if (p.round_to_bf16) v = bf16_to_f32(f32_to_bf16(v));
+    if (p.y.dtype() == DType::F32) p.y.f32()[i] = v;
+    else p.y.ptr<uint16_t>()[i] = f32_to_bf16(v);
+  }
 }
 
 void Backend::scatter_rows(const ops::ScatterRowsParams& p) {

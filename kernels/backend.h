@@ -94,6 +94,7 @@ class Backend {
   virtual void copy_cols(const ops::CopyColsParams& p);
   virtual void scatter_rows(const ops::ScatterRowsParams& p);
   virtual void head_gemm(const ops::HeadGemmParams& p);
+  virtual void fill_uniform(const ops::FillUniformParams& p);
 };
 
 struct CpuBackendOptions {

@@ -220,6 +220,16 @@ struct HeadGemmParams {
   Tensor y;  // [M, H, N] output
 };
 
+// Generated weights filled in place (common/core/counter_random.h): y[i] = uniform(seed, i, scale),
+// rounded to bf16 first when round_to_bf16 (what a bf16 file of the same draw holds), then stored in
+// y's dtype.
+struct FillUniformParams {
+  Tensor y;  // any shape, F32 or BF16, contiguous
+  uint64_t seed = 0;
+  float scale = 0.f;
+  bool round_to_bf16 = false;
+};
+
 // Sampling, one row per request. temperature 0 = greedy (argmax, lowest id on ties).
 // Otherwise: logits/temperature -> top_k (0 = off) -> top_p (1 = off) -> draw with the row's RNG.
 struct SamplingRow {

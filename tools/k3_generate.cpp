@@ -2,7 +2,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
+#include <optional>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -10,6 +12,7 @@
 #include "common/core/parse.h"
 #include "common/config/config.h"
 #include "engine/engine.h"
+#include "engine/teacher_forced.h"
 #include "common/model/weights.h"
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
@@ -32,18 +35,39 @@ int fail(const Status& s) {
   return 1;
 }
 
+// Teacher-forced logits of every prompt position to `path` (F32, [tokens, vocab]).
+int write_logits(const std::string& model, const ModelConfig& cfg, const BackendChoice& bc,
+                 const std::vector<std::vector<int32_t>>& prompts, const std::string& path) {
+  auto weights = load_weights(model, cfg);
+  if (!weights.is_ok()) return fail(weights.status());
+  auto backend = make_backend(bc);
+  if (!backend.is_ok()) return fail(backend.status());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto logits = teacher_forced_logits(**backend, cfg, *weights, prompts);
+  if (!logits.is_ok()) return fail(logits.status());
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(logits->data()), static_cast<std::streamsize>(logits->nbytes()));
+  if (!f) return fail(io_error("cannot write " + path));
+  std::fprintf(stderr, "k3-generate: wrote %s: logits [%lld, %lld] of %zu prompts in %.1f s (upload included)\n",
+               path.c_str(), static_cast<long long>(logits->dim(0)), static_cast<long long>(logits->dim(1)),
+               prompts.size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"k3-generate: run the K3 model monolithically (the reference engine) and print the generated tokens.\n"
                "Exactly one of --prompt, --prompt-ids, --messages is required."};
-  std::string model_dir, prompt, prompt_ids, messages_file;
+  std::string model_dir, prompt, prompt_ids, messages_file, logits_out, prompts_file;
   int max_tokens = 16, top_k = 0, chunk = 0, top_n = 5;
   BackendChoice bc;
   float temperature = 0.f, top_p = 1.f;
   uint64_t seed = 0;
   bool json = false, raw = false, ignore_eos = false;
-  app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tiktoken.model)")->required();
+  app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tiktoken.model), or "
+                 "synthetic:PRESET[:SEED] for generated bf16 weights drawn where they are loaded (no files, no "
+                 "tokenizer: give --prompt-ids)")->required();
   auto* o_prompt = app.add_option("--prompt", prompt, "prompt text (rendered through the chat template unless --raw)");
   auto* o_ids = app.add_option("--prompt-ids", prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
   auto* o_msgs = app.add_option("--messages", messages_file, "JSON file with an OpenAI-style messages array");
@@ -61,16 +85,53 @@ int main(int argc, char** argv) {
   app.add_option("--prefill-chunk", chunk, "prefill chunk size in tokens (0 = whole prompt)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-logits", top_n, "top logits recorded per step in --json output")->check(CLI::Range(0, 100));
   app.add_flag("--ignore-eos", ignore_eos, "do not stop at the tokenizer's end-of-sequence tokens");
+  app.add_option("--logits-out", logits_out, "teacher-forced: write the F32 logits of every prompt position "
+                 "([tokens, vocab], row-major, prompts end to end) to this file and exit without generating");
+  app.add_option("--prompts-file", prompts_file, "with --logits-out: a JSON array of token-id arrays, run as one batch");
   app.add_flag("--json", json, "print one JSON object: tokens, text, per-step top logits, tokens/s");
   CLI11_PARSE(app, argc, argv);
-  if (prompt.empty() && prompt_ids.empty() && messages_file.empty())
+  if (!prompts_file.empty()) {
+    if (logits_out.empty()) return fail(invalid_argument("--prompts-file needs --logits-out"));
+    if (!prompt.empty() || !prompt_ids.empty() || !messages_file.empty())
+      return fail(invalid_argument("--prompts-file replaces --prompt, --prompt-ids and --messages"));
+  } else if (prompt.empty() && prompt_ids.empty() && messages_file.empty()) {
     return fail(invalid_argument("one of --prompt, --prompt-ids, --messages is required"));
+  }
 
   try {
-    auto cfg = load_model_config(model_dir + "/config.json");
+    auto cfg = load_model_config_of(model_dir);
     if (!cfg.is_ok()) return fail(cfg.status());
-    auto tok = Tokenizer::load(model_dir);
-    if (!tok.is_ok()) return fail(tok.status());
+    if (!logits_out.empty()) {
+      std::vector<std::vector<int32_t>> prompts;
+      if (!prompts_file.empty()) {
+        auto body = read_file(prompts_file);
+        if (!body.is_ok()) return fail(body.status());
+        const auto j = nlohmann::json::parse(*body, nullptr, false);
+        if (j.is_discarded() || !j.is_array()) return fail(invalid_argument("--prompts-file: expected a JSON array of token-id arrays"));
+        for (const auto& p : j) {
+          if (!p.is_array()) return fail(invalid_argument("--prompts-file: every prompt must be an array of token ids"));
+          prompts.emplace_back();
+          for (const auto& id : p) {
+            if (!id.is_number_integer()) return fail(invalid_argument("--prompts-file: token ids must be integers"));
+            prompts.back().push_back(id.get<int32_t>());
+          }
+        }
+      } else {
+        if (prompt_ids.empty()) return fail(invalid_argument("--logits-out needs --prompt-ids or --prompts-file"));
+        auto r = parse_token_ids(prompt_ids, "--prompt-ids", false);
+        if (!r.is_ok()) return fail(r.status());
+        prompts.push_back(*r);
+      }
+      return write_logits(model_dir, *cfg, bc, prompts, logits_out);
+    }
+    const bool synthetic = is_synthetic_model(model_dir);
+    if (synthetic && prompt_ids.empty()) return fail(invalid_argument("a synthetic model has no tokenizer: give --prompt-ids"));
+    std::optional<Tokenizer> tok;
+    if (!synthetic) {
+      auto t = Tokenizer::load(model_dir);
+      if (!t.is_ok()) return fail(t.status());
+      tok.emplace(std::move(*t));
+    }
 
     std::vector<int32_t> ids;
     if (!prompt_ids.empty()) {
@@ -118,11 +179,12 @@ int main(int argc, char** argv) {
     rq.prompt = ids;
     rq.max_tokens = max_tokens;
     rq.sampling = {.temperature = temperature, .top_k = top_k, .top_p = top_p, .seed = seed};
-    if (!ignore_eos) rq.stop_ids = tok->eos_ids();
+    if (!ignore_eos) rq.stop_ids = tok ? tok->eos_ids() : std::vector<int32_t>(cfg->eos_token_ids.begin(), cfg->eos_token_ids.end());
     auto results = (*engine)->generate(std::span<const GenerateRequest>(&rq, 1));
     if (!results.is_ok()) return fail(results.status());
     const GenerateResult& r = results->at(0);
-    auto text = tok->decode(r.tokens);
+    Result<std::string> text = std::string();
+    if (tok) text = tok->decode(r.tokens);
     if (!text.is_ok()) return fail(text.status());
     const double prefill_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0;
     const double decode_steps = r.tokens.size() > 1 ? static_cast<double>(r.tokens.size() - 1) : 0;

@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
       "--force the previous model stays as it was). A non-empty OUT is refused unless --force."};
   std::string preset, config_file, out_dir, dtype_text = "bf16", shard_size_text = "5GB";
   uint64_t seed = 0;
-  bool force = false, allow_large = false, vocab_from_tokenizer = false, quiet = false;
+  bool force = false, allow_large = false, vocab_from_tokenizer = false, quiet = false, config_only = false;
   std::string preset_help = "preset name:";
   for (const auto& n : preset_names()) preset_help += " " + n;
   auto* o_preset = app.add_option("--preset", preset, preset_help);
@@ -196,6 +196,9 @@ int main(int argc, char** argv) {
   app.add_flag("--force", force, "write into a non-empty --out, replacing the model files there");
   app.add_flag("--allow-large", allow_large, "allow writing a model larger than 4 GiB");
   app.add_flag("--quiet", quiet, "no progress output");
+  app.add_flag("--config-only", config_only,
+               "write config.json and the tokenizer files but no weights (for a model served as "
+               "synthetic:PRESET[:SEED], which draws the same weights where it is loaded)");
   app.add_flag("--vocab-from-tokenizer", vocab_from_tokenizer,
                "set vocab_size, eos and bos from the generated tokenizer (implied for k3-tiny presets)");
   CLI11_PARSE(app, argc, argv);
@@ -212,7 +215,7 @@ int main(int argc, char** argv) {
     // The tensor list does not depend on the tokenizer (vocab_size is checked, not changed, for
     // non-tiny configs), so the size check runs before anything is written.
     const uint64_t bytes = planned_bytes(plan_weights(*cfg, dtype, *shard_size), file_metadata(seed, dtype));
-    if (bytes > kLargeBytes && !allow_large)
+    if (bytes > kLargeBytes && !allow_large && !config_only)
       return fail(invalid_argument("refusing to write " + gib(bytes) + " without --allow-large"));
 
     const fs::path dir(out_dir);
@@ -222,12 +225,13 @@ int main(int argc, char** argv) {
     if (auto s = adopt_tokenizer(staging.string(), vocab_from_tokenizer || tiny_preset, *cfg); !s.is_ok()) return fail(s);
     if (auto s = validate(*cfg); !s.is_ok()) return fail(s);
     // Planned again: adopting the tokenizer may have changed vocab_size (k3-tiny presets).
-    const std::vector<SafetensorsShard> shards = plan_weights(*cfg, dtype, *shard_size);
+    const std::vector<SafetensorsShard> shards =
+        config_only ? std::vector<SafetensorsShard>{} : plan_weights(*cfg, dtype, *shard_size);
     const uint64_t total = planned_bytes(shards, file_metadata(seed, dtype));
-    if (!quiet)
+    if (!quiet && !config_only)
       std::fprintf(stderr, "k3-genweights: writing %llu bytes (%s) of weights in %zu file%s\n",
                    static_cast<unsigned long long>(total), gib(total).c_str(), shards.size(), shards.size() > 1 ? "s" : "");
-    ProgressMeter progress("k3-genweights:", total, ProgressMeter::mode_for(stderr, quiet));
+    ProgressMeter progress("k3-genweights:", total, ProgressMeter::mode_for(stderr, quiet || config_only));
     if (auto s = write_weights(staging, *cfg, seed, dtype, shards, progress); !s.is_ok()) return fail(s);
     progress.finish();
     if (auto s = write_text(staging / "config.json", model_config_to_json(*cfg)); !s.is_ok()) return fail(s);

@@ -1,6 +1,7 @@
 #include "common/model/weights.h"
 
 #include "common/io/safetensors.h"
+#include "common/model/weights_init.h"
 
 namespace k3 {
 namespace {
@@ -169,14 +170,32 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg, int layer_begin
 
 const Tensor& WeightStore::get(const std::string& name) const {
   auto it = tensors_.find(name);
-  if (it == tensors_.end()) throw Error("weight '" + name + "' not found in the weight store");
-  return it->second;
+  if (it != tensors_.end()) return it->second;
+  if (synthetic_) {
+    auto spec = specs_.find(name);
+    if (spec != specs_.end())
+      return tensors_[name] = random_tensor(synthetic_->cfg, spec->second, synthetic_->seed, synthetic_->matrix_dtype);
+  }
+  throw Error("weight '" + name + "' not found in the weight store");
+}
+
+bool WeightStore::has(const std::string& name) const { return tensors_.count(name) != 0 || specs_.count(name) != 0; }
+
+WeightStore WeightStore::synthetic(SyntheticSource src) {
+  WeightStore store;
+  for (TensorSpec& spec : expected_tensors(src.cfg)) store.specs_.emplace(spec.name, std::move(spec));
+  store.synthetic_ = std::move(src);
+  return store;
 }
 
 Result<WeightStore> load_weights(const std::string& model_dir, const ModelConfig& cfg, int layer_begin,
                                  int layer_end) {
   if (layer_end < 0) layer_end = cfg.num_hidden_layers;
   K3_TRY(check_range(cfg, layer_begin, layer_end));
+  if (is_synthetic_model(model_dir)) {
+    K3_ASSIGN_OR_RETURN(SyntheticModelName name, parse_synthetic_model(model_dir));
+    return WeightStore::synthetic({.cfg = cfg, .seed = name.seed, .matrix_dtype = DType::BF16});
+  }
   K3_ASSIGN_OR_RETURN(SafetensorsDir files, open_safetensors_dir(model_dir));
   WeightStore store;
   for (const TensorSpec& spec : expected_tensors(cfg, layer_begin, layer_end)) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,19 +27,45 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg, int layer_begin
 // (Kimi Linear checkpoints; dense layers use "mlp." in both).
 std::string moe_prefix(const ModelConfig& cfg);
 
-// Host tensors by name, kept alive by the mapped files.
-class WeightStore {
- public:
-  const Tensor& get(const std::string& name) const;   // throws k3::Error naming a missing tensor
-  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
-  void put(const std::string& name, Tensor t) { tensors_[name] = std::move(t); }
-  const std::map<std::string, Tensor>& all() const { return tensors_; }
-
- private:
-  std::map<std::string, Tensor> tensors_;
+// A generated model that exists only where its weights are uploaded (`--model synthetic:...`):
+// every tensor is random_tensor(cfg, spec, seed, matrix_dtype), the numbers k3-genweights would
+// write with the same seed and dtype.
+struct SyntheticSource {
+  ModelConfig cfg;
+  uint64_t seed = 0;
+  DType matrix_dtype = DType::BF16;
 };
 
-// Loads <dir>/model.safetensors (or the shards named by model.safetensors.index.json) and checks
+// Host tensors by name, kept alive by the mapped files; or a synthetic source, whose tensors are
+// drawn when asked for (get() draws on the host and keeps the result; the upload fills the large
+// ones on the backend's device instead, engine/model_weights.cpp).
+class WeightStore {
+ public:
+  static WeightStore synthetic(SyntheticSource src);
+  const Tensor& get(const std::string& name) const;   // throws k3::Error naming a missing tensor
+  bool has(const std::string& name) const;
+  void put(const std::string& name, Tensor t) { tensors_[name] = std::move(t); }
+  // The stored tensors (for a synthetic source: only those get() has drawn so far).
+  const std::map<std::string, Tensor>& all() const { return tensors_; }
+  const std::optional<SyntheticSource>& synthetic_source() const { return synthetic_; }
+
+ private:
+  mutable std::map<std::string, Tensor> tensors_;
+  std::optional<SyntheticSource> synthetic_;
+  std::map<std::string, TensorSpec> specs_;  // synthetic: every tensor of the model
+};
+
+// "synthetic:PRESET[:SEED]" names a generated model instead of a directory (docs/MODELS.md).
+bool is_synthetic_model(const std::string& model);
+struct SyntheticModelName {
+  std::string preset;
+  uint64_t seed = 0;
+};
+Result<SyntheticModelName> parse_synthetic_model(const std::string& model);
+// The config of a --model argument: the preset's for a synthetic model, else DIR/config.json.
+Result<ModelConfig> load_model_config_of(const std::string& model);
+
+// Loads <dir>/model.safetensors (a synthetic model name gives a synthetic store with bf16 matrices) (or the shards named by model.safetensors.index.json) and checks
 // every expected tensor for the layer range: missing, misshapen or wrongly typed tensors are errors
 // naming the tensor, the expected and the actual shape/dtype. Unexpected extra tensors are ignored.
 Result<WeightStore> load_weights(const std::string& model_dir, const ModelConfig& cfg,

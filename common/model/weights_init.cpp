@@ -2,14 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <thread>
 #include <vector>
+
+#include "common/core/counter_random.h"
 
 namespace k3 {
 namespace {
 
-constexpr int64_t kChunk = 1 << 20;  // values per independently seeded chunk (lets big tensors fill in parallel)
+constexpr int64_t kChunk = 1 << 20;  // values per task when big tensors fill in parallel
 constexpr float kAttnResLogitStd = 0.5f;  // std of the AttnRes pseudo-query logits at init
 constexpr float kRouterBiasStd = 0.01f;
 constexpr double kDtMin = 1e-3, kDtMax = 1e-1, kDtFloor = 1e-4;  // FLA's dt_bias init range
@@ -18,49 +19,25 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// FNV-1a: a hash with a fixed definition (std::hash may differ between standard libraries).
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Uniform in (0, 1] from 53 random bits (never 0, so log() is finite).
-double uniform01(std::mt19937_64& rng) { return (static_cast<double>(rng() >> 11) + 1.0) * 0x1.0p-53; }
-
-// Box-Muller written out, because std::normal_distribution's algorithm differs between standard
-// libraries and the weights must be the same everywhere. Fills n values.
-void fill_normal(std::mt19937_64& rng, float stddev, float* out, int64_t n) {
-  constexpr double kTwoPi = 6.283185307179586;
-  for (int64_t i = 0; i < n; i += 2) {
-    const double r = std::sqrt(-2.0 * std::log(uniform01(rng)));
-    const double a = kTwoPi * uniform01(rng);
-    out[i] = static_cast<float>(stddev * r * std::cos(a));
-    if (i + 1 < n) out[i + 1] = static_cast<float>(stddev * r * std::sin(a));
-  }
-}
-
 // dt ~ logU(kDtMin, kDtMax), floored, then dt_bias = softplus^{-1}(dt) = dt + log(1 - e^{-dt}).
-void fill_dt_bias(std::mt19937_64& rng, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double u = uniform01(rng);
-    const double dt = std::max(kDtFloor, std::exp(std::log(kDtMin) + u * (std::log(kDtMax) - std::log(kDtMin))));
-    out[i] = static_cast<float>(dt + std::log(-std::expm1(-dt)));
-  }
+// Double precision throughout, rounded once to float.
+float dt_bias_value(uint64_t ts, int64_t i) {
+  const double u = counter_random::unit_open(ts, static_cast<uint64_t>(i));
+  const double dt = std::max(kDtFloor, std::exp(std::log(kDtMin) + u * (std::log(kDtMax) - std::log(kDtMin))));
+  return static_cast<float>(dt + std::log(-std::expm1(-dt)));
 }
 
-void fill_chunk(const InitRule& rule, std::mt19937_64& rng, float* out, int64_t n) {
+void fill_chunk(const InitRule& rule, uint64_t ts, float* out, int64_t begin, int64_t n) {
   switch (rule.kind) {
-    case InitRule::Kind::Normal: fill_normal(rng, rule.std, out, n); break;
+    case InitRule::Kind::Uniform: {
+      const float scale = counter_random::uniform_scale(rule.std);
+      for (int64_t i = 0; i < n; ++i) out[i] = counter_random::uniform(ts, static_cast<uint64_t>(begin + i), scale);
+      break;
+    }
     case InitRule::Kind::Constant: std::fill(out, out + n, rule.value); break;
-    case InitRule::Kind::KdaDtBias: fill_dt_bias(rng, out, n); break;
+    case InitRule::Kind::KdaDtBias:
+      for (int64_t i = 0; i < n; ++i) out[i] = dt_bias_value(ts, begin + i);
+      break;
   }
 }
 
@@ -87,7 +64,7 @@ InitRule init_rule(const ModelConfig& cfg, const TensorSpec& spec) {
   // A plain residual stream sums all 2L of them.
   const int block = cfg.uses_attn_res() ? cfg.attn_res_block_size : cfg.num_hidden_layers;
   const double out_scale = 1.0 / std::sqrt(2.0 * block);
-  auto normal = [](double s) { return InitRule{InitRule::Kind::Normal, static_cast<float>(s), 0.f}; };
+  auto normal = [](double s) { return InitRule{InitRule::Kind::Uniform, static_cast<float>(s), 0.f}; };
   auto constant = [](float v) { return InitRule{InitRule::Kind::Constant, 0.f, v}; };
 
   if (n == "model.embed_tokens.weight") return normal(1.0);
@@ -107,6 +84,12 @@ InitRule init_rule(const ModelConfig& cfg, const TensorSpec& spec) {
   return normal(writes_residual ? fan_in_std * out_scale : fan_in_std);
 }
 
+std::optional<UniformDraw> uniform_draw(const ModelConfig& cfg, const TensorSpec& spec, uint64_t seed) {
+  const InitRule rule = init_rule(cfg, spec);
+  if (rule.kind != InitRule::Kind::Uniform) return std::nullopt;
+  return UniformDraw{counter_random::tensor_seed(seed, spec.name), counter_random::uniform_scale(rule.std)};
+}
+
 DType init_dtype(const TensorSpec& spec, DType matrix_dtype) { return spec.f32_only ? DType::F32 : matrix_dtype; }
 
 Tensor random_tensor(const ModelConfig& cfg, const TensorSpec& spec, uint64_t seed, DType matrix_dtype) {
@@ -116,13 +99,12 @@ Tensor random_tensor(const ModelConfig& cfg, const TensorSpec& spec, uint64_t se
   Tensor t = Tensor::zeros(spec.shape, init_dtype(spec, matrix_dtype));
   const int64_t numel = t.numel();
   const int64_t chunks = (numel + kChunk - 1) / kChunk;
-  const uint64_t tensor_seed = splitmix64(seed ^ splitmix64(fnv1a(spec.name)));
+  const uint64_t ts = counter_random::tensor_seed(seed, spec.name);
   auto run = [&](int64_t first, int64_t step) {
     std::vector<float> buf(static_cast<size_t>(std::min(numel, kChunk)));
     for (int64_t c = first; c < chunks; c += step) {
-      std::mt19937_64 rng(splitmix64(tensor_seed + static_cast<uint64_t>(c)));
       const int64_t begin = c * kChunk, n = std::min(kChunk, numel - begin);
-      fill_chunk(rule, rng, buf.data(), n);
+      fill_chunk(rule, ts, buf.data(), begin, n);
       store_chunk(buf.data(), t, begin, n);
     }
   };

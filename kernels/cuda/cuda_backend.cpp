@@ -122,7 +122,7 @@ std::string CudaBackend::supports(const std::string& op, const Shape& shape) con
       "gemm", "rmsnorm", "l2norm", "short_conv", "kda_gate", "kda_chunk", "kda_recurrent", "kda_decode",
       "mla_prefill", "mla_decode", "lse_merge", "attnres_mix", "situ", "router_topk", "moe_experts", "add",
       "sigmoid_mul", "sigmoid", "embedding", "sample", "copy_cols", "scatter_rows", "head_gemm",
-      "kda_chunk_checkpoints"};
+      "fill_uniform", "kda_chunk_checkpoints"};
   if (!kOps.count(op)) return "cuda backend: unknown op '" + op + "'";
   if (op == "kda_decode" && !shape.empty() && shape.back() != 64 && shape.back() != 128)
     return "cuda backend: kda_decode needs head dim 64 or 128";
@@ -172,6 +172,10 @@ void CudaBackend::gemm(const ops::GemmParams& p) {
   }
   GemmShape s{.M = M, .N = N, .K = K, .ldx = K, .ldw = K, .ldy = N, .y_f32 = p.y.dtype() == DType::F32};
   gemm_->run(s, p.x.data(), p.w.data(), p.y.data(), p.alpha, p.beta, stream_);
+}
+
+void CudaBackend::fill_uniform(const ops::FillUniformParams& p) {
+  launch_fill_uniform(fout("fill_uniform", "y", p.y), p.y.numel(), p.seed, p.scale, p.round_to_bf16, stream_);
 }
 
 void CudaBackend::head_gemm(const ops::HeadGemmParams& p) {

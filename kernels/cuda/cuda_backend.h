@@ -61,6 +61,7 @@ class CudaBackend final : public Backend {
   void copy_cols(const ops::CopyColsParams& p) override;
   void scatter_rows(const ops::ScatterRowsParams& p) override;
   void head_gemm(const ops::HeadGemmParams& p) override;
+  void fill_uniform(const ops::FillUniformParams& p) override;
 
   // Routes mla_decode with R = 512, Dr = 64, H >= 64 to the Hopper wgmma kernel (mla_decode_wgmma.cu;
   // on by default: 1.4x the mma.sync kernel at the K3 shape on the H200); false selects the mma.sync
