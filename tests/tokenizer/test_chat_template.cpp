@@ -112,3 +112,29 @@ TEST_CASE("parse_chat_messages errors name the bad field") {
     REQUIRE_THAT(r.status().message(), Catch::Contains(c.field));
   }
 }
+
+TEST_CASE("tools, assistant tool calls and tool results render as Kimi's template lays them out") {
+  ChatMessage call{.role = "assistant", .content = ""};
+  call.tool_calls = {{.id = "functions.get_weather:0", .name = "get_weather", .arguments = "{\"city\":\"Oslo\"}"},
+                     {.id = "functions.get_time:1", .name = "get_time", .arguments = "{}"}};
+  ChatMessage result{.role = "tool", .content = "{\"temp\":21}"};
+  result.tool_call_id = "functions.get_weather:0";
+  const std::string tools = R"([{"type":"function","function":{"name":"get_weather"}}])";
+  REQUIRE(render_chat({{"user", "weather?", ""}, call, result}, true, tools).value() ==
+          "<|im_system|>tool_declare<|im_middle|>" + tools + "<|im_end|>" + kDefaultSystem +
+              "<|im_user|>user<|im_middle|>weather?<|im_end|>"
+              "<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|>"
+              "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\":\"Oslo\"}<|tool_call_end|>"
+              "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}<|tool_call_end|>"
+              "<|tool_calls_section_end|><|im_end|>"
+              "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\n{\"temp\":21}<|im_end|>"
+              "<|im_assistant|>assistant<|im_middle|>");
+  // Content before the calls stays; no tools declared: no tool_declare turn.
+  call.content = "Checking.";
+  call.tool_calls.resize(1);
+  REQUIRE(render_chat({{"system", "s", ""}, call}, false).value() ==
+          "<|im_system|>system<|im_middle|>s<|im_end|><|im_assistant|>assistant<|im_middle|>Checking."
+          "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+          "{\"city\":\"Oslo\"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>");
+  REQUIRE(tool_call_id("f", 12) == "functions.f:12");
+}
