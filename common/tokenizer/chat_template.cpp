@@ -120,6 +120,21 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const std::string& json_arr
       if (!name->is_string()) return invalid_argument(field(i, "name") + " must be a string");
       msg.name = name->get<std::string>();
     }
+    if (const auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
+      if (!id->is_string()) return invalid_argument(field(i, "tool_call_id") + " must be a string");
+      msg.tool_call_id = id->get<std::string>();
+    }
+    if (const auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+      if (!calls->is_array()) return invalid_argument(field(i, "tool_calls") + " must be an array");
+      for (const nlohmann::json& c : *calls) {
+        const nlohmann::json fn = c.is_object() ? c.value("function", nlohmann::json()) : nlohmann::json();
+        if (!c.is_object() || !c.value("id", nlohmann::json()).is_string() || !fn.is_object() ||
+            !fn.value("name", nlohmann::json()).is_string() || !fn.value("arguments", nlohmann::json()).is_string())
+          return invalid_argument(field(i, "tool_calls") + " entries need a string id, function.name and function.arguments");
+        msg.tool_calls.push_back({.id = c["id"].get<std::string>(), .name = fn["name"].get<std::string>(),
+                                  .arguments = fn["arguments"].get<std::string>()});
+      }
+    }
     messages.push_back(std::move(msg));
   }
   return messages;

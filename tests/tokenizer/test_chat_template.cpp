@@ -80,9 +80,15 @@ TEST_CASE("parse_chat_messages reads strings, text parts, null assistant content
           "<|im_user|>user<|im_middle|>hello there<|im_end|>"
           "<|im_assistant|>assistant<|im_middle|><|im_end|>"
           "<|im_assistant|>assistant<|im_middle|><|im_end|>"
-          "<|im_system|>calc<|im_middle|>7<|im_end|>"
+          "<|im_system|>calc<|im_middle|>## Return of x\n7<|im_end|>"
           "<|im_assistant|>assistant<|im_middle|>");
   REQUIRE(parse_chat_messages("[]").value().empty());
+  const auto with_call = parse_chat_messages(R"([{"role": "assistant", "content": null, "tool_calls":
+      [{"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}])");
+  REQUIRE(with_call.is_ok());
+  REQUIRE(with_call->at(0).tool_calls.size() == 1);
+  CHECK(with_call->at(0).tool_calls[0].id == "functions.f:0");
+  CHECK(with_call->at(0).tool_calls[0].arguments == "{}");
 }
 
 TEST_CASE("parse_chat_messages errors name the bad field") {
@@ -103,6 +109,8 @@ TEST_CASE("parse_chat_messages errors name the bad field") {
       {R"([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])", "messages[0].content[0].type"},
       {R"([{"role": "user", "content": [{"type": "text"}]}])", "messages[0].content[0].text"},
       {R"([{"role": "user", "content": "x", "name": 3}])", "messages[0].name"},
+      {R"([{"role": "tool", "content": "x", "tool_call_id": 3}])", "messages[0].tool_call_id"},
+      {R"([{"role": "assistant", "tool_calls": [{"id": "a"}]}])", "messages[0].tool_calls"},
   };
   for (const Case& c : cases) {
     INFO(c.json);
