@@ -212,6 +212,29 @@ def test_auto_and_none():
               f"none (seed {seed}): never a call")
 
 
+def test_stop_in_content():
+    """With tools that may be called the router applies stop strings to the content itself."""
+    kw = dict(tool_choice="auto", temperature=0, max_tokens=40)
+    full = ask([{"role": "user", "content": "say something"}], **kw).choices[0]
+    text = full.message.content or ""
+    if full.message.tool_calls or len(text) < 12:
+        check(False, f"greedy auto answer is text long enough to cut ({text!r})")
+        return
+    # A stop string of plain ASCII (the content's replacement characters stand for bytes it lacks).
+    starts = [i for i in range(3, len(text) - 1) if text[i:i + 2].isascii() and text[i:i + 2].isalnum()]
+    if not starts:
+        check(False, f"greedy auto answer has two ASCII letters in a row ({text!r})")
+        return
+    stop = text[starts[0]:starts[0] + 2]
+    want = text[:text.find(stop)]
+    r = ask([{"role": "user", "content": "say something"}], stop=[stop], **kw).choices[0]
+    check(r.finish_reason == "stop" and r.message.content == want,
+          f"auto: a stop string ends the content before it ({r.message.content!r} vs {want!r})")
+    content, calls, finish, _ = collect_stream(ask([{"role": "user", "content": "say something"}], stop=[stop],
+                                                   stream=True, **kw))
+    check(finish == "stop" and content == want and not calls, f"auto, streamed: the same ({content!r})")
+
+
 def test_length_mid_call():
     r = ask([{"role": "user", "content": "short"}], tool_choice="required", seed=1, max_tokens=6)
     check(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 6,
@@ -270,7 +293,7 @@ def test_cluster_equals_local():
 
 def main():
     for t in (test_cluster_equals_local, test_required_random_prompts, test_parallel_calls, test_named, test_streamed,
-              test_round_trip, test_auto_and_none, test_length_mid_call, test_bad_tools):
+              test_round_trip, test_auto_and_none, test_stop_in_content, test_length_mid_call, test_bad_tools):
         t()
     if failures:
         print(f"{len(failures)} failure(s)")
