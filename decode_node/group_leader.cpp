@@ -185,7 +185,7 @@ void GroupLeader::admit(const transfer::ReadyAction& ready) {
     const protocol::SamplingParams& sp = c->sampling;
     // A group samples without the token mask and without logprobs: say so rather than serve free text
     // or drop the numbers the client asked for.
-    if (!sp.output_format.empty()) return abort_local(id, "response_format is not served by decode rank groups yet");
+    if (!sp.output_format.empty()) return abort_local(id, "constrained output (response_format, tools) is not served by decode rank groups yet");
     if (sp.logprobs >= 0) return abort_local(id, "logprobs are not served by decode rank groups yet");
     r.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .seed = sp.seed};
     r.max_tokens = static_cast<int>(sp.max_tokens);

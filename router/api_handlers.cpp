@@ -9,6 +9,7 @@
 #include "router/request_id.h"
 #include "router/openai_format.h"
 #include "router/request_stream.h"
+#include "router/tool_call_output.h"
 
 namespace k3::router {
 namespace {
@@ -47,6 +48,33 @@ struct Timing {
   }
 };
 
+// With tools, the event's token ids are taken apart again into content and tool calls (the event's
+// text would show a call's name and arguments as content). Stops at a stop string in the content.
+void split_tool_output(ToolCallOutput& out, const std::vector<int32_t>& ids, bool finished, ChoiceText& piece) {
+  piece.text.clear();
+  auto add = [&piece](ToolCallOutput::Piece&& p) {
+    piece.text += p.content;
+    for (ToolCallDelta& d : p.calls) {
+      if (!piece.tool_call_deltas.empty() && piece.tool_call_deltas.back().index == d.index)
+        piece.tool_call_deltas.back().arguments += d.arguments;
+      else
+        piece.tool_call_deltas.push_back(std::move(d));
+    }
+  };
+  for (int32_t id : ids) {
+    auto p = out.push(id);
+    if (!p.is_ok()) throw api_error_from_status(p.status());
+    add(std::move(p).value());
+    if (out.stopped()) break;
+  }
+  if (finished || out.stopped()) add(out.finish());
+}
+
+// A generation that ended on a stop id after whole tool calls ends for the client with "tool_calls".
+std::string tool_finish_reason(const ToolCallOutput& out, const std::string& reason) {
+  return reason == "stop" && out.calls_finished() > 0 && !out.stopped() ? "tool_calls" : reason;
+}
+
 // The state behind one SSE response; the generator lambda owns it.
 struct StreamState {
   std::unique_ptr<RequestStream> stream;
@@ -59,6 +87,8 @@ struct StreamState {
   int64_t prompt_tokens = 0, text_offset = 0;
   enum class Phase { Role, Tokens, Usage, Done, Over } phase = Phase::Tokens;
   int64_t completion_tokens = 0;
+  int64_t tokens_seen = 0;
+  std::unique_ptr<ToolCallOutput> tools;  // the output may hold tool calls
   std::string outcome;  // set when generation ended
 
   ~StreamState() {
@@ -102,9 +132,29 @@ struct StreamState {
       }
       ChoiceText piece{.text = std::move(ev->text), .token_ids = std::move(ev->token_ids),
                        .logprobs = std::move(ev->logprobs), .text_offset = text_offset};
+      const bool finished = ev->kind == GenerationEvent::Kind::Finished;
+      tokens_seen += static_cast<int64_t>(piece.token_ids.size());
+      if (tools) {
+        try {
+          split_tool_output(*tools, piece.token_ids, finished, piece);
+        } catch (const ApiError& e) {
+          outcome = "error";
+          metrics->count_finish(outcome);
+          chunk = "data: " + error_body(e.status(), e.what(), e.type(), e.param(), e.code()) + "\n\n";
+          phase = Phase::Done;
+          return true;
+        }
+        if (tools->stopped() && !finished) {  // a stop string in the content: the generation is dropped
+          stream.reset();
+          ev->kind = GenerationEvent::Kind::Finished;
+          ev->finish_reason = "stop";
+          ev->prompt_tokens = prompt_tokens;
+          ev->completion_tokens = tokens_seen;
+        }
+      }
       text_offset += static_cast<int64_t>(piece.text.size());
       if (ev->kind == GenerationEvent::Kind::Finished) {
-        outcome = ev->finish_reason;
+        outcome = tools ? tool_finish_reason(*tools, ev->finish_reason) : ev->finish_reason;
         completion_tokens = ev->completion_tokens;
         metrics->count_finish(outcome);
         metrics->add_tokens(ev->prompt_tokens, ev->completion_tokens);
@@ -115,7 +165,7 @@ struct StreamState {
       }
       for (size_t i = 0; i < piece.token_ids.size(); ++i) timing.token(*metrics);
       // Text held back (stop-string prefix, partial UTF-8) yields no chunk unless ids/logprobs are asked for.
-      if (piece.text.empty() && !(rq.return_token_ids || rq.logprobs >= 0)) continue;
+      if (piece.text.empty() && piece.tool_call_deltas.empty() && !(rq.return_token_ids || rq.logprobs >= 0)) continue;
       chunk = sse_data(chunk_object(rq, ids, piece, "", false, *tok));
       return true;
     }
@@ -251,6 +301,7 @@ HttpResponse ApiHandlers::completions(const HttpRequest& http, Endpoint endpoint
   state->tok = tokenizer_.get();
   state->keepalive = opts_.sse_keepalive;
   state->prompt_tokens = static_cast<int64_t>(prompt.size());
+  if (rq.tool_calls_possible) state->tools = std::make_unique<ToolCallOutput>(tokenizer_, rq.stop, eos_ids_);
 
   if (rq.stream) {
     state->phase = endpoint == Endpoint::Chat ? StreamState::Phase::Role : StreamState::Phase::Tokens;
@@ -278,16 +329,30 @@ HttpResponse ApiHandlers::completions(const HttpRequest& http, Endpoint endpoint
       throw api_error_from_status(ev->error);
     }
     for (size_t i = 0; i < ev->token_ids.size(); ++i) state->timing.token(metrics_);
-    all.text += ev->text;
+    bool finished = ev->kind == GenerationEvent::Kind::Finished;
+    if (state->tools) {
+      ChoiceText piece;
+      split_tool_output(*state->tools, ev->token_ids, finished, piece);
+      all.text += piece.text;
+      if (state->tools->stopped() && !finished) {  // a stop string in the content ends it here
+        finished = true;
+        ev->finish_reason = "stop";
+        ev->prompt_tokens = state->prompt_tokens;
+        ev->completion_tokens = static_cast<int64_t>(all.token_ids.size() + ev->token_ids.size());
+      }
+    } else {
+      all.text += ev->text;
+    }
     all.token_ids.insert(all.token_ids.end(), ev->token_ids.begin(), ev->token_ids.end());
     for (auto& lp : ev->logprobs) all.logprobs.push_back(std::move(lp));
-    if (ev->kind == GenerationEvent::Kind::Finished) {
-      state->outcome = ev->finish_reason;
-      metrics_.count_finish(ev->finish_reason);
+    if (finished) {
+      const std::string reason = state->tools ? tool_finish_reason(*state->tools, ev->finish_reason) : ev->finish_reason;
+      if (state->tools) all.tool_calls = state->tools->calls();
+      state->outcome = reason;
+      metrics_.count_finish(reason);
       metrics_.add_tokens(ev->prompt_tokens, ev->completion_tokens);
       metrics_.e2e().observe(seconds_since(state->timing.start));
-      return json_response(200, completion_object(rq, state->ids, all, ev->finish_reason, prompt, ev->completion_tokens,
-                                                  *tokenizer_));
+      return json_response(200, completion_object(rq, state->ids, all, reason, prompt, ev->completion_tokens, *tokenizer_));
     }
   }
 }

@@ -7,6 +7,7 @@
 #include "router/api_error.h"
 #include "router/json_body.h"
 #include "router/response_format.h"
+#include "router/tool_request.h"
 
 namespace k3::router {
 namespace {
@@ -87,6 +88,33 @@ std::string message_content(const json& m, const std::string& where) {
   return text;
 }
 
+// An assistant message's tool_calls: [{id, type: "function", function: {name, arguments: JSON text}}].
+std::vector<ChatToolCall> parse_tool_calls(const json& m, const std::string& where) {
+  const json* v = member(m, "tool_calls");
+  if (!v) return {};
+  if (!v->is_array()) throw bad_param(where + ".tool_calls", where + ".tool_calls must be an array");
+  std::vector<ChatToolCall> calls;
+  for (size_t k = 0; k < v->size(); ++k) {
+    const json& c = (*v)[k];
+    const std::string cw = where + ".tool_calls[" + std::to_string(k) + "]";
+    if (!c.is_object()) throw bad_param(cw, cw + " must be an object");
+    auto id = get_string(c, "id");
+    if (!id || id->empty()) throw bad_param(cw + ".id", cw + ".id must be a non-empty string");
+    if (auto type = get_string(c, "type"); type && *type != "function")
+      throw bad_param(cw + ".type", cw + ".type must be \"function\"");
+    const json* fn = member(c, "function");
+    if (!fn || !fn->is_object()) throw bad_param(cw + ".function", cw + ".function must be an object");
+    auto name = get_string(*fn, "name");
+    if (!name || name->empty()) throw bad_param(cw + ".function.name", cw + ".function.name must be a non-empty string");
+    auto args = get_string(*fn, "arguments");
+    if (!args) throw bad_param(cw + ".function.arguments", cw + ".function.arguments must be a string of JSON");
+    if (json::parse(*args, nullptr, /*allow_exceptions=*/false).is_discarded())
+      throw bad_param(cw + ".function.arguments", cw + ".function.arguments is not valid JSON");
+    calls.push_back({.id = *id, .name = *name, .arguments = *args});
+  }
+  return calls;
+}
+
 std::vector<ChatMessage> parse_messages(const json& body) {
   const json* v = member(body, "messages");
   if (!v) throw bad_param("messages", "messages is required");
@@ -103,6 +131,12 @@ std::vector<ChatMessage> parse_messages(const json& body) {
     if (*role != "system" && *role != "user" && *role != "assistant" && *role != "tool")
       throw bad_param(where + ".role", where + ".role must be one of system, developer, user, assistant, tool");
     ChatMessage cm{.role = *role, .content = message_content(m, where), .name = get_string(m, "name").value_or("")};
+    if (cm.role == "assistant") cm.tool_calls = parse_tool_calls(m, where);
+    if (cm.role == "tool") {
+      auto id = get_string(m, "tool_call_id");
+      if (!id || id->empty()) throw bad_param(where + ".tool_call_id", where + ".tool_call_id is required for role tool");
+      cm.tool_call_id = *id;
+    }
     out.push_back(std::move(cm));
   }
   return out;
@@ -161,12 +195,11 @@ void reject_unsupported_features(const json& body, Endpoint endpoint) {
                      "unsupported_value");
     return;
   }
-  if (const json* t = member(body, "tools"); t && !(t->is_array() && t->empty()))
-    throw ApiError(400, "tools are not supported by this server", "tools", "unsupported_value");
-  if (const json* tc = member(body, "tool_choice"); tc && !(tc->is_string() && tc->get<std::string>() == "none"))
-    throw ApiError(400, "tool_choice must be \"none\": this server does not call tools", "tool_choice", "unsupported_value");
   if (const json* f = member(body, "functions"); f && !(f->is_array() && f->empty()))
-    throw ApiError(400, "functions are not supported by this server", "functions", "unsupported_value");
+    throw ApiError(400, "functions (deprecated) are not supported: give them as tools", "functions", "unsupported_value");
+  if (member(body, "function_call"))
+    throw ApiError(400, "function_call (deprecated) is not supported: use tool_choice", "function_call",
+                   "unsupported_value");
 }
 
 }  // namespace
@@ -242,8 +275,22 @@ CompletionRequest parse_completion_request(const std::string& text, Endpoint end
   reject_unsupported_features(body, endpoint);
   if (endpoint == Endpoint::Chat) {
     ResponseFormat rf = parse_response_format(body, text);
-    rq.output_format = std::move(rf.format);
-    rq.grammar = std::move(rf.grammar);
+    int calls_so_far = 0;
+    for (const ChatMessage& m : rq.messages) calls_so_far += static_cast<int>(m.tool_calls.size());
+    ToolRequest tools = parse_tool_request(body, text, calls_so_far);
+    rq.tools_json = std::move(tools.tools_json);
+    rq.tool_calls_possible = tools.calls_possible;
+    // One grammar per output: a JSON document, or content with tool calls. With tool_choice "none"
+    // the tools are only declared and response_format rules the output.
+    if (rf.format.constrained() && tools.calls_possible)
+      throw bad_param("response_format", "response_format cannot be combined with tools unless tool_choice is \"none\"");
+    if (rf.format.constrained() || !tools.format.constrained()) {
+      rq.output_format = std::move(rf.format);
+      rq.grammar = std::move(rf.grammar);
+    } else {
+      rq.output_format = std::move(tools.format);
+      rq.grammar = std::move(tools.grammar);
+    }
   }
 
   if (endpoint == Endpoint::Chat) {
@@ -267,7 +314,7 @@ CompletionRequest parse_completion_request(const std::string& text, Endpoint end
 
 std::vector<int32_t> prompt_tokens(const CompletionRequest& rq, const Tokenizer& tok) {
   if (rq.endpoint == Endpoint::Chat) {
-    auto rendered = render_chat(rq.messages);
+    auto rendered = render_chat(rq.messages, /*add_generation_prompt=*/true, rq.tools_json);
     if (!rendered.is_ok()) throw bad_param("messages", rendered.status().message());
     return tok.encode(*rendered, /*allow_special=*/true);
   }
@@ -299,7 +346,9 @@ GenerationParams generation_params(const CompletionRequest& rq, std::vector<int3
   p.sampling = {.temperature = rq.temperature, .top_k = rq.top_k, .top_p = rq.top_p, .seed = seed};
   p.stop_ids = rq.stop_token_ids;
   if (!rq.ignore_eos) p.stop_ids.insert(p.stop_ids.end(), eos_ids.begin(), eos_ids.end());
-  p.stop_strings = rq.stop;
+  // Stop strings end content, never a tool call's arguments: with tools the router applies them to
+  // the content itself (router/tool_call_output.h).
+  if (!rq.tool_calls_possible) p.stop_strings = rq.stop;
   p.logprobs = rq.logprobs;
   p.output_format = rq.output_format;
   p.grammar = rq.grammar;

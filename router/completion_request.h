@@ -36,8 +36,10 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;
   bool return_token_ids = false;             // extension: choices[].token_ids (and prompt_token_ids)
-  grammar::OutputFormat output_format;       // chat response_format (json_object / json_schema)
-  std::shared_ptr<const grammar::JsonGrammar> grammar;  // its compiled grammar; null for text
+  grammar::OutputFormat output_format;       // chat response_format (json_object / json_schema) or tools
+  grammar::CompiledFormat grammar;           // its compiled grammar; nothing for text
+  std::string tools_json;                    // chat: the declared tools for the template ("" when none)
+  bool tool_calls_possible = false;          // chat: the output may hold tool calls (router/tool_request.h)
 };
 
 struct ModelLimits {

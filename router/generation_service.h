@@ -34,10 +34,10 @@ struct GenerationParams {
   std::vector<std::string> stop_strings; // on detokenized text; the stop string itself is not returned
   int logprobs = -1;                     // -1: none; else the sampled token's logprob plus this many alternatives
   std::string trace_id;                  // the request id of the HTTP layer: log lines and protocol messages carry it
-  // Structured output: what the text must be (travels to the nodes in cluster mode) and its compiled
-  // grammar (null: free text); a service that cannot constrain refuses it at submit().
+  // Structured output / tool calls: what the text must be (travels to the nodes in cluster mode) and
+  // its compiled grammar (nothing: free text); a service that cannot constrain refuses it at submit().
   grammar::OutputFormat output_format;
-  std::shared_ptr<const grammar::JsonGrammar> grammar;
+  grammar::CompiledFormat grammar;
 };
 
 struct TokenLogprob {

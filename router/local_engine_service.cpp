@@ -73,6 +73,8 @@ LocalEngineService::~LocalEngineService() {
 
 Result<RequestHandle> LocalEngineService::submit(GenerationParams params, EventSink sink) {
   K3_TRY(check_generation_params(params, bool(sink), cfg_.vocab_size, cfg_.max_position_embeddings));
+  if (params.grammar.tool_calls && !vocab_bytes_->tools.present())
+    return invalid_argument("tools: the tokenizer has no tool-call tokens, so tool calls cannot be served");
   std::lock_guard lk(mu_);
   if (stopping_) return Status(Code::Unavailable, "the engine is shutting down");
   // Free engine slots take requests at once, so they count as room too (max_queue 0 = no waiting).
@@ -253,8 +255,8 @@ void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
       r->params = std::move(waiting_.front().params);
       r->sink = std::move(waiting_.front().sink);
       waiting_.pop_front();
-      if (r->params.grammar)
-        r->constraint = std::make_unique<grammar::TokenConstraint>(r->params.grammar, vocab_bytes_, r->params.stop_ids);
+      // submit() checked what create() needs: it cannot fail here.
+      r->constraint = grammar::TokenConstraint::create(r->params.grammar, vocab_bytes_, r->params.stop_ids).value();
       std::shared_ptr<const Tokenizer> tok = tokenizer_;
       const std::vector<int32_t> stop_ids = r->params.stop_ids;
       r->text = std::make_unique<TextStream>(

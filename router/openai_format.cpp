@@ -62,6 +62,13 @@ json completion_object(const CompletionRequest& rq, const ResponseIds& ids, cons
   json lp = rq.logprobs >= 0 ? logprobs_json(rq.endpoint, choice.logprobs, tok, 0) : json(nullptr);
   if (rq.endpoint == Endpoint::Chat) {
     c["message"] = {{"role", "assistant"}, {"content", choice.text}};
+    if (!choice.tool_calls.empty()) {
+      json calls = json::array();
+      for (const ChatToolCall& tc : choice.tool_calls)
+        calls.push_back({{"id", tc.id}, {"type", "function"}, {"function", {{"name", tc.name}, {"arguments", tc.arguments}}}});
+      c["message"]["tool_calls"] = calls;
+      if (choice.text.empty()) c["message"]["content"] = nullptr;
+    }
   } else {
     c["text"] = choice.text;
   }
@@ -84,6 +91,18 @@ json chunk_object(const CompletionRequest& rq, const ResponseIds& ids, const Cho
     json delta = json::object();
     if (role) delta["role"] = "assistant";
     if (role || !piece.text.empty()) delta["content"] = piece.text;
+    if (!piece.tool_call_deltas.empty()) {
+      // A call's first delta names it; the ones after carry pieces of its arguments.
+      json calls = json::array();
+      for (const ToolCallDelta& d : piece.tool_call_deltas) {
+        json call = {{"index", d.index}};
+        if (!d.id.empty()) call["id"] = d.id, call["type"] = "function";
+        call["function"] = d.name.empty() ? json{{"arguments", d.arguments}}
+                                          : json{{"name", d.name}, {"arguments", d.arguments}};
+        calls.push_back(call);
+      }
+      delta["tool_calls"] = calls;
+    }
     c["delta"] = delta;
   } else {
     c["text"] = piece.text;

@@ -8,6 +8,7 @@
 
 #include "common/tokenizer/tokenizer.h"
 #include "router/completion_request.h"
+#include "router/tool_call_output.h"
 
 namespace k3::router {
 
@@ -23,6 +24,8 @@ struct ChoiceText {
   std::vector<int32_t> token_ids;
   std::vector<TokenLogprob> logprobs;
   int64_t text_offset = 0;   // completions logprobs: offset of this piece in the whole text
+  std::vector<ChatToolCall> tool_calls;        // chat message: its calls (content becomes null when empty)
+  std::vector<ToolCallDelta> tool_call_deltas; // chat chunk: delta.tool_calls
 };
 
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);

@@ -14,7 +14,7 @@ namespace k3::router {
 
 struct ResponseFormat {
   grammar::OutputFormat format;
-  std::shared_ptr<const grammar::JsonGrammar> grammar;  // null for text
+  grammar::CompiledFormat grammar;  // nothing for text
 };
 
 // body: the parsed request; body_text: its text (re-read with key order kept for the schema).

@@ -4,17 +4,23 @@ namespace k3::grammar {
 
 namespace {
 constexpr std::string_view kSchemaPrefix = "json_schema:";
+constexpr std::string_view kToolCallsPrefix = "tool_calls:";
 }
 
-Result<std::shared_ptr<const JsonGrammar>> OutputFormat::compile(std::string* error_path) const {
+Result<CompiledFormat> OutputFormat::compile(std::string* error_path) const {
   switch (kind) {
     case Kind::Text:
-      return std::shared_ptr<const JsonGrammar>();
+      return CompiledFormat{};
     case Kind::JsonObject:
-      return std::make_shared<const JsonGrammar>(JsonGrammar::any_object());
+      return CompiledFormat{.document = std::make_shared<const JsonGrammar>(JsonGrammar::any_object())};
     case Kind::JsonSchema: {
       K3_ASSIGN_OR_RETURN(JsonGrammar g, JsonGrammar::from_schema_text(schema, error_path));
-      return std::make_shared<const JsonGrammar>(std::move(g));
+      return CompiledFormat{.document = std::make_shared<const JsonGrammar>(std::move(g))};
+    }
+    case Kind::ToolCalls: {
+      K3_ASSIGN_OR_RETURN(ToolCallSpec spec, ToolCallSpec::from_json(schema));
+      K3_ASSIGN_OR_RETURN(ToolCallGrammar g, ToolCallGrammar::compile(spec));
+      return CompiledFormat{.tool_calls = std::make_shared<const ToolCallGrammar>(std::move(g))};
     }
   }
   return internal_error("unknown output format");
@@ -23,6 +29,7 @@ Result<std::shared_ptr<const JsonGrammar>> OutputFormat::compile(std::string* er
 std::string OutputFormat::encode() const {
   if (kind == Kind::JsonObject) return "json_object";
   if (kind == Kind::JsonSchema) return std::string(kSchemaPrefix) + schema;
+  if (kind == Kind::ToolCalls) return std::string(kToolCallsPrefix) + schema;
   return "";
 }
 
@@ -31,7 +38,10 @@ Result<OutputFormat> OutputFormat::parse(const std::string& wire) {
   if (wire == "json_object") return OutputFormat{.kind = Kind::JsonObject};
   if (wire.starts_with(kSchemaPrefix))
     return OutputFormat{.kind = Kind::JsonSchema, .schema = wire.substr(kSchemaPrefix.size())};
-  return invalid_argument("output format must be \"\", \"json_object\" or \"json_schema:<schema>\"");
+  if (wire.starts_with(kToolCallsPrefix))
+    return OutputFormat{.kind = Kind::ToolCalls, .schema = wire.substr(kToolCallsPrefix.size())};
+  return invalid_argument(
+      "output format must be \"\", \"json_object\", \"json_schema:<schema>\" or \"tool_calls:<spec>\"");
 }
 
 }  // namespace k3::grammar

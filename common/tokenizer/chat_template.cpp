@@ -4,8 +4,9 @@
 //   <|im_assistant|>assistant<|im_middle|>{content}<|im_end|>
 // The text between the role token and <|im_middle|> is the message's name when it has one,
 // otherwise its role. Like the real template, a conversation that does not start with a system
-// message gets Kimi's default system prompt first. Tool declarations, assistant tool_calls and
-// thinking blocks are not rendered (the serving path does not use them yet).
+// message gets Kimi's default system prompt first (after the tool declaration, when there is one).
+// Assistant tool calls and tool results render as chat_template.h says; thinking blocks are not
+// rendered (the serving path does not use them).
 #include "common/tokenizer/chat_template.h"
 
 #include <nlohmann/json.hpp>
@@ -59,9 +60,27 @@ Result<std::string> content_text(const nlohmann::json& message, size_t i, const 
   return text;
 }
 
+// What goes between <|im_middle|> and <|im_end|>.
+std::string turn_body(const ChatMessage& m) {
+  if (m.role == "tool" && !m.tool_call_id.empty()) return "## Return of " + m.tool_call_id + "\n" + m.content;
+  if (m.role != "assistant" || m.tool_calls.empty()) return m.content;
+  std::string out = m.content;
+  out.append(kToolCallsBegin);
+  for (const ChatToolCall& c : m.tool_calls) {
+    out.append(kToolCallBegin).append(c.id).append(kToolCallArguments).append(c.arguments).append(kToolCallEnd);
+  }
+  out.append(kToolCallsEnd);
+  return out;
+}
+
 }  // namespace
 
-Result<std::string> render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+std::string tool_call_id(std::string_view name, int index) {
+  return "functions." + std::string(name) + ":" + std::to_string(index);
+}
+
+Result<std::string> render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                std::string_view tools_json) {
   if (messages.empty()) return invalid_argument("messages: the list is empty");
   for (size_t i = 0; i < messages.size(); ++i) {
     if (start_token(messages[i].role).empty()) {
@@ -70,9 +89,10 @@ Result<std::string> render_chat(const std::vector<ChatMessage>& messages, bool a
     }
   }
   std::string out;
+  if (!tools_json.empty()) append_turn(out, "system", "tool_declare", tools_json);
   if (messages.front().role != "system") append_turn(out, "system", "system", kDefaultSystemPrompt);
   for (const ChatMessage& m : messages) {
-    append_turn(out, m.role, m.name.empty() ? m.role : m.name, m.content);
+    append_turn(out, m.role, m.name.empty() ? m.role : m.name, turn_body(m));
   }
   if (add_generation_prompt) out.append("<|im_assistant|>assistant<|im_middle|>");
   return out;
@@ -99,6 +119,21 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const std::string& json_arr
     if (const auto name = m.find("name"); name != m.end() && !name->is_null()) {
       if (!name->is_string()) return invalid_argument(field(i, "name") + " must be a string");
       msg.name = name->get<std::string>();
+    }
+    if (const auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
+      if (!id->is_string()) return invalid_argument(field(i, "tool_call_id") + " must be a string");
+      msg.tool_call_id = id->get<std::string>();
+    }
+    if (const auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+      if (!calls->is_array()) return invalid_argument(field(i, "tool_calls") + " must be an array");
+      for (const nlohmann::json& c : *calls) {
+        const nlohmann::json fn = c.is_object() ? c.value("function", nlohmann::json()) : nlohmann::json();
+        if (!c.is_object() || !c.value("id", nlohmann::json()).is_string() || !fn.is_object() ||
+            !fn.value("name", nlohmann::json()).is_string() || !fn.value("arguments", nlohmann::json()).is_string())
+          return invalid_argument(field(i, "tool_calls") + " entries need a string id, function.name and function.arguments");
+        msg.tool_calls.push_back({.id = c["id"].get<std::string>(), .name = fn["name"].get<std::string>(),
+                                  .arguments = fn["arguments"].get<std::string>()});
+      }
     }
     messages.push_back(std::move(msg));
   }

@@ -80,9 +80,15 @@ TEST_CASE("parse_chat_messages reads strings, text parts, null assistant content
           "<|im_user|>user<|im_middle|>hello there<|im_end|>"
           "<|im_assistant|>assistant<|im_middle|><|im_end|>"
           "<|im_assistant|>assistant<|im_middle|><|im_end|>"
-          "<|im_system|>calc<|im_middle|>7<|im_end|>"
+          "<|im_system|>calc<|im_middle|>## Return of x\n7<|im_end|>"
           "<|im_assistant|>assistant<|im_middle|>");
   REQUIRE(parse_chat_messages("[]").value().empty());
+  const auto with_call = parse_chat_messages(R"([{"role": "assistant", "content": null, "tool_calls":
+      [{"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}])");
+  REQUIRE(with_call.is_ok());
+  REQUIRE(with_call->at(0).tool_calls.size() == 1);
+  CHECK(with_call->at(0).tool_calls[0].id == "functions.f:0");
+  CHECK(with_call->at(0).tool_calls[0].arguments == "{}");
 }
 
 TEST_CASE("parse_chat_messages errors name the bad field") {
@@ -103,6 +109,8 @@ TEST_CASE("parse_chat_messages errors name the bad field") {
       {R"([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])", "messages[0].content[0].type"},
       {R"([{"role": "user", "content": [{"type": "text"}]}])", "messages[0].content[0].text"},
       {R"([{"role": "user", "content": "x", "name": 3}])", "messages[0].name"},
+      {R"([{"role": "tool", "content": "x", "tool_call_id": 3}])", "messages[0].tool_call_id"},
+      {R"([{"role": "assistant", "tool_calls": [{"id": "a"}]}])", "messages[0].tool_calls"},
   };
   for (const Case& c : cases) {
     INFO(c.json);
@@ -111,4 +119,30 @@ TEST_CASE("parse_chat_messages errors name the bad field") {
     REQUIRE(r.status().code() == Code::InvalidArgument);
     REQUIRE_THAT(r.status().message(), Catch::Contains(c.field));
   }
+}
+
+TEST_CASE("tools, assistant tool calls and tool results render as Kimi's template lays them out") {
+  ChatMessage call{.role = "assistant", .content = ""};
+  call.tool_calls = {{.id = "functions.get_weather:0", .name = "get_weather", .arguments = "{\"city\":\"Oslo\"}"},
+                     {.id = "functions.get_time:1", .name = "get_time", .arguments = "{}"}};
+  ChatMessage result{.role = "tool", .content = "{\"temp\":21}"};
+  result.tool_call_id = "functions.get_weather:0";
+  const std::string tools = R"([{"type":"function","function":{"name":"get_weather"}}])";
+  REQUIRE(render_chat({{"user", "weather?", ""}, call, result}, true, tools).value() ==
+          "<|im_system|>tool_declare<|im_middle|>" + tools + "<|im_end|>" + kDefaultSystem +
+              "<|im_user|>user<|im_middle|>weather?<|im_end|>"
+              "<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|>"
+              "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\":\"Oslo\"}<|tool_call_end|>"
+              "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}<|tool_call_end|>"
+              "<|tool_calls_section_end|><|im_end|>"
+              "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\n{\"temp\":21}<|im_end|>"
+              "<|im_assistant|>assistant<|im_middle|>");
+  // Content before the calls stays; no tools declared: no tool_declare turn.
+  call.content = "Checking.";
+  call.tool_calls.resize(1);
+  REQUIRE(render_chat({{"system", "s", ""}, call}, false).value() ==
+          "<|im_system|>system<|im_middle|>s<|im_end|><|im_assistant|>assistant<|im_middle|>Checking."
+          "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+          "{\"city\":\"Oslo\"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>");
+  REQUIRE(tool_call_id("f", 12) == "functions.f:12");
 }
