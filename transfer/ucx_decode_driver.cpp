@@ -200,7 +200,15 @@ Result<Actions> DecodeDriver::step(Millis max_wait) {
   for (size_t i = 0; i < events.size(); ++i) {
     const bool from_router = i == 1;
     for (const ControlEvent& e : events[i]) {
-      if (e.kind == ControlEventKind::PeerUp && !from_router) peers_heard_.insert(e.peer);
+      if (e.kind == ControlEventKind::PeerUp && !from_router) {
+        peers_heard_.insert(e.peer);
+        // Our REGISTER (regions, rkeys, workers) goes to a stage as soon as we hear it, ahead of any ADDRS on
+        // the same connection. A stage that was mid-request when this decode instance restarted (a rank group
+        // that formed again) may send COMPUTE_DONE before its own REGISTER reached us; without this its ADDRS
+        // would arrive before our regions and its writes would fail. (Its REGISTER is still answered.)
+        if (auto p = parse_control_name(e.peer); p && p->role == Role::Prefill)
+          (void)server_->send(e.peer, protocol::encode(reg_));
+      }
       if (e.kind == ControlEventKind::Message) {
         on_message(e, from_router, out);
       } else if (e.kind == ControlEventKind::PeerDown) {

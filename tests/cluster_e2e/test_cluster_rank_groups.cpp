@@ -199,7 +199,8 @@ void check_rank_death(k3::test::LaunchedCluster& c, const std::string& model, in
   // with k3-generate's tokens.
   std::vector<std::vector<int32_t>> want;
   for (const auto& p : prompts) want.push_back(k3::test::k3_generate_tokens(model, p, 4));
-  const double placed_before = k3::test::metric_or(k3::test::read_metrics(port), "k3_cluster_placements_total{node=\"decode/d-0\"}");
+  const auto before = k3::test::read_metrics(port);
+  const double placed_before = k3::test::metric_or(before, "k3_cluster_placements_total{node=\"decode/d-0\"}");
   const auto reformed_until = Clock::now() + 120s;
   for (;;) {
     REQUIRE(Clock::now() < reformed_until);
@@ -207,8 +208,10 @@ void check_rank_death(k3::test::LaunchedCluster& c, const std::string& model, in
     for (const auto& p : prompts)
       again.push_back(std::async(std::launch::async, [port, p] { return complete(port, p, 4, 0.f, 0); }));
     for (size_t i = 0; i < again.size(); ++i) CHECK(again[i].get() == want[i]);
-    if (k3::test::metric_or(k3::test::read_metrics(port), "k3_cluster_placements_total{node=\"decode/d-0\"}") > placed_before)
-      break;
+    const auto now = k3::test::read_metrics(port);
+    // Served there, not retried elsewhere after a failed attempt on it.
+    CHECK(k3::test::metric_or(now, "k3_cluster_retries_total") == k3::test::metric_or(before, "k3_cluster_retries_total"));
+    if (k3::test::metric_or(now, "k3_cluster_placements_total{node=\"decode/d-0\"}") > placed_before) break;
     std::this_thread::sleep_for(500ms);
   }
 }
