@@ -3,10 +3,13 @@
 #include <cstring>
 #include <string>
 
+#include "common/protocol/frame.h"
+
 namespace k3::decode {
 namespace {
 
-constexpr uint32_t kSizeTag = 0x6b3001, kCommandTag = 0x6b3002, kLogitsTag = 0x6b3003;
+constexpr uint32_t kSizeTag = 0x6b3001, kCommandTag = 0x6b3002, kLogitsTag = 0x6b3003, kRegionRequestTag = 0x6b3004,
+                   kRegionSizeTag = 0x6b3005, kRegionTag = 0x6b3006, kRoomTag = 0x6b3007;
 
 struct Writer {
   std::vector<std::byte> out;
@@ -53,6 +56,10 @@ std::vector<std::byte> encode_group_command(const GroupCommand& c) {
     w.put(a.id);
     w.put(a.position);
     w.bytes(a.image);
+    w.put<uint8_t>(a.from_region);
+    w.put(a.slot);
+    w.put<uint64_t>(a.page_ids.size());
+    for (uint32_t p : a.page_ids) w.put(p);
   }
   w.put<uint64_t>(c.feeds.size());
   for (const auto& f : c.feeds) {
@@ -84,6 +91,13 @@ Result<GroupCommand> decode_group_command(std::span<const std::byte> bytes) {
     a.image.resize(len);
     std::memcpy(a.image.data(), bytes.data() + r.at, len);
     r.at += len;
+    uint8_t from_region = 0;
+    K3_TRY(r.get(from_region, "admit from_region"));
+    a.from_region = from_region != 0;
+    K3_TRY(r.get(a.slot, "admit slot"));
+    K3_TRY(r.count(len, sizeof(uint32_t), "admit page ids"));
+    a.page_ids.resize(len);
+    for (auto& p : a.page_ids) K3_TRY(r.get(p, "admit page id"));
   }
   K3_TRY(r.count(n, sizeof(uint64_t) + sizeof(int32_t), "feeds"));
   c.feeds.resize(n);
@@ -109,6 +123,53 @@ Result<GroupCommand> recv_group_command(Comm& comm, int leader) {
   std::vector<std::byte> payload(size);
   K3_TRY(comm.recv(leader, payload, kCommandTag));
   return decode_group_command(payload);
+}
+
+Status send_region_request(Comm& comm, int peer, const GroupRegionRequest& r) {
+  return comm.send(peer, std::as_bytes(std::span(&r, 1)), kRegionRequestTag);
+}
+
+Result<GroupRegionRequest> recv_region_request(Comm& comm, int leader) {
+  GroupRegionRequest r;
+  K3_TRY(comm.recv(leader, std::as_writable_bytes(std::span(&r, 1)), kRegionRequestTag));
+  if (r.page_size == 0 || r.num_pages == 0 || r.num_slots == 0)
+    return invalid_argument("group region request: page_size, num_pages and num_slots must be positive");
+  return r;
+}
+
+// The region travels as a REGISTER carrying it alone: the control plane's codec, checked on decode.
+Status send_region_offer(Comm& comm, int leader, const protocol::MemoryRegion& region) {
+  protocol::Register reg{.role = protocol::Role::Decode};
+  reg.regions.push_back(region);
+  const std::vector<uint8_t> frame = protocol::encode(reg);
+  const uint64_t size = frame.size();
+  K3_TRY(comm.send(leader, std::as_bytes(std::span(&size, 1)), kRegionSizeTag));
+  return comm.send(leader, std::as_bytes(std::span(frame)), kRegionTag);
+}
+
+Result<protocol::MemoryRegion> recv_region_offer(Comm& comm, int peer) {
+  uint64_t size = 0;
+  K3_TRY(comm.recv(peer, std::as_writable_bytes(std::span(&size, 1)), kRegionSizeTag));
+  if (size > (uint64_t{1} << 20)) return invalid_argument("group region offer of " + std::to_string(size) + " bytes");
+  std::vector<uint8_t> frame(size);
+  K3_TRY(comm.recv(peer, std::as_writable_bytes(std::span(frame)), kRegionTag));
+  K3_ASSIGN_OR_RETURN(protocol::Message m, protocol::decode(frame));
+  const auto* reg = std::get_if<protocol::Register>(&m);
+  if (!reg || reg->regions.size() != 1)
+    return invalid_argument("group region offer of rank " + std::to_string(peer) + " is not one region");
+  return reg->regions[0];
+}
+
+Status send_group_room(Comm& comm, int leader, const GroupRoom& r) {
+  return comm.send(leader, std::as_bytes(std::span(&r, 1)), kRoomTag);
+}
+
+Result<GroupRoom> recv_group_room(Comm& comm, int peer) {
+  GroupRoom r;
+  K3_TRY(comm.recv(peer, std::as_writable_bytes(std::span(&r, 1)), kRoomTag));
+  if (r.page_size == 0 || r.free_pages > r.cache_pages || r.free_seqs > r.seqs)
+    return invalid_argument("group rank " + std::to_string(peer) + " reported more free than it has");
+  return r;
 }
 
 Status send_group_logits(Comm& comm, int leader, std::span<const float> logits) {

@@ -10,13 +10,19 @@
 
 #include "common/core/comm.h"
 #include "common/core/status.h"
+#include "common/protocol/messages.h"
 
 namespace k3::decode {
 
 struct GroupAdmit {
   uint64_t id = 0;
   int64_t position = 0;         // tokens of the request cached over the whole group (the prompt length)
-  std::vector<uint8_t> image;   // this rank's packed cache image (engine/cache_io.h)
+  std::vector<uint8_t> image;   // this rank's packed cache image (engine/cache_io.h), when forwarded
+  // DCP: the prefill stages wrote this rank's slice into the rank's own transfer region; the rank reads it
+  // from there (its page table and slot in that region; slot -1: none) and `image` is empty.
+  bool from_region = false;
+  std::vector<uint32_t> page_ids;
+  int64_t slot = -1;
 };
 
 struct GroupFeed {
@@ -39,6 +45,33 @@ Result<GroupCommand> decode_group_command(std::span<const std::byte> bytes);
 // Size then payload, point to point (tags kept apart from the collectives' own).
 Status send_group_command(Comm& comm, int peer, const GroupCommand& c);
 Result<GroupCommand> recv_group_command(Comm& comm, int leader);
+
+// Start-up of a DCP group: the leader tells every member the geometry of its transfer region (the group's
+// first global rank and the pool sizes, so the leader's bookkeeping and the member's memory agree); the
+// member maps the region with its own UCX worker and answers with it (base, length, packed rkey, worker
+// address), which the leader lists in its REGISTER.
+struct GroupRegionRequest {
+  uint32_t first_rank = 0;
+  uint32_t page_size = 0;
+  uint32_t num_pages = 0;
+  uint32_t num_slots = 0;
+};
+Status send_region_request(Comm& comm, int peer, const GroupRegionRequest& r);
+Result<GroupRegionRequest> recv_region_request(Comm& comm, int leader);
+Status send_region_offer(Comm& comm, int leader, const protocol::MemoryRegion& region);
+Result<protocol::MemoryRegion> recv_region_offer(Comm& comm, int peer);
+
+// What a rank's decode caches hold: every member reports it once the group formed and after every
+// command, so the leader admits onto each rank by that rank's own pages and slots.
+struct GroupRoom {
+  uint32_t page_size = 0;      // tokens per cache page
+  uint32_t cache_pages = 0;
+  uint32_t free_pages = 0;
+  uint32_t seqs = 0;
+  uint32_t free_seqs = 0;
+};
+Status send_group_room(Comm& comm, int leader, const GroupRoom& r);
+Result<GroupRoom> recv_group_room(Comm& comm, int peer);
 
 // EP: a member returns the logits of its feeds (B x vocab F32, step order) to the leader.
 Status send_group_logits(Comm& comm, int leader, std::span<const float> logits);

@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "common/protocol/compat.h"
+#include "common/core/node_process.h"
+#include "decode_node/group_member.h"
 #include "decode_node/region_image.h"
 
 namespace k3::decode {
@@ -47,6 +49,24 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
   // DCP: one region per rank (region id = global rank), written by the prefill stages with the interleave.
   dc.ranks = {o.rank};
   for (int i = 1; i < opts.layout.dcp; ++i) dc.ranks.push_back(o.rank + static_cast<uint32_t>(i));
+  // Every other rank of a DCP group owns its region (member_region.h): ask all, then collect the answers.
+  const GroupRegionRequest region_req{.first_rank = o.rank, .page_size = o.page_size, .num_pages = o.num_pages,
+                                      .num_slots = o.num_slots};
+  for (int i = 1; i < opts.layout.dcp; ++i) K3_TRY(send_region_request(comm, i, region_req));
+  for (int i = 1; i < opts.layout.dcp; ++i) {
+    K3_ASSIGN_OR_RETURN(protocol::MemoryRegion r, recv_region_offer(comm, i));
+    if (r.region_id != o.rank + static_cast<uint32_t>(i))
+      return invalid_argument("group rank " + std::to_string(i) + " offered the region of rank " +
+                              std::to_string(r.region_id) + ", not " + std::to_string(o.rank + static_cast<uint32_t>(i)));
+    dc.hosted_elsewhere.push_back(std::move(r));
+  }
+  // Every member's decode caches, before anything is admitted onto them (group_member.h).
+  d->rooms_.resize(static_cast<size_t>(opts.layout.size()));
+  d->committed_.assign(static_cast<size_t>(opts.layout.size()), 0);
+  d->rooms_[0] = d->worker_->room();
+  for (int i = 1; i < opts.layout.size(); ++i) {
+    K3_ASSIGN_OR_RETURN(d->rooms_[static_cast<size_t>(i)], recv_group_room(comm, i));
+  }
   dc.page_size = o.page_size;
   dc.num_pages = o.num_pages;
   dc.num_slots = o.num_slots;
@@ -84,6 +104,8 @@ uint64_t GroupLeader::pool_capacity_bytes() {
 
 void GroupLeader::after_driver() {
   for (uint64_t id : std::exchange(pending_end_, {})) {
+    // Ended while waiting for room: it holds nothing of the group's caches.
+    std::erase_if(waiting_, [&](const transfer::ReadyAction& w) { return w.request_id == id; });
     auto it = running_.find(id);
     if (it == running_.end()) continue;
     finished_.push_back({.request_id = id, .tokens = std::move(it->second.tokens), .finish = protocol::FinishReason::Aborted});
@@ -93,7 +115,15 @@ void GroupLeader::after_driver() {
 
 void GroupLeader::drop(uint64_t id) {
   worker_->drop(id);
-  for (size_t i = 1; i < next_.size(); ++i) next_[i].drops.push_back(id);
+  // A member applies a command's drops before its admits: an admit not sent yet is withdrawn instead.
+  for (size_t i = 1; i < next_.size(); ++i) {
+    auto& admits = next_[i].admits;
+    const size_t before = admits.size();
+    std::erase_if(admits, [&](const GroupAdmit& a) { return a.id == id; });
+    if (admits.size() == before) next_[i].drops.push_back(id);
+  }
+  if (auto it = running_.find(id); it != running_.end())
+    for (size_t i = 0; i < committed_.size(); ++i) committed_[i] -= it->second.pages[i];
   running_.erase(id);
   order_.erase(std::remove(order_.begin(), order_.end(), id), order_.end());
 }
@@ -154,29 +184,87 @@ Result<std::vector<uint8_t>> GroupLeader::rank_image(uint64_t id, const transfer
                                   driver_->memory(a.rank), static_cast<uint32_t>(dcp_rows_on(gi, prompt_len)));
 }
 
-int GroupLeader::least_loaded_rank() const {
-  std::vector<int> n(static_cast<size_t>(opts_.layout.size()), 0);
-  for (const auto& [id, r] : running_) ++n[static_cast<size_t>(r.rank)];
-  return static_cast<int>(std::min_element(n.begin(), n.end()) - n.begin());
+uint32_t GroupLeader::pages_on(int rank, int64_t tokens) const {
+  RankLayout g = opts_.layout;
+  g.rank = rank;
+  const int64_t rows = g.dcp > 1 ? dcp_rows_on(g, tokens) : tokens;
+  const int64_t ps = rooms_[static_cast<size_t>(rank)].page_size;
+  return static_cast<uint32_t>((rows + ps - 1) / ps);
 }
 
-void GroupLeader::admit(const transfer::ReadyAction& ready) {
+std::string GroupLeader::room_of(int rank, uint32_t need) const {
+  const GroupRoom& r = rooms_[static_cast<size_t>(rank)];
+  return "rank " + std::to_string(rank) + " has " + std::to_string(r.free_pages) + " of " + std::to_string(r.cache_pages) +
+         " cache pages free (" + std::to_string(committed_[static_cast<size_t>(rank)]) + " promised to its requests) and " +
+         std::to_string(r.free_seqs) + " of " + std::to_string(r.seqs) + " slots, needs " + std::to_string(need);
+}
+
+GroupLeader::Placement GroupLeader::place(int64_t prompt_len, int max_tokens) const {
+  // A request takes on a rank the pages of its prompt now and, by its end, those of prompt + max_tokens:
+  // the latter are promised (committed_) so that running requests never run a rank out of pages.
+  Placement p;
+  const int n = opts_.layout.size();
+  std::vector<int> fit;
+  int can_ever = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto k = static_cast<size_t>(i);
+    const uint32_t whole = pages_on(i, prompt_len + max_tokens), now = pages_on(i, prompt_len);
+    const bool ever = whole <= rooms_[k].cache_pages;
+    can_ever += ever;
+    const bool fits = ever && committed_[k] + whole <= rooms_[k].cache_pages && now <= rooms_[k].free_pages &&
+                      rooms_[k].free_seqs > 0;
+    if (fits) fit.push_back(i);
+    else p.why += (p.why.empty() ? "" : "; ") + room_of(i, whole);
+  }
+  const bool dcp = opts_.layout.dcp > 1;
+  if (dcp ? can_ever < n : can_ever == 0) {
+    p.never = true;
+    p.why = "no rank of the group can ever hold " + std::to_string(prompt_len) + " + " + std::to_string(max_tokens) +
+            " tokens: " + p.why;
+    return p;
+  }
+  if (dcp ? static_cast<int>(fit.size()) < n : fit.empty()) return p;  // waits for room
+  // EP: the fitting rank with the fewest requests; DCP: every rank (rank 0 stands for the group).
+  std::vector<int> count(static_cast<size_t>(n), 0);
+  for (const auto& [id, r] : running_) ++count[static_cast<size_t>(r.rank)];
+  p.rank = dcp ? 0 : *std::min_element(fit.begin(), fit.end(), [&](int a, int b) { return count[a] < count[b]; });
+  return p;
+}
+
+void GroupLeader::admit_waiting() {
+  // In arrival order: a request that must wait keeps the ones behind it waiting too (no overtaking).
+  // Taken out first: ending a request (refused) runs after_driver, which edits waiting_.
+  while (!waiting_.empty()) {
+    const transfer::ReadyAction ready = waiting_.front();
+    waiting_.pop_front();
+    if (!start(ready)) {
+      waiting_.push_front(ready);
+      return;
+    }
+  }
+}
+
+bool GroupLeader::start(const transfer::ReadyAction& ready) {
   const uint64_t id = ready.request_id;
   const auto* alloc = driver_->side().allocation(id);
-  if (!alloc) return abort_local(id, "ready but holds no transfer memory");
+  if (!alloc) return abort_local(id, "ready but holds no transfer memory"), true;
+  const bool started = admit(ready, *alloc);
+  if (started) said_waiting_.erase(id);
+  return started;
+}
+
+bool GroupLeader::admit(const transfer::ReadyAction& ready, const std::vector<transfer::RankAllocation>& allocation) {
+  const uint64_t id = ready.request_id;
+  const auto* alloc = &allocation;
+  auto refuse = [&](const std::string& why) { abort_local(id, why); return true; };
   const size_t regions = static_cast<size_t>(opts_.layout.dcp);
   if (alloc->size() != regions)
-    return abort_local(id, "the CLAIM named " + std::to_string(alloc->size()) + " ranks; this group " +
-                               to_string(opts_.layout) + " takes " + std::to_string(regions));
-  std::vector<std::vector<uint8_t>> images;
-  for (size_t i = 0; i < regions; ++i) {
+    return refuse("the CLAIM named " + std::to_string(alloc->size()) + " ranks; this group " + to_string(opts_.layout) +
+                  " takes " + std::to_string(regions));
+  for (size_t i = 0; i < regions; ++i)
     if ((*alloc)[i].rank != opts_.rank.rank + i)
-      return abort_local(id, "the CLAIM's rank " + std::to_string((*alloc)[i].rank) + " is not rank " + std::to_string(i) +
-                                 " of this group");
-    auto image = rank_image(id, (*alloc)[i], static_cast<int>(i), ready.prompt_len);
-    if (!image.is_ok()) return abort_local(id, image.status().to_string());
-    images.push_back(std::move(image).value());
-  }
+      return refuse("the CLAIM's rank " + std::to_string((*alloc)[i].rank) + " is not rank " + std::to_string(i) +
+                    " of this group");
   Running r{.id = id};
   r.sampling = opts_.rank.sampling;
   r.max_tokens = opts_.rank.max_tokens;
@@ -185,46 +273,78 @@ void GroupLeader::admit(const transfer::ReadyAction& ready) {
     const protocol::SamplingParams& sp = c->sampling;
     // A group samples without the token mask and without logprobs: say so rather than serve free text
     // or drop the numbers the client asked for.
-    if (!sp.output_format.empty()) return abort_local(id, "constrained output (response_format, tools) is not served by decode rank groups yet");
-    if (sp.logprobs >= 0) return abort_local(id, "logprobs are not served by decode rank groups yet");
+    if (!sp.output_format.empty()) return refuse("constrained output (response_format, tools) is not served by decode rank groups yet");
+    if (sp.logprobs >= 0) return refuse("logprobs are not served by decode rank groups yet");
     r.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .seed = sp.seed};
     r.max_tokens = static_cast<int>(sp.max_tokens);
     r.stop_ids = sp.stop_token_ids;
   }
-  // EP: the request lives whole on one rank, the one with the fewest requests; DCP: on every rank.
-  r.rank = opts_.layout.ep > 1 ? least_loaded_rank() : 0;
-  const int count = static_cast<int>(std::count_if(running_.begin(), running_.end(),
-                                                   [&](const auto& kv) { return kv.second.rank == r.rank; }));
-  if (count >= opts_.rank.cache.max_seqs) return abort_local(id, "every rank of the group serves --max-requests requests");
+  // Admission by every rank's own room: EP the request lives whole on one rank (the fitting one with the
+  // fewest requests), DCP on every rank. It waits (holding its transfer memory) until that room exists, or is
+  // refused naming the ranks when it never can.
+  const int64_t T = ready.prompt_len;
+  const Placement where = place(T, r.max_tokens);
+  if (where.never) return refuse(where.why);
+  if (where.rank < 0) {
+    if (said_waiting_.insert(id).second) {
+      spdlog::info("decode group {}: request {} waits for room: {}", opts_.rank.instance_id, id, where.why);
+      say_line("WAITING " + std::to_string(id) + " " + where.why);
+    }
+    return false;
+  }
+  // The leader reads its own region; every other rank of a DCP group reads its own (member_region.h).
+  auto own_image = rank_image(id, (*alloc)[0], 0, ready.prompt_len);
+  if (!own_image.is_ok()) return refuse(own_image.status().to_string());
+  r.rank = where.rank;
+  r.pages.assign(committed_.size(), 0);
   const int target = r.rank;
   auto [it, fresh] = running_.emplace(id, std::move(r));
-  if (!fresh) return;
-  order_.push_back(id);
-  if (emit(it->second, ready.first_token)) return;  // ended with its first token
-  // The leader imports its slice first: a request its caches cannot hold is refused before any member
-  // took it (rank 0 of a DCP group holds the most rows; the pools of every rank are the same size).
-  const int64_t T = ready.prompt_len;
-  if (opts_.layout.dcp > 1) {
-    if (Status st = worker_->admit({.id = id, .position = T, .image = std::move(images[0])}); !st.is_ok())
-      return abort_local(id, st.to_string());
-    for (size_t i = 1; i < regions; ++i) next_[i].admits.push_back({.id = id, .position = T, .image = std::move(images[i])});
-  } else if (target == 0) {
-    if (Status st = worker_->admit({.id = id, .position = T, .image = std::move(images[0])}); !st.is_ok())
-      return abort_local(id, st.to_string());
-  } else {
-    next_[static_cast<size_t>(target)].admits.push_back({.id = id, .position = T, .image = std::move(images[0])});
+  if (!fresh) return true;
+  for (int i = 0; i < opts_.layout.size(); ++i) {
+    if (opts_.layout.ep > 1 && i != target) continue;
+    const auto k = static_cast<size_t>(i);
+    it->second.pages[k] = pages_on(i, T + it->second.max_tokens);
+    committed_[k] += it->second.pages[k];
+    // Until the rank's next report: what this admit takes now.
+    rooms_[k].free_pages -= std::min(rooms_[k].free_pages, pages_on(i, T));
+    rooms_[k].free_seqs -= std::min<uint32_t>(rooms_[k].free_seqs, 1);
   }
+  order_.push_back(id);
+  if (emit(it->second, ready.first_token)) return true;  // ended with its first token
+  GroupAdmit own{.id = id, .position = T, .image = std::move(own_image).value()};
+  const size_t own_bytes = own.image.size();
+  if (opts_.layout.dcp > 1 || target == 0) {
+    if (Status st = worker_->admit(own); !st.is_ok()) return refuse(st.to_string());
+    say_imported(own, own_bytes, true);
+  }
+  if (opts_.layout.dcp > 1) {
+    // Each member reads its slice from its own region before it joins the next step; the pages stay
+    // allocated here until the request ends, which is after that step.
+    for (size_t i = 1; i < regions; ++i) {
+      const transfer::RankAllocation& a = (*alloc)[i];
+      next_[i].admits.push_back({.id = id, .position = T, .image = {}, .from_region = true,
+                                 .page_ids = a.pages.page_ids(),
+                                 .slot = a.slot.slot() ? static_cast<int64_t>(*a.slot.slot()) : -1});
+    }
+  } else if (target != 0) {
+    // EP: the whole request lives on one rank and the group has one region (the leader's): forwarded.
+    forwarded_bytes_ += own_bytes;
+    say_line("FORWARDED " + std::to_string(id) + " " + std::to_string(target) + " " + std::to_string(own_bytes));
+    next_[static_cast<size_t>(target)].admits.push_back(std::move(own));
+  }
+  return true;
 }
 
 Status GroupLeader::fail_group(const Status& why) {
   spdlog::error("decode group {}: {}", opts_.rank.instance_id, why.to_string());
-  const std::vector<uint64_t> ids = order_;
+  std::vector<uint64_t> ids = order_;
+  for (const auto& w : std::exchange(waiting_, {})) ids.push_back(w.request_id);
   for (uint64_t id : ids) abort_local(id, "the decode group failed: " + why.message());
   worker_->close_all();
   return Status(why.code(), "decode group " + opts_.rank.instance_id + " failed: " + why.message());
 }
 
-Status GroupLeader::step() {
+Status GroupLeader::step_batch() {
   const bool ep = opts_.layout.ep > 1;
   const size_t n = next_.size();
   std::vector<std::vector<GroupFeed>> feeds(n);
@@ -286,29 +406,66 @@ Status GroupLeader::step() {
   return Status::ok();
 }
 
+Status GroupLeader::step() {
+  K3_TRY(step_batch());
+  // Every member answers every command with its room (group_member.h).
+  rooms_[0] = worker_->room();
+  for (size_t i = 1; i < rooms_.size(); ++i) {
+    auto r = recv_group_room(comm_, static_cast<int>(i));
+    if (!r.is_ok()) return fail_group(r.status());
+    rooms_[i] = *r;
+  }
+  return Status::ok();
+}
+
 void GroupLeader::stop_members() {
   for (size_t i = 1; i < next_.size(); ++i) (void)send_group_command(comm_, static_cast<int>(i), GroupCommand{.stop = true});
 }
 
 protocol::DecodeRoom GroupLeader::room() {
-  transfer::RankPool& pool = driver_->pool(opts_.rank.rank);
-  const CachePools& c = worker_->caches();
-  return {.pool_page_size = opts_.rank.page_size, .pool_pages = opts_.rank.num_pages, .pool_free_pages = pool.free_pages(),
-          .pool_slots = opts_.rank.num_slots, .pool_free_slots = pool.free_slots(),
-          .cache_page_size = static_cast<uint32_t>(c.options().page_size),
-          .cache_pages = static_cast<uint32_t>(c.options().num_pages),
-          .cache_free_pages = static_cast<uint32_t>(c.free_pages()),
-          .cache_seqs = static_cast<uint32_t>(c.options().max_seqs),
-          .cache_free_seqs = static_cast<uint32_t>(c.free_slots()),
-          .paused = 0,
-          .preemptions = 0};
+  // The group as one placement target. DCP: a request takes 1/N of its rows and a slot on every rank, so the
+  // group holds N times the fullest rank's pages and as many requests as its fullest rank. EP: a request
+  // lives on one rank, so the group holds the sum. The transfer pools (in this process's bookkeeping) follow
+  // the same rule: DCP one per rank, EP one for the group. The router's figures are an upper bound; the
+  // leader checks every rank's own room before a request joins (place()).
+  const bool dcp = opts_.layout.dcp > 1;
+  const auto n = static_cast<uint32_t>(rooms_.size());
+  uint32_t pages = dcp ? UINT32_MAX : 0, free_pages = pages, seqs = pages, free_seqs = pages;
+  for (const GroupRoom& r : rooms_) {
+    if (dcp) {
+      pages = std::min(pages, r.cache_pages);
+      free_pages = std::min(free_pages, r.free_pages);
+      seqs = std::min(seqs, r.seqs);
+      free_seqs = std::min(free_seqs, r.free_seqs);
+    } else {
+      pages += r.cache_pages;
+      free_pages += r.free_pages;
+      seqs += r.seqs;
+      free_seqs += r.free_seqs;
+    }
+  }
+  if (dcp) {
+    pages *= n;
+    free_pages *= n;
+  }
+  uint32_t pool_free_pages = UINT32_MAX, pool_free_slots = UINT32_MAX;
+  for (uint32_t rank : driver_->ranks()) {
+    pool_free_pages = std::min(pool_free_pages, driver_->pool(rank).free_pages());
+    pool_free_slots = std::min(pool_free_slots, driver_->pool(rank).free_slots());
+  }
+  const auto pools = static_cast<uint32_t>(driver_->ranks().size());
+  return {.pool_page_size = opts_.rank.page_size, .pool_pages = opts_.rank.num_pages * pools,
+          .pool_free_pages = pool_free_pages * pools, .pool_slots = opts_.rank.num_slots, .pool_free_slots = pool_free_slots,
+          .cache_page_size = rooms_[0].page_size, .cache_pages = pages, .cache_free_pages = free_pages, .cache_seqs = seqs,
+          .cache_free_seqs = free_seqs, .paused = static_cast<uint32_t>(waiting_.size()), .preemptions = 0};
 }
 
 Status GroupLeader::run_once(std::chrono::milliseconds idle_wait) {
   K3_ASSIGN_OR_RETURN(Actions actions, driver_->step(running_.empty() ? idle_wait : 0ms));
   after_driver();
   for (const transfer::Action& a : actions)
-    if (const auto* ready = std::get_if<transfer::ReadyAction>(&a)) admit(*ready);
+    if (const auto* ready = std::get_if<transfer::ReadyAction>(&a)) waiting_.push_back(*ready);
+  admit_waiting();
   return step();
 }
 

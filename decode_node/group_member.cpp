@@ -12,27 +12,57 @@ void say_group_failed(const Status& why, CachePools& pools) {
            std::to_string(pools.free_slots()) + " " + std::to_string(pools.options().max_seqs));
 }
 
-int run_group_member(GroupWorker& worker, Comm& comm) {
+void say_imported(const GroupAdmit& a, size_t bytes, bool from_region) {
+  say_line("IMPORTED " + std::to_string(a.id) + " " + std::to_string(a.position) + " " + std::to_string(bytes) +
+           (from_region ? " region" : " command"));
+}
+
+namespace {
+
+// One admit of a command: the slice comes in the command (EP) or from this rank's own region (DCP).
+Status admit_one(GroupWorker& worker, MemberRegion* region, GroupAdmit& a) {
+  if (a.from_region) {
+    if (!region) return invalid_argument("request " + std::to_string(a.id) + ": read from a region this rank does not own");
+    K3_ASSIGN_OR_RETURN(a.image, region->image(a.page_ids, a.slot, a.position));
+  }
+  const size_t bytes = a.image.size();
+  K3_TRY(worker.admit(a));
+  say_imported(a, bytes, a.from_region);
+  return Status::ok();
+}
+
+}  // namespace
+
+int run_group_member(GroupWorker& worker, Comm& comm, MemberRegion* region) {
+  // The leader learns this rank's room before it admits anything onto it.
+  if (Status st = send_group_room(comm, 0, worker.room()); !st.is_ok()) {
+    spdlog::error("decode group rank {}: {}", comm.rank(), st.to_string());
+    say_group_failed(st, worker.caches());
+    return 1;
+  }
   for (;;) {
     auto cmd = recv_group_command(comm, 0);
     Status st = cmd.status();
     if (cmd.is_ok()) {
+      if (region) region->progress();
       if (cmd->stop) {
         worker.close_all();
         say_line("STOPPED");
         return 0;
       }
       for (uint64_t id : cmd->drops) worker.drop(id);
-      for (const auto& a : cmd->admits)
-        if (st = worker.admit(a); !st.is_ok()) break;
+      for (auto& a : cmd->admits)
+        if (st = admit_one(worker, region, a); !st.is_ok()) break;
       if (st.is_ok() && cmd->step) {
         auto logits = worker.step(cmd->feeds);
         st = logits.status();
         // Every rank refused the step before touching a cache (a rank out of pages): the leader drops a
         // request and goes on, and so does this rank.
-        if (!logits.is_ok() && logits.status().code() == Code::ResourceExhausted) continue;
-        if (logits.is_ok() && !logits->empty()) st = send_group_logits(comm, 0, *logits);
+        if (!logits.is_ok() && logits.status().code() == Code::ResourceExhausted) st = Status::ok();
+        else if (logits.is_ok() && !logits->empty()) st = send_group_logits(comm, 0, *logits);
       }
+      // Every command is answered with this rank's room (the leader's admission input).
+      if (st.is_ok()) st = send_group_room(comm, 0, worker.room());
       if (st.is_ok()) continue;
     }
     spdlog::error("decode group rank {}: {}", comm.rank(), st.to_string());

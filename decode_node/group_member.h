@@ -5,11 +5,18 @@
 // stdout: "GROUP_FAILED <status>" then "FREE <free pages> <pages> <free slots> <slots>" when the group failed.
 #pragma once
 #include "decode_node/group_worker.h"
+#include "decode_node/member_region.h"
 
 namespace k3::decode {
 
-// Returns the process exit code: 0 after a stop command, 1 when the group failed.
-int run_group_member(GroupWorker& worker, Comm& comm);
+// Returns the process exit code: 0 after a stop command, 1 when the group failed. `region`: this rank's
+// own transfer region (DCP; nullptr for EP, whose requests come whole in the command).
+// stdout: "IMPORTED <id> <position> <bytes> region|command" for every request this rank took, saying
+// whether its slice came from its own region or in the leader's command.
+int run_group_member(GroupWorker& worker, Comm& comm, MemberRegion* region);
+
+// The IMPORTED line (leader and members print it alike).
+void say_imported(const GroupAdmit& a, size_t bytes, bool from_region);
 
 // The lines both the leader and the members print when their group failed (what their caches hold once
 // every request was closed: every page and slot free).

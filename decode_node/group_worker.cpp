@@ -14,6 +14,12 @@ Result<std::unique_ptr<GroupWorker>> GroupWorker::create(Backend& backend, const
   return w;
 }
 
+GroupRoom GroupWorker::room() {
+  CachePools& c = model_->caches();
+  return {.page_size = static_cast<uint32_t>(c.options().page_size), .cache_pages = static_cast<uint32_t>(c.options().num_pages), .free_pages = static_cast<uint32_t>(c.free_pages()),
+          .seqs = static_cast<uint32_t>(c.options().max_seqs), .free_seqs = static_cast<uint32_t>(c.free_slots())};
+}
+
 void GroupWorker::close_all() {
   if (!model_) return;
   for (auto& [id, s] : seqs_) model_->caches().close(s.seq);

@@ -27,6 +27,7 @@ class GroupWorker {
   void close_all();
 
   size_t num_requests() const { return seqs_.size(); }
+  GroupRoom room();                  // this rank's decode caches: pages and sequence slots, free and all
   CachePools& caches() { return model_->caches(); }
   RankModel& model() { return *model_; }
 

@@ -7,6 +7,10 @@
 // A rank group (--group-dcp N or --group-ep N, docs/RANKS.md) is started as one process per rank:
 // rank 0 (the leader: control plane, transfer regions of the group) binds the group's communicator and
 // prints "GROUP <endpoint>" before it waits for the others; ranks 1.. are started with that endpoint.
+//   IMPORTED <id> <position> <bytes> region|command   a rank took a request: its slice read from its own
+//                                 transfer region (DCP, and the leader) or sent in the leader's command (EP)
+//   FORWARDED <id> <rank> <bytes> the leader sent an EP request's image to the rank it placed it on
+//   WAITING <id> <why>            the leader holds a ready request until its ranks have room (why names them)
 //   GROUP_FAILED <status> + FREE <free pages> <pages> <free slots> <slots>   the group failed (a rank
 //                                 died or missed the step deadline); the process then exits with 1
 #include <CLI/CLI.hpp>
@@ -102,9 +106,19 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   if (gf.rank > 0) {
     auto worker = decode::GroupWorker::create(be, cfg, weights, layout, **comm, o.cache);
     if (!worker.is_ok()) return fail(worker.status());
+    // A DCP rank owns its transfer region: the leader names its geometry, the rank answers with it.
+    std::unique_ptr<decode::MemberRegion> region;
+    if (layout.dcp > 1) {
+      auto req = decode::recv_region_request(**comm, 0);
+      if (!req.is_ok()) return fail(req.status());
+      auto made = decode::MemberRegion::create(cfg, be, layout, *req, o.ucx_net_devices);
+      if (!made.is_ok()) return fail(made.status());
+      region = std::move(made).value();
+      if (Status st = decode::send_region_offer(**comm, 0, region->offer()); !st.is_ok()) return fail(st);
+    }
     (*comm)->set_timeout(std::chrono::milliseconds(gf.step_deadline_ms));
     say("MEMBER " + std::to_string(gf.rank) + " of " + to_string(layout));
-    return decode::run_group_member(**worker, **comm);
+    return decode::run_group_member(**worker, **comm, region.get());
   }
   zmq::context_t zctx;
   auto leader = decode::GroupLeader::create({.rank = o, .layout = layout}, be, cfg, weights, **comm, zctx);

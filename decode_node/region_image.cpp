@@ -8,6 +8,13 @@ Result<std::vector<uint8_t>> packed_image_from_region(const transfer::CacheLayou
                                                       const transfer::RankPoolGeometry& geo,
                                                       const transfer::RankAllocation& alloc,
                                                       std::span<const uint8_t> region, uint32_t num_tokens) {
+  return packed_image_from_region(model, geo, RegionEntries{.pages = alloc.pages.page_ids(), .slot = alloc.slot.slot()},
+                                  region, num_tokens);
+}
+
+Result<std::vector<uint8_t>> packed_image_from_region(const transfer::CacheLayout& model,
+                                                      const transfer::RankPoolGeometry& geo, RegionEntries entries,
+                                                      std::span<const uint8_t> region, uint32_t num_tokens) {
   const uint32_t ps = geo.page_size;
   if (ps == 0) return invalid_argument("region geometry: page_size is 0");
   // The rank's KDA entries must be the given layout's sizes (whole heads, or the rank's layout when sliced).
@@ -24,7 +31,7 @@ Result<std::vector<uint8_t>> packed_image_from_region(const transfer::CacheLayou
     std::memcpy(out.data() + to, region.data() + (addr - geo.base), len);
     return Status::ok();
   };
-  const auto& pages = alloc.pages.page_ids();
+  const std::span<const uint32_t> pages = entries.pages;
   for (const auto& [layer, e] : img.layers) {
     if (model.layers[layer] == LayerCache::Mla) {
       if ((num_tokens + ps - 1) / ps > pages.size())
@@ -35,8 +42,8 @@ Result<std::vector<uint8_t>> packed_image_from_region(const transfer::CacheLayou
       for (uint32_t p = 0; p < num_tokens; ++p)
         K3_TRY(copy(base + CacheLayout::paged_row(pages, ps, p) * row, row, e.rows + p * row, "MLA row", layer));
     } else {
-      if (!alloc.slot.slot()) return invalid_argument("request holds no KDA slot but layer " + std::to_string(layer) + " is KDA");
-      const uint32_t slot = *alloc.slot.slot();
+      if (!entries.slot) return invalid_argument("request holds no KDA slot but layer " + std::to_string(layer) + " is KDA");
+      const uint32_t slot = *entries.slot;
       K3_ASSIGN_OR_RETURN(uint64_t conv, geo.kda_conv_addr(slot, layer));
       K3_TRY(copy(conv, model.kda_conv_bytes(), e.conv, "KDA conv", layer));
       K3_ASSIGN_OR_RETURN(uint64_t state, geo.kda_state_addr(slot, layer));

@@ -7,6 +7,7 @@
 // transfer plan writes local row p / N there).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -16,7 +17,17 @@
 
 namespace k3::decode {
 
+// Where one request's caches are in a region: its page table and its KDA slot (none without KDA layers).
+struct RegionEntries {
+  std::span<const uint32_t> pages;
+  std::optional<uint32_t> slot;
+};
+
 // `region` is the rank's whole registered region (byte 0 at geo.base). Errors name what is out of bounds.
+Result<std::vector<uint8_t>> packed_image_from_region(const transfer::CacheLayout& model,
+                                                      const transfer::RankPoolGeometry& geo, RegionEntries entries,
+                                                      std::span<const uint8_t> region, uint32_t num_tokens);
+// The same for an allocation the caller's own pool holds.
 Result<std::vector<uint8_t>> packed_image_from_region(const transfer::CacheLayout& model,
                                                       const transfer::RankPoolGeometry& geo,
                                                       const transfer::RankAllocation& alloc,

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/protocol/compat.h"
@@ -34,14 +35,28 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
     K3_ASSIGN_OR_RETURN(auto probe, RankPoolGeometry::for_rank(c.side.model, layout, i, rank, 0, c.page_size,
                                                                c.num_pages, c.num_slots));
     RankRegion& region = d->pools_[rank];
-    K3_ASSIGN_OR_RETURN(region.mem, UcxMemory::allocate(d->ctx_, probe.region_bytes()));
-    std::memset(region.mem->base(), c.poison, region.mem->length());
-    const uint64_t base = reinterpret_cast<uint64_t>(region.mem->base());
-    K3_ASSIGN_OR_RETURN(auto geo, RankPoolGeometry::for_rank(c.side.model, layout, i, rank, base, c.page_size,
+    auto elsewhere = std::find_if(c.hosted_elsewhere.begin(), c.hosted_elsewhere.end(),
+                                  [&](const protocol::MemoryRegion& m) { return m.region_id == rank; });
+    protocol::MemoryRegion published;
+    if (elsewhere != c.hosted_elsewhere.end()) {
+      if (elsewhere->length != probe.region_bytes() || elsewhere->worker_address.empty() || elsewhere->packed_rkey.empty())
+        return invalid_argument("the region of decode rank " + std::to_string(rank) + " hosted by another process has " +
+                                std::to_string(elsewhere->length) + " bytes" +
+                                (elsewhere->worker_address.empty() ? ", no worker address" : "") +
+                                (elsewhere->packed_rkey.empty() ? ", no rkey" : "") + "; its geometry needs " +
+                                std::to_string(probe.region_bytes()) + " bytes, an rkey and a worker address");
+      published = *elsewhere;
+    } else {
+      K3_ASSIGN_OR_RETURN(region.mem, UcxMemory::allocate(d->ctx_, probe.region_bytes()));
+      std::memset(region.mem->base(), c.poison, region.mem->length());
+      K3_ASSIGN_OR_RETURN(auto rkey, region.mem->packed_rkey());
+      published = {.region_id = rank, .base = reinterpret_cast<uint64_t>(region.mem->base()),
+                   .length = region.mem->length(), .packed_rkey = std::move(rkey), .worker_address = {}};
+    }
+    K3_ASSIGN_OR_RETURN(auto geo, RankPoolGeometry::for_rank(c.side.model, layout, i, rank, published.base, c.page_size,
                                                              c.num_pages, c.num_slots));
     K3_ASSIGN_OR_RETURN(region.pool, RankPool::create(geo));
-    K3_ASSIGN_OR_RETURN(auto rkey, region.mem->packed_rkey());
-    d->reg_.regions.push_back({.region_id = rank, .base = base, .length = region.mem->length(), .packed_rkey = rkey});
+    d->reg_.regions.push_back(std::move(published));
     pool_ptrs.push_back(region.pool.get());
   }
   d->side_ = std::make_unique<DecodeSide>(c.side, pool_ptrs, metrics);
@@ -185,7 +200,15 @@ Result<Actions> DecodeDriver::step(Millis max_wait) {
   for (size_t i = 0; i < events.size(); ++i) {
     const bool from_router = i == 1;
     for (const ControlEvent& e : events[i]) {
-      if (e.kind == ControlEventKind::PeerUp && !from_router) peers_heard_.insert(e.peer);
+      if (e.kind == ControlEventKind::PeerUp && !from_router) {
+        peers_heard_.insert(e.peer);
+        // Our REGISTER (regions, rkeys, workers) goes to a stage as soon as we hear it, ahead of any ADDRS on
+        // the same connection. A stage that was mid-request when this decode instance restarted (a rank group
+        // that formed again) may send COMPUTE_DONE before its own REGISTER reached us; without this its ADDRS
+        // would arrive before our regions and its writes would fail. (Its REGISTER is still answered.)
+        if (auto p = parse_control_name(e.peer); p && p->role == Role::Prefill)
+          (void)server_->send(e.peer, protocol::encode(reg_));
+      }
       if (e.kind == ControlEventKind::Message) {
         on_message(e, from_router, out);
       } else if (e.kind == ControlEventKind::PeerDown) {

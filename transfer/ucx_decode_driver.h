@@ -3,9 +3,10 @@
 // published with packed rkeys in its REGISTER), a ControlServer for the prefill stages and a
 // ControlClient to the router, and executes the state machine's actions.
 //
-// Simplification (for now): one process holds the regions of every rank of the group and one UCX
-// worker receives all writes; rank processes that each own their region plug in by publishing their
-// own REGISTER (the prefill driver already keys rkeys by region id = global rank).
+// A rank of the group may own its region in its own process (a decode rank group, docs/RANKS.md): the
+// rank maps it with its own UCX worker and hands this driver a MemoryRegion (base, length, packed rkey,
+// its worker's address); the driver keeps only that rank's RankPool (the bookkeeping of pages and slots)
+// and lists the region, with its worker, in the REGISTER, so prefill writes straight into that process.
 // Pools are allocated by UCX (UcxMemory::allocate) so that writers on the same host reach them
 // through shared memory.
 #pragma once
@@ -24,6 +25,9 @@ namespace k3::transfer {
 struct DecodeDriverConfig {
   DecodeSideConfig side;                 // instance id, model layout, KDA slicing, timeouts
   std::vector<uint32_t> ranks;           // global ranks of the group this process serves
+  // Regions of `ranks` that other processes own (region_id = the rank, worker_address set); every other
+  // rank's region is allocated here. Each must have the length of its rank's geometry.
+  std::vector<protocol::MemoryRegion> hosted_elsewhere;
   uint32_t page_size = 16;
   uint32_t num_pages = 64;               // per rank
   uint32_t num_slots = 4;                // per rank
@@ -56,17 +60,19 @@ class DecodeDriver {
 
   DecodeSide& side() { return *side_; }
   RankPool& pool(uint32_t rank) { return *pools_.at(rank).pool; }
-  // The rank's registered pool bytes (allocated by UCX: a shared-memory segment on one host).
+  // The rank's registered pool bytes (allocated by UCX: a shared-memory segment on one host); empty for
+  // a region another process owns (hosted_elsewhere).
   std::span<uint8_t> memory(uint32_t rank) {
-    auto& m = *pools_.at(rank).mem;
-    return {m.base(), m.length()};
+    auto& m = pools_.at(rank).mem;
+    if (!m) return {};
+    return {m->base(), m->length()};
   }
   const std::vector<uint32_t>& ranks() const { return cfg_.ranks; }
   const protocol::Register& registration() const { return reg_; }
 
  private:
   struct RankRegion {
-    std::unique_ptr<UcxMemory> mem;
+    std::unique_ptr<UcxMemory> mem;   // null when another process owns the region
     std::unique_ptr<RankPool> pool;
   };
   DecodeDriver(DecodeDriverConfig cfg, protocol::MetricsRegistry* m) : cfg_(std::move(cfg)), metrics_(m) {}

@@ -165,13 +165,23 @@ void PrefillDriver::on_message(const ControlEvent& e, bool from_router, StepResu
         return;
       }
       rkeys_.clear();
-      auto ep = worker_->connect(reg->worker_address, /*peer_error_handling=*/false);
-      if (!ep.is_ok()) {
-        spdlog::error("prefill {}: endpoint to decode: {}", cfg_.side.stage, ep.status().message());
-        return;
-      }
+      // One endpoint per owning worker: a rank group's regions live in its ranks' processes (each region
+      // names its worker), a plain decode's in the registering process.
+      std::map<std::vector<uint8_t>, std::shared_ptr<UcxEndpoint>> eps;
       for (const auto& region : reg->regions) {
-        auto rk = RemoteKey::unpack(*ep, region.packed_rkey, region.base, region.length);
+        const std::vector<uint8_t>& owner = region.worker_address.empty() ? reg->worker_address : region.worker_address;
+        auto& ep = eps[owner];
+        if (!ep) {
+          auto made = worker_->connect(owner, /*peer_error_handling=*/false);
+          if (!made.is_ok()) {
+            spdlog::error("prefill {}: endpoint to decode region {}: {}", cfg_.side.stage, region.region_id,
+                          made.status().message());
+            rkeys_.clear();
+            return;
+          }
+          ep = std::move(made).value();
+        }
+        auto rk = RemoteKey::unpack(ep, region.packed_rkey, region.base, region.length);
         if (!rk.is_ok()) {
           spdlog::error("prefill {}: rkey of region {}: {}", cfg_.side.stage, region.region_id, rk.status().message());
           rkeys_.clear();

@@ -76,8 +76,8 @@ struct CacheLayout {
   PackedImage pack_range(uint32_t begin, uint32_t end, uint64_t num_tokens) const;
 
   // Flat row (page * page_size + offset) of token p in a paged cache whose page table is `pages`.
-  template <class Id>
-  static uint64_t paged_row(const std::vector<Id>& pages, uint64_t page_size, uint64_t p) {
+  template <class Pages>  // a vector or span of page ids
+  static uint64_t paged_row(const Pages& pages, uint64_t page_size, uint64_t p) {
     return uint64_t(pages[p / page_size]) * page_size + p % page_size;
   }
 };

@@ -15,7 +15,7 @@ K3_FIELDS(ParallelLayout, v("dp_size", m.dp_size); v("dcp_size", m.dcp_size);
 K3_FIELDS(CompatInfo, v("model_hash", m.model_hash); v("kv_dtype", m.kv_dtype);
           v("state_dtype", m.state_dtype); v("page_size", m.page_size); v("layout", m.layout))
 K3_FIELDS(MemoryRegion, v("region_id", m.region_id); v("base", m.base); v("length", m.length);
-          v("packed_rkey", m.packed_rkey))
+          v("packed_rkey", m.packed_rkey); v("worker_address", m.worker_address))
 K3_FIELDS(Register, v("role", m.role); v("instance_id", m.instance_id); v("rank", m.rank);
           v("stage", m.stage); v("compat", m.compat); v("compat_hash", m.compat_hash);
           v("layer_ids", m.layer_ids); v("regions", m.regions); v("worker_address", m.worker_address);

@@ -90,6 +90,9 @@ struct MemoryRegion {
   uint64_t base = 0;               // remote virtual address of byte 0
   uint64_t length = 0;
   std::vector<uint8_t> packed_rkey;  // ucp_rkey_pack output; empty when the region is not remotely writable
+  // The UCX worker that owns the region when it is not the sender's own (a decode rank group: each rank
+  // process registers its region; the leader's REGISTER lists them all). Empty: Register.worker_address.
+  std::vector<uint8_t> worker_address;
   bool operator==(const MemoryRegion&) const = default;
 };
 

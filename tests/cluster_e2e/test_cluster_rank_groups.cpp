@@ -2,8 +2,8 @@
 // instance of DP2 x DCP8 on k3-tiny-h8) and deploy/cluster-ep.json (DP2 x EP4 on k3-tiny). Concurrent
 // requests over HTTP, greedy and seeded, with prompts longer than the group so every DCP rank holds
 // tokens, give the tokens of k3-generate. A rank killed mid-stream ends every request of its group with an
-// error within 5 s, the other group serves on with the right tokens, and the survivors' caches and
-// transfer pools are all free.
+// error within 5 s, the other group serves on with the right tokens, the survivors' caches and
+// transfer pools are all free, and the group forms again (restarted by k3-cluster) and serves.
 // DCP8 runs as the spec file says (21 processes: router, 4 prefill stages, 2 x 8 decode ranks); they sleep
 // on events, and the whole case takes ~13 s on the 2-core machine.
 #include <catch2/catch.hpp>
@@ -14,7 +14,13 @@
 #include <fstream>
 #include <future>
 #include <regex>
+#include <set>
+#include <thread>
 
+#include "common/config/config.h"
+#include "engine/kv_cache.h"
+#include "engine/rank_layout.h"
+#include "kernels/backend.h"
 #include "tests/cluster_e2e/cluster_launch.h"
 #include "tests/cluster_e2e/stream_load.h"
 #include "tests/router/http_client.h"
@@ -187,6 +193,89 @@ void check_rank_death(k3::test::LaunchedCluster& c, const std::string& model, in
   const auto m = k3::test::read_metrics(port);
   CHECK(k3::test::metric_or(m, "k3_cluster_node_up{node=\"decode/d-1\"}", 1) == 1);
   CHECK(complete(port, prompts[1], 4, 0.f, 0) == k3::test::k3_generate_tokens(model, prompts[1], 4));
+
+  // The group forms again: k3-cluster restarts its processes (the leader binds the same group endpoint, the
+  // members find it, the prefill stages register the new regions), and requests placed on it are served
+  // with k3-generate's tokens.
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(k3::test::k3_generate_tokens(model, p, 4));
+  const auto before = k3::test::read_metrics(port);
+  const double placed_before = k3::test::metric_or(before, "k3_cluster_placements_total{node=\"decode/d-0\"}");
+  const auto reformed_until = Clock::now() + 120s;
+  for (;;) {
+    REQUIRE(Clock::now() < reformed_until);
+    std::vector<std::future<std::vector<int32_t>>> again;
+    for (const auto& p : prompts)
+      again.push_back(std::async(std::launch::async, [port, p] { return complete(port, p, 4, 0.f, 0); }));
+    for (size_t i = 0; i < again.size(); ++i) CHECK(again[i].get() == want[i]);
+    const auto now = k3::test::read_metrics(port);
+    // Served there, not retried elsewhere after a failed attempt on it.
+    CHECK(k3::test::metric_or(now, "k3_cluster_retries_total") == k3::test::metric_or(before, "k3_cluster_retries_total"));
+    if (k3::test::metric_or(now, "k3_cluster_placements_total{node=\"decode/d-0\"}") > placed_before) break;
+    std::this_thread::sleep_for(500ms);
+  }
+}
+
+// One rank's IMPORTED line (k3-cluster --verbose echoes every child's stdout on stderr).
+struct Imported {
+  int rank = 0;
+  int64_t position = 0;
+  uint64_t bytes = 0;
+  std::string source;
+};
+
+// What the ranks of both groups imported and the leaders forwarded, from the launcher's log: every rank
+// prints IMPORTED for each request it took, the leader FORWARDED for each image it sent in a command.
+// Waits until every request seen on a group's leader was imported by all `group_size` ranks (EP: 1).
+std::map<std::pair<std::string, uint64_t>, std::vector<Imported>> read_imports(const std::string& log, int group_size,
+                                                                                size_t& forwarded, size_t min_requests) {
+  const std::regex imported("k3-cluster: decode/(d-[01])(?:/([0-9]+))?: IMPORTED ([0-9]+) ([0-9]+) ([0-9]+) (region|command)");
+  const std::regex fwd("k3-cluster: decode/d-[01]: FORWARDED .*");
+  std::map<std::pair<std::string, uint64_t>, std::vector<Imported>> out;
+  for (const auto until = Clock::now() + 30s;; std::this_thread::sleep_for(200ms)) {
+    out.clear();
+    forwarded = 0;
+    std::ifstream in(log);
+    for (std::string line; std::getline(in, line);) {
+      std::smatch m;
+      if (std::regex_match(line, m, fwd)) ++forwarded;
+      if (!std::regex_match(line, m, imported)) continue;
+      out[{m[1], std::stoull(m[3])}].push_back({.rank = m[2].matched ? std::stoi(m[2]) : 0, .position = std::stoll(m[4]),
+                                                .bytes = std::stoull(m[5]), .source = m[6]});
+    }
+    const bool whole = out.size() >= min_requests &&
+                       std::all_of(out.begin(), out.end(), [&](const auto& kv) {
+                         return kv.second.size() >= static_cast<size_t>(group_size);
+                       });
+    if (whole || Clock::now() > until) return out;
+  }
+}
+
+// DCP: the prefill stages wrote every rank's slice straight into that rank's own region: every rank of
+// the group imported every request from its region, exactly its slice's bytes (its rows p % N == rank
+// and its KDA heads), and the leaders forwarded nothing.
+void check_direct_transfer(const std::string& log, const std::string& model, int dcp, size_t requests) {
+  size_t forwarded = 0;
+  const auto imports = read_imports(log, dcp, forwarded, requests);
+  CHECK(forwarded == 0);
+  CHECK(imports.size() >= requests);
+  const k3::ModelConfig cfg = k3::load_model_config(model + "/config.json").value();
+  auto be = k3::make_cpu_backend({.threads = 1});
+  for (const auto& [key, ranks] : imports) {
+    INFO("group " << key.first << ", request " << key.second);
+    std::set<int> seen;
+    for (const Imported& i : ranks) {
+      INFO("rank " << i.rank << ": " << i.bytes << " bytes from " << i.source);
+      seen.insert(i.rank);
+      CHECK(i.source == "region");
+      const k3::RankLayout g{.dcp = dcp, .ep = 1, .kv_partitions = dcp, .rank = i.rank};
+      const k3::CacheLayout layout = k3::cache_layout(k3::rank_cache_config(cfg, g), *be).value();
+      std::vector<uint32_t> layers;
+      for (uint32_t l = 0; l < layout.num_main_layers(); ++l) layers.push_back(l);
+      CHECK(i.bytes == layout.pack(layers, static_cast<uint64_t>(k3::dcp_rows_on(g, i.position))).total_bytes);
+    }
+    CHECK(seen.size() == static_cast<size_t>(dcp));
+  }
 }
 
 // `dcp` 0: the spec file's.
@@ -194,9 +283,11 @@ void run_dcp(int dcp) {
   k3::test::TempDir dir("cluster-dcp");
   const std::string spec = write_spec("cluster-dcp.json", dir.path(), dcp);
   if (dcp == 0) dcp = 8;
-  k3::test::LaunchedCluster c = k3::test::launch_cluster(spec);
+  const std::string log = dir.path() + "/cluster.log";
+  k3::test::LaunchedCluster c = k3::test::launch_cluster(spec, 300s, {"--verbose"}, log);
   CHECK(c.pids.size() == static_cast<size_t>(1 + 2 * dcp + 4));  // router, 2 groups of dcp, 2 x PP2 prefill
   check_tokens(c, dir.path() + "/model");
+  check_direct_transfer(log, dir.path() + "/model", dcp, 8);
   check_rank_death(c, dir.path() + "/model", dcp);
   ::kill(c.proc->pid(), SIGTERM);
   c.proc->wait_exit(30s);
@@ -230,9 +321,23 @@ TEST_CASE("k3-cluster: deploy/cluster-ep.json (DP2 x EP4) == k3-generate; a rank
           "[cluster_e2e][ranks]") {
   k3::test::TempDir dir("cluster-ep");
   const std::string spec = write_spec("cluster-ep.json", dir.path(), 0);
-  k3::test::LaunchedCluster c = k3::test::launch_cluster(spec);
+  const std::string log = dir.path() + "/cluster.log";
+  k3::test::LaunchedCluster c = k3::test::launch_cluster(spec, 300s, {"--verbose"}, log);
   CHECK(c.pids.size() == static_cast<size_t>(1 + 2 * 4 + 4));
   check_tokens(c, dir.path() + "/model");
+  {
+    // EP: a group has one region (the leader's); a request on another rank comes whole in a command.
+    size_t forwarded = 0;
+    const auto imports = read_imports(log, 1, forwarded, 8);
+    size_t by_command = 0;
+    for (const auto& [key, ranks] : imports) {
+      REQUIRE(ranks.size() == 1);
+      CHECK(ranks[0].source == (ranks[0].rank == 0 ? "region" : "command"));
+      by_command += ranks[0].source == "command";
+    }
+    CHECK(forwarded == by_command);
+    CHECK(by_command >= 1);
+  }
   check_refused_features(c.port);
   check_rank_death(c, dir.path() + "/model", 4);
   ::kill(c.proc->pid(), SIGTERM);

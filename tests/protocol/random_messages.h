@@ -59,7 +59,7 @@ class RandomMessages {
                .compat = compat(), .compat_hash = u64(), .layer_ids = u32s(), .regions = {},
                .worker_address = bytes(), .control_endpoint = str()};
     for (size_t i = count(4); i > 0; --i)
-      m.regions.push_back({.region_id = u32(), .base = u64(), .length = u64(), .packed_rkey = bytes()});
+      m.regions.push_back({.region_id = u32(), .base = u64(), .length = u64(), .packed_rkey = bytes(), .worker_address = bytes()});
     return m;
   }
   RegisterAck ack() { return {.ok = coin(), .reason = str()}; }

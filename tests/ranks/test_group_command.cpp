@@ -20,6 +20,9 @@ TEST_CASE("group command: round trip on random commands, truncation refused", "[
       GroupAdmit a{.id = rng(), .position = static_cast<int64_t>(rng() % 5000)};
       a.image.resize(rng() % 300);
       for (auto& b : a.image) b = static_cast<uint8_t>(rng());
+      a.from_region = rng() % 2 == 0;
+      a.slot = static_cast<int64_t>(rng() % 9) - 1;
+      for (int k = 0, m = static_cast<int>(rng() % 5); k < m; ++k) a.page_ids.push_back(static_cast<uint32_t>(rng()));
       c.admits.push_back(a);
     }
     for (int i = 0, n = static_cast<int>(rng() % 6); i < n; ++i)
@@ -35,6 +38,9 @@ TEST_CASE("group command: round trip on random commands, truncation refused", "[
       CHECK(back->admits[i].id == c.admits[i].id);
       CHECK(back->admits[i].position == c.admits[i].position);
       CHECK(back->admits[i].image == c.admits[i].image);
+      CHECK(back->admits[i].from_region == c.admits[i].from_region);
+      CHECK(back->admits[i].slot == c.admits[i].slot);
+      CHECK(back->admits[i].page_ids == c.admits[i].page_ids);
     }
     REQUIRE(back->feeds.size() == c.feeds.size());
     for (size_t i = 0; i < c.feeds.size(); ++i) {

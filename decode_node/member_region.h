@@ -1,0 +1,53 @@
+// The transfer region a member rank of a DCP decode group owns (docs/RANKS.md, "Transfer"): mapped with
+// the rank's own UCX worker in its own process, so the prefill stages write the rank's slice of every
+// request straight into it. The leader keeps the bookkeeping (its RankPool of this region: which pages and
+// slot a request holds) and tells the rank, when the request joins, where its slice is; the rank reads it
+// from here into its caches. Pages stay allocated at the leader until the request ends, which is after the
+// rank has read them (the rank reads before it joins the step that follows the command).
+#pragma once
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "decode_node/group_command.h"
+#include "decode_node/region_image.h"
+#include "engine/rank_layout.h"
+#include "transfer/ucx_memory.h"
+
+namespace k3 {
+class Backend;
+}
+
+namespace k3::decode {
+
+class MemberRegion {
+ public:
+  // `layout`: the group's, with this rank's index. The geometry is the one the leader computes for this
+  // rank (the model's full cache layout, KDA heads sliced per rank, the pool sizes of `req`).
+  static Result<std::unique_ptr<MemberRegion>> create(const ModelConfig& cfg, const Backend& backend,
+                                                      const RankLayout& layout, const GroupRegionRequest& req,
+                                                      const std::string& ucx_net_devices);
+  ~MemberRegion();
+
+  // What the leader publishes for this rank: base, length, packed rkey, this worker's address.
+  const protocol::MemoryRegion& offer() const { return offer_; }
+  // This rank's packed cache image of a request whose `position` tokens the group holds, read from the
+  // pages and slot the leader named (the rank's rows p % N == rank of the prompt, its KDA heads).
+  Result<std::vector<uint8_t>> image(std::span<const uint32_t> pages, int64_t slot, int64_t position);
+  // Lets the worker serve transports that need the target's progress (emulated RMA over tcp); on one host
+  // the writes land through shared memory without it.
+  void progress();
+
+ private:
+  MemberRegion() = default;
+
+  RankLayout layout_;
+  transfer::CacheLayout rank_layout_;
+  transfer::RankPoolGeometry geometry_;
+  std::shared_ptr<transfer::UcxWorker> worker_;
+  std::unique_ptr<transfer::UcxMemory> memory_;
+  protocol::MemoryRegion offer_;
+};
+
+}  // namespace k3::decode
