@@ -19,7 +19,8 @@
 //               "max_restarts": 5}      how dead nodes are started again (restart_policy.h)
 // }
 // Only "model", "prefill" and "decode" are required. Decode processes are numbered by global rank over
-// the "decode" list; prefill instance i feeds decode process i mod (number of decode processes).
+// the "decode" list; every prefill instance can feed every decode process (the router chooses the decode
+// target of each request), so any number of each serves.
 #pragma once
 #include <nlohmann/json.hpp>
 

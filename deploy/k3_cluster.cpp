@@ -40,6 +40,7 @@
 #include "deploy/cluster_spec.h"
 #include "deploy/cluster_tools.h"
 #include "deploy/http_probe.h"
+#include "deploy/node_commands.h"
 #include "deploy/status_server.h"
 #include "deploy/supervisor.h"
 #include "transfer/cluster_key_files.h"
@@ -207,12 +208,7 @@ Status Launcher::start() {
                                     "--heartbeat-ms", hb, "--heartbeat-misses", misses,
                                     "--claim-timeout-ms", std::to_string(spec_.claim_ms), "--log-level", log_level_};
   if (!spec_.served_model_name.empty()) rargs.insert(rargs.end(), {"--served-model-name", spec_.served_model_name});
-  for (size_t i = 0; i < spec_.prefill.size(); ++i) {
-    const auto& p = spec_.prefill[i];
-    const auto& d = decodes[i % decodes.size()];
-    rargs.insert(rargs.end(), {"--pair", p.id + ":" + std::to_string(p.stages) + ":" + d.instance + ":" + std::to_string(d.rank) +
-                                             (d.dcp > 1 ? ":" + std::to_string(d.dcp) : "")});
-  }
+  for (const std::string& pair : router_pair_flags(spec_)) rargs.insert(rargs.end(), {"--pair", pair});
   K3_ASSIGN_OR_RETURN(ChildProcess * router, spawn("router", "k3-router", rargs));
   K3_ASSIGN_OR_RETURN(std::string control, wait_line(*router, "CLUSTER ", deadline));
   say("CONTROL " + control);
@@ -259,17 +255,17 @@ Status Launcher::start() {
   std::vector<ChildProcess*> stages;
   for (size_t i = 0; i < spec_.prefill.size(); ++i) {
     const auto& p = spec_.prefill[i];
-    const size_t di = i % decodes.size();
     std::string partition;
     for (int n : p.partition) partition += (partition.empty() ? "" : ",") + std::to_string(n);
     std::string next;
     for (int st = p.stages - 1; st >= 0; --st) {
       std::vector<std::string> args = {"--model", spec_.model, "--stage", std::to_string(st), "--stages",
                                        std::to_string(p.stages), "--chunk-size", std::to_string(p.chunk_size),
-                                       "--max-requests", std::to_string(p.max_requests), "--instance", p.id,
-                                       "--decode-instance", decodes[di].instance, "--decode-endpoint", decode_eps[di],
-                                       "--router-endpoint", control, "--threads", threads, "--backend", spec_.backend, "--heartbeat-ms", hb,
-                                       "--heartbeat-misses", misses, "--log-level", log_level_};
+                                       "--max-requests", std::to_string(p.max_requests), "--instance", p.id};
+      for (size_t di = 0; di < decodes.size(); ++di)  // any prefill instance feeds any decode process
+        args.insert(args.end(), {"--decode-instance", decodes[di].instance, "--decode-endpoint", decode_eps[di]});
+      args.insert(args.end(), {"--router-endpoint", control, "--threads", threads, "--backend", spec_.backend, "--heartbeat-ms", hb,
+                                "--heartbeat-misses", misses, "--log-level", log_level_});
       if (!partition.empty()) args.insert(args.end(), {"--partition", partition});
       if (st > 0) args.insert(args.end(), {"--listen", "tcp://127.0.0.1:*"});
       if (!next.empty()) args.insert(args.end(), {"--next-endpoint", next});

@@ -23,8 +23,13 @@ std::vector<NodeProcess> node_processes(const ClusterSpec& spec, const PortLayou
   return out;
 }
 
-const DecodeProcess& fed_decode(const std::vector<DecodeProcess>& decodes, size_t prefill_instance) {
-  return decodes[prefill_instance % decodes.size()];
+std::vector<std::string> router_pair_flags(const ClusterSpec& spec) {
+  std::vector<std::string> out;
+  for (const PrefillSpec& p : spec.prefill)
+    for (const DecodeProcess& d : decode_processes(spec))
+      out.push_back(p.id + ":" + std::to_string(p.stages) + ":" + d.instance + ":" + std::to_string(d.rank) +
+                    (d.dcp > 1 ? ":" + std::to_string(d.dcp) : ""));
+  return out;
 }
 
 std::string key_file_of(const std::string& control_name) {
@@ -93,11 +98,7 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
            std::to_string(spec.heartbeat_misses), "--claim-timeout-ms", std::to_string(spec.claim_ms), "--log-level",
            ctx.log_level};
       if (!spec.served_model_name.empty()) a.insert(a.end(), {"--served-model-name", spec.served_model_name});
-      for (size_t i = 0; i < spec.prefill.size(); ++i) {
-        const auto& d = fed_decode(decodes, i);
-        a.insert(a.end(), {"--pair", spec.prefill[i].id + ":" + std::to_string(spec.prefill[i].stages) + ":" + d.instance +
-                                         ":" + std::to_string(d.rank)});
-      }
+      for (const std::string& pair : router_pair_flags(spec)) a.insert(a.end(), {"--pair", pair});
       break;
     }
     case NodeProcess::Kind::Decode: {
@@ -110,13 +111,14 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
     }
     case NodeProcess::Kind::Prefill: {
       const PrefillSpec& ps = spec.prefill[p.instance_index];
-      const DecodeProcess& d = fed_decode(decodes, p.instance_index);
-      const int decode_port = ports.decode_port + static_cast<int>(d.rank);
       a = {exe(ctx, "k3-prefill"), "--model", ctx.model, "--stage", std::to_string(p.local_index), "--stages",
            std::to_string(ps.stages), "--chunk-size", std::to_string(ps.chunk_size), "--max-requests",
-           std::to_string(ps.max_requests), "--instance", ps.id, "--decode-instance", d.instance, "--decode-endpoint",
-           "tcp://" + ctx.host_of("decode/" + d.instance) + ":" + std::to_string(decode_port), "--router-endpoint",
-           router_ep};
+           std::to_string(ps.max_requests), "--instance", ps.id};
+      for (const DecodeProcess& d : decodes)  // every decode process: the router names each request's
+        a.insert(a.end(), {"--decode-instance", d.instance, "--decode-endpoint",
+                           "tcp://" + ctx.host_of("decode/" + d.instance) + ":" +
+                               std::to_string(ports.decode_port + static_cast<int>(d.rank))});
+      a.insert(a.end(), {"--router-endpoint", router_ep});
       if (!ps.partition.empty()) {
         std::string part;
         for (int n : ps.partition) part += (part.empty() ? "" : ",") + std::to_string(n);

@@ -36,8 +36,9 @@ struct NodeProcess {
 // instance's stages in order.
 std::vector<NodeProcess> node_processes(const ClusterSpec& spec, const PortLayout& ports);
 
-// The decode process prefill instance `i` feeds (k3-cluster's rule: i mod the number of decode processes).
-const DecodeProcess& fed_decode(const std::vector<DecodeProcess>& decodes, size_t prefill_instance);
+// The router's --pair values: every prefill instance with every decode process (any prefill instance can
+// feed any decode rank or group; the router chooses the decode target per request), prefill-major.
+std::vector<std::string> router_pair_flags(const ClusterSpec& spec);
 
 // Where things are, as the command lines name them. Strings may reference shell variables (e.g.
 // "${K3_ADDR}") that the launcher script sets before it starts the process.

@@ -9,6 +9,7 @@
 #include "common/protocol/frame.h"
 #include "router/cluster_request.h"
 #include "router/cluster_tokens.h"
+#include "router/decode_choice.h"
 #include "router/wire_ids.h"
 
 namespace k3::router {
@@ -67,6 +68,11 @@ class ClusterWorkerOps {
   }
   // Ends a request: the final event, then its state goes.
   void end(Request& r, GenerationEvent&& ev) {
+    if (ev.kind == GenerationEvent::Kind::Finished && r.pair >= 0) {
+      const ClusterPair& p = s_.opts_.pairs[r.pair];
+      std::lock_guard lk(s_.pub_mu_);
+      ++s_.finished_by_pair_[{p.prefill_instance, decode_control_name(p)}];
+    }
     if (ev.kind == GenerationEvent::Kind::Finished)
       spdlog::info("router: request {} finished: {}, {} tokens", r.params.trace_id, ev.finish_reason, ev.completion_tokens);
     else
@@ -150,8 +156,34 @@ class ClusterWorkerOps {
       auto hb = w_.heartbeats.find(decode_control_name(s_.opts_.pairs[i]));
       if (hb != w_.heartbeats.end()) load[i].reported_running = hb->second.num_running;
     }
-    place(r, w_.policy->pick(fitting, load, r.params.prompt));
+    // The policy picks the prefill instance (through a pair); the decode target is chosen on its own.
+    const int picked = w_.policy->pick(fitting, load, r.params.prompt);
+    place(r, pair_with_least_loaded_decode(s_.opts_.pairs[picked].prefill_instance, fitting));
     return true;
+  }
+  // Among the fitting pairs of `prefill` (one per decode target it can feed), the pair whose decode
+  // target is least loaded (decode_choice.h).
+  int pair_with_least_loaded_decode(const std::string& prefill, const std::vector<int>& fitting) {
+    std::vector<int> pairs;
+    std::vector<DecodeLoad> loads;
+    for (int i : fitting) {
+      const ClusterPair& p = s_.opts_.pairs[i];
+      if (p.prefill_instance != prefill) continue;
+      const std::string rank = decode_control_name(p);
+      const DecodeCapacity cap = *w_.ledger.capacity(rank);
+      const CapacityLedger::Used used = w_.ledger.used(rank);
+      DecodeLoad l{.reserved_requests = used.requests,
+                   .free_cache_pages = int64_t(cap.cache_pages) - used.cache_pages,
+                   .free_pool_pages = int64_t(cap.pool_pages) - used.pool_pages};
+      if (auto hb = w_.heartbeats.find(rank); hb != w_.heartbeats.end()) {
+        l.reported_running = hb->second.num_running;
+        l.free_cache_pages = std::min<int64_t>(l.free_cache_pages, hb->second.room.cache_free_pages);
+        l.free_pool_pages = std::min<int64_t>(l.free_pool_pages, hb->second.room.pool_free_pages);
+      }
+      pairs.push_back(i);
+      loads.push_back(l);
+    }
+    return pairs[least_loaded_decode(loads, w_.decode_cursor++)];
   }
   Demand demand(const DecodeCapacity& cap, const Request& r) const {
     return demand_of(cap, static_cast<int64_t>(r.params.prompt.size()),
@@ -406,10 +438,7 @@ Result<std::unique_ptr<ClusterService>> ClusterService::create(const ModelConfig
                               " deadline must be positive");
   if (opts.max_attempts < 1) return invalid_argument("cluster: max_attempts must be >= 1");
   if (opts.heartbeat.count() < 1 || opts.heartbeat_misses < 1) return invalid_argument("cluster: heartbeat must be positive");
-  std::set<std::string> prefill_seen;
-  for (const auto& p : opts.pairs)
-    if (!prefill_seen.insert(p.prefill_instance).second)
-      return invalid_argument("cluster: prefill instance '" + p.prefill_instance + "' is in two pairs");
+  K3_TRY(check_pairs(opts.pairs));
   std::unique_ptr<ClusterService> s(new ClusterService());
   s->cfg_ = cfg;
   s->tokenizer_ = std::move(tokenizer);

@@ -2,7 +2,8 @@
 //  - local mode (default): the monolithic engine in this process (LocalEngineService);
 //  - cluster mode (--cluster-endpoint): prefill/decode nodes over the ZeroMQ control plane
 //    (ClusterService); the nodes get the bound endpoint (printed as "CLUSTER <endpoint>") as their
-//    --router-endpoint, and --pair names which prefill instance feeds which decode rank.
+//    --router-endpoint, and --pair names which prefill instance may feed which decode rank (any to any
+//    when every combination is listed).
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -102,7 +103,9 @@ int main(int argc, char** argv) {
   cluster->add_option("--pair", pair_texts,
                       "PREFILL:STAGES:DECODE:RANK[:DCP], repeatable: prefill instance PREFILL (stages 0..STAGES-1, "
                       "control names prefill/PREFILL/<s>) feeds decode instance DECODE (decode/DECODE) serving rank RANK "
-                      "(a DCP group: ranks RANK..RANK+DCP-1, each request written to all of them)");
+                      "(a DCP group: ranks RANK..RANK+DCP-1, each request written to all of them). A prefill instance may be "
+                      "paired with several decode instances and the reverse: the placement policy picks the prefill "
+                      "instance, then the least-loaded decode instance it is paired with serves the request");
   cluster->add_option("--placement", placement, "round-robin (default), least-loaded or prefix-affinity");
   cluster->add_option("--affinity-tokens", affinity_tokens, "prefix-affinity: leading prompt tokens hashed (default 16)")
       ->check(CLI::PositiveNumber);
