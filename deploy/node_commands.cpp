@@ -83,6 +83,13 @@ void add_node_common(std::vector<std::string>& a, const ClusterSpec& spec, const
                      "--log-level", ctx.log_level, "--interface", ctx.address});
 }
 
+const std::string& bind_of(const NodeContext& ctx) { return ctx.bind_address.empty() ? ctx.address : ctx.bind_address; }
+
+// A process binding something else than the address peers reach it at says which one to announce.
+void add_advertise(std::vector<std::string>& a, const NodeContext& ctx) {
+  if (!ctx.bind_address.empty()) a.insert(a.end(), {"--advertise-host", ctx.address});
+}
+
 }  // namespace
 
 std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p,
@@ -93,7 +100,7 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
   switch (p.kind) {
     case NodeProcess::Kind::Router: {
       a = {exe(ctx, "k3-router"), "--model", ctx.model, "--host", ctx.address, "--port", std::to_string(spec.port),
-           "--cluster-endpoint", "tcp://" + ctx.address + ":" + std::to_string(ports.control_port), "--placement",
+           "--cluster-endpoint", "tcp://" + bind_of(ctx) + ":" + std::to_string(ports.control_port), "--placement",
            spec.placement, "--heartbeat-ms", std::to_string(spec.heartbeat_ms), "--heartbeat-misses",
            std::to_string(spec.heartbeat_misses), "--claim-timeout-ms", std::to_string(spec.claim_ms), "--log-level",
            ctx.log_level};
@@ -105,7 +112,7 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
       const DecodeProcess& d = decodes[p.global_index];
       a = {exe(ctx, "k3-decode"), "--model", ctx.model, "--router-endpoint", router_ep, "--instance", d.instance,
            "--rank", std::to_string(d.rank), "--dp-size", std::to_string(decodes.size()), "--max-requests",
-           std::to_string(d.max_requests), "--bind", "tcp://" + ctx.address + ":" + std::to_string(p.port)};
+           std::to_string(d.max_requests), "--bind", "tcp://" + bind_of(ctx) + ":" + std::to_string(p.port)};
       add_node_common(a, spec, ctx);
       break;
     }
@@ -124,7 +131,7 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
         for (int n : ps.partition) part += (part.empty() ? "" : ",") + std::to_string(n);
         a.insert(a.end(), {"--partition", part});
       }
-      if (p.local_index > 0) a.insert(a.end(), {"--listen", "tcp://" + ctx.address + ":" + std::to_string(p.port)});
+      if (p.local_index > 0) a.insert(a.end(), {"--listen", "tcp://" + bind_of(ctx) + ":" + std::to_string(p.port)});
       if (p.local_index + 1 < ps.stages) {
         const std::string next = "prefill/" + ps.id + "/" + std::to_string(p.local_index + 1);
         a.insert(a.end(), {"--next-endpoint", "tcp://" + ctx.host_of(next) + ":" +
@@ -134,6 +141,7 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
       break;
     }
   }
+  add_advertise(a, ctx);
   add_keys(a, ctx, p.name);
   return a;
 }

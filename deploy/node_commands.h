@@ -46,7 +46,10 @@ struct NodeContext {
   std::string bin_dir;           // directory of k3-router / k3-prefill / k3-decode; empty: on PATH
   std::string model;             // model directory as the node sees it
   std::string keys_dir;          // <name with '/' as '_'>.key files and public_keys (k3-cluster keys)
-  std::string address;           // the address this process binds and hands UCX (an IPv4 or a variable)
+  std::string address;           // the address peers reach this process at and UCX uses (an IPv4 or a variable)
+  // What the control and activation sockets bind; empty: `address`. When set (e.g. 0.0.0.0: every
+  // interface), the process is told to advertise `address` (--advertise-host).
+  std::string bind_address;
   std::string router_host;       // name or address of the router's host, as other processes reach it
   std::string log_level = "info";
   std::string backend;           // --backend of the nodes; empty: the spec's "backend"

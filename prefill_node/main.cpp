@@ -17,6 +17,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "prefill_node/partition.h"
 #include "prefill_node/prefill_stage.h"
+#include "transfer/advertise_endpoint.h"
 #include "transfer/control_keys.h"
 #include "transfer/net_interface.h"
 
@@ -68,7 +69,10 @@ int main(int argc, char** argv) {
                  "stages > 0: bind for activations from the previous stage, e.g. tcp://127.0.0.1:* (port picked, "
                  "printed as LISTEN)");
   app.add_option("--next-endpoint", o.next_endpoint, "stages before the last: the next stage's LISTEN endpoint");
-  std::string interface = "127.0.0.1", key_file, public_keys_file;
+  std::string interface = "127.0.0.1", key_file, public_keys_file, advertise_host;
+  app.add_option("--advertise-host", advertise_host,
+                 "stages > 0: host (address or name) the previous stage reaches --listen at, printed in LISTEN with the "
+                 "bound port (default: the bound host; required when --listen is tcp://0.0.0.0:...)");
   bool insecure = false;
   app.add_option("--interface", interface,
                  "IPv4 address of the interface the UCX data plane uses (default 127.0.0.1); --listen should "
@@ -129,7 +133,11 @@ int main(int argc, char** argv) {
   prefill::PrefillStage& s = **stage;
 
   const std::atomic<bool>& g_stop = install_stop_signals();
-  if (o.stage > 0) say("LISTEN " + s.listen_endpoint());
+  if (o.stage > 0) {
+    auto advertised = transfer::advertised_endpoint(s.listen_endpoint(), advertise_host);
+    if (!advertised.is_ok()) return fail(advertised.status());
+    say("LISTEN " + *advertised);
+  }
   say("READY prefill/" + o.instance_id + "/" + std::to_string(o.stage));
   bool announced = false;
   size_t held = 0, computing = 0;

@@ -1,7 +1,8 @@
 // Any prefill instance feeds any decode rank: k3-cluster with P=2 single-stage prefill instances and D=3
 // decode ranks serves concurrent requests whose greedy tokens equal k3-generate, and the router's
 // per-(prefill, decode) counters show every decode rank fed by both prefill instances. P=1 with D=3
-// serves too (each decode rank gets requests from the one prefill instance).
+// serves too (each decode rank gets requests from the one prefill instance), there with every node
+// bound to 0.0.0.0 and announced at 127.0.0.1 (network.bind_host / advertise_host).
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -32,11 +33,11 @@ struct Cluster {
   std::string model;
   k3::test::LaunchedCluster c;
 
-  Cluster(int prefills, int decodes) {
+  Cluster(int prefills, int decodes, json network = json()) {
     model = dir.path() + "/model";
     json prefill = json::array();
     for (int i = 0; i < prefills; ++i) prefill.push_back({{"id", "p" + std::to_string(i)}, {"stages", 1}, {"chunk_size", kChunk}});
-    const json spec = {{"model", model},
+    json spec = {{"model", model},
                        {"generate", {{"preset", "k3-tiny"}, {"seed", 5}}},
                        {"router", {{"host", "127.0.0.1"}, {"port", 0}, {"placement", "round-robin"}}},
                        {"prefill", prefill},
@@ -44,6 +45,7 @@ struct Cluster {
                        {"threads", 1},
                        {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 5}, {"startup_s", 240}}},
                        {"restart", {{"enabled", false}}}};
+    if (!network.is_null()) spec["network"] = network;
     std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
     c = k3::test::launch_cluster(dir.path() + "/spec.json");
   }
@@ -123,8 +125,42 @@ TEST_CASE("any to any: 2 prefill instances feed 3 decode ranks, tokens equal k3-
     }
 }
 
-TEST_CASE("any to any: 1 prefill instance feeds 3 decode ranks", "[cluster_e2e]") {
-  Cluster cl(1, 3);
+// argv of a running process.
+std::vector<std::string> cmdline(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+  std::vector<std::string> out;
+  std::string arg;
+  while (std::getline(in, arg, '\0')) out.push_back(arg);
+  return out;
+}
+
+std::vector<std::string> values_of(const std::vector<std::string>& argv, const std::string& flag) {
+  std::vector<std::string> v;
+  for (size_t i = 0; i + 1 < argv.size(); ++i)
+    if (argv[i] == flag) v.push_back(argv[i + 1]);
+  return v;
+}
+
+TEST_CASE("any to any: 1 prefill instance feeds 3 decode ranks, nodes bound to 0.0.0.0 announced at 127.0.0.1",
+          "[cluster_e2e]") {
+  Cluster cl(1, 3, {{"bind_host", "0.0.0.0"}, {"advertise_host", "127.0.0.1"}});
+  // Sockets bind every interface; peers were handed the advertised address.
+  CHECK(cl.c.control.rfind("tcp://127.0.0.1:", 0) == 0);
+  const auto router = cmdline(cl.c.pids.at("router"));
+  CHECK(values_of(router, "--cluster-endpoint").at(0).rfind("tcp://0.0.0.0:", 0) == 0);
+  CHECK(values_of(router, "--advertise-host") == std::vector<std::string>{"127.0.0.1"});
+  for (const char* d : {"decode/d-0", "decode/d-1", "decode/d-2"}) {
+    const auto argv = cmdline(cl.c.pids.at(d));
+    INFO(d);
+    CHECK(values_of(argv, "--bind").at(0).rfind("tcp://0.0.0.0:", 0) == 0);
+  }
+  const auto stage = cmdline(cl.c.pids.at("prefill/p0/0"));
+  const auto eps = values_of(stage, "--decode-endpoint");
+  CHECK(eps.size() == 3);
+  for (const auto& ep : eps) {
+    INFO(ep);
+    CHECK(ep.rfind("tcp://127.0.0.1:", 0) == 0);
+  }
   serve_concurrently(cl, 6, 32);
   const auto by_pair = finished_by_pair(cl.c.port);
   for (const char* d : {"decode/d-0", "decode/d-1", "decode/d-2"}) {
