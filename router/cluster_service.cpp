@@ -149,9 +149,14 @@ class ClusterWorkerOps {
       return true;
     }
     if (fitting.empty()) return false;  // waits for room
-    std::vector<PairLoad> load(s_.opts_.pairs.size());
+    // The policy chooses the prefill instance: a pair's in-flight count is what its prefill instance is
+    // computing (through any of its pairs), not what the pair alone holds.
+    std::map<std::string, int64_t> prefilling;
     for (auto& [rid, q] : w_.requests)
-      if (q->pair >= 0) ++load[q->pair].in_flight;
+      if (q->pair >= 0 && (q->phase == RequestPhase::Claimed || q->phase == RequestPhase::Prefilling))
+        ++prefilling[s_.opts_.pairs[q->pair].prefill_instance];
+    std::vector<PairLoad> load(s_.opts_.pairs.size());
+    for (size_t i = 0; i < s_.opts_.pairs.size(); ++i) load[i].in_flight = prefilling[s_.opts_.pairs[i].prefill_instance];
     for (size_t i = 0; i < s_.opts_.pairs.size(); ++i) {
       auto hb = w_.heartbeats.find(decode_control_name(s_.opts_.pairs[i]));
       if (hb != w_.heartbeats.end()) load[i].reported_running = hb->second.num_running;
