@@ -47,11 +47,11 @@ TEST_CASE("rendered Kubernetes manifests build and validate against the schemas"
   {
     std::ifstream in(dir.path() + "/out/base/decode-e.yaml");
     const std::string y((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    CHECK(y.find("--bind 'tcp://0.0.0.0:") != std::string::npos);
-    CHECK(y.find("--advertise-host \"${K3_ADDR}\"") != std::string::npos);
+    CHECK(y.find("'--bind' 'tcp://0.0.0.0:") != std::string::npos);
+    CHECK(y.find("'--advertise-host' \"${K3_ADDR}\"") != std::string::npos);
     std::ifstream pin(dir.path() + "/out/base/prefill-q.yaml");
     const std::string py((std::istreambuf_iterator<char>(pin)), std::istreambuf_iterator<char>());
-    for (const char* d : {"--decode-instance 'd'", "--decode-instance 'e-0'", "--decode-instance 'e-1'"}) {
+    for (const char* d : {"'--decode-instance' 'd'", "'--decode-instance' 'e-0'", "'--decode-instance' 'e-1'"}) {
       INFO(d);
       CHECK(py.find(d) != std::string::npos);
     }
