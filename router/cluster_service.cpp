@@ -69,9 +69,8 @@ class ClusterWorkerOps {
   // Ends a request: the final event, then its state goes.
   void end(Request& r, GenerationEvent&& ev) {
     if (ev.kind == GenerationEvent::Kind::Finished && r.pair >= 0) {
-      const ClusterPair& p = s_.opts_.pairs[r.pair];
       std::lock_guard lk(s_.pub_mu_);
-      ++s_.finished_by_pair_[{p.prefill_instance, decode_control_name(p)}];
+      ++s_.finished_by_pair_[{s_.opts_.pairs[r.pair].prefill_instance, decode_control_name(s_.opts_.pairs[r.pair])}];
     }
     if (ev.kind == GenerationEvent::Kind::Finished)
       spdlog::info("router: request {} finished: {}, {} tokens", r.params.trace_id, ev.finish_reason, ev.completion_tokens);
@@ -149,9 +148,7 @@ class ClusterWorkerOps {
       return true;
     }
     if (fitting.empty()) return false;  // waits for room
-    // The policy chooses the prefill instance: a pair's in-flight count is what its prefill instance is
-    // computing (through any of its pairs), not what the pair alone holds.
-    std::map<std::string, int64_t> prefilling;
+    std::map<std::string, int64_t> prefilling;  // a pair's in-flight count: its prefill instance's, over all its pairs
     for (auto& [rid, q] : w_.requests)
       if (q->pair >= 0 && (q->phase == RequestPhase::Claimed || q->phase == RequestPhase::Prefilling))
         ++prefilling[s_.opts_.pairs[q->pair].prefill_instance];
@@ -161,34 +158,11 @@ class ClusterWorkerOps {
       auto hb = w_.heartbeats.find(decode_control_name(s_.opts_.pairs[i]));
       if (hb != w_.heartbeats.end()) load[i].reported_running = hb->second.num_running;
     }
-    // The policy picks the prefill instance (through a pair); the decode target is chosen on its own.
+    // The policy picks the prefill instance (through a pair), decode_choice.h the decode target.
     const int picked = w_.policy->pick(fitting, load, r.params.prompt);
-    place(r, pair_with_least_loaded_decode(s_.opts_.pairs[picked].prefill_instance, fitting));
+    place(r, pair_with_least_loaded_decode(s_.opts_.pairs, fitting, s_.opts_.pairs[picked].prefill_instance, w_.ledger,
+                                           w_.heartbeats, w_.decode_cursor));
     return true;
-  }
-  // Among the fitting pairs of `prefill` (one per decode target it can feed), the pair whose decode
-  // target is least loaded (decode_choice.h).
-  int pair_with_least_loaded_decode(const std::string& prefill, const std::vector<int>& fitting) {
-    std::vector<int> pairs;
-    std::vector<DecodeLoad> loads;
-    for (int i : fitting) {
-      const ClusterPair& p = s_.opts_.pairs[i];
-      if (p.prefill_instance != prefill) continue;
-      const std::string rank = decode_control_name(p);
-      const DecodeCapacity cap = *w_.ledger.capacity(rank);
-      const CapacityLedger::Used used = w_.ledger.used(rank);
-      DecodeLoad l{.reserved_requests = used.requests,
-                   .free_cache_pages = int64_t(cap.cache_pages) - used.cache_pages,
-                   .free_pool_pages = int64_t(cap.pool_pages) - used.pool_pages};
-      if (auto hb = w_.heartbeats.find(rank); hb != w_.heartbeats.end()) {
-        l.reported_running = hb->second.num_running;
-        l.free_cache_pages = std::min<int64_t>(l.free_cache_pages, hb->second.room.cache_free_pages);
-        l.free_pool_pages = std::min<int64_t>(l.free_pool_pages, hb->second.room.pool_free_pages);
-      }
-      pairs.push_back(i);
-      loads.push_back(l);
-    }
-    return pairs[least_loaded_decode(loads, w_.decode_cursor++)];
   }
   Demand demand(const DecodeCapacity& cap, const Request& r) const {
     return demand_of(cap, static_cast<int64_t>(r.params.prompt.size()),

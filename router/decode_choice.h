@@ -4,7 +4,13 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
+
+#include "common/protocol/messages.h"
+#include "router/admission_queue.h"
+#include "router/cluster_placement.h"
 
 namespace k3::router {
 
@@ -23,5 +29,13 @@ struct DecodeLoad {
 // `start` (cyclically) wins: a caller that advances `start` per request spreads a light load over every
 // target instead of filling the first.
 int least_loaded_decode(const std::vector<DecodeLoad>& candidates, size_t start = 0);
+
+// The router's use of it: among `fitting` (indices into `pairs`, every decode target with room and a
+// known capacity), the pair of prefill instance `prefill` whose decode target is least loaded, from the
+// ledger's reservations and each target's last heartbeat (free pages: the smaller of the two views).
+// `cursor` is the rotation among equals, advanced per call. -1 when `prefill` has no fitting pair.
+int pair_with_least_loaded_decode(const std::vector<ClusterPair>& pairs, const std::vector<int>& fitting,
+                                  const std::string& prefill, const CapacityLedger& ledger,
+                                  const std::map<std::string, protocol::Heartbeat>& heartbeats, size_t& cursor);
 
 }  // namespace k3::router
