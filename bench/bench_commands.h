@@ -15,6 +15,8 @@ void add_serve_command(CLI::App& app);
 void add_soak_command(CLI::App& app);
 // `k3-bench profile`: capacity profile for k3-plan ratio (bench/profile_bench.cpp).
 void add_profile_command(CLI::App& app);
+// `k3-bench ratio`: measured goodput of several P:D splits against k3-plan ratio (bench/ratio_bench.cpp).
+void add_ratio_command(CLI::App& app);
 // `k3-bench engine`: whole-model decode / prefill on one GPU against the roofline (bench/engine_bench.cpp).
 void add_engine_command(CLI::App& app);
 // `k3-bench ranks`: a DCP or EP decode group of CPU rank processes, step time split into collectives

@@ -353,8 +353,7 @@ Result<std::vector<double>> protocol_round_trip(int iters) {
   cfg.side = {.instance_id = "p", .stage = 0, .model = model, .prefill = {.partition = {2}},
               .decode_kda_head_sliced = true, .timeouts = {}};
   cfg.compat = compat_for({2});
-  cfg.decode_instance = "d";
-  cfg.decode_endpoint = decode_ep;
+  cfg.decodes = {{.instance = "d", .endpoint = decode_ep}};
   K3_ASSIGN_OR_RETURN(auto prefill, PrefillDriver::create(cfg, zctx, nullptr));
   const auto deadline = Clock::now() + std::chrono::seconds(30);
   while (!(prefill->decode_ready() && router->liveness().alive("decode/d"))) {

@@ -30,6 +30,7 @@
 #include "decode_node/group_member.h"
 #include "transfer/comm_ucx.h"
 #include "transfer/control_keys.h"
+#include "transfer/advertise_endpoint.h"
 #include "transfer/net_interface.h"
 
 #include "common/core/node_process.h"
@@ -45,9 +46,12 @@ int fail(const Status& s) { return fail_status("k3-decode", s); }
 // The serving loop of a decode rank or a group leader (same surface): driver events, decode steps,
 // the router's heartbeats, DONE / IDLE lines. Returns the error that ended it (ok on a stop signal).
 template <class Node>
-Status serve(Node& d, const decode::DecodeRankOptions& o, std::chrono::milliseconds idle_wait) {
+Status serve(Node& d, const decode::DecodeRankOptions& o, std::chrono::milliseconds idle_wait,
+             const std::string& advertise_host) {
   const std::atomic<bool>& g_stop = install_stop_signals();
-  say("READY " + d.driver().endpoint());
+  // Peers are told the advertised endpoint (the bound port on a host they can reach).
+  K3_ASSIGN_OR_RETURN(std::string advertised, transfer::advertised_endpoint(d.driver().endpoint(), advertise_host));
+  say("READY " + advertised);
   size_t live = 0;
   // The router's admission input, load signal and memory gauges: a HEARTBEAT with the rank's room
   // (capacity and free pages/slots of the transfer pool and the decode cache) and the running batch,
@@ -92,7 +96,7 @@ struct GroupFlags {
 };
 
 // A rank of a group: forms the communicator, then leads (rank 0) or follows.
-int run_group(const GroupFlags& gf, const std::string& interface, decode::DecodeRankOptions& o, Backend& be,
+int run_group(const GroupFlags& gf, const std::string& interface, const std::string& advertise_host, decode::DecodeRankOptions& o, Backend& be,
               const ModelConfig& cfg, const WeightStore& weights) {
   const RankLayout layout{.dcp = gf.dcp, .ep = gf.ep, .kv_partitions = gf.kv_partitions > 0 ? gf.kv_partitions : gf.dcp,
                           .rank = gf.rank};
@@ -126,7 +130,7 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   (*comm)->set_timeout(std::chrono::milliseconds(gf.step_deadline_ms));
   // Idle, the leader ticks its members well within their receive deadline.
   const auto tick = std::chrono::milliseconds(std::max(10, gf.step_deadline_ms / 4));
-  Status st = serve(**leader, o, tick);
+  Status st = serve(**leader, o, tick, advertise_host);
   if (st.is_ok()) {
     // Members stopped by the same signal are gone: do not wait a step deadline on each.
     (*comm)->set_timeout(std::chrono::milliseconds(200));
@@ -164,6 +168,10 @@ int main(int argc, char** argv) {
                  "IPv4 address of the interface the control socket and the UCX data plane listen on "
                  "(default 127.0.0.1: local runs are not reachable from other hosts)");
   app.add_option("--bind", bind_endpoint, "control endpoint to bind (default tcp://<--interface>:*, port printed as READY)");
+  std::string advertise_host;
+  app.add_option("--advertise-host", advertise_host,
+                 "host (address or name) peers reach this rank's control endpoint at, printed in READY with the bound "
+                 "port (default: the bound host; required when --bind is tcp://0.0.0.0:...)");
   app.add_option("--control-key", key_file, transfer::kControlKeyHelp);
   app.add_option("--control-public-keys", public_keys_file, transfer::kControlPublicKeysHelp);
   app.add_flag("--insecure-control-plane", insecure, transfer::kInsecureControlHelp);
@@ -265,12 +273,12 @@ int main(int argc, char** argv) {
     // The rank-sliced forward exchanges host tensors: GPU rank groups are not done.
     if ((*backend)->name() != std::string("cpu"))
       return fail(invalid_argument("--backend: decode rank groups (--group-dcp / --group-ep) run on the cpu backend only"));
-    return run_group(gf, interface, o, **backend, *cfg, *weights);
+    return run_group(gf, interface, advertise_host, o, **backend, *cfg, *weights);
   }
   zmq::context_t zctx;
   auto rank = decode::DecodeRank::create(o, **backend, *cfg, *weights, zctx);
   if (!rank.is_ok()) return fail(rank.status());
-  if (Status st = serve(**rank, o, std::chrono::milliseconds(50)); !st.is_ok()) return fail(st);
+  if (Status st = serve(**rank, o, std::chrono::milliseconds(50), advertise_host); !st.is_ok()) return fail(st);
   say("STOPPED");
   return 0;
 }

@@ -63,7 +63,18 @@ std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec) {
 Result<ClusterSpec> parse_cluster_spec(const json& j) {
   ClusterSpec s;
   if (!j.is_object()) return bad("(top level)", "must be a JSON object");
-  K3_TRY(known_keys(j, "", {"model", "generate", "router", "prefill", "decode", "threads", "backend", "timeouts", "restart"}));
+  K3_TRY(known_keys(j, "", {"model", "generate", "router", "prefill", "decode", "threads", "backend", "timeouts", "restart",
+                            "network"}));
+  if (j.contains("network")) {
+    const json& n = j.at("network");
+    if (!n.is_object()) return bad("network", "must be an object");
+    K3_TRY(known_keys(n, "network.", {"bind_host", "advertise_host"}));
+    K3_TRY(get_string(n, "network.", "bind_host", s.bind_host));
+    K3_TRY(get_string(n, "network.", "advertise_host", s.advertise_host));
+    if (s.bind_host.empty()) return bad("network.bind_host", "must not be empty");
+    if (s.bind_host == "0.0.0.0" && s.advertise_host.empty())
+      return bad("network.advertise_host", "is required when network.bind_host is 0.0.0.0 (peers cannot connect to it)");
+  }
   K3_TRY(get_string(j, "", "model", s.model, true));
   K3_TRY(get_int(j, "", "threads", s.threads, 0, 1024));
   K3_TRY(get_string(j, "", "backend", s.backend));

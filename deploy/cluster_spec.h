@@ -10,6 +10,10 @@
 //                                        a rank group per DP rank (docs/RANKS.md): {"id": "d", "dp": 2, "dcp": 8}
 //                                        or {"dp": 2, "ep": 4} ("dp" is "ranks"), optional "kv_partitions"
 //                                        (DCP; default dcp) and "step_deadline_ms" (default 2000)
+//   "network": {"bind_host": "127.0.0.1", "advertise_host": ""},
+//                                        every node's control/activation sockets bind bind_host (0.0.0.0: every
+//                                        interface) and are announced to peers at advertise_host (default
+//                                        bind_host), which is also the UCX data plane's interface
 //   "threads": 1,                        CPU threads per node process (0 = all cores)
 //   "backend": "cpu",                    node compute backend: "cpu" (fp32) or "cuda" (bf16, GPU 0);
 //                                        every node uses the same one (the cache bytes must agree)
@@ -19,7 +23,8 @@
 //               "max_restarts": 5}      how dead nodes are started again (restart_policy.h)
 // }
 // Only "model", "prefill" and "decode" are required. Decode processes are numbered by global rank over
-// the "decode" list; prefill instance i feeds decode process i mod (number of decode processes).
+// the "decode" list; every prefill instance can feed every decode process (the router chooses the decode
+// target of each request), so any number of each serves.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -63,6 +68,10 @@ struct ClusterSpec {
   std::vector<DecodeSpec> decode;
   int threads = 1;
   std::string backend = "cpu";  // "cpu" | "cuda": passed to every k3-prefill / k3-decode as --backend
+  std::string bind_host = "127.0.0.1";  // what node sockets bind (network.bind_host)
+  std::string advertise_host;           // what peers are told (network.advertise_host); empty: bind_host
+  // The address peers reach nodes at, which is also the UCX interface.
+  const std::string& reachable_host() const { return advertise_host.empty() ? bind_host : advertise_host; }
   int heartbeat_ms = 200;
   int heartbeat_misses = 3;
   int claim_ms = 5000;

@@ -40,6 +40,7 @@
 #include "deploy/cluster_spec.h"
 #include "deploy/cluster_tools.h"
 #include "deploy/http_probe.h"
+#include "deploy/node_commands.h"
 #include "deploy/status_server.h"
 #include "deploy/supervisor.h"
 #include "transfer/cluster_key_files.h"
@@ -95,6 +96,11 @@ class Launcher {
   const Supervisor& supervisor() const { return supervisor_; }
 
  private:
+  // What a restarted node binds: the port it was announced with, on network.bind_host (the announced
+  // endpoint may name another host, e.g. with bind_host 0.0.0.0).
+  std::string rebind(const std::string& announced) const {
+    return "tcp://" + spec_.bind_host + announced.substr(announced.rfind(':'));
+  }
   Result<ChildProcess*> spawn(const std::string& name, const std::string& exe, const std::vector<std::string>& args);
   // The environment of every child: no inherited K3_API_KEY, except the router's own key.
   ChildEnvironment child_env(const std::string& name) const;
@@ -203,16 +209,15 @@ Status Launcher::start() {
 
   // Router first: the nodes connect to its control endpoint (ZeroMQ retries until it is there).
   std::vector<std::string> rargs = {"--model", spec_.model, "--host", spec_.host, "--port", std::to_string(spec_.port),
-                                    "--cluster-endpoint", "tcp://127.0.0.1:*", "--placement", spec_.placement,
+                                    "--cluster-endpoint", "tcp://" + spec_.bind_host + ":*", "--placement", spec_.placement,
                                     "--heartbeat-ms", hb, "--heartbeat-misses", misses,
                                     "--claim-timeout-ms", std::to_string(spec_.claim_ms), "--log-level", log_level_};
   if (!spec_.served_model_name.empty()) rargs.insert(rargs.end(), {"--served-model-name", spec_.served_model_name});
-  for (size_t i = 0; i < spec_.prefill.size(); ++i) {
-    const auto& p = spec_.prefill[i];
-    const auto& d = decodes[i % decodes.size()];
-    rargs.insert(rargs.end(), {"--pair", p.id + ":" + std::to_string(p.stages) + ":" + d.instance + ":" + std::to_string(d.rank) +
-                                             (d.dcp > 1 ? ":" + std::to_string(d.dcp) : "")});
-  }
+  // Nodes bind network.bind_host and are announced (READY / LISTEN / CLUSTER lines) at advertise_host.
+  const std::vector<std::string> advertise =
+      spec_.advertise_host.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--advertise-host", spec_.advertise_host};
+  rargs.insert(rargs.end(), advertise.begin(), advertise.end());
+  for (const std::string& pair : router_pair_flags(spec_)) rargs.insert(rargs.end(), {"--pair", pair});
   K3_ASSIGN_OR_RETURN(ChildProcess * router, spawn("router", "k3-router", rargs));
   K3_ASSIGN_OR_RETURN(std::string control, wait_line(*router, "CLUSTER ", deadline));
   say("CONTROL " + control);
@@ -221,7 +226,7 @@ Status Launcher::start() {
   if (port_ <= 0) return internal_error("router printed no port: '" + listening + "'");
   // A restarted router comes back on the same HTTP port and control endpoint (the nodes reconnect).
   set_option(supervisor_.recipe("router").args, "--port", std::to_string(port_));
-  set_option(supervisor_.recipe("router").args, "--cluster-endpoint", control);
+  set_option(supervisor_.recipe("router").args, "--cluster-endpoint", rebind(control));
 
   // Decode ranks next: the prefill stages need their endpoints. A rank group's leader binds the group's
   // communicator (GROUP line) and waits for its members before it connects anywhere (READY line).
@@ -232,7 +237,9 @@ Status Launcher::start() {
     std::vector<std::string> args = {"--model", spec_.model, "--router-endpoint", control, "--instance", d.instance, "--rank",
                                      std::to_string(d.rank), "--dp-size", std::to_string(global_ranks), "--max-requests",
                                      std::to_string(d.max_requests), "--threads", threads, "--backend", spec_.backend,
-                                     "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_};
+                                     "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_,
+                                     "--bind", "tcp://" + spec_.bind_host + ":*", "--interface", spec_.reachable_host()};
+    args.insert(args.end(), advertise.begin(), advertise.end());
     const std::vector<std::string> group = group_args(d);
     args.insert(args.end(), group.begin(), group.end());
     K3_ASSIGN_OR_RETURN(ChildProcess * c, spawn("decode/" + d.instance, "k3-decode", args));
@@ -252,31 +259,33 @@ Status Launcher::start() {
     K3_ASSIGN_OR_RETURN(std::string ep, wait_line(*c, "READY ", deadline));
     decode_eps.push_back(ep);
     // A restarted rank binds the same endpoint: the prefill stages' sockets reconnect and re-REGISTER.
-    set_option(supervisor_.recipe(c->name()).args, "--bind", ep);
+    set_option(supervisor_.recipe(c->name()).args, "--bind", rebind(ep));
   }
 
   // Each prefill instance, last stage first: a stage needs the LISTEN endpoint of the next.
   std::vector<ChildProcess*> stages;
   for (size_t i = 0; i < spec_.prefill.size(); ++i) {
     const auto& p = spec_.prefill[i];
-    const size_t di = i % decodes.size();
     std::string partition;
     for (int n : p.partition) partition += (partition.empty() ? "" : ",") + std::to_string(n);
     std::string next;
     for (int st = p.stages - 1; st >= 0; --st) {
       std::vector<std::string> args = {"--model", spec_.model, "--stage", std::to_string(st), "--stages",
                                        std::to_string(p.stages), "--chunk-size", std::to_string(p.chunk_size),
-                                       "--max-requests", std::to_string(p.max_requests), "--instance", p.id,
-                                       "--decode-instance", decodes[di].instance, "--decode-endpoint", decode_eps[di],
-                                       "--router-endpoint", control, "--threads", threads, "--backend", spec_.backend, "--heartbeat-ms", hb,
-                                       "--heartbeat-misses", misses, "--log-level", log_level_};
+                                       "--max-requests", std::to_string(p.max_requests), "--instance", p.id};
+      for (size_t di = 0; di < decodes.size(); ++di)  // any prefill instance feeds any decode process
+        args.insert(args.end(), {"--decode-instance", decodes[di].instance, "--decode-endpoint", decode_eps[di]});
+      args.insert(args.end(), {"--router-endpoint", control, "--threads", threads, "--backend", spec_.backend, "--heartbeat-ms", hb,
+                                "--heartbeat-misses", misses, "--log-level", log_level_});
       if (!partition.empty()) args.insert(args.end(), {"--partition", partition});
-      if (st > 0) args.insert(args.end(), {"--listen", "tcp://127.0.0.1:*"});
+      args.insert(args.end(), {"--interface", spec_.reachable_host()});
+      args.insert(args.end(), advertise.begin(), advertise.end());
+      if (st > 0) args.insert(args.end(), {"--listen", "tcp://" + spec_.bind_host + ":*"});
       if (!next.empty()) args.insert(args.end(), {"--next-endpoint", next});
       K3_ASSIGN_OR_RETURN(ChildProcess * c, spawn("prefill/" + p.id + "/" + std::to_string(st), "k3-prefill", args));
       if (st > 0) {
         K3_ASSIGN_OR_RETURN(next, wait_line(*c, "LISTEN ", deadline));
-        set_option(supervisor_.recipe(c->name()).args, "--listen", next);  // the previous stage pushes there
+        set_option(supervisor_.recipe(c->name()).args, "--listen", rebind(next));  // the previous stage pushes there
       }
       stages.push_back(c);
     }

@@ -23,8 +23,13 @@ std::vector<NodeProcess> node_processes(const ClusterSpec& spec, const PortLayou
   return out;
 }
 
-const DecodeProcess& fed_decode(const std::vector<DecodeProcess>& decodes, size_t prefill_instance) {
-  return decodes[prefill_instance % decodes.size()];
+std::vector<std::string> router_pair_flags(const ClusterSpec& spec) {
+  std::vector<std::string> out;
+  for (const PrefillSpec& p : spec.prefill)
+    for (const DecodeProcess& d : decode_processes(spec))
+      out.push_back(p.id + ":" + std::to_string(p.stages) + ":" + d.instance + ":" + std::to_string(d.rank) +
+                    (d.dcp > 1 ? ":" + std::to_string(d.dcp) : ""));
+  return out;
 }
 
 std::string key_file_of(const std::string& control_name) {
@@ -78,6 +83,13 @@ void add_node_common(std::vector<std::string>& a, const ClusterSpec& spec, const
                      "--log-level", ctx.log_level, "--interface", ctx.address});
 }
 
+const std::string& bind_of(const NodeContext& ctx) { return ctx.bind_address.empty() ? ctx.address : ctx.bind_address; }
+
+// A process binding something else than the address peers reach it at says which one to announce.
+void add_advertise(std::vector<std::string>& a, const NodeContext& ctx) {
+  if (!ctx.bind_address.empty()) a.insert(a.end(), {"--advertise-host", ctx.address});
+}
+
 }  // namespace
 
 std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p,
@@ -88,41 +100,38 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
   switch (p.kind) {
     case NodeProcess::Kind::Router: {
       a = {exe(ctx, "k3-router"), "--model", ctx.model, "--host", ctx.address, "--port", std::to_string(spec.port),
-           "--cluster-endpoint", "tcp://" + ctx.address + ":" + std::to_string(ports.control_port), "--placement",
+           "--cluster-endpoint", "tcp://" + bind_of(ctx) + ":" + std::to_string(ports.control_port), "--placement",
            spec.placement, "--heartbeat-ms", std::to_string(spec.heartbeat_ms), "--heartbeat-misses",
            std::to_string(spec.heartbeat_misses), "--claim-timeout-ms", std::to_string(spec.claim_ms), "--log-level",
            ctx.log_level};
       if (!spec.served_model_name.empty()) a.insert(a.end(), {"--served-model-name", spec.served_model_name});
-      for (size_t i = 0; i < spec.prefill.size(); ++i) {
-        const auto& d = fed_decode(decodes, i);
-        a.insert(a.end(), {"--pair", spec.prefill[i].id + ":" + std::to_string(spec.prefill[i].stages) + ":" + d.instance +
-                                         ":" + std::to_string(d.rank)});
-      }
+      for (const std::string& pair : router_pair_flags(spec)) a.insert(a.end(), {"--pair", pair});
       break;
     }
     case NodeProcess::Kind::Decode: {
       const DecodeProcess& d = decodes[p.global_index];
       a = {exe(ctx, "k3-decode"), "--model", ctx.model, "--router-endpoint", router_ep, "--instance", d.instance,
            "--rank", std::to_string(d.rank), "--dp-size", std::to_string(decodes.size()), "--max-requests",
-           std::to_string(d.max_requests), "--bind", "tcp://" + ctx.address + ":" + std::to_string(p.port)};
+           std::to_string(d.max_requests), "--bind", "tcp://" + bind_of(ctx) + ":" + std::to_string(p.port)};
       add_node_common(a, spec, ctx);
       break;
     }
     case NodeProcess::Kind::Prefill: {
       const PrefillSpec& ps = spec.prefill[p.instance_index];
-      const DecodeProcess& d = fed_decode(decodes, p.instance_index);
-      const int decode_port = ports.decode_port + static_cast<int>(d.rank);
       a = {exe(ctx, "k3-prefill"), "--model", ctx.model, "--stage", std::to_string(p.local_index), "--stages",
            std::to_string(ps.stages), "--chunk-size", std::to_string(ps.chunk_size), "--max-requests",
-           std::to_string(ps.max_requests), "--instance", ps.id, "--decode-instance", d.instance, "--decode-endpoint",
-           "tcp://" + ctx.host_of("decode/" + d.instance) + ":" + std::to_string(decode_port), "--router-endpoint",
-           router_ep};
+           std::to_string(ps.max_requests), "--instance", ps.id};
+      for (const DecodeProcess& d : decodes)  // every decode process: the router names each request's
+        a.insert(a.end(), {"--decode-instance", d.instance, "--decode-endpoint",
+                           "tcp://" + ctx.host_of("decode/" + d.instance) + ":" +
+                               std::to_string(ports.decode_port + static_cast<int>(d.rank))});
+      a.insert(a.end(), {"--router-endpoint", router_ep});
       if (!ps.partition.empty()) {
         std::string part;
         for (int n : ps.partition) part += (part.empty() ? "" : ",") + std::to_string(n);
         a.insert(a.end(), {"--partition", part});
       }
-      if (p.local_index > 0) a.insert(a.end(), {"--listen", "tcp://" + ctx.address + ":" + std::to_string(p.port)});
+      if (p.local_index > 0) a.insert(a.end(), {"--listen", "tcp://" + bind_of(ctx) + ":" + std::to_string(p.port)});
       if (p.local_index + 1 < ps.stages) {
         const std::string next = "prefill/" + ps.id + "/" + std::to_string(p.local_index + 1);
         a.insert(a.end(), {"--next-endpoint", "tcp://" + ctx.host_of(next) + ":" +
@@ -132,6 +141,7 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
       break;
     }
   }
+  add_advertise(a, ctx);
   add_keys(a, ctx, p.name);
   return a;
 }

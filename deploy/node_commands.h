@@ -36,8 +36,9 @@ struct NodeProcess {
 // instance's stages in order.
 std::vector<NodeProcess> node_processes(const ClusterSpec& spec, const PortLayout& ports);
 
-// The decode process prefill instance `i` feeds (k3-cluster's rule: i mod the number of decode processes).
-const DecodeProcess& fed_decode(const std::vector<DecodeProcess>& decodes, size_t prefill_instance);
+// The router's --pair values: every prefill instance with every decode process (any prefill instance can
+// feed any decode rank or group; the router chooses the decode target per request), prefill-major.
+std::vector<std::string> router_pair_flags(const ClusterSpec& spec);
 
 // Where things are, as the command lines name them. Strings may reference shell variables (e.g.
 // "${K3_ADDR}") that the launcher script sets before it starts the process.
@@ -45,7 +46,10 @@ struct NodeContext {
   std::string bin_dir;           // directory of k3-router / k3-prefill / k3-decode; empty: on PATH
   std::string model;             // model directory as the node sees it
   std::string keys_dir;          // <name with '/' as '_'>.key files and public_keys (k3-cluster keys)
-  std::string address;           // the address this process binds and hands UCX (an IPv4 or a variable)
+  std::string address;           // the address peers reach this process at and UCX uses (an IPv4 or a variable)
+  // What the control and activation sockets bind; empty: `address`. When set (e.g. 0.0.0.0: every
+  // interface), the process is told to advertise `address` (--advertise-host).
+  std::string bind_address;
   std::string router_host;       // name or address of the router's host, as other processes reach it
   std::string log_level = "info";
   std::string backend;           // --backend of the nodes; empty: the spec's "backend"

@@ -190,7 +190,8 @@ Result<std::map<std::string, std::string>> render_k8s(const ClusterSpec& spec, c
   NodeContext ctx;
   ctx.model = "${K3_MODEL}";
   ctx.keys_dir = kKeysDir;
-  ctx.address = "${K3_ADDR}";
+  ctx.address = "${K3_ADDR}";  // the pod IP: what the UCX data plane uses and nodes announce
+  ctx.bind_address = "0.0.0.0"; // control sockets listen on every interface of the pod
   ctx.router_host = "k3-router";
   ctx.backend = "${K3_BACKEND}";
   ctx.host_of = [&](const std::string& name) { return host.at(name); };

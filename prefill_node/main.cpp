@@ -2,7 +2,7 @@
 // stdout protocol (one line each, flushed; tests and the launcher read them):
 //   LISTEN <endpoint>        stages > 0: where stage s-1 must send activations (--next-endpoint)
 //   READY <control name>     the stage is up (model loaded, driver connected)
-//   DECODE_READY             decode's registration (worker address, rkeys) arrived
+//   DECODE_READY             every decode instance's registration (worker address, rkeys) arrived
 //   HELD <sources> <computing>  whenever the driver's held sources or the requests in compute change
 #include <CLI/CLI.hpp>
 #include <signal.h>
@@ -17,6 +17,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "prefill_node/partition.h"
 #include "prefill_node/prefill_stage.h"
+#include "transfer/advertise_endpoint.h"
 #include "transfer/control_keys.h"
 #include "transfer/net_interface.h"
 
@@ -56,14 +57,22 @@ int main(int argc, char** argv) {
                  "tokens per page of the decode pool (must equal k3-decode --page-size; default 16)")
       ->check(CLI::PositiveNumber);
   app.add_option("--instance", o.instance_id, "prefill instance id (control name prefill/<id>/<stage>; default p)");
-  app.add_option("--decode-instance", o.decode_instance, "decode instance id this stage feeds (default d)");
-  app.add_option("--decode-endpoint", o.decode_endpoint, "decode's control endpoint, as k3-decode prints it")->required();
+  // Repeatable in pairs: the i-th --decode-instance is reached at the i-th --decode-endpoint. The router
+  // names the decode instance of each request, so one stage can feed every decode instance it is given.
+  std::vector<std::string> decode_instances, decode_endpoints;
+  app.add_option("--decode-instance", decode_instances,
+                 "decode instance id this stage may feed (repeat, one per --decode-endpoint; default d)");
+  app.add_option("--decode-endpoint", decode_endpoints,
+                 "decode's control endpoint, as k3-decode prints it (repeat for each decode instance)")->required();
   app.add_option("--router-endpoint", o.router_endpoint, "router control endpoint (PREFILL / ABORT come from there)");
   app.add_option("--listen", o.listen_endpoint,
                  "stages > 0: bind for activations from the previous stage, e.g. tcp://127.0.0.1:* (port picked, "
                  "printed as LISTEN)");
   app.add_option("--next-endpoint", o.next_endpoint, "stages before the last: the next stage's LISTEN endpoint");
-  std::string interface = "127.0.0.1", key_file, public_keys_file;
+  std::string interface = "127.0.0.1", key_file, public_keys_file, advertise_host;
+  app.add_option("--advertise-host", advertise_host,
+                 "stages > 0: host (address or name) the previous stage reaches --listen at, printed in LISTEN with the "
+                 "bound port (default: the bound host; required when --listen is tcp://0.0.0.0:...)");
   bool insecure = false;
   app.add_option("--interface", interface,
                  "IPv4 address of the interface the UCX data plane uses (default 127.0.0.1); --listen should "
@@ -84,6 +93,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
 
+  if (decode_instances.empty() && decode_endpoints.size() == 1) decode_instances.push_back("d");
+  if (decode_instances.size() != decode_endpoints.size())
+    return fail(invalid_argument("--decode-instance given " + std::to_string(decode_instances.size()) +
+                                 " time(s) but --decode-endpoint " + std::to_string(decode_endpoints.size()) +
+                                 " time(s): give one instance per endpoint"));
+  for (size_t i = 0; i < decode_endpoints.size(); ++i) o.decodes.push_back({decode_instances[i], decode_endpoints[i]});
   auto keys = transfer::control_keys_from_flags(key_file, public_keys_file, insecure);
   if (!keys.is_ok()) return fail(keys.status());
   o.control_keys = *keys;
@@ -118,7 +133,11 @@ int main(int argc, char** argv) {
   prefill::PrefillStage& s = **stage;
 
   const std::atomic<bool>& g_stop = install_stop_signals();
-  if (o.stage > 0) say("LISTEN " + s.listen_endpoint());
+  if (o.stage > 0) {
+    auto advertised = transfer::advertised_endpoint(s.listen_endpoint(), advertise_host);
+    if (!advertised.is_ok()) return fail(advertised.status());
+    say("LISTEN " + *advertised);
+  }
   say("READY prefill/" + o.instance_id + "/" + std::to_string(o.stage));
   bool announced = false;
   size_t held = 0, computing = 0;

@@ -50,7 +50,7 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   if (opts.stage < 0 || opts.stage >= stages)
     return invalid_argument("--stage " + std::to_string(opts.stage) + " is outside 0.." + std::to_string(stages - 1));
   if (opts.chunk_size <= 0) return invalid_argument("--chunk-size must be > 0");
-  if (opts.decode_endpoint.empty()) return invalid_argument("--decode-endpoint is required");
+  if (opts.decodes.empty()) return invalid_argument("--decode-endpoint is required");
   const bool last = opts.stage + 1 == stages;
   if (!last && opts.next_endpoint.empty())
     return invalid_argument("--next-endpoint is required on every stage but the last");
@@ -74,8 +74,7 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   dc.compat.state_dtype = s->layout_.dtypes.state;
   dc.compat.page_size = opts.transfer_page_size;
   dc.compat.layout.pp_partition = s->prefill_layout_.partition;
-  dc.decode_instance = opts.decode_instance;
-  dc.decode_endpoint = opts.decode_endpoint;
+  dc.decodes = opts.decodes;
   dc.router_endpoint = opts.router_endpoint;
   dc.heartbeat = opts.heartbeat;
   dc.control_keys = opts.control_keys;

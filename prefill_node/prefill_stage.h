@@ -47,8 +47,7 @@ struct PrefillStageOptions {
   int chunk_size = 256;                // prompt tokens per pipeline chunk
   CacheOptions cache;                  // local caches of the stage's layers (max_seqs = requests in flight)
   uint32_t transfer_page_size = 16;    // the decode pool's page size (part of the compat check)
-  std::string decode_instance = "d";
-  std::string decode_endpoint;
+  std::vector<transfer::DecodeTarget> decodes;  // every decode instance this stage may feed
   std::string router_endpoint;         // empty: no router (PREFILLs injected through the driver's side)
   std::string listen_endpoint;         // stages > 0: where activations from stage s-1 arrive
   std::string next_endpoint;           // stages < last: stage s+1's listen endpoint

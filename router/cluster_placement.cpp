@@ -37,6 +37,28 @@ Result<ClusterPair> parse_cluster_pair(const std::string& text) {
   return p;
 }
 
+Status check_pairs(const std::vector<ClusterPair>& pairs) {
+  std::map<std::string, const ClusterPair*> prefill, decode;
+  std::set<std::pair<std::string, std::string>> seen;
+  for (const ClusterPair& p : pairs) {
+    const std::string name = p.prefill_instance + ":" + std::to_string(p.stages) + ":" + p.decode_instance + ":" +
+                             std::to_string(p.decode_rank) + ":" + std::to_string(p.dcp);
+    if (!seen.insert({p.prefill_instance, p.decode_instance}).second)
+      return invalid_argument("--pair " + name + ": prefill '" + p.prefill_instance + "' and decode '" +
+                              p.decode_instance + "' are paired twice");
+    auto [pi, pnew] = prefill.emplace(p.prefill_instance, &p);
+    if (!pnew && pi->second->stages != p.stages)
+      return invalid_argument("--pair " + name + ": prefill '" + p.prefill_instance + "' has " +
+                              std::to_string(pi->second->stages) + " stage(s) in another pair");
+    auto [di, dnew] = decode.emplace(p.decode_instance, &p);
+    if (!dnew && (di->second->decode_rank != p.decode_rank || di->second->dcp != p.dcp))
+      return invalid_argument("--pair " + name + ": decode '" + p.decode_instance + "' has rank " +
+                              std::to_string(di->second->decode_rank) + " and DCP " + std::to_string(di->second->dcp) +
+                              " in another pair");
+  }
+  return Status::ok();
+}
+
 std::vector<uint32_t> decode_group_ranks(const ClusterPair& p) {
   std::vector<uint32_t> ranks;
   for (uint32_t i = 0; i < p.dcp; ++i) ranks.push_back(p.decode_rank + i);

@@ -22,6 +22,10 @@ struct ClusterPair {
   uint32_t dcp = 1;              // a DCP decode group: its ranks decode_rank .. decode_rank + dcp - 1
   bool operator==(const ClusterPair&) const = default;
 };
+// The pairs a router serves: any prefill instance may appear with several decode targets and any decode
+// target with several prefill instances (each combination listed is one the router may place on), but
+// an instance must be described the same way everywhere (stages; rank and DCP), and no pair twice.
+Status check_pairs(const std::vector<ClusterPair>& pairs);
 // Parses "PREFILL:STAGES:DECODE:RANK[:DCP]", e.g. "p:2:d:0" or "p:2:d-0:0:8" (a DCP8 group whose leader
 // is decode/d-0); errors name the bad part.
 Result<ClusterPair> parse_cluster_pair(const std::string& text);

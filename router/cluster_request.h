@@ -39,6 +39,7 @@ struct ClusterService::Worker {
   std::set<std::string> live;
   std::map<std::string, protocol::Heartbeat> heartbeats;  // by control name
   std::unique_ptr<PlacementPolicy> policy;
+  size_t decode_cursor = 0;         // where least_loaded_decode starts among equals (advances per placement)
   AdmissionQueue queue;
   CapacityLedger ledger;            // by decode control name
   RequestDeadlines deadlines;

@@ -9,6 +9,7 @@
 #include "common/protocol/frame.h"
 #include "router/cluster_request.h"
 #include "router/cluster_tokens.h"
+#include "router/decode_choice.h"
 #include "router/wire_ids.h"
 
 namespace k3::router {
@@ -67,6 +68,10 @@ class ClusterWorkerOps {
   }
   // Ends a request: the final event, then its state goes.
   void end(Request& r, GenerationEvent&& ev) {
+    if (ev.kind == GenerationEvent::Kind::Finished && r.pair >= 0) {
+      std::lock_guard lk(s_.pub_mu_);
+      ++s_.finished_by_pair_[{s_.opts_.pairs[r.pair].prefill_instance, decode_control_name(s_.opts_.pairs[r.pair])}];
+    }
     if (ev.kind == GenerationEvent::Kind::Finished)
       spdlog::info("router: request {} finished: {}, {} tokens", r.params.trace_id, ev.finish_reason, ev.completion_tokens);
     else
@@ -143,14 +148,20 @@ class ClusterWorkerOps {
       return true;
     }
     if (fitting.empty()) return false;  // waits for room
-    std::vector<PairLoad> load(s_.opts_.pairs.size());
+    std::map<std::string, int64_t> prefilling;  // a pair's in-flight count: its prefill instance's, over all its pairs
     for (auto& [rid, q] : w_.requests)
-      if (q->pair >= 0) ++load[q->pair].in_flight;
+      if (q->pair >= 0 && (q->phase == RequestPhase::Claimed || q->phase == RequestPhase::Prefilling))
+        ++prefilling[s_.opts_.pairs[q->pair].prefill_instance];
+    std::vector<PairLoad> load(s_.opts_.pairs.size());
+    for (size_t i = 0; i < s_.opts_.pairs.size(); ++i) load[i].in_flight = prefilling[s_.opts_.pairs[i].prefill_instance];
     for (size_t i = 0; i < s_.opts_.pairs.size(); ++i) {
       auto hb = w_.heartbeats.find(decode_control_name(s_.opts_.pairs[i]));
       if (hb != w_.heartbeats.end()) load[i].reported_running = hb->second.num_running;
     }
-    place(r, w_.policy->pick(fitting, load, r.params.prompt));
+    // The policy picks the prefill instance (through a pair), decode_choice.h the decode target.
+    const int picked = w_.policy->pick(fitting, load, r.params.prompt);
+    place(r, pair_with_least_loaded_decode(s_.opts_.pairs, fitting, s_.opts_.pairs[picked].prefill_instance, w_.ledger,
+                                           w_.heartbeats, w_.decode_cursor));
     return true;
   }
   Demand demand(const DecodeCapacity& cap, const Request& r) const {
@@ -406,10 +417,7 @@ Result<std::unique_ptr<ClusterService>> ClusterService::create(const ModelConfig
                               " deadline must be positive");
   if (opts.max_attempts < 1) return invalid_argument("cluster: max_attempts must be >= 1");
   if (opts.heartbeat.count() < 1 || opts.heartbeat_misses < 1) return invalid_argument("cluster: heartbeat must be positive");
-  std::set<std::string> prefill_seen;
-  for (const auto& p : opts.pairs)
-    if (!prefill_seen.insert(p.prefill_instance).second)
-      return invalid_argument("cluster: prefill instance '" + p.prefill_instance + "' is in two pairs");
+  K3_TRY(check_pairs(opts.pairs));
   std::unique_ptr<ClusterService> s(new ClusterService());
   s->cfg_ = cfg;
   s->tokenizer_ = std::move(tokenizer);

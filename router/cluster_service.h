@@ -113,6 +113,8 @@ class ClusterService final : public GenerationService {
   std::map<std::string, uint64_t> request_failures_; // cause -> requests failed
   uint64_t retries_ = 0;
   std::map<std::string, uint64_t> placements_;      // decode node -> attempts placed on it
+  // (prefill instance, decode node) -> requests finished there: shows which prefill fed which decode.
+  std::map<std::pair<std::string, std::string>, uint64_t> finished_by_pair_;
   struct NodeLoad {
     uint64_t pool_free_bytes = 0;  // decode transfer pool free bytes (its last HEARTBEAT)
     uint32_t running = 0;          // requests decoding there

@@ -50,6 +50,11 @@ std::string ClusterService::prometheus_text() const {
   line("# HELP k3_cluster_placements_total Request attempts placed on each decode node.");
   line("# TYPE k3_cluster_placements_total counter");
   for (const auto& [node, n] : placements_) line("k3_cluster_placements_total{node=\"" + node + "\"} " + std::to_string(n));
+  line("# HELP k3_cluster_pair_finished_total Requests finished, by the prefill instance that computed the prompt "
+       "and the decode node that generated.");
+  line("# TYPE k3_cluster_pair_finished_total counter");
+  for (const auto& [pair, n] : finished_by_pair_)
+    line("k3_cluster_pair_finished_total{prefill=\"" + pair.first + "\",node=\"" + pair.second + "\"} " + std::to_string(n));
   line("# HELP k3_cluster_node_pool_free_bytes A decode node's transfer pool free bytes (its last heartbeat).");
   line("# TYPE k3_cluster_node_pool_free_bytes gauge");
   for (const auto& [node, l] : node_load_)

@@ -2,7 +2,8 @@
 //  - local mode (default): the monolithic engine in this process (LocalEngineService);
 //  - cluster mode (--cluster-endpoint): prefill/decode nodes over the ZeroMQ control plane
 //    (ClusterService); the nodes get the bound endpoint (printed as "CLUSTER <endpoint>") as their
-//    --router-endpoint, and --pair names which prefill instance feeds which decode rank.
+//    --router-endpoint, and --pair names which prefill instance may feed which decode rank (any to any
+//    when every combination is listed).
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -18,6 +19,7 @@
 #include "router/http_server.h"
 #include "router/local_engine_service.h"
 #include "router/open_file_limit.h"
+#include "transfer/advertise_endpoint.h"
 #include "transfer/control_keys.h"
 
 using namespace k3;
@@ -95,6 +97,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   app.add_option("--default-max-tokens", default_max_tokens, "max_tokens when a request gives none")->check(CLI::Range(1, 1 << 20));
   auto* cluster = app.add_option_group("cluster", "cluster mode: generate on k3-prefill / k3-decode nodes");
+  std::string advertise_host;
+  cluster->add_option("--advertise-host", advertise_host,
+                      "host (address or name) nodes reach the control endpoint at, printed in CLUSTER with the bound port "
+                      "(default: the bound host; required when --cluster-endpoint is tcp://0.0.0.0:...)");
   cluster->add_option("--cluster-endpoint", cluster_endpoint,
                       "bind this ZeroMQ control endpoint (e.g. tcp://127.0.0.1:5600, port * = pick one; printed as "
                       "'CLUSTER <endpoint>') and serve through the nodes that connect to it; without it the engine "
@@ -102,7 +108,9 @@ int main(int argc, char** argv) {
   cluster->add_option("--pair", pair_texts,
                       "PREFILL:STAGES:DECODE:RANK[:DCP], repeatable: prefill instance PREFILL (stages 0..STAGES-1, "
                       "control names prefill/PREFILL/<s>) feeds decode instance DECODE (decode/DECODE) serving rank RANK "
-                      "(a DCP group: ranks RANK..RANK+DCP-1, each request written to all of them)");
+                      "(a DCP group: ranks RANK..RANK+DCP-1, each request written to all of them). A prefill instance may be "
+                      "paired with several decode instances and the reverse: the placement policy picks the prefill "
+                      "instance, then the least-loaded decode instance it is paired with serves the request");
   cluster->add_option("--placement", placement, "round-robin (default), least-loaded or prefix-affinity");
   cluster->add_option("--affinity-tokens", affinity_tokens, "prefix-affinity: leading prompt tokens hashed (default 16)")
       ->check(CLI::PositiveNumber);
@@ -202,7 +210,9 @@ int main(int argc, char** argv) {
       if (!cs.is_ok()) return fail(cs.status().message());
       cluster_service = cs->get();
       service = std::move(cs).value();
-      std::printf("CLUSTER %s\n", cluster_service->endpoint().c_str());
+      auto advertised = transfer::advertised_endpoint(cluster_service->endpoint(), advertise_host);
+      if (!advertised.is_ok()) return fail(advertised.status().message());
+      std::printf("CLUSTER %s\n", advertised->c_str());
       std::fflush(stdout);
     }
     ApiHandlers api(*service, tokenizer, cfg,

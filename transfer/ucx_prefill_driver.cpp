@@ -9,8 +9,15 @@ namespace k3::transfer {
 
 Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig cfg, zmq::context_t& zctx,
                                                              protocol::MetricsRegistry* metrics) {
-  if (cfg.decode_endpoint.empty()) return invalid_argument("PrefillDriverConfig.decode_endpoint is empty");
-  if (cfg.decode_instance.empty()) return invalid_argument("PrefillDriverConfig.decode_instance is empty");
+  if (cfg.decodes.empty()) return invalid_argument("PrefillDriverConfig.decodes is empty (no decode instance to feed)");
+  std::set<std::string> seen;
+  for (size_t i = 0; i < cfg.decodes.size(); ++i) {
+    const std::string at = "PrefillDriverConfig.decodes[" + std::to_string(i) + "]";
+    if (cfg.decodes[i].instance.empty()) return invalid_argument(at + ".instance is empty");
+    if (cfg.decodes[i].endpoint.empty()) return invalid_argument(at + ".endpoint is empty");
+    if (!seen.insert(cfg.decodes[i].instance).second)
+      return invalid_argument(at + ".instance '" + cfg.decodes[i].instance + "' is named twice");
+  }
   std::unique_ptr<PrefillDriver> d(new PrefillDriver(std::move(cfg), metrics));
   auto& c = d->cfg_;
   K3_TRY(c.side.prefill.validate(c.side.model));
@@ -26,11 +33,17 @@ Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig
   opt.name = control_name(Peer{.role = Role::Prefill, .instance = c.side.instance_id, .stage = c.side.stage});
   opt.heartbeat = c.heartbeat;
   opt.keys = c.control_keys;
-  opt.server_name = control_name(Peer{.role = Role::Decode, .instance = c.decode_instance});
-  K3_ASSIGN_OR_RETURN(d->decode_, ControlClient::connect(zctx, c.decode_endpoint, opt));
+  for (const DecodeTarget& t : c.decodes) {
+    ControlOptions dopt = opt;
+    dopt.server_name = control_name(Peer{.role = Role::Decode, .instance = t.instance});
+    if (!d->decodes_.empty()) dopt.incarnation = d->decodes_.front().control->incarnation();  // one incarnation per process
+    DecodeLink link{.instance = t.instance};
+    K3_ASSIGN_OR_RETURN(link.control, ControlClient::connect(zctx, t.endpoint, dopt));
+    d->decodes_.push_back(std::move(link));
+  }
   if (!c.router_endpoint.empty()) {
     ControlOptions ropt = opt;
-    ropt.incarnation = d->decode_->incarnation();
+    ropt.incarnation = d->decodes_.front().control->incarnation();
     ropt.server_name = "router";
     K3_ASSIGN_OR_RETURN(d->router_, ControlClient::connect(zctx, c.router_endpoint, ropt));
   }
@@ -38,7 +51,21 @@ Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig
 }
 
 PrefillDriver::~PrefillDriver() {
-  rkeys_.clear();  // rkeys (and through them the endpoint) go before the worker
+  for (DecodeLink& l : decodes_) l.rkeys.clear();  // rkeys (and through them the endpoints) go before the worker
+}
+
+bool PrefillDriver::decode_ready() const { return decodes_ready() == decodes_.size(); }
+
+size_t PrefillDriver::decodes_ready() const {
+  size_t n = 0;
+  for (const DecodeLink& l : decodes_) n += l.rkeys.empty() ? 0 : 1;
+  return n;
+}
+
+PrefillDriver::DecodeLink* PrefillDriver::link_of(const std::string& instance) {
+  for (DecodeLink& l : decodes_)
+    if (l.instance == instance) return &l;
+  return nullptr;
 }
 
 void PrefillDriver::send_to(const Peer& p, const protocol::Message& m) {
@@ -46,8 +73,8 @@ void PrefillDriver::send_to(const Peer& p, const protocol::Message& m) {
   Status s;
   if (p.role == Role::Router) {
     s = router_ ? router_->send(frame) : Status(Code::Unavailable, "no router connection");
-  } else if (p.role == Role::Decode && p.instance == cfg_.decode_instance) {
-    s = decode_->send(frame);
+  } else if (DecodeLink* l = p.role == Role::Decode ? link_of(p.instance) : nullptr) {
+    s = l->control->send(frame);
   } else {
     s = Status(Code::Unavailable, "not connected to " + control_name(p));
   }
@@ -77,6 +104,12 @@ void PrefillDriver::note_request(uint64_t request_id) {
 Status PrefillDriver::run_writes(const StartWritesAction& w) {
   auto src = sources_.find(w.request_id);
   if (src == sources_.end()) return internal_error("no source bytes held for request " + std::to_string(w.request_id));
+  auto target = decode_of_.find(w.request_id);
+  DecodeLink* link = target == decode_of_.end() ? nullptr : link_of(target->second);
+  if (!link)
+    return {Code::Unavailable, "request " + std::to_string(w.request_id) + " names decode instance '" +
+                                   (target == decode_of_.end() ? std::string("?") : target->second) +
+                                   "', which this stage is not connected to"};
   // One write list per destination region, in plan order (the plan already coalesced runs).
   std::map<uint32_t, std::vector<RemoteWrite>> by_region;
   for (const WriteOp& op : w.ops) {
@@ -86,8 +119,9 @@ Status PrefillDriver::run_writes(const StartWritesAction& w) {
     by_region[op.region_id].push_back({src->second.data() + op.src_offset, op.dst_addr, op.length});
   }
   for (auto& [region, runs] : by_region) {
-    auto rk = rkeys_.find(region);
-    if (rk == rkeys_.end()) return {Code::Unavailable, "no rkey for decode region " + std::to_string(region)};
+    auto rk = link->rkeys.find(region);
+    if (rk == link->rkeys.end())
+      return {Code::Unavailable, "no rkey for region " + std::to_string(region) + " of decode/" + link->instance};
     K3_TRY(writer_->write(*rk->second, runs, [&] { return abort_requested_.count(w.request_id) != 0; }));
   }
   return Status::ok();
@@ -114,6 +148,7 @@ void PrefillDriver::execute(const Actions& actions, Actions& all) {
       execute(side_->on_writes_flushed(w->request_id, st, steady_now()), all);
     } else if (auto* r = std::get_if<ReleasedAction>(&a)) {
       sources_.erase(r->request_id);
+      decode_of_.erase(r->request_id);
     } else if (auto* i = std::get_if<IgnoredAction>(&a)) {
       spdlog::debug("prefill: request {} input ignored: {}", i->request_id, i->reason);
     }
@@ -148,47 +183,65 @@ Actions PrefillDriver::stage_computed(uint64_t request_id, StageSource source, s
   return all;
 }
 
-void PrefillDriver::forget_decode() { rkeys_.clear(); }
+void PrefillDriver::on_decode_register(DecodeLink& link, const protocol::Register& reg) {
+  Status ok = protocol::check_registration(cfg_.compat, reg, protocol::CompatScope::Cluster);
+  if (!ok.is_ok()) {
+    spdlog::error("prefill {}: decode/{} registration refused: {}", cfg_.side.stage, link.instance, ok.message());
+    return;
+  }
+  link.rkeys.clear();
+  // One endpoint per owning worker: a rank group's regions live in its ranks' processes (each region
+  // names its worker), a plain decode's in the registering process.
+  std::map<std::vector<uint8_t>, std::shared_ptr<UcxEndpoint>> eps;
+  for (const auto& region : reg.regions) {
+    const std::vector<uint8_t>& owner = region.worker_address.empty() ? reg.worker_address : region.worker_address;
+    auto& ep = eps[owner];
+    if (!ep) {
+      auto made = worker_->connect(owner, /*peer_error_handling=*/false);
+      if (!made.is_ok()) {
+        spdlog::error("prefill {}: endpoint to region {} of decode/{}: {}", cfg_.side.stage, region.region_id,
+                      link.instance, made.status().message());
+        link.rkeys.clear();
+        return;
+      }
+      ep = std::move(made).value();
+    }
+    auto rk = RemoteKey::unpack(ep, region.packed_rkey, region.base, region.length);
+    if (!rk.is_ok()) {
+      spdlog::error("prefill {}: rkey of region {} of decode/{}: {}", cfg_.side.stage, region.region_id, link.instance,
+                    rk.status().message());
+      link.rkeys.clear();
+      return;
+    }
+    link.rkeys[region.region_id] = std::move(rk).value();
+  }
+}
 
-void PrefillDriver::on_message(const ControlEvent& e, bool from_router, StepResult& out) {
+void PrefillDriver::introduce(DecodeLink& link) {
+  // (Re)introduce ourselves to a decode incarnation; its REGISTER answer brings the rkeys.
+  protocol::Register reg;
+  reg.role = Role::Prefill;
+  reg.instance_id = cfg_.side.instance_id;
+  reg.stage = cfg_.side.stage;
+  reg.compat = cfg_.compat;
+  reg.compat_hash = protocol::compat_hash(cfg_.compat);
+  reg.layer_ids = cfg_.side.prefill.stage_layers(cfg_.side.model, cfg_.side.stage);
+  reg.worker_address = worker_->address();
+  (void)link.control->send(protocol::encode(reg));
+}
+
+void PrefillDriver::on_message(const ControlEvent& e, DecodeLink* from_decode, StepResult& out) {
+  const bool from_router = from_decode == nullptr;
   auto msg = decode_or_drop(e, metrics_);
   if (!msg) return;
-  if (!from_router) {
+  if (from_decode) {
     if (auto* ack = std::get_if<protocol::RegisterAck>(&*msg)) {
-      if (!ack->ok) spdlog::error("prefill {}: decode refused our registration: {}", cfg_.side.stage, ack->reason);
+      if (!ack->ok)
+        spdlog::error("prefill {}: decode/{} refused our registration: {}", cfg_.side.stage, from_decode->instance, ack->reason);
       return;
     }
     if (auto* reg = std::get_if<protocol::Register>(&*msg)) {
-      Status ok = protocol::check_registration(cfg_.compat, *reg, protocol::CompatScope::Cluster);
-      if (!ok.is_ok()) {
-        spdlog::error("prefill {}: decode registration refused: {}", cfg_.side.stage, ok.message());
-        return;
-      }
-      rkeys_.clear();
-      // One endpoint per owning worker: a rank group's regions live in its ranks' processes (each region
-      // names its worker), a plain decode's in the registering process.
-      std::map<std::vector<uint8_t>, std::shared_ptr<UcxEndpoint>> eps;
-      for (const auto& region : reg->regions) {
-        const std::vector<uint8_t>& owner = region.worker_address.empty() ? reg->worker_address : region.worker_address;
-        auto& ep = eps[owner];
-        if (!ep) {
-          auto made = worker_->connect(owner, /*peer_error_handling=*/false);
-          if (!made.is_ok()) {
-            spdlog::error("prefill {}: endpoint to decode region {}: {}", cfg_.side.stage, region.region_id,
-                          made.status().message());
-            rkeys_.clear();
-            return;
-          }
-          ep = std::move(made).value();
-        }
-        auto rk = RemoteKey::unpack(ep, region.packed_rkey, region.base, region.length);
-        if (!rk.is_ok()) {
-          spdlog::error("prefill {}: rkey of region {}: {}", cfg_.side.stage, region.region_id, rk.status().message());
-          rkeys_.clear();
-          return;
-        }
-        rkeys_[region.region_id] = std::move(rk).value();
-      }
+      on_decode_register(*from_decode, *reg);
       return;
     }
   }
@@ -199,10 +252,33 @@ void PrefillDriver::on_message(const ControlEvent& e, bool from_router, StepResu
     count_control_refusal(metrics_, from_router ? "not_partner" : "not_router", *msg);
     return;
   }
+  if (from_decode) {
+    // A decode instance speaks only for the requests placed on it (ADDRS from another would make this
+    // stage write into the wrong memory).
+    const uint64_t id = request_id_of(*msg);
+    auto placed = decode_of_.find(id);
+    if (placed != decode_of_.end() && placed->second != from_decode->instance) {
+      spdlog::warn("prefill {}: {} for request {} from decode/{} dropped (placed on decode/{})", cfg_.side.stage,
+                   protocol::msg_type_name(protocol::type_of(*msg)), id, from_decode->instance, placed->second);
+      count_control_refusal(metrics_, "not_partner", *msg);
+      return;
+    }
+  }
+  if (auto* p = std::get_if<protocol::Prefill>(&*msg); p && !link_of(p->decode_instance)) {
+    // Refused before any compute: the request could never be delivered.
+    spdlog::warn("prefill {}: PREFILL {} names decode/{}, which this stage was not started with", cfg_.side.stage,
+                 p->request_id, p->decode_instance);
+    (void)send_to_router(protocol::Failed{.request_id = p->request_id, .cause = AbortReason::Rejected,
+                                          .detail = "prefill " + cfg_.side.instance_id + " has no connection to decode/" +
+                                                    p->decode_instance});
+    return;
+  }
   Actions a = side_->on_message(*msg, steady_now());
   if (auto* p = std::get_if<protocol::Prefill>(&*msg)) {
-    if (side_->state(p->request_id) == protocol::RequestState::Prefilling && !sources_.count(p->request_id))
+    if (side_->state(p->request_id) == protocol::RequestState::Prefilling && !sources_.count(p->request_id)) {
+      decode_of_[p->request_id] = p->decode_instance;
       out.accepted.push_back(*p);
+    }
   }
   execute(a, out.actions);
   std::visit([&](const auto& m) {
@@ -214,32 +290,24 @@ Result<PrefillDriver::StepResult> PrefillDriver::step(Millis max_wait) {
   // The writer's operations complete inside write(), so between requests only the control sockets
   // need to wake us (the worker's event fd is not polled here).
   worker_->progress();
-  std::vector<ControlSocket*> socks{decode_.get()};
+  // Sockets: every decode link in order, then the router.
+  std::vector<ControlSocket*> socks;
+  for (DecodeLink& l : decodes_) socks.push_back(l.control.get());
   if (router_) socks.push_back(router_.get());
   K3_ASSIGN_OR_RETURN(auto events, ControlSocket::poll_all(socks, max_wait));
   worker_->progress();
   StepResult out;
   for (size_t i = 0; i < events.size(); ++i) {
-    const bool from_router = i == 1;
+    DecodeLink* link = i < decodes_.size() ? &decodes_[i] : nullptr;  // null: the router
     for (const ControlEvent& e : events[i]) {
       if (e.kind == ControlEventKind::Message) {
-        on_message(e, from_router, out);
-      } else if (e.kind == ControlEventKind::PeerUp && !from_router) {
-        // (Re)introduce ourselves to a decode incarnation; its REGISTER answer brings the rkeys.
-        protocol::Register reg;
-        reg.role = Role::Prefill;
-        reg.instance_id = cfg_.side.instance_id;
-        reg.stage = cfg_.side.stage;
-        reg.compat = cfg_.compat;
-        reg.compat_hash = protocol::compat_hash(cfg_.compat);
-        reg.layer_ids = cfg_.side.prefill.stage_layers(cfg_.side.model, cfg_.side.stage);
-        reg.worker_address = worker_->address();
-        (void)decode_->send(protocol::encode(reg));
+        on_message(e, link, out);
+      } else if (e.kind == ControlEventKind::PeerUp && link) {
+        introduce(*link);
       } else if (e.kind == ControlEventKind::PeerDown) {
-        const Peer peer = from_router ? Peer{.role = Role::Router}
-                                      : Peer{.role = Role::Decode, .instance = cfg_.decode_instance};
+        const Peer peer = link ? Peer{.role = Role::Decode, .instance = link->instance} : Peer{.role = Role::Router};
         spdlog::info("prefill {}: peer {} down ({})", cfg_.side.stage, e.peer, peer_down_reason_name(e.reason));
-        if (!from_router) forget_decode();
+        if (link) link->rkeys.clear();
         execute(side_->on_peer_dead(peer, steady_now()), out.actions);
       }
     }

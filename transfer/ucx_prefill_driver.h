@@ -1,7 +1,8 @@
 // A prefill stage's transfer endpoint: runs the lazy-alloc PrefillSide against real sockets and
-// executes its writes with UCX. Connects a ControlClient to its decode instance (REGISTER both ways:
-// ours carries the compat info, decode's carries its worker address and one packed rkey per rank
-// region) and one to the router (PREFILL, ABORT).
+// executes its writes with UCX. Connects a ControlClient to every decode instance it may feed (REGISTER
+// both ways: ours carries the compat info, decode's carries its worker address and one packed rkey per
+// rank region) and one to the router (PREFILL, ABORT). Each PREFILL names its decode instance, so the
+// router chooses the decode target per request: any prefill instance can feed any decode instance.
 //
 // The host computes: step() hands back each PREFILL the side accepted; the host fills the stage's
 // source bytes and calls stage_computed(). Writes run inside step(): every StartWrites is planned
@@ -20,11 +21,16 @@
 
 namespace k3::transfer {
 
+// One decode instance a prefill stage may write to: its control name decode/<instance> and endpoint.
+struct DecodeTarget {
+  std::string instance;
+  std::string endpoint;
+};
+
 struct PrefillDriverConfig {
   PrefillSideConfig side;            // instance id, stage, model, partition, timeouts
   protocol::CompatInfo compat;
-  std::string decode_instance;       // the decode instance this stage feeds
-  std::string decode_endpoint;
+  std::vector<DecodeTarget> decodes; // the decode instances this stage may feed (at least one)
   std::string router_endpoint;       // empty: no router connection (the host injects PREFILLs)
   HeartbeatConfig heartbeat;
   std::optional<ControlKeys> control_keys;  // CURVE on both connections; nullopt = plaintext (opt-out)
@@ -53,8 +59,10 @@ class PrefillDriver {
   Status send_to_router(const protocol::Message& m);
 
   PrefillSide& side() { return *side_; }
-  // True once decode's REGISTER arrived and its regions are usable.
-  bool decode_ready() const { return !rkeys_.empty(); }
+  // True once every decode instance's REGISTER arrived and its regions are usable.
+  bool decode_ready() const;
+  // Decode instances whose regions are usable now.
+  size_t decodes_ready() const;
   size_t sources_held() const { return sources_.size(); }
   const WriteStats& write_stats() const { return writer_->stats(); }
 
@@ -62,11 +70,15 @@ class PrefillDriver {
   PrefillDriver(PrefillDriverConfig cfg, protocol::MetricsRegistry* m) : cfg_(std::move(cfg)), metrics_(m) {}
   void execute(const Actions& actions, Actions& all);
   Status run_writes(const StartWritesAction& w);
-  void on_message(const ControlEvent& e, bool from_router, StepResult& out);
   void note_states(const Actions& actions);
   void note_request(uint64_t request_id);
   void send_to(const Peer& p, const protocol::Message& m);
-  void forget_decode();
+  struct DecodeLink;
+  DecodeLink* link_of(const std::string& instance);
+  void on_decode_register(DecodeLink& link, const protocol::Register& reg);
+  void introduce(DecodeLink& link);
+  // from_decode: the link the message came on; null when it came from the router.
+  void on_message(const ControlEvent& e, DecodeLink* from_decode, StepResult& out);
 
   PrefillDriverConfig cfg_;
   protocol::MetricsRegistry* metrics_;
@@ -74,10 +86,17 @@ class PrefillDriver {
   std::shared_ptr<UcxWorker> worker_;
   std::unique_ptr<UcxWriter> writer_;
   std::unique_ptr<PrefillSide> side_;
-  std::unique_ptr<ControlClient> decode_;
+  // One control connection and one set of rkeys per decode instance (region ids are decode global
+  // ranks, unique per instance only, so rkeys are kept per link).
+  struct DecodeLink {
+    std::string instance;
+    std::unique_ptr<ControlClient> control;
+    std::map<uint32_t, std::unique_ptr<RemoteKey>> rkeys;  // by region id (= decode global rank)
+  };
+  std::vector<DecodeLink> decodes_;
   std::unique_ptr<ControlClient> router_;
-  std::map<uint32_t, std::unique_ptr<RemoteKey>> rkeys_;  // by region id (= decode global rank)
   std::map<uint64_t, std::vector<uint8_t>> sources_;      // held source bytes by request
+  std::map<uint64_t, std::string> decode_of_;             // accepted request -> the decode instance it names
   std::set<uint64_t> abort_requested_;                    // set by inject_abort from a state hook
   std::map<uint64_t, protocol::RequestState> seen_;
   bool in_hook_ = false;

@@ -1,7 +1,8 @@
 // The renderers' command lines (node_commands.h) and the local launcher's (k3-cluster) come from the same
 // spec: this test starts k3-cluster, reads each child's argv from /proc, and checks that the renderers
 // pass every flag k3-cluster passes, with the same value wherever the value is not a place (endpoints,
-// key files, model path), and add only the binding flags (--bind, --interface). A flag added to one
+// key files, model path; k3-cluster binds port * where the renderers bind fixed ports), and add only the
+// binding flags (--bind, --interface) where k3-cluster leaves them out. A flag added to one
 // launcher and not the other fails here.
 #include <catch2/catch.hpp>
 #include <signal.h>
@@ -65,7 +66,7 @@ TEST_CASE("the rendered command lines carry every flag k3-cluster passes its chi
   ctx.host_of = [](const std::string&) { return std::string("127.0.0.1"); };
   // Flags whose values are places, which the launchers choose differently.
   const std::set<std::string> places = {"--model", "--host", "--port", "--cluster-endpoint", "--router-endpoint",
-                                        "--decode-endpoint", "--next-endpoint", "--listen", "--control-key",
+                                        "--decode-endpoint", "--next-endpoint", "--listen", "--bind", "--control-key",
                                         "--control-public-keys"};
   for (const auto& p : deploy::node_processes(*spec, deploy::PortLayout{})) {
     INFO(p.name);

@@ -43,6 +43,19 @@ TEST_CASE("rendered Kubernetes manifests build and validate against the schemas"
                        dir.path() + "/out --image registry.example/k3serve:1");
   REQUIRE(r.exit_code == 0);
   CHECK(r.out.find("RENDERED " + dir.path() + "/out/base/prefill-q.yaml") != std::string::npos);
+  // Pods bind every interface and announce their pod IP; every prefill stage may feed every decode rank.
+  {
+    std::ifstream in(dir.path() + "/out/base/decode-e.yaml");
+    const std::string y((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(y.find("'--bind' 'tcp://0.0.0.0:") != std::string::npos);
+    CHECK(y.find("'--advertise-host' \"${K3_ADDR}\"") != std::string::npos);
+    std::ifstream pin(dir.path() + "/out/base/prefill-q.yaml");
+    const std::string py((std::istreambuf_iterator<char>(pin)), std::istreambuf_iterator<char>());
+    for (const char* d : {"'--decode-instance' 'd'", "'--decode-instance' 'e-0'", "'--decode-instance' 'e-1'"}) {
+      INFO(d);
+      CHECK(py.find(d) != std::string::npos);
+    }
+  }
   // No manifest carries the API key.
   CHECK(run_command("grep -rl not-in-any-manifest " + dir.path() + "/out").out.empty());
   const auto check = run_command(python + " " + K3_SOURCE_DIR + "/tests/deploy/check_manifests.py " + dir.path() +

@@ -178,8 +178,7 @@ int run_prefill() {
   cfg.side = {.instance_id = "p", .stage = stage, .model = model, .prefill = layout,
               .decode_kda_head_sliced = num("sliced", 1) != 0, .timeouts = timeouts()};
   cfg.compat = compat(layout.partition, 1);
-  cfg.decode_instance = "d";
-  cfg.decode_endpoint = arg("decode");
+  cfg.decodes = {{.instance = "d", .endpoint = arg("decode")}};
   cfg.router_endpoint = arg("router");
   cfg.heartbeat = heartbeat();
   cfg.writer.force_staging = num("staging", 0) != 0;
