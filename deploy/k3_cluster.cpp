@@ -207,6 +207,7 @@ Status Launcher::start() {
                                     "--heartbeat-ms", hb, "--heartbeat-misses", misses,
                                     "--claim-timeout-ms", std::to_string(spec_.claim_ms), "--log-level", log_level_};
   if (!spec_.served_model_name.empty()) rargs.insert(rargs.end(), {"--served-model-name", spec_.served_model_name});
+  if (spec_.affinity_tokens > 0) rargs.insert(rargs.end(), {"--affinity-tokens", std::to_string(spec_.affinity_tokens)});
   for (size_t i = 0; i < spec_.prefill.size(); ++i) {
     const auto& p = spec_.prefill[i];
     const auto& d = decodes[i % decodes.size()];
@@ -271,6 +272,8 @@ Status Launcher::start() {
                                        "--router-endpoint", control, "--threads", threads, "--backend", spec_.backend, "--heartbeat-ms", hb,
                                        "--heartbeat-misses", misses, "--log-level", log_level_};
       if (!partition.empty()) args.insert(args.end(), {"--partition", partition});
+      const std::vector<std::string> prefix = prefix_cache_args(p);
+      args.insert(args.end(), prefix.begin(), prefix.end());
       if (st > 0) args.insert(args.end(), {"--listen", "tcp://127.0.0.1:*"});
       if (!next.empty()) args.insert(args.end(), {"--next-endpoint", next});
       K3_ASSIGN_OR_RETURN(ChildProcess * c, spawn("prefill/" + p.id + "/" + std::to_string(st), "k3-prefill", args));
