@@ -4,10 +4,13 @@
 // equals k3-generate's at the same prefill chunk (the cache-off reference every topology reproduces),
 // while the prefill node reports cache hits on the router's /metrics (so prefills really were cut short
 // and decode still got the whole prompt's KV/state).
+//
+// K3_TEST_BACKEND=cuda runs every node and the reference on the GPU (default cpu).
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <fstream>
 #include <future>
 #include <random>
@@ -24,6 +27,13 @@ using nlohmann::json;
 namespace {
 
 constexpr int kChunk = 64;
+
+std::string test_backend() {
+  const char* b = std::getenv("K3_TEST_BACKEND");
+  const std::string kind = b && *b ? b : "cpu";
+  REQUIRE((kind == "cpu" || kind == "cuda"));
+  return kind;
+}
 
 json body_of(const std::vector<int32_t>& prompt, int max_tokens, int seed) {
   json b = {{"model", "k3-tiny"}, {"prompt", prompt},   {"max_tokens", max_tokens},
@@ -45,7 +55,7 @@ std::vector<int32_t> complete(int port, const json& body) {
 }
 
 std::vector<int32_t> reference(const std::string& model, const std::vector<int32_t>& prompt, int max_tokens, int seed) {
-  std::string flags = "--prefill-chunk " + std::to_string(kChunk);
+  std::string flags = "--backend " + test_backend() + " --prefill-chunk " + std::to_string(kChunk);
   if (seed >= 0) flags += " --temperature 0.8 --seed " + std::to_string(seed);
   return k3::test::k3_generate_tokens(model, prompt, max_tokens, flags);
 }
@@ -63,6 +73,7 @@ TEST_CASE("prefill stages with the prefix cache serve the same tokens as without
                                 {"prefix_cache", {{"slots", 6}, {"block_tokens", 64}, {"checkpoint_every", 1}}}}})},
       {"decode", json::array({{{"id", "d"}, {"ranks", 1}, {"max_requests", 8}}})},
       {"threads", 1},
+      {"backend", test_backend()},
       {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 10}, {"startup_s", 240}}}};
   dir.write("spec.json", spec.dump(2));
   k3::test::LaunchedCluster cluster = k3::test::launch_cluster(dir.file("spec.json"));
