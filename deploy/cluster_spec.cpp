@@ -92,7 +92,8 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
   if (j.contains("router")) {
     const json& r = j.at("router");
     if (!r.is_object()) return bad("router", "must be an object");
-    K3_TRY(known_keys(r, "router.", {"host", "port", "placement", "served_model_name", "api_key"}));
+    K3_TRY(known_keys(r, "router.", {"host", "port", "placement", "affinity_tokens", "served_model_name", "api_key"}));
+    K3_TRY(get_int(r, "router.", "affinity_tokens", s.affinity_tokens, 1, 1 << 24));
     K3_TRY(get_string(r, "router.", "host", s.host));
     K3_TRY(get_int(r, "router.", "port", s.port, 0, 65535));
     K3_TRY(get_string(r, "router.", "placement", s.placement));
@@ -111,7 +112,7 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
     const std::string at = "prefill[" + std::to_string(i) + "].";
     const json& p = j.at("prefill")[i];
     if (!p.is_object()) return bad("prefill[" + std::to_string(i) + "]", "must be an object");
-    K3_TRY(known_keys(p, at, {"id", "stages", "partition", "chunk_size", "max_requests"}));
+    K3_TRY(known_keys(p, at, {"id", "stages", "partition", "chunk_size", "max_requests", "prefix_cache"}));
     PrefillSpec ps;
     ps.id = "p" + std::to_string(i);
     K3_TRY(get_string(p, at, "id", ps.id));
@@ -120,6 +121,19 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
     K3_TRY(get_int(p, at, "stages", ps.stages, 1, 256));
     K3_TRY(get_int(p, at, "chunk_size", ps.chunk_size, 1, 1 << 20));
     K3_TRY(get_int(p, at, "max_requests", ps.max_requests, 1, 4096));
+    if (p.contains("prefix_cache")) {
+      const json& pc = p.at("prefix_cache");
+      const std::string pat = at + "prefix_cache.";
+      if (!pc.is_object()) return bad(at + "prefix_cache", "must be an object");
+      K3_TRY(known_keys(pc, pat, {"slots", "block_tokens", "checkpoint_every", "budget_mb"}));
+      ps.prefix_slots = 8;
+      K3_TRY(get_int(pc, pat, "slots", ps.prefix_slots, 1, 4096));
+      K3_TRY(get_int(pc, pat, "block_tokens", ps.prefix_block_tokens, 64, 1 << 20));
+      K3_TRY(get_int(pc, pat, "checkpoint_every", ps.prefix_checkpoint_every, 1, 1 << 20));
+      K3_TRY(get_int(pc, pat, "budget_mb", ps.prefix_budget_mb, 0, 1 << 24));
+      if (ps.prefix_block_tokens % 64 != 0) return bad(pat + "block_tokens", "must be a multiple of 64 (the KDA chunk)");
+      if (ps.chunk_size % 64 != 0) return bad(at + "chunk_size", "must be a multiple of 64 with the prefix cache on");
+    }
     if (p.contains("partition")) {
       const json& part = p.at("partition");
       if (!part.is_array()) return bad(at + "partition", "must be an array of layer counts");
@@ -238,6 +252,13 @@ Status check_against_model(const ClusterSpec& spec, int num_layers) {
     }
   }
   return Status::ok();
+}
+
+std::vector<std::string> prefix_cache_args(const PrefillSpec& p) {
+  if (p.prefix_slots <= 0) return {};
+  return {"--prefix-cache-slots", std::to_string(p.prefix_slots), "--prefix-block", std::to_string(p.prefix_block_tokens),
+          "--prefix-checkpoint-every", std::to_string(p.prefix_checkpoint_every), "--prefix-budget-mb",
+          std::to_string(p.prefix_budget_mb)};
 }
 
 }  // namespace k3::deploy

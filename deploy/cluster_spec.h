@@ -3,9 +3,11 @@
 // {
 //   "model": "models/k3-tiny",          model dir (relative paths: to the current directory)
 //   "generate": {"preset": "k3-tiny", "seed": 0},   how to make the model when the dir is missing
-//   "router": {"host": "127.0.0.1", "port": 8000, "placement": "round-robin", "served_model_name": "",
+//   "router": {"host": "127.0.0.1", "port": 8000, "placement": "round-robin", "affinity_tokens": 16, "served_model_name": "",
 //              "api_key": "..."},        optional; see resolve_api_key for --api-key / K3_API_KEY
-//   "prefill": [{"id": "p", "stages": 2, "partition": [2, 2], "chunk_size": 256, "max_requests": 8}],
+//   "prefill": [{"id": "p", "stages": 2, "partition": [2, 2], "chunk_size": 256, "max_requests": 8,
+//                "prefix_cache": {"slots": 8, "block_tokens": 64, "checkpoint_every": 1, "budget_mb": 0}}],
+//                                        prefix_cache: optional, off without it (k3-prefill --prefix-* flags)
 //   "decode": [{"id": "d", "ranks": 1, "max_requests": 8}],
 //                                        a rank group per DP rank (docs/RANKS.md): {"id": "d", "dp": 2, "dcp": 8}
 //                                        or {"dp": 2, "ep": 4} ("dp" is "ranks"), optional "kv_partitions"
@@ -43,7 +45,13 @@ struct PrefillSpec {
   std::vector<int> partition;  // empty: the even split (k3-prefill's default)
   int chunk_size = 256;
   int max_requests = 8;
+  int prefix_slots = 0;            // prefix cache checkpoint slots (0: off)
+  int prefix_block_tokens = 64;
+  int prefix_checkpoint_every = 1;
+  int prefix_budget_mb = 0;
 };
+// The k3-prefill flags of an instance's prefix cache (none when it is off); every stage gets the same.
+std::vector<std::string> prefix_cache_args(const PrefillSpec& p);
 
 struct DecodeSpec {
   std::string id;
@@ -62,6 +70,7 @@ struct ClusterSpec {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0 = pick a free one
   std::string placement = "round-robin";
+  int affinity_tokens = 0;         // prefix-affinity: leading prompt tokens of the sticky hash (0: the router's default)
   std::string served_model_name;
   std::string api_key;  // empty: /v1 is open. A secret: never logged, never on a command line.
   std::vector<PrefillSpec> prefill;

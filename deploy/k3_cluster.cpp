@@ -213,6 +213,7 @@ Status Launcher::start() {
                                     "--heartbeat-ms", hb, "--heartbeat-misses", misses,
                                     "--claim-timeout-ms", std::to_string(spec_.claim_ms), "--log-level", log_level_};
   if (!spec_.served_model_name.empty()) rargs.insert(rargs.end(), {"--served-model-name", spec_.served_model_name});
+  if (spec_.affinity_tokens > 0) rargs.insert(rargs.end(), {"--affinity-tokens", std::to_string(spec_.affinity_tokens)});
   // Nodes bind network.bind_host and are announced (READY / LISTEN / CLUSTER lines) at advertise_host.
   const std::vector<std::string> advertise =
       spec_.advertise_host.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--advertise-host", spec_.advertise_host};
@@ -278,6 +279,8 @@ Status Launcher::start() {
       args.insert(args.end(), {"--router-endpoint", control, "--threads", threads, "--backend", spec_.backend, "--heartbeat-ms", hb,
                                 "--heartbeat-misses", misses, "--log-level", log_level_});
       if (!partition.empty()) args.insert(args.end(), {"--partition", partition});
+      const std::vector<std::string> prefix = prefix_cache_args(p);
+      args.insert(args.end(), prefix.begin(), prefix.end());
       args.insert(args.end(), {"--interface", spec_.reachable_host()});
       args.insert(args.end(), advertise.begin(), advertise.end());
       if (st > 0) args.insert(args.end(), {"--listen", "tcp://" + spec_.bind_host + ":*"});

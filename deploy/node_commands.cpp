@@ -105,6 +105,7 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
            std::to_string(spec.heartbeat_misses), "--claim-timeout-ms", std::to_string(spec.claim_ms), "--log-level",
            ctx.log_level};
       if (!spec.served_model_name.empty()) a.insert(a.end(), {"--served-model-name", spec.served_model_name});
+      if (spec.affinity_tokens > 0) a.insert(a.end(), {"--affinity-tokens", std::to_string(spec.affinity_tokens)});
       for (const std::string& pair : router_pair_flags(spec)) a.insert(a.end(), {"--pair", pair});
       break;
     }
@@ -131,6 +132,8 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
         for (int n : ps.partition) part += (part.empty() ? "" : ",") + std::to_string(n);
         a.insert(a.end(), {"--partition", part});
       }
+      const std::vector<std::string> prefix = prefix_cache_args(ps);
+      a.insert(a.end(), prefix.begin(), prefix.end());
       if (p.local_index > 0) a.insert(a.end(), {"--listen", "tcp://" + bind_of(ctx) + ":" + std::to_string(p.port)});
       if (p.local_index + 1 < ps.stages) {
         const std::string next = "prefill/" + ps.id + "/" + std::to_string(p.local_index + 1);

@@ -41,7 +41,8 @@ PrefixCache::PrefixCache(CachePools& pools, const ModelConfig& cfg, const Prefix
     : pools_(pools),
       opts_(opts),
       tree_({.block_tokens = opts.block_tokens, .page_size = pools.options().page_size,
-             .slot_bytes = std::max<uint64_t>(1, pools.slot_bytes()), .page_bytes = std::max<uint64_t>(1, pools.page_bytes()),
+             .slot_bytes = std::max<uint64_t>(1, opts.tree_slot_bytes ? opts.tree_slot_bytes : pools.slot_bytes()),
+             .page_bytes = std::max<uint64_t>(1, opts.tree_page_bytes ? opts.tree_page_bytes : pools.page_bytes()),
              .alpha = opts.alpha, .prefill_cost = prefill_cost_model(cfg)}) {}
 
 PrefixCache::~PrefixCache() {
@@ -56,6 +57,7 @@ bool PrefixCache::evict_one() {
   if (!v) return false;
   for (int32_t p : v->pages) pools_.release_page(p);
   stats_.pages_evicted += v->pages.size();
+  ++stats_.evictions;
   if (v->slot >= 0) {
     pools_.free_slot(v->slot);
     ++stats_.checkpoints_evicted;
@@ -67,6 +69,12 @@ bool PrefixCache::make_room(int slots, int pages) {
   while (pools_.free_slots() < slots || pools_.free_pages() < pages)
     if (!evict_one()) return false;
   return true;
+}
+
+int PrefixCache::evict(int count) {
+  int done = 0;
+  while (done < count && evict_one()) ++done;
+  return done;
 }
 
 void PrefixCache::flush() {

@@ -26,6 +26,9 @@ struct PrefixCacheOptions {
                                 // whole block of the prompt always get one)
   uint64_t budget_bytes = 0;    // tree memory (checkpoints + pages) kept at most; 0: the pools bound it
   double alpha = 1.0;           // eviction: weight of compute-saved-per-byte against recency
+  // Bytes the tree counts per checkpoint / per page (budget and eviction scores); 0: this pool's. The
+  // stages of a prefill pipeline give the whole model's, so every stage's cache makes the same choices.
+  uint64_t tree_slot_bytes = 0, tree_page_bytes = 0;
   // Names the bad field; prefill_chunk is the engine's (0 = whole prompt).
   Status validate(const CacheOptions& cache, int prefill_chunk) const;
 };
@@ -37,6 +40,7 @@ struct PrefixCacheStats {
   uint64_t checkpoints_evicted = 0;
   uint64_t pages_evicted = 0;
   uint64_t donations = 0;
+  uint64_t evictions = 0;             // entries evicted (a leaf, or an inner node's checkpoint)
 };
 
 // One request's hold on the cache, from acquire to release.
@@ -70,6 +74,9 @@ class PrefixCache {
 
   // Evicts until `slots` KDA slots and `pages` pages are free; false when pinned entries block it.
   bool make_room(int slots, int pages);
+  // Evicts up to `count` entries in the policy's order; returns how many went. Replays another
+  // cache's evictions on a replica in the same state (pipeline stages).
+  int evict(int count);
   // Drops every unpinned entry (all, when no request runs).
   void flush();
   // A new memory budget (0: the pools bound it); takes effect at the next checkpoint taken.

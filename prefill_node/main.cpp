@@ -69,6 +69,21 @@ int main(int argc, char** argv) {
                  "stages > 0: bind for activations from the previous stage, e.g. tcp://127.0.0.1:* (port picked, "
                  "printed as LISTEN)");
   app.add_option("--next-endpoint", o.next_endpoint, "stages before the last: the next stage's LISTEN endpoint");
+  int prefix_slots = 0;
+  double prefix_budget_mb = 0;
+  app.add_option("--prefix-cache-slots", prefix_slots,
+                 "prefix cache: KDA checkpoint slots beside --max-requests (0 = cache off, the default); every stage "
+                 "of the instance needs the same --prefix-* flags")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--prefix-block", o.prefix.block_tokens,
+                 "prefix cache: checkpoint alignment in tokens, a multiple of 64 and of --cache-page-size (default 64); "
+                 "--chunk-size must be a multiple of 64")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--prefix-checkpoint-every", o.prefix.checkpoint_every, "prefix cache: blocks between checkpoints (default 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--prefix-budget-mb", prefix_budget_mb,
+                 "prefix cache: memory budget of the whole instance in MiB, counted over all layers (0 = the pools bound it)")
+      ->check(CLI::NonNegativeNumber);
   std::string interface = "127.0.0.1", key_file, public_keys_file, advertise_host;
   app.add_option("--advertise-host", advertise_host,
                  "stages > 0: host (address or name) the previous stage reaches --listen at, printed in LISTEN with the "
@@ -92,6 +107,11 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "spdlog level: trace, debug, info, warn (default), error");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
+  if (prefix_slots > 0) {
+    o.cache.checkpoint_slots = prefix_slots;
+    o.prefix.enabled = true;
+    o.prefix.budget_bytes = static_cast<uint64_t>(prefix_budget_mb * 1024 * 1024);
+  }
 
   if (decode_instances.empty() && decode_endpoints.size() == 1) decode_instances.push_back("d");
   if (decode_instances.size() != decode_endpoints.size())
@@ -141,8 +161,19 @@ int main(int argc, char** argv) {
   say("READY prefill/" + o.instance_id + "/" + std::to_string(o.stage));
   bool announced = false;
   size_t held = 0, computing = 0;
+  // A HEARTBEAT with the stage's prefix cache every heartbeat interval: the router's KV-aware placement
+  // and its /metrics read it (a lost one only delays them: the next carries the same state).
+  auto last_report = std::chrono::steady_clock::now() - o.heartbeat.interval;
+  uint64_t report_seq = 0;
   while (!g_stop) {
     if (Status st = s.run_once(std::chrono::milliseconds(50)); !st.is_ok()) return fail(st);
+    if (!o.router_endpoint.empty() && std::chrono::steady_clock::now() - last_report >= o.heartbeat.interval) {
+      last_report = std::chrono::steady_clock::now();
+      (void)s.driver().send_to_router(protocol::Heartbeat{.role = protocol::Role::Prefill, .instance_id = o.instance_id,
+                                                          .stage = static_cast<uint32_t>(o.stage), .seq = ++report_seq,
+                                                          .num_running = static_cast<uint32_t>(s.requests_in_compute()),
+                                                          .prefix = s.prefix_report()});
+    }
     if (!announced && s.decode_ready()) {
       announced = true;
       say("DECODE_READY");

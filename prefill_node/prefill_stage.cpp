@@ -39,8 +39,10 @@ Activations on_backend(Backend& be, Activations a) {
 }  // namespace
 
 PrefillStage::~PrefillStage() {
-  for (auto& [id, r] : requests_)
+  for (auto& [id, r] : requests_) {
+    if (prefix_) prefix_->release(r.lease);
     if (r.open) pools_->close(r.seq);
+  }
 }
 
 Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOptions& opts, Backend& backend,
@@ -65,6 +67,9 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   K3_TRY(s->prefill_layout_.validate(s->layout_));
   K3_ASSIGN_OR_RETURN(s->model_, Model::create(backend, cfg, weights, s->begin_, s->end_));
   s->pools_ = std::make_unique<CachePools>(backend, cfg, s->begin_, s->end_, opts.cache);
+  if (opts.prefix.enabled) {
+    K3_ASSIGN_OR_RETURN(s->prefix_, StagePrefixCache::create(*s->pools_, cfg, s->layout_, opts.prefix, opts.chunk_size, backend));
+  }
 
   transfer::PrefillDriverConfig dc;
   dc.side = {.instance_id = opts.instance_id, .stage = static_cast<uint32_t>(opts.stage), .model = s->layout_,
@@ -115,7 +120,11 @@ void PrefillStage::absorb(const transfer::Actions&) {
 void PrefillStage::end_request(uint64_t id) {
   auto it = requests_.find(id);
   if (it != requests_.end()) {
-    if (it->second.open) pools_->close(it->second.seq);
+    if (prefix_) prefix_->release(it->second.lease);
+    if (it->second.open) {
+      pools_->close(it->second.seq);
+      --open_requests_;
+    }
     requests_.erase(it);
     order_.erase(std::remove(order_.begin(), order_.end(), id), order_.end());
   }
@@ -175,18 +184,29 @@ void PrefillStage::on_chunk(ActivationChunk c) {
     return fail_request(r.id, "activations for " + std::to_string(c.prompt_len) + " tokens, the request has " +
                                   std::to_string(r.prompt_len));
   r.prompt_len = c.prompt_len;
-  int64_t expected = r.computed;
+  // A request's first chunk starts where stage 0's prefix-cache hit ended (0 without one).
+  int64_t expected = r.open ? r.computed : !r.arrived.empty() ? static_cast<int64_t>(r.arrived.front().chunk_start)
+                                                              : static_cast<int64_t>(c.chunk_start);
   for (const ActivationChunk& q : r.arrived) expected += q.act.rows();
   if (static_cast<int64_t>(c.chunk_start) != expected)
     return fail_request(r.id, "activation chunk starts at " + std::to_string(c.chunk_start) + ", expected " +
                                   std::to_string(expected));
   r.arrived.push_back(std::move(c));
+  if (prefix_) chunk_order_.push_back(r.id);
 }
 
 PrefillStage::Request* PrefillStage::next_work() {
   // A request takes a cache slot at its first chunk; while none is free, only requests holding one
   // progress (the others wait, their chunks queued).
-  const bool slot_free = pools_->free_slots() > 0;
+  const bool slot_free = open_requests_ < opts_.cache.max_seqs;   // the pool's other slots are the cache's
+  if (prefix_ && opts_.stage > 0) {
+    // The cache replicas must make stage 0's lookups and commits in stage 0's order, which is the
+    // order its chunks arrive in: compute strictly in that order (ids of ended requests are skipped).
+    while (!chunk_order_.empty() && !requests_.count(chunk_order_.front())) chunk_order_.pop_front();
+    if (chunk_order_.empty()) return nullptr;
+    Request& r = requests_.at(chunk_order_.front());
+    return r.open || slot_free ? &r : nullptr;
+  }
   for (uint64_t id : order_) {
     Request& r = requests_.at(id);
     const bool has_input = opts_.stage == 0 ? (r.prefill && r.computed < r.prompt_len) : !r.arrived.empty();
@@ -195,37 +215,80 @@ PrefillStage::Request* PrefillStage::next_work() {
   return nullptr;
 }
 
-Status PrefillStage::compute_chunk(Request& r) {
-  if (!r.open) {
+bool PrefillStage::open_request(Request& r, ChunkCacheSync& sync) {
+  const uint64_t resume_at = opts_.stage == 0 ? 0 : r.arrived.front().chunk_start;
+  Result<PrefixLease> lease = PrefixLease{};
+  if (!prefix_) {
+    if (resume_at != 0) {
+      fail_request(r.id, "stage 0 resumed the prompt at " + std::to_string(resume_at) +
+                             " from its prefix cache but this stage runs without one (give every stage the same --prefix-* flags)");
+      return false;
+    }
     auto seq = pools_->open();
     if (!seq.is_ok()) {  // next_work saw a free slot: this is a bug, not back-pressure
       fail_request(r.id, "no free cache slot: " + seq.status().to_string());
-      return Status::ok();
+      return false;
     }
     r.seq = std::move(seq).value();
-    r.open = true;
+  } else if (opts_.stage == 0) {
+    lease = prefix_->open_first(r.prefill->token_ids, r.seq, sync);
+  } else if (r.arrived.front().cache.prompt.empty()) {
+    fail_request(r.id, "stage 0 runs without the prefix cache but this stage has one (give every stage the same --prefix-* flags)");
+    return false;
+  } else {
+    const ChunkCacheSync& first = r.arrived.front().cache;
+    r.cached_prompt = first.prompt;
+    lease = prefix_->open_replica(r.cached_prompt, r.seq, resume_at, first.plan, opts_.stage);
   }
+  if (!lease.is_ok()) {
+    fail_request(r.id, "prefix cache: " + lease.status().to_string());
+    return false;
+  }
+  r.lease = std::move(lease).value();
+  r.computed = r.lease.cached_tokens;
+  r.open = true;
+  ++open_requests_;
+  return true;
+}
+
+bool PrefillStage::reserve(Request& r, int64_t n, uint32_t evictions) {
+  Status st = !prefix_ ? pools_->reserve(r.seq, n)
+              : opts_.stage == 0 ? prefix_->reserve_first(r.seq, n, r.evicted)
+                                 : prefix_->reserve_replica(r.seq, n, evictions);
+  if (!st.is_ok()) fail_request(r.id, "no room in the stage's caches: " + st.to_string());
+  return st.is_ok();
+}
+
+Status PrefillStage::compute_chunk(Request& r) {
+  ChunkCacheSync sync;   // stage 0's prefix-cache moves, sent with the chunk (later stages pass theirs on)
+  if (!r.open && !open_request(r, sync)) return Status::ok();
   Activations act;
   const int64_t start = r.computed;
   if (opts_.stage == 0) {
-    const int64_t n = std::min<int64_t>(opts_.chunk_size, r.prompt_len - r.computed);
-    act = model_->embed(std::span<const int32_t>(r.prefill->token_ids).subspan(start, n));
+    // Chunks end at absolute multiples of chunk_size: a prompt resumed from the cache cuts its KDA
+    // chunks where the full pass does, so its caches and logits are the same bits.
+    const int64_t end = std::min<int64_t>(r.prompt_len, (start / opts_.chunk_size + 1) * opts_.chunk_size);
+    act = model_->embed(std::span<const int32_t>(r.prefill->token_ids).subspan(start, end - start));
   } else {
+    sync = std::move(r.arrived.front().cache);
     act = on_backend(backend_, std::move(r.arrived.front().act));
     r.arrived.pop_front();
+    if (prefix_) chunk_order_.pop_front();   // next_work took this request from its front
   }
   const int64_t n = act.rows();
-  if (Status st = pools_->reserve(r.seq, n); !st.is_ok()) {
-    fail_request(r.id, "no room in the stage's caches: " + st.to_string());
-    return Status::ok();
-  }
+  if (!reserve(r, n, sync.evictions_before)) return Status::ok();
+  if (opts_.stage == 0) sync.evictions_before = std::exchange(r.evicted, 0);
   BatchItem item{.seq = &r.seq, .num_new = n};
+  if (prefix_) item.checkpoints = StagePrefixCache::checkpoints_in(r.lease, start, n);
   model_->forward(std::span(&item, 1), act, *pools_);
   r.seq.num_tokens += n;
   r.computed += n;
+  if (prefix_ && r.computed == r.prompt_len)   // every stage commits at its compute end: the same order
+    prefix_->commit(r.lease, opts_.stage == 0 ? std::span<const int32_t>(r.prefill->token_ids) : r.cached_prompt, r.seq);
   if (to_next_) {
     K3_TRY(to_next_->send(ActivationChunk{.request_id = r.id, .chunk_start = static_cast<uint64_t>(start),
-                                          .prompt_len = r.prompt_len, .act = host_copy(backend_, act)}));
+                                          .prompt_len = r.prompt_len, .act = host_copy(backend_, act),
+                                          .cache = std::move(sync)}));
   } else if (r.computed == r.prompt_len) {
     const int32_t row = static_cast<int32_t>(n - 1);
     r.last_logits = model_->backend_logits(act, std::span(&row, 1));
@@ -297,6 +360,24 @@ Status PrefillStage::run_once(std::chrono::milliseconds idle_wait) {
   }
   if (Request* r = next_work()) K3_TRY(compute_chunk(*r));
   return Status::ok();
+}
+
+protocol::PrefixCacheReport PrefillStage::prefix_report() const {
+  protocol::PrefixCacheReport r;
+  r.pool_pages = static_cast<uint32_t>(opts_.cache.num_pages);
+  r.pool_free_pages = static_cast<uint32_t>(pools_->free_pages());
+  r.pool_slots = static_cast<uint32_t>(pools_->total_slots());
+  r.pool_free_slots = static_cast<uint32_t>(pools_->free_slots());
+  if (!prefix_) return r;
+  const PrefixCache& c = prefix_->cache();
+  r.block_tokens = static_cast<uint32_t>(c.options().block_tokens);
+  r.block_hashes = c.tree().checkpoint_hashes();
+  r.lookup_tokens = c.stats().lookup_tokens;
+  r.hit_tokens = c.stats().hit_tokens;
+  r.checkpoints_stored = c.stats().checkpoints_stored;
+  r.checkpoints_evicted = c.stats().checkpoints_evicted;
+  r.cache_bytes = c.tree().bytes();
+  return r;
 }
 
 }  // namespace k3::prefill

@@ -33,6 +33,7 @@
 #include "engine/model.h"
 #include "common/model/weights.h"
 #include "prefill_node/stage_link.h"
+#include "prefill_node/stage_prefix.h"
 #include "transfer/ucx_prefill_driver.h"
 
 namespace k3::prefill {
@@ -45,7 +46,9 @@ struct PrefillStageOptions {
   int stage = 0;
   std::vector<int> partition;          // layers per stage (validated by parse_partition)
   int chunk_size = 256;                // prompt tokens per pipeline chunk
-  CacheOptions cache;                  // local caches of the stage's layers (max_seqs = requests in flight)
+  CacheOptions cache;                  // local caches of the stage's layers (max_seqs = requests in flight;
+                                       // checkpoint_slots: the prefix cache's)
+  PrefixCacheOptions prefix;           // the prefix cache (off unless enabled; the same on every stage)
   uint32_t transfer_page_size = 16;    // the decode pool's page size (part of the compat check)
   std::vector<transfer::DecodeTarget> decodes;  // every decode instance this stage may feed
   std::string router_endpoint;         // empty: no router (PREFILLs injected through the driver's side)
@@ -73,6 +76,9 @@ class PrefillStage {
   size_t sources_held() const { return driver_->sources_held(); }
   size_t requests_in_compute() const { return requests_.size(); }
   int free_cache_slots() const { return pools_->free_slots(); }
+  const PrefixCache* prefix_cache() const { return prefix_ ? &prefix_->cache() : nullptr; }
+  // What the stage's heartbeat tells the router about its prefix cache (block_tokens 0: off).
+  protocol::PrefixCacheReport prefix_report() const;
   bool is_last() const { return opts_.stage + 1 == static_cast<int>(opts_.partition.size()); }
   transfer::PrefillDriver& driver() { return *driver_; }
 
@@ -83,6 +89,9 @@ class PrefillStage {
     std::deque<ActivationChunk> arrived;        // stages > 0: chunks not computed yet
     SeqCache seq;
     bool open = false;
+    PrefixLease lease;                          // prefix-cache hold (inactive with the cache off)
+    std::vector<int32_t> cached_prompt;         // stages > 0 with the cache: the prompt, from the first chunk
+    uint32_t evicted = 0;                       // stage 0: cache evictions to announce with the next chunk
     uint32_t prompt_len = 0;                    // known from the PREFILL or the first chunk
     int64_t computed = 0;                       // tokens through this stage's layers
     Tensor last_logits;                         // last stage: logits of the prompt's final row (on the backend)
@@ -94,6 +103,10 @@ class PrefillStage {
   void on_chunk(ActivationChunk c);
   Request* next_work();
   Status compute_chunk(Request& r);
+  // Opens the request's caches at its first chunk (a prefix-cache hit restores a prefix); false when
+  // the request failed.
+  bool open_request(Request& r, ChunkCacheSync& sync);
+  bool reserve(Request& r, int64_t n, uint32_t evictions);
   void maybe_report(Request& r);
   void end_request(uint64_t id);
   void fail_request(uint64_t id, const std::string& why);
@@ -108,12 +121,16 @@ class PrefillStage {
   transfer::PrefillLayout prefill_layout_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<CachePools> pools_;
+  std::unique_ptr<StagePrefixCache> prefix_;      // after pools_: gives its pages back first (null: off)
+  int open_requests_ = 0;
   protocol::MetricsRegistry metrics_;
   std::unique_ptr<transfer::PrefillDriver> driver_;
   std::unique_ptr<StageReceiver> from_prev_;
   std::unique_ptr<StageSender> to_next_;
   std::map<uint64_t, Request> requests_;          // live here (computing or waiting for the PREFILL)
   std::deque<uint64_t> order_;                    // arrival order: oldest request gets the next chunk
+  std::deque<uint64_t> chunk_order_;              // stages > 0 with the prefix cache: owners of the queued
+                                                  // chunks in arrival order (computed strictly in it)
   std::set<uint64_t> ended_;                      // requests whose late chunks / PREFILLs are dropped
   std::vector<uint64_t> pending_end_;             // terminal states seen by the driver's state hook
 };

@@ -9,8 +9,8 @@ namespace k3::prefill {
 namespace {
 
 constexpr uint32_t kMagic = 0x4341334b;  // "K3AC"
-constexpr uint32_t kVersion = 1;
-constexpr size_t kHeaderBytes = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4;
+constexpr uint32_t kVersion = 2;   // 2: the prefix-cache sync
+constexpr size_t kHeaderBytes = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 4 + 4;
 
 template <class T>
 void put(std::vector<uint8_t>& out, T v) {
@@ -49,8 +49,13 @@ std::vector<uint8_t> encode_chunk(const ActivationChunk& c) {
   put<uint32_t>(out, static_cast<uint32_t>(rows));
   put<uint32_t>(out, static_cast<uint32_t>(width));
   put<uint32_t>(out, static_cast<uint32_t>(c.act.bank.size()));
+  put<uint32_t>(out, c.cache.evictions_before);
+  put<uint32_t>(out, static_cast<uint32_t>(c.cache.prompt.size()));
+  put<uint32_t>(out, static_cast<uint32_t>(c.cache.plan.size()));
   put_rows(out, c.act.partial);
   for (const Tensor& b : c.act.bank) put_rows(out, b);
+  for (int32_t t : c.cache.prompt) put<int32_t>(out, t);
+  for (uint64_t p : c.cache.plan) put<uint64_t>(out, p);
   return out;
 }
 
@@ -68,14 +73,23 @@ Result<ActivationChunk> decode_chunk(std::span<const uint8_t> bytes) {
   const uint32_t rows = get<uint32_t>(bytes, at);
   const uint32_t width = get<uint32_t>(bytes, at);
   const uint32_t banks = get<uint32_t>(bytes, at);
+  c.cache.evictions_before = get<uint32_t>(bytes, at);
+  const uint32_t prompt_count = get<uint32_t>(bytes, at);
+  const uint32_t plan_count = get<uint32_t>(bytes, at);
   if (rows == 0 || width == 0) return invalid_argument("activation frame: rows and width must be > 0");
+  if (prompt_count != 0 && prompt_count != c.prompt_len)
+    return invalid_argument("activation frame: prompt_count " + std::to_string(prompt_count) + " is neither 0 nor prompt_len " +
+                            std::to_string(c.prompt_len));
+  if (plan_count > c.prompt_len) return invalid_argument("activation frame: plan_count " + std::to_string(plan_count) + " exceeds prompt_len");
   if (c.chunk_start + rows > c.prompt_len)
     return invalid_argument("activation frame: rows " + std::to_string(c.chunk_start) + "+" + std::to_string(rows) +
                             " exceed prompt_len " + std::to_string(c.prompt_len));
   const uint64_t tensor_bytes = uint64_t{rows} * width * sizeof(float);
-  if (bytes.size() != kHeaderBytes + (uint64_t{banks} + 1) * tensor_bytes)
+  const uint64_t sync_bytes = uint64_t{prompt_count} * sizeof(int32_t) + uint64_t{plan_count} * sizeof(uint64_t);
+  if (banks > 4096 || bytes.size() != kHeaderBytes + (uint64_t{banks} + 1) * tensor_bytes + sync_bytes)
     return invalid_argument("activation frame: " + std::to_string(bytes.size()) + " bytes do not match rows " +
-                            std::to_string(rows) + " width " + std::to_string(width) + " banks " + std::to_string(banks));
+                            std::to_string(rows) + " width " + std::to_string(width) + " banks " + std::to_string(banks) +
+                            " prompt " + std::to_string(prompt_count) + " plan " + std::to_string(plan_count));
   auto take = [&] {
     std::vector<float> v(size_t{rows} * width);
     std::memcpy(v.data(), bytes.data() + at, tensor_bytes);
@@ -84,6 +98,14 @@ Result<ActivationChunk> decode_chunk(std::span<const uint8_t> bytes) {
   };
   c.act.partial = take();
   for (uint32_t b = 0; b < banks; ++b) c.act.bank.push_back(take());
+  for (uint32_t i = 0; i < prompt_count; ++i) c.cache.prompt.push_back(get<int32_t>(bytes, at));
+  for (uint32_t i = 0; i < plan_count; ++i) {
+    const uint64_t p = get<uint64_t>(bytes, at);
+    if (p <= c.chunk_start || p > c.prompt_len)
+      return invalid_argument("activation frame: checkpoint position " + std::to_string(p) + " is outside (" +
+                              std::to_string(c.chunk_start) + ", " + std::to_string(c.prompt_len) + "]");
+    c.cache.plan.push_back(p);
+  }
   return c;
 }
 

@@ -7,9 +7,10 @@
 // only the previous stage's key (ZapHandler + the "User-Id" of each frame), the sender only the next
 // stage's key, so no other process can read activations (prompt-derived) or inject them.
 //
-// Frame (little-endian, host order): magic u32 "K3AC", version u32, request_id u64, chunk_start u64,
-// prompt_len u32, rows u32, width u32, bank_count u32, then P [rows, width] F32, then each bank entry
-// [rows, width] F32.
+// Frame (little-endian, host order): magic u32 "K3AC", version u32 (2), request_id u64, chunk_start u64,
+// prompt_len u32, rows u32, width u32, bank_count u32, evictions_before u32, prompt_count u32,
+// plan_count u32, then P [rows, width] F32, then each bank entry [rows, width] F32, then prompt_count
+// token ids i32, then plan_count checkpoint positions u64 (the prefix-cache sync, see ChunkCacheSync).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -27,11 +28,22 @@
 
 namespace k3::prefill {
 
+// What stage 0's prefix cache did, so that every later stage's replica makes the same moves in the same
+// order (docs/PREFIX_CACHE.md, "On a prefill pipeline"). The first chunk of a request starts where stage
+// 0's hit resumes (chunk_start) and carries the prompt and the checkpoint positions stage 0 planned.
+struct ChunkCacheSync {
+  uint32_t evictions_before = 0;   // entries stage 0 evicted under page pressure before computing this chunk
+  std::vector<int32_t> prompt;     // first chunk with the cache on: the whole prompt; else empty
+  std::vector<uint64_t> plan;      // first chunk: the checkpoint positions stage 0 planned
+  bool operator==(const ChunkCacheSync&) const = default;
+};
+
 struct ActivationChunk {
   uint64_t request_id = 0;
   uint64_t chunk_start = 0;   // position of the chunk's first token in the prompt
   uint32_t prompt_len = 0;    // tokens of the whole prompt (the receiver knows when it has them all)
   Activations act;            // host F32 tensors, rows = tokens of the chunk
+  ChunkCacheSync cache;
 };
 
 std::vector<uint8_t> encode_chunk(const ActivationChunk& c);

@@ -157,6 +157,8 @@ class ClusterWorkerOps {
     for (size_t i = 0; i < s_.opts_.pairs.size(); ++i) {
       auto hb = w_.heartbeats.find(decode_control_name(s_.opts_.pairs[i]));
       if (hb != w_.heartbeats.end()) load[i].reported_running = hb->second.num_running;
+      // KV-aware placement: stage 0 of the pair's prefill instance decides its prefix-cache hits.
+      load[i].cached_blocks = s_.prefix_reports_.blocks(stage_control_name(s_.opts_.pairs[i], 0), load[i].cached_block_tokens);
     }
     // The policy picks the prefill instance (through a pair), decode_choice.h the decode target.
     const int picked = w_.policy->pick(fitting, load, r.params.prompt);
@@ -297,6 +299,7 @@ class ClusterWorkerOps {
   void on_peer_down(const std::string& name) {
     w_.live.erase(name);
     w_.heartbeats.erase(name);
+    s_.prefix_reports_.forget(name);
     {
       std::lock_guard lk(s_.pub_mu_);
       ++s_.node_failures_[name];
@@ -343,8 +346,13 @@ class ClusterWorkerOps {
   }
 
 
-  // A decode rank's heartbeat: its capacity (for admission) and its load (for the gauges).
+  // A decode rank's heartbeat: its capacity (for admission) and its load (for the gauges); a prefill
+  // stage's: its prefix cache (KV-aware placement, /metrics).
   void on_heartbeat(const proto::Heartbeat& x, const std::string& peer) {
+    if (x.role == proto::Role::Prefill) {   // a prefill stage's heartbeat reports only its prefix cache
+      s_.prefix_reports_.update(peer, x);
+      return;
+    }
     w_.heartbeats[peer] = x;
     const proto::DecodeRoom& room = x.room;
     if (x.role == proto::Role::Decode && room.pool_page_size > 0 && room.cache_page_size > 0) {

@@ -30,6 +30,7 @@
 #include "common/config/config.h"
 #include "common/protocol/messages.h"
 #include "common/tokenizer/tokenizer.h"
+#include "router/prefill_cache_reports.h"
 #include "router/admission_queue.h"
 #include "router/cluster_placement.h"
 #include "router/control_auth.h"
@@ -123,6 +124,7 @@ class ClusterService final : public GenerationService {
   };
   std::map<std::string, NodeLoad> node_load_;       // decode node -> its last reported load
   std::map<std::string, DecodeCapacity> capacity_;  // decode node -> capacity (submit's 400 check)
+  PrefillCacheReports prefix_reports_;               // prefill stages' prefix caches (own lock)
   std::map<std::string, uint64_t> deadline_expired_; // phase -> requests expired in it
   std::map<std::string, uint64_t> rejected_;         // reason -> submits refused (queue_full, never_fits)
   uint64_t requeued_ = 0;                            // sent back to the queue by decode (allocation failed)

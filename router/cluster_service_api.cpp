@@ -104,7 +104,11 @@ ServiceStats ClusterService::stats() const {
     free_slots += std::max<int64_t>(0, int64_t(std::min(cap.pool_slots, cap.cache_seqs)) - used.requests);
     free_pages += std::max<int64_t>(0, int64_t(cap.cache_pages) - used.cache_pages);
   }
-  return {.waiting = queued, .running = running_, .free_slots = free_slots, .free_pages = free_pages};
+  const protocol::PrefixCacheReport prefix = prefix_reports_.instance_totals();
+  return {.waiting = queued, .running = running_, .free_slots = free_slots, .free_pages = free_pages,
+          .prefix_lookup_tokens = prefix.lookup_tokens, .prefix_hit_tokens = prefix.hit_tokens,
+          .prefix_checkpoints_stored = prefix.checkpoints_stored, .prefix_checkpoints_evicted = prefix.checkpoints_evicted,
+          .prefix_cache_bytes = prefix.cache_bytes};
 }
 
 void ClusterService::shutdown() {

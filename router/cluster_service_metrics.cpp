@@ -114,7 +114,7 @@ std::string ClusterService::prometheus_text() const {
   line("# HELP k3_cluster_placement_info The placement policy in use.");
   line("# TYPE k3_cluster_placement_info gauge");
   line(std::string("k3_cluster_placement_info{policy=\"") + placement_name(opts_.placement) + "\"} 1");
-  return o + auth_->prometheus_text();
+  return o + prefix_reports_.prometheus_text() + auth_->prometheus_text();
 }
 
 }  // namespace k3::router

@@ -65,7 +65,7 @@ struct ServiceStats {
   int64_t running = 0;      // holding engine state (prefilling or decoding)
   int64_t free_slots = 0;   // sequences that could still be admitted
   int64_t free_pages = 0;   // KV pages free (-1 when not applicable)
-  // Prefix cache (monolithic engine with it on; all 0 otherwise): cumulative prompt tokens looked up and
+  // Prefix cache (the monolithic engine's, or the sum of the prefill instances'; all 0 without one): cumulative prompt tokens looked up and
   // restored from the cache, checkpoints stored and evicted, and the cache's current bytes.
   uint64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0;
   uint64_t prefix_checkpoints_stored = 0, prefix_checkpoints_evicted = 0;

@@ -27,9 +27,14 @@ K3_FIELDS(DecodeRoom, v("pool_page_size", m.pool_page_size); v("pool_pages", m.p
           v("cache_pages", m.cache_pages); v("cache_free_pages", m.cache_free_pages);
           v("cache_seqs", m.cache_seqs); v("cache_free_seqs", m.cache_free_seqs); v("paused", m.paused);
           v("preemptions", m.preemptions))
+K3_FIELDS(PrefixCacheReport, v("block_tokens", m.block_tokens); v("block_hashes", m.block_hashes);
+          v("lookup_tokens", m.lookup_tokens); v("hit_tokens", m.hit_tokens);
+          v("checkpoints_stored", m.checkpoints_stored); v("checkpoints_evicted", m.checkpoints_evicted);
+          v("cache_bytes", m.cache_bytes); v("pool_pages", m.pool_pages); v("pool_free_pages", m.pool_free_pages);
+          v("pool_slots", m.pool_slots); v("pool_free_slots", m.pool_free_slots))
 K3_FIELDS(Heartbeat, v("role", m.role); v("instance_id", m.instance_id); v("rank", m.rank);
           v("stage", m.stage); v("seq", m.seq); v("free_bytes", m.free_bytes);
-          v("num_running", m.num_running); v("room", m.room))
+          v("num_running", m.num_running); v("room", m.room); v("prefix", m.prefix))
 K3_FIELDS(TopLogprob, v("id", m.id); v("logprob", m.logprob))
 K3_FIELDS(TokenLogprobs, v("logprob", m.logprob); v("top", m.top))
 K3_FIELDS(SamplingParams, v("temperature", m.temperature); v("top_p", m.top_p); v("top_k", m.top_k);

@@ -136,6 +136,24 @@ struct DecodeRoom {
   bool operator==(const DecodeRoom&) const = default;
 };
 
+// A prefill stage's prefix cache, reported with its heartbeats (all zero when the cache is off). The
+// router places a request on the instance whose stage 0 can resume it deepest (KV-aware placement) and
+// shows the counters on /metrics.
+struct PrefixCacheReport {
+  uint32_t block_tokens = 0;             // the hashes' block size (0: no cache)
+  std::vector<uint64_t> block_hashes;    // prefix_block_hashes of every cached prefix a hit resumes from
+  uint64_t lookup_tokens = 0;            // prompt tokens looked up
+  uint64_t hit_tokens = 0;               // of those, restored from the cache
+  uint64_t checkpoints_stored = 0;
+  uint64_t checkpoints_evicted = 0;
+  uint64_t cache_bytes = 0;              // what the cache holds (checkpoints + pages, whole-model bytes)
+  uint32_t pool_pages = 0;               // the stage's local MLA pool: pages, and pages free
+  uint32_t pool_free_pages = 0;
+  uint32_t pool_slots = 0;               // KDA slots (requests + checkpoints), and slots free
+  uint32_t pool_free_slots = 0;
+  bool operator==(const PrefixCacheReport&) const = default;
+};
+
 struct Heartbeat {
   Role role = Role::Router;
   std::string instance_id;
@@ -145,6 +163,7 @@ struct Heartbeat {
   uint64_t free_bytes = 0;         // decode pool free bytes (load hint for the router)
   uint32_t num_running = 0;
   DecodeRoom room;                 // decode only
+  PrefixCacheReport prefix;        // prefill only
   bool operator==(const Heartbeat&) const = default;
 };
 

@@ -47,6 +47,12 @@ TEST_CASE("activation frames round-trip bit-exactly and malformed frames are rej
     ActivationChunk c{.request_id = 77, .chunk_start = 3, .prompt_len = 3 + uint32_t(rows) + 4};
     c.act.partial = rnd();
     for (int b = 0; b < banks; ++b) c.act.bank.push_back(rnd());
+    if (banks == 1) {   // a first chunk with the prefix-cache sync: the prompt and stage 0's plan
+      c.cache.evictions_before = 2;
+      c.cache.prompt.assign(c.prompt_len, 0);
+      for (uint32_t i = 0; i < c.prompt_len; ++i) c.cache.prompt[i] = int32_t(i * 7);
+      c.cache.plan = {uint64_t(c.prompt_len)};
+    }
     auto bytes = encode_chunk(c);
     auto back = decode_chunk(bytes);
     REQUIRE(back.is_ok());
@@ -59,6 +65,15 @@ TEST_CASE("activation frames round-trip bit-exactly and malformed frames are rej
     };
     CHECK(same(back->act.partial, c.act.partial));
     for (int b = 0; b < banks; ++b) CHECK(same(back->act.bank[b], c.act.bank[b]));
+    CHECK(back->cache == c.cache);
+    if (banks == 1) {
+      ActivationChunk bad_plan = c;    // a checkpoint at or before the chunk's start
+      bad_plan.cache.plan = {3};
+      CHECK_FALSE(decode_chunk(encode_chunk(bad_plan)).is_ok());
+      ActivationChunk short_prompt = c;   // the sync's prompt must be the whole prompt
+      short_prompt.cache.prompt.pop_back();
+      CHECK_FALSE(decode_chunk(encode_chunk(short_prompt)).is_ok());
+    }
 
     auto truncated = bytes;
     truncated.pop_back();

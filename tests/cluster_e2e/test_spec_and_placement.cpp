@@ -47,6 +47,26 @@ TEST_CASE("cluster spec: defaults, the default spec file, decode processes", "[c
   gpu["backend"] = "cuda";
   CHECK(deploy::parse_cluster_spec(gpu)->backend == "cuda");
 
+  // The prefill prefix cache: off by default; on, its flags for every stage; bad values named.
+  CHECK(s->prefill[0].prefix_slots == 0);
+  CHECK(deploy::prefix_cache_args(s->prefill[0]).empty());
+  json cached = minimal();
+  cached["prefill"][0]["chunk_size"] = 128;
+  cached["prefill"][0]["prefix_cache"] = {{"block_tokens", 128}};
+  auto c = deploy::parse_cluster_spec(cached);
+  REQUIRE(c.is_ok());
+  CHECK(deploy::prefix_cache_args(c->prefill[0]) ==
+        std::vector<std::string>{"--prefix-cache-slots", "8", "--prefix-block", "128", "--prefix-checkpoint-every", "1",
+                                 "--prefix-budget-mb", "0"});
+  cached["prefill"][0]["prefix_cache"]["block_tokens"] = 100;
+  CHECK(error_of(cached).find("prefill[0].prefix_cache.block_tokens") != std::string::npos);
+  cached["prefill"][0]["prefix_cache"] = {{"slots", 2}};
+  cached["prefill"][0]["chunk_size"] = 100;
+  CHECK(error_of(cached).find("prefill[0].chunk_size: must be a multiple of 64") != std::string::npos);
+  cached["prefill"][0]["chunk_size"] = 64;
+  cached["prefill"][0]["prefix_cache"] = {{"slot", 2}};
+  CHECK(error_of(cached).find("prefill[0].prefix_cache.slot") != std::string::npos);
+
   json two = minimal();
   two["decode"] = json::array({{{"id", "a"}, {"ranks", 2}}, {{"id", "b"}}});
   auto t = deploy::parse_cluster_spec(two);

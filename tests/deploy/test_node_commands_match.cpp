@@ -48,8 +48,9 @@ TEST_CASE("the rendered command lines carry every flag k3-cluster passes its chi
   const std::string dir = std::filesystem::canonical(tmp.path()).string();
   const json raw = {{"model", dir + "/model"},
                     {"generate", {{"preset", "k3-tiny"}, {"seed", 2}}},
-                    {"router", {{"host", "127.0.0.1"}, {"port", 0}, {"placement", "least-loaded"}}},
-                    {"prefill", json::array({{{"id", "p"}, {"stages", 2}, {"chunk_size", 16}, {"max_requests", 4}}})},
+                    {"router", {{"host", "127.0.0.1"}, {"port", 0}, {"placement", "least-loaded"}, {"affinity_tokens", 32}}},
+                    {"prefill", json::array({{{"id", "p"}, {"stages", 2}, {"chunk_size", 64}, {"max_requests", 4},
+                                              {"prefix_cache", {{"slots", 2}, {"budget_mb", 1}}}}})},
                     {"decode", json::array({{{"id", "d"}, {"ranks", 1}, {"max_requests", 10}}})},
                     {"threads", 1},
                     {"timeouts", {{"heartbeat_ms", 250}, {"heartbeat_misses", 4}, {"claim_ms", 4000}}}};

@@ -167,10 +167,17 @@ TEST_CASE("field-level rejections name the message and field", "[frame][reject]"
   }
   SECTION("HEARTBEAT without its decode room (an older peer's layout)") {
     auto p = payload_of(encode(Heartbeat{.role = Role::Decode, .room = {.pool_page_size = 16, .paused = 3}}));
-    p.resize(p.size() - 8);
+    p.resize(p.size() - 64 - 8);   // the prefix-cache report (empty: 64 bytes) and the room's last field
     require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.room.preemptions: truncated");
     p.resize(p.size() - 44);
     require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.room.pool_page_size: truncated");
+  }
+  SECTION("HEARTBEAT without its prefix-cache report (an older peer's layout)") {
+    auto p = payload_of(encode(Heartbeat{.role = Role::Prefill, .prefix = {.block_tokens = 64, .block_hashes = {1, 2}}}));
+    p.resize(p.size() - 4);
+    require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.prefix.pool_free_slots: truncated");
+    p.resize(p.size() - 60);
+    require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.prefix.block_hashes");
   }
   SECTION("CLAIM decode_ranks count larger than the bytes left") {
     auto p = payload_of(encode(Claim{.request_id = 1, .decode_ranks = {0, 1}}));

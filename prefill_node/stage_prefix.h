@@ -1,0 +1,56 @@
+// The prefix cache of one prefill pipeline stage (docs/PREFIX_CACHE.md, "On a prefill pipeline").
+//
+// Every stage keeps a replica of one radix tree, over its own layers' MLA pages and KDA checkpoints.
+// Stage 0 decides: its lookup fixes where a request resumes and which checkpoints the pass takes. The
+// later stages make the same calls in the same order (a prefill instance computes requests first come,
+// first served on every stage, and the activation link is FIFO), and every replica counts bytes as the
+// whole model does, so the replicas make the same choices, evictions included. What stage 0 decided
+// travels with the chunks (ChunkCacheSync); a later stage checks its own outcome against it, and a
+// replica that went out of step fails the request by name instead of computing from state it lacks.
+#pragma once
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/config/cache_layout.h"
+#include "engine/prefix_cache.h"
+#include "prefill_node/stage_link.h"
+
+namespace k3::prefill {
+
+class StagePrefixCache {
+ public:
+  // opts.enabled must be set; `layout` is the whole model's (byte accounting shared by all stages);
+  // `chunk_size` the pipeline's chunk (resumed passes must cut KDA chunks where a full pass does).
+  static Result<std::unique_ptr<StagePrefixCache>> create(CachePools& pools, const ModelConfig& cfg,
+                                                          const CacheLayout& layout, PrefixCacheOptions opts,
+                                                          int chunk_size, const Backend& backend);
+
+  // Stage 0: opens `seq` for `prompt` (restoring the deepest checkpoint) and fills the sync of the
+  // request's first chunk.
+  Result<PrefixLease> open_first(std::span<const int32_t> prompt, SeqCache& seq, ChunkCacheSync& sync);
+  // A later stage: the same lookup, which must resume at `resume_at` with stage 0's `plan`.
+  Result<PrefixLease> open_replica(std::span<const int32_t> prompt, SeqCache& seq, uint64_t resume_at,
+                                   const std::vector<uint64_t>& plan, int stage);
+  // Stage 0: pages for `extra` more tokens, evicting cached entries when the pool is short; the
+  // evictions are counted into `evicted` (sent with the chunk). Fails when nothing more can go.
+  Status reserve_first(SeqCache& seq, int64_t extra, uint32_t& evicted);
+  // A later stage: replays stage 0's `evictions` first, then reserves (evicting on its own only as a
+  // last resort: the replica may then go out of step, which a later request's check reports).
+  Status reserve_replica(SeqCache& seq, int64_t extra, uint32_t evictions);
+  // The lease's planned checkpoints inside (from, from + n].
+  static std::vector<KdaCheckpoint> checkpoints_in(const PrefixLease& lease, int64_t from, int64_t n);
+
+  void commit(PrefixLease& lease, std::span<const int32_t> prompt, SeqCache& seq) { cache_->commit(lease, prompt, seq); }
+  void release(PrefixLease& lease) { cache_->release(lease); }
+  const PrefixCache& cache() const { return *cache_; }
+
+ private:
+  StagePrefixCache(CachePools& pools, std::unique_ptr<PrefixCache> cache) : pools_(pools), cache_(std::move(cache)) {}
+  int pages_short(const SeqCache& seq, int64_t extra) const;
+
+  CachePools& pools_;
+  std::unique_ptr<PrefixCache> cache_;
+};
+
+}  // namespace k3::prefill
