@@ -390,9 +390,11 @@ Result<std::vector<double>> protocol_round_trip(int iters) {
         }
       }
     }
-    (void)prefill->side().on_prefill(protocol::Prefill{.request_id = id, .token_ids = std::vector<int32_t>(tokens, 1),
-                                                       .decode_instance = "d", .decode_ranks = {0}},
-                                     steady_now());
+    Actions submitted;
+    if (!prefill->submit(protocol::Prefill{.request_id = id, .token_ids = std::vector<int32_t>(tokens, 1),
+                                           .decode_instance = "d", .decode_ranks = {0}},
+                         submitted))
+      return Status{Code::Internal, "round trip: the prefill stage refused request " + std::to_string(id)};
     auto src = pack_stage_source(model, cfg.side.prefill, 0, tokens);
     std::vector<uint8_t> bytes(src.total_bytes, 0x5A);
     const auto t0 = Clock::now();

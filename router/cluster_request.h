@@ -23,6 +23,9 @@ struct ClusterService::Request {
   int pair = -1;
   uint64_t wire_id = 0;             // this attempt's protocol request id
   int attempts = 0;
+  // Prefill instances an earlier attempt failed on: a retry goes elsewhere when it can (the node that
+  // failed it may not be declared down yet, e.g. when decode noticed a frozen stage first).
+  std::set<std::string> failed_prefill;
   std::chrono::steady_clock::time_point queued_since;  // its place in the queue (kept when sent back)
   int64_t generated = 0;
   bool streamed = false;            // a token reached the sink: no retry any more

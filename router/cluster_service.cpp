@@ -148,6 +148,10 @@ class ClusterWorkerOps {
       return true;
     }
     if (fitting.empty()) return false;  // waits for room
+    std::vector<int> elsewhere;
+    for (int i : fitting)
+      if (!r.failed_prefill.count(s_.opts_.pairs[i].prefill_instance)) elsewhere.push_back(i);
+    if (!elsewhere.empty()) fitting = std::move(elsewhere);
     std::map<std::string, int64_t> prefilling;  // a pair's in-flight count: its prefill instance's, over all its pairs
     for (auto& [rid, q] : w_.requests)
       if (q->pair >= 0 && (q->phase == RequestPhase::Claimed || q->phase == RequestPhase::Prefilling))
@@ -210,9 +214,10 @@ class ClusterWorkerOps {
   void retry_or_fail(Request& r, const Status& why, proto::AbortReason cause) {
     abort_parties(r, cause);
     release(r);
+    const bool room = cause == proto::AbortReason::AllocFailed;
+    if (r.pair >= 0 && !room) r.failed_prefill.insert(s_.opts_.pairs[r.pair].prefill_instance);
     r.wire_id = 0;
     r.pair = -1;
-    const bool room = cause == proto::AbortReason::AllocFailed;
     if (room && !r.streamed) --r.attempts;
     if (!r.streamed && r.attempts < s_.opts_.max_attempts && !ready_pairs().empty()) {
       spdlog::info("router: request {} queued again after: {}", r.params.trace_id, why.message());

@@ -78,9 +78,11 @@ void PrefillDriver::send_to(const Peer& p, const protocol::Message& m) {
   } else {
     s = Status(Code::Unavailable, "not connected to " + control_name(p));
   }
-  if (!s.is_ok())
-    spdlog::warn("prefill {}: {} to {} not sent: {}", cfg_.side.stage, protocol::msg_type_name(protocol::type_of(m)),
-                 control_name(p), s.message());
+  if (!s.is_ok()) {
+    const auto* f = std::get_if<protocol::Failed>(&m);
+    spdlog::warn("prefill {}: {} to {} not sent: {}{}", cfg_.side.stage, protocol::msg_type_name(protocol::type_of(m)),
+                 control_name(p), s.message(), f ? " (" + f->detail + ")" : std::string());
+  }
 }
 
 void PrefillDriver::note_states(const Actions& actions) {
@@ -264,26 +266,33 @@ void PrefillDriver::on_message(const ControlEvent& e, DecodeLink* from_decode, S
       return;
     }
   }
-  if (auto* p = std::get_if<protocol::Prefill>(&*msg); p && !link_of(p->decode_instance)) {
-    // Refused before any compute: the request could never be delivered.
-    spdlog::warn("prefill {}: PREFILL {} names decode/{}, which this stage was not started with", cfg_.side.stage,
-                 p->request_id, p->decode_instance);
-    (void)send_to_router(protocol::Failed{.request_id = p->request_id, .cause = AbortReason::Rejected,
-                                          .detail = "prefill " + cfg_.side.instance_id + " has no connection to decode/" +
-                                                    p->decode_instance});
+  if (auto* p = std::get_if<protocol::Prefill>(&*msg)) {
+    if (submit(*p, out.actions)) out.accepted.push_back(*p);
     return;
   }
-  Actions a = side_->on_message(*msg, steady_now());
-  if (auto* p = std::get_if<protocol::Prefill>(&*msg)) {
-    if (side_->state(p->request_id) == protocol::RequestState::Prefilling && !sources_.count(p->request_id)) {
-      decode_of_[p->request_id] = p->decode_instance;
-      out.accepted.push_back(*p);
-    }
-  }
-  execute(a, out.actions);
+  execute(side_->on_message(*msg, steady_now()), out.actions);
   std::visit([&](const auto& m) {
     if constexpr (requires { m.request_id; }) note_request(m.request_id);
   }, *msg);
+}
+
+bool PrefillDriver::submit(const protocol::Prefill& p, Actions& actions) {
+  if (!link_of(p.decode_instance)) {
+    // Refused before any compute: the request could never be delivered.
+    spdlog::warn("prefill {}: PREFILL {} names decode/{}, which this stage was not started with", cfg_.side.stage,
+                 p.request_id, p.decode_instance);
+    (void)send_to_router(protocol::Failed{.request_id = p.request_id, .cause = AbortReason::Rejected,
+                                          .detail = "prefill " + cfg_.side.instance_id + " has no connection to decode/" +
+                                                    p.decode_instance});
+    return false;
+  }
+  Actions a = side_->on_message(protocol::Message{p}, steady_now());
+  const bool accepted =
+      side_->state(p.request_id) == protocol::RequestState::Prefilling && !sources_.count(p.request_id);
+  if (accepted) decode_of_[p.request_id] = p.decode_instance;
+  execute(a, actions);
+  note_request(p.request_id);
+  return accepted;
 }
 
 Result<PrefillDriver::StepResult> PrefillDriver::step(Millis max_wait) {

@@ -58,6 +58,10 @@ class PrefillDriver {
   // Sends a message to the router (e.g. FAILED for a request the stage itself could not compute).
   Status send_to_router(const protocol::Message& m);
 
+  // A PREFILL handed over in-process (benches, tests), with the same checks and decode-target
+  // bookkeeping as one from the router. Returns true when the request was accepted for compute.
+  bool submit(const protocol::Prefill& p, Actions& actions);
+
   PrefillSide& side() { return *side_; }
   // True once every decode instance's REGISTER arrived and its regions are usable.
   bool decode_ready() const;
