@@ -22,16 +22,11 @@ set -uo pipefail
 OUT=${1:?output dir}
 shift
 VARIANTS=${*:-new old ctx memh new16}
-mkdir -p "$OUT"
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-deploy/offline-kit.sh unpack .kit/k3-offline-kit.tar.gz /tmp/k3kit >/dev/null || exit 1
-# shellcheck disable=SC1091
-source /tmp/k3kit/env.sh
-{ nvidia-smi -L; nvcc --version | tail -1; nproc; uptime; date -u; } 2>&1 | tee "$OUT/build.log"
-B=build-gpu
-t0=$(date +%s)
-cmake -S . -B $B -G Ninja -DK3_CUDA=ON -DCMAKE_BUILD_TYPE=Release >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+# shellcheck source=tests/cuda/gpu_host.sh
+source "$(dirname "$0")/../tests/cuda/gpu_host.sh"
+gpu_host_setup "$OUT"
+{ nproc; uptime; } >> "$OUT/build.log" 2>&1
+t0=$T0
 ninja -C $B -j16 k3-bench cuda_test_cuda_transfer >> "$OUT/build.log" 2>&1 ||
   { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "configure+build: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/build.log"

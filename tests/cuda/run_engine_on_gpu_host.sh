@@ -13,16 +13,10 @@
 set -uo pipefail
 OUT=${1:?output dir}
 shift
-mkdir -p "$OUT"
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
-deploy/offline-kit.sh unpack .kit/k3-offline-kit.tar.gz /tmp/k3kit >/dev/null || exit 1
-# shellcheck disable=SC1091
-source /tmp/k3kit/env.sh
-{ nvidia-smi -L; nvcc --version | tail -1; date -u; } 2>&1 | tee "$OUT/build.log"
-B=build-gpu
-t0=$(date +%s)
-cmake -S . -B $B -G Ninja -DK3_CUDA=ON -DCMAKE_BUILD_TYPE=Release >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+# shellcheck source=tests/cuda/gpu_host.sh
+source "$(dirname "$0")/gpu_host.sh"
+gpu_host_setup "$OUT"
+t0=$T0
 TESTS="cuda_test_cuda_ops cuda_test_cuda_engine cuda_test_cuda_batch_invariance cuda_test_cuda_decode_graph"
 # shellcheck disable=SC2086
 timeout 300 ninja -C $B -j16 $TESTS k3-generate k3-genweights k3-bench "$@" >> "$OUT/build.log" 2>&1 ||

@@ -9,28 +9,15 @@
 set -uo pipefail
 OUT=${1:?output dir}
 BUDGET=${2:-230}
-T0=$(date +%s)
-mkdir -p "$OUT"
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
-deploy/offline-kit.sh unpack .kit/k3-offline-kit.tar.gz /tmp/k3kit >/dev/null || exit 1
-# shellcheck disable=SC1091
-source /tmp/k3kit/env.sh
-{ nvidia-smi -L; nvcc --version | tail -1; date -u; } 2>&1 | tee "$OUT/build.log"
-B=build-gpu
-cmake -S . -B $B -G Ninja -DK3_CUDA=ON -DCMAKE_BUILD_TYPE=Release >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+# shellcheck source=tests/cuda/gpu_host.sh
+source "$(dirname "$0")/gpu_host.sh"
+gpu_host_setup "$OUT"
 timeout 150 ninja -C $B -j16 cuda_test_cuda_gemm_fixed cuda_test_cuda_batch_invariance k3-bench \
   >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "configure+build: $(( $(date +%s) - T0 )) s" | tee -a "$OUT/build.log"
 
 stage() {  # log, time limit, command...
-  local log=$1 lim=$2 s
-  shift 2
-  s=$(date +%s)
-  timeout "$lim" "$@" > "$OUT/$log" 2>&1
-  local rc=$?
-  echo "$log: rc $rc, $(( $(date +%s) - s )) s" | tee -a "$OUT/$log"
-  grep -E "GEMM|BATCH-INVARIANT|FAILED|passed|failed|SKIPPED|with expansion|rel err|^\|" "$OUT/$log" | tail -30
+  gpu_host_stage "$1" "$2" "GEMM|BATCH-INVARIANT|FAILED|passed|failed|SKIPPED|with expansion|rel err|^\|" "${@:3}"
 }
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 stage gemm.log 30 $B/tests/cuda_test_cuda_gemm_fixed

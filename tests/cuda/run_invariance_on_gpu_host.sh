@@ -12,28 +12,16 @@
 set -uo pipefail
 OUT=${1:?output dir}
 POS=${2:-32}
-mkdir -p "$OUT"
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
-deploy/offline-kit.sh unpack .kit/k3-offline-kit.tar.gz /tmp/k3kit >/dev/null || exit 1
-# shellcheck disable=SC1091
-source /tmp/k3kit/env.sh
-{ nvidia-smi -L; nvcc --version | tail -1; date -u; } 2>&1 | tee "$OUT/build.log"
-B=build-gpu
-t0=$(date +%s)
-cmake -S . -B $B -G Ninja -DK3_CUDA=ON -DCMAKE_BUILD_TYPE=Release >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+# shellcheck source=tests/cuda/gpu_host.sh
+source "$(dirname "$0")/gpu_host.sh"
+gpu_host_setup "$OUT"
+t0=$T0
 timeout 200 ninja -C $B -j16 cuda_test_cuda_batch_invariance cuda_test_cuda_engine cuda_test_cuda_decode_graph k3-bench \
   >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "configure+build: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/build.log"
 
 stage() {  # log, time limit, command...
-  local log=$1 lim=$2 s
-  shift 2
-  s=$(date +%s)
-  timeout "$lim" "$@" > "$OUT/$log" 2>&1
-  local rc=$?
-  echo "$log: rc $rc, $(( $(date +%s) - s )) s" | tee -a "$OUT/$log"
-  grep -E "BATCH-INVARIANT|GPU-ENGINE|DECODE-GRAPH|FAILED|passed|failed|SKIPPED|^\|" "$OUT/$log" | tail -24
+  gpu_host_stage "$1" "$2" "BATCH-INVARIANT|GPU-ENGINE|DECODE-GRAPH|FAILED|passed|failed|SKIPPED|^\|" "${@:3}"
 }
 stage inv.log 120 $B/tests/cuda_test_cuda_batch_invariance "CUDA batch invariance: alone*"
 stage inv_small.log 150 $B/tests/cuda_test_cuda_batch_invariance "CUDA batch invariance for k3-small*"

@@ -20,16 +20,10 @@ REF=1 ALL=0
 for a in "$@"; do
   case $a in --no-ref) REF=0 ;; --all) ALL=1 ;; esac
 done
-mkdir -p "$OUT"
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
-deploy/offline-kit.sh unpack .kit/k3-offline-kit.tar.gz /tmp/k3kit >/dev/null || exit 1
-# shellcheck disable=SC1091
-source /tmp/k3kit/env.sh
-{ nvidia-smi -L; nvcc --version | tail -1; g++ --version | head -1; cmake --version | head -1; echo "NCCL_ROOT=${NCCL_ROOT:-none}"; } 2>&1 | tee "$OUT/build.log"
-B=build-gpu
-t0=$(date +%s)
-cmake -S . -B $B -G Ninja -DK3_CUDA=ON -DCMAKE_BUILD_TYPE=Release >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+# shellcheck source=tests/cuda/gpu_host.sh
+source "$(dirname "$0")/gpu_host.sh"
+gpu_host_setup "$OUT"
+t0=$T0
 TESTS=${TESTS:-cuda_test_cuda_mma cuda_test_cuda_wgmma cuda_test_cuda_ops cuda_test_cuda_attention cuda_test_cuda_registry}
 TARGETS="$TESTS k3-op k3-bench"
 [[ $ALL == 1 ]] && TARGETS=all
