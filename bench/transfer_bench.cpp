@@ -5,13 +5,10 @@
 //  3. the fixed cost of one request's protocol round trip through the real drivers:
 //     COMPUTE_DONE -> ADDRS -> puts (tiny model) + flush -> TRANSFER_DONE -> decode ready -> TOKENS.
 // Prints both bandwidths and their ratio per size, then the round-trip percentiles.
-#include <arpa/inet.h>
 #include <dlfcn.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +23,7 @@
 #include <vector>
 
 #include "bench/bench_commands.h"
+#include "common/core/free_port.h"
 #include "transfer/ucx_decode_driver.h"
 #include "transfer/ucx_prefill_driver.h"
 #include "transfer/ucx_writer.h"
@@ -57,18 +55,6 @@ struct Options {
   bool no_source_memh = false;
 };
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 size_t iters_for(const Options& o, size_t size) {
   return std::clamp<size_t>(o.bytes_per_size / size, 20, 5000);
 }
@@ -85,7 +71,7 @@ std::string loaded_ucx_libdir() {
 
 // ucx_perftest put bandwidth in GB/s (1e9 B/s), or nullopt when it could not run.
 std::optional<double> perftest_put_bw(const Options& o, size_t size) {
-  const int port = free_port();
+  const int port = free_tcp_port();
   const std::string n = std::to_string(iters_for(o, size));
   const std::string s = std::to_string(size), p = std::to_string(port);
   if (const std::string dir = loaded_ucx_libdir(); !dir.empty()) {

@@ -6,9 +6,7 @@
 // SIGKILL) and reaps them: nothing is left running.
 #pragma once
 #include <catch2/catch.hpp>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,23 +15,13 @@
 #include <string>
 #include <thread>
 
+#include "common/core/free_port.h"
 #include "tests/support/run_command.h"
 #include "tests/transfer/process_guard.h"
 
 namespace k3::test {
 
-// A TCP port nothing listens on right now (bound to 0, read back, closed).
-inline int free_tcp_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using k3::free_tcp_port;
 
 class LocalSlurm {
  public:
