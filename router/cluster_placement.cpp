@@ -106,6 +106,14 @@ int least_loaded(const std::vector<int>& ready, const std::vector<PairLoad>& loa
 
 }  // namespace
 
+std::vector<int> prefer_other_prefill(const std::vector<int>& fitting, const std::vector<ClusterPair>& pairs,
+                                      const std::set<std::string>& failed) {
+  std::vector<int> elsewhere;
+  for (int i : fitting)
+    if (!failed.count(pairs[i].prefill_instance)) elsewhere.push_back(i);
+  return elsewhere.empty() ? fitting : elsewhere;
+}
+
 int deepest_cached_pair(const std::vector<int>& ready, const std::vector<PairLoad>& load,
                         const std::vector<int32_t>& prompt) {
   int best = -1;

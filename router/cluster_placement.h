@@ -41,6 +41,12 @@ std::string decode_control_name(const ClusterPair& p);
 std::string stage_control_name(const ClusterPair& p, uint32_t stage);
 std::vector<std::string> pair_control_names(const ClusterPair& p);  // decode first, then the stages
 
+// The pairs of `fitting` (indices into `pairs`) whose prefill instance is not in `failed`, or all of
+// `fitting` when none is left: a retry goes to another prefill instance when it can, since the one that
+// failed the request may not be declared down yet.
+std::vector<int> prefer_other_prefill(const std::vector<int>& fitting, const std::vector<ClusterPair>& pairs,
+                                      const std::set<std::string>& failed);
+
 // Which pair the policy picks among `ready` (indices into the pair list); pure, for tests.
 struct PairLoad {
   int64_t in_flight = 0;        // requests this router has on the pair's decode

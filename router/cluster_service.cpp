@@ -148,10 +148,7 @@ class ClusterWorkerOps {
       return true;
     }
     if (fitting.empty()) return false;  // waits for room
-    std::vector<int> elsewhere;
-    for (int i : fitting)
-      if (!r.failed_prefill.count(s_.opts_.pairs[i].prefill_instance)) elsewhere.push_back(i);
-    if (!elsewhere.empty()) fitting = std::move(elsewhere);
+    fitting = prefer_other_prefill(fitting, s_.opts_.pairs, r.failed_prefill);
     std::map<std::string, int64_t> prefilling;  // a pair's in-flight count: its prefill instance's, over all its pairs
     for (auto& [rid, q] : w_.requests)
       if (q->pair >= 0 && (q->phase == RequestPhase::Claimed || q->phase == RequestPhase::Prefilling))

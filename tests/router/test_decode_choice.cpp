@@ -64,3 +64,17 @@ TEST_CASE("check_pairs: any to any is allowed, inconsistent instances and repeat
   bad = check_pairs({pair("p0:1:d-0:0"), pair("p0:1:d-0:0")});
   CHECK(bad.message().find("paired twice") != std::string::npos);
 }
+
+TEST_CASE("prefer_other_prefill: a retry avoids the prefill instances that failed it while another fits", "[router]") {
+  using k3::router::ClusterPair;
+  const std::vector<ClusterPair> pairs = {{.prefill_instance = "a", .decode_instance = "d"},
+                                          {.prefill_instance = "b", .decode_instance = "d"},
+                                          {.prefill_instance = "a", .decode_instance = "e"},
+                                          {.prefill_instance = "c", .decode_instance = "e"}};
+  using k3::router::prefer_other_prefill;
+  CHECK(prefer_other_prefill({0, 1, 2, 3}, pairs, {}) == std::vector<int>{0, 1, 2, 3});
+  CHECK(prefer_other_prefill({0, 1, 2, 3}, pairs, {"a"}) == std::vector<int>{1, 3});
+  CHECK(prefer_other_prefill({0, 2, 3}, pairs, {"a", "c"}) == std::vector<int>{0, 2, 3});  // none left: all
+  CHECK(prefer_other_prefill({0, 2}, pairs, {"b"}) == std::vector<int>{0, 2});
+  CHECK(prefer_other_prefill({}, pairs, {"a"}).empty());
+}
