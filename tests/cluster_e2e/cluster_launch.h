@@ -5,13 +5,32 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdint>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/transfer/process_guard.h"
 
 namespace k3::test {
+
+// The vocabulary size of a model directory (its config.json), for drawing prompts the model accepts.
+inline int model_vocab(const std::string& model_dir) {
+  std::ifstream in(model_dir + "/config.json");
+  return nlohmann::json::parse(in).at("vocab_size").get<int>();
+}
+
+// `len` token ids drawn uniformly from [0, vocab).
+inline std::vector<int32_t> random_tokens(std::mt19937& rng, int vocab, int len) {
+  std::vector<int32_t> v(len);
+  for (auto& t : v) t = std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng);
+  return v;
+}
 
 struct LaunchedCluster {
   std::unique_ptr<ProcessGuard> proc;

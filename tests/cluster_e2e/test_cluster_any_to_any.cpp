@@ -83,15 +83,13 @@ std::map<std::pair<std::string, std::string>, long> finished_by_pair(int port) {
 
 // Sends `n` requests at once and checks each one's greedy tokens against k3-generate.
 void serve_concurrently(const Cluster& cl, int n, uint32_t seed) {
-  std::ifstream cfg(cl.model + "/config.json");
-  const int vocab = json::parse(cfg).at("vocab_size").get<int>();
+  const int vocab = k3::test::model_vocab(cl.model);
   std::mt19937 rng(seed);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::future<HttpReply>> replies;
   constexpr int kMax = 6;
   for (int i = 0; i < n; ++i) {
-    std::vector<int32_t> p(3 + (i * 5) % 17);
-    for (auto& t : p) t = std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng);
+    const std::vector<int32_t> p = k3::test::random_tokens(rng, vocab, 3 + (i * 5) % 17);
     prompts.push_back(p);
     const json body = {{"model", "model"}, {"prompt", p},         {"max_tokens", kMax},       {"temperature", 0},
                        {"ignore_eos", true}, {"return_token_ids", true}};

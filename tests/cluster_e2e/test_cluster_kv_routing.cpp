@@ -60,17 +60,9 @@ TEST_CASE("the router sends a prompt to the prefill instance whose cache holds i
   dir.write("spec.json", spec.dump(2));
   k3::test::LaunchedCluster cluster = k3::test::launch_cluster(dir.file("spec.json"));
   const std::string model = dir.str() + "/model";
-  int vocab = 0;
-  {
-    std::ifstream in(model + "/config.json");
-    vocab = json::parse(in).at("vocab_size").get<int>();
-  }
+  const int vocab = k3::test::model_vocab(model);
   std::mt19937 rng(99);
-  auto tokens = [&](int n) {
-    std::vector<int32_t> v(n);
-    for (auto& t : v) t = std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng);
-    return v;
-  };
+  auto tokens = [&](int n) { return k3::test::random_tokens(rng, vocab, n); };
   auto join = [](std::vector<int32_t> a, const std::vector<int32_t>& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;

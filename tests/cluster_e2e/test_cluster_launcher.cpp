@@ -127,11 +127,6 @@ std::vector<int32_t> generate(const LaunchedCluster& c, const std::vector<int32_
                                       "--backend " + test_backend() + " --prefill-chunk " + std::to_string(c.chunk) + extra);
 }
 
-int vocab_of(const std::string& model) {
-  std::ifstream in(model + "/config.json");
-  return json::parse(in).at("vocab_size").get<int>();
-}
-
 }  // namespace
 
 TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-generate, concurrently and streamed",
@@ -146,13 +141,9 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
     h.send_request("GET", "/health");
     CHECK(h.read_reply().status == 200);
   }
-  const int vocab = vocab_of(c.model);
+  const int vocab = k3::test::model_vocab(c.model);
   std::mt19937 rng(21);
-  auto prompt_of = [&](int len) {
-    std::vector<int32_t> p(len);
-    for (auto& t : p) t = std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng);
-    return p;
-  };
+  auto prompt_of = [&](int len) { return k3::test::random_tokens(rng, vocab, len); };
   constexpr int kMax = 8;
   // Lengths from 1 to several chunks (chunk 5), one after the other.
   for (int len : {1, 7, 16}) {
@@ -247,7 +238,7 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
 
 TEST_CASE("k3-cluster: decode killed mid-stream gives the client an error event within 5 s, then 503", "[cluster_e2e]") {
   LaunchedCluster c(4);
-  const int vocab = vocab_of(c.model);
+  const int vocab = k3::test::model_vocab(c.model);
   std::vector<int32_t> prompt(10);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % vocab);
   HttpConnection h(c.port);
@@ -320,13 +311,9 @@ TEST_CASE("k3-cluster: two prefill instances share a decode rank; a dead prefill
                     "round-robin");
   REQUIRE(c.pids.count("prefill/a/1"));
   REQUIRE(c.pids.count("prefill/b/0"));
-  const int vocab = vocab_of(c.model);
+  const int vocab = k3::test::model_vocab(c.model);
   std::mt19937 rng(5);
-  auto prompt_of = [&](int len) {
-    std::vector<int32_t> p(len);
-    for (auto& t : p) t = std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng);
-    return p;
-  };
+  auto prompt_of = [&](int len) { return k3::test::random_tokens(rng, vocab, len); };
   constexpr int kMax = 6;
   // Round-robin alternates the instances: both give the reference tokens.
   for (int len : {5, 11, 2, 9}) {
