@@ -17,6 +17,28 @@ using transfer::Actions;
 using transfer::DecodeSide;
 using transfer::Millis;
 
+transfer::DecodeDriverConfig decode_driver_config(const DecodeRankOptions& opts, const ModelConfig& cfg,
+                                                  const transfer::CacheLayout& layout) {
+  transfer::DecodeDriverConfig dc;
+  dc.side = {.instance_id = opts.instance_id, .model = layout, .kda_head_sliced = true, .timeouts = opts.timeouts};
+  dc.ranks = {opts.rank};
+  dc.page_size = opts.page_size;
+  dc.num_pages = opts.num_pages;
+  dc.num_slots = opts.num_slots;
+  dc.compat.model_hash = protocol::model_config_hash(cfg);
+  dc.compat.kv_dtype = layout.dtypes.kv;
+  dc.compat.state_dtype = layout.dtypes.state;
+  dc.compat.page_size = opts.page_size;
+  dc.compat.layout.dp_size = opts.dp_size;  // registration requires rank < dp_size * dcp_size
+  dc.compat.layout.dcp_size = 1;
+  dc.bind_endpoint = opts.bind_endpoint;
+  dc.router_endpoint = opts.router_endpoint;
+  dc.heartbeat = opts.heartbeat;
+  dc.control_keys = opts.control_keys;
+  dc.ucx_net_devices = opts.ucx_net_devices;
+  return dc;
+}
+
 DecodeRank::~DecodeRank() { batch_.reset(); }
 
 Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& opts, Backend& backend,
@@ -41,23 +63,7 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
     d->batch_ = std::make_unique<DecodeBatch>(*d->engine_, backend);
   }
 
-  transfer::DecodeDriverConfig dc;
-  dc.side = {.instance_id = opts.instance_id, .model = d->layout_, .kda_head_sliced = true, .timeouts = opts.timeouts};
-  dc.ranks = {opts.rank};
-  dc.page_size = opts.page_size;
-  dc.num_pages = opts.num_pages;
-  dc.num_slots = opts.num_slots;
-  dc.compat.model_hash = protocol::model_config_hash(cfg);
-  dc.compat.kv_dtype = d->layout_.dtypes.kv;
-  dc.compat.state_dtype = d->layout_.dtypes.state;
-  dc.compat.page_size = opts.page_size;
-  dc.compat.layout.dp_size = opts.dp_size;  // registration requires rank < dp_size * dcp_size
-  dc.compat.layout.dcp_size = 1;
-  dc.bind_endpoint = opts.bind_endpoint;
-  dc.router_endpoint = opts.router_endpoint;
-  dc.heartbeat = opts.heartbeat;
-  dc.control_keys = opts.control_keys;
-  dc.ucx_net_devices = opts.ucx_net_devices;
+  transfer::DecodeDriverConfig dc = decode_driver_config(opts, cfg, d->layout_);
   DecodeRank* self = d.get();
   dc.on_state = [self](uint64_t id, protocol::RequestState st) {
     // Called inside driver calls: note it; the rank reacts after the call returns.

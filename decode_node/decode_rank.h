@@ -65,6 +65,12 @@ struct FinishedRequest {
   protocol::FinishReason finish = protocol::FinishReason::None;
 };
 
+// The transfer driver's configuration that follows from a rank's options, its model and the cache layout
+// its region holds (one rank's, or a whole DCP group's at its leader); callers add their state hook and,
+// for a group, the other ranks' regions.
+transfer::DecodeDriverConfig decode_driver_config(const DecodeRankOptions& opts, const ModelConfig& cfg,
+                                                  const transfer::CacheLayout& layout);
+
 class DecodeRank {
  public:
   static Result<std::unique_ptr<DecodeRank>> create(const DecodeRankOptions& opts, Backend& backend,

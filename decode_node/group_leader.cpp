@@ -44,10 +44,8 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
   K3_ASSIGN_OR_RETURN(d->worker_, GroupWorker::create(backend, cfg, weights, opts.layout, comm, o.cache));
   d->next_.resize(static_cast<size_t>(opts.layout.size()));
 
-  transfer::DecodeDriverConfig dc;
-  dc.side = {.instance_id = o.instance_id, .model = d->full_layout_, .kda_head_sliced = true, .timeouts = o.timeouts};
+  transfer::DecodeDriverConfig dc = decode_driver_config(o, cfg, d->full_layout_);
   // DCP: one region per rank (region id = global rank), written by the prefill stages with the interleave.
-  dc.ranks = {o.rank};
   for (int i = 1; i < opts.layout.dcp; ++i) dc.ranks.push_back(o.rank + static_cast<uint32_t>(i));
   // Every other rank of a DCP group owns its region (member_region.h): ask all, then collect the answers.
   const GroupRegionRequest region_req{.first_rank = o.rank, .page_size = o.page_size, .num_pages = o.num_pages,
@@ -67,20 +65,6 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
   for (int i = 1; i < opts.layout.size(); ++i) {
     K3_ASSIGN_OR_RETURN(d->rooms_[static_cast<size_t>(i)], recv_group_room(comm, i));
   }
-  dc.page_size = o.page_size;
-  dc.num_pages = o.num_pages;
-  dc.num_slots = o.num_slots;
-  dc.compat.model_hash = protocol::model_config_hash(cfg);
-  dc.compat.kv_dtype = d->full_layout_.dtypes.kv;
-  dc.compat.state_dtype = d->full_layout_.dtypes.state;
-  dc.compat.page_size = o.page_size;
-  dc.compat.layout.dp_size = o.dp_size;  // registration requires rank < dp_size * dcp_size
-  dc.compat.layout.dcp_size = 1;
-  dc.bind_endpoint = o.bind_endpoint;
-  dc.router_endpoint = o.router_endpoint;
-  dc.heartbeat = o.heartbeat;
-  dc.control_keys = o.control_keys;
-  dc.ucx_net_devices = o.ucx_net_devices;
   GroupLeader* self = d.get();
   dc.on_state = [self](uint64_t id, protocol::RequestState st) {
     if (self->opts_.rank.on_state) self->opts_.rank.on_state(id, st);
