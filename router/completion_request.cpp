@@ -314,7 +314,8 @@ CompletionRequest parse_completion_request(const std::string& text, Endpoint end
 
 std::vector<int32_t> prompt_tokens(const CompletionRequest& rq, const Tokenizer& tok) {
   if (rq.endpoint == Endpoint::Chat) {
-    auto rendered = render_chat(rq.messages, /*add_generation_prompt=*/true, rq.tools_json);
+    // The model's own chat template when its tokenizer_config.json has one (tokenizer.h).
+    auto rendered = tok.chat_format().render(rq.messages, /*add_generation_prompt=*/true, rq.tools_json);
     if (!rendered.is_ok()) throw bad_param("messages", rendered.status().message());
     return tok.encode(*rendered, /*allow_special=*/true);
   }

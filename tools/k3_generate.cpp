@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
         } else {
           msgs = {{.role = "user", .content = prompt, .name = ""}};
         }
-        auto rendered = render_chat(msgs);
+        auto rendered = tok->chat_format().render(msgs, /*add_generation_prompt=*/true, {});
         if (!rendered.is_ok()) return fail(rendered.status());
         text = *rendered;
         special = true;

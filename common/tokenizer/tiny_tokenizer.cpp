@@ -7,6 +7,7 @@
 
 #include "common/tokenizer/base64.h"
 #include "common/tokenizer/bpe_train.h"
+#include "common/tokenizer/kimi_chat_template.h"
 #include "common/tokenizer/tiny_tokenizer_corpus.h"
 
 namespace k3 {
@@ -67,6 +68,9 @@ Result<int> write_tiny_tokenizer(const std::string& dir) {
       {"added_tokens_decoder", added}, {"bos_token", "[BOS]"},  {"eos_token", "[EOS]"},
       {"pad_token", "[PAD]"},          {"unk_token", "[UNK]"},  {"tokenizer_class", "TikTokenTokenizer"},
       {"model_max_length", 1048576},
+      // The family's turn format as a Jinja template, so a generated model is served through the
+      // template engine exactly as a downloaded checkpoint is.
+      {"chat_template", std::string(kimi_chat_template_jinja())},
   };
   const std::filesystem::path root(dir);
   K3_TRY(write_text(root / "tiktoken.model", model));

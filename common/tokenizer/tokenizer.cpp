@@ -13,6 +13,7 @@
 #include "common/tokenizer/base64.h"
 #include "common/tokenizer/bpe.h"
 #include "common/tokenizer/pretokenize.h"
+#include "common/tokenizer/tokenizer_config.h"
 
 namespace k3 {
 
@@ -25,6 +26,7 @@ struct Tokenizer::Impl {
   int32_t vocab_size = 0;
   std::optional<int32_t> bos;
   std::vector<int32_t> eos;
+  ChatFormat chat;  // the config's chat_template, or the built-in renderer
 
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out, BpeScratch& scratch) const {
     for (std::string_view piece : kimi_pretokenize(text)) bpe_encode(table, piece, out, scratch);
@@ -85,17 +87,6 @@ Status load_ranks(const std::string& path, TokenTable& table, int32_t& max_rank)
   return Status::ok();
 }
 
-// A token field in tokenizer_config.json is either "text" or {"content": "text", ...}.
-std::optional<std::string> token_text(const nlohmann::json& config, const char* key) {
-  const auto it = config.find(key);
-  if (it == config.end()) return std::nullopt;
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
-    return (*it)["content"].get<std::string>();
-  }
-  return std::nullopt;
-}
-
 // Every added token is special here, as in Kimi's tokenization_kimi.py (which hands them all to
 // tiktoken as special tokens).
 Status load_specials(const std::string& path, Tokenizer::Impl& impl, int32_t& max_id) {
@@ -132,11 +123,12 @@ Status load_specials(const std::string& path, Tokenizer::Impl& impl, int32_t& ma
     const auto it = impl.special_by_text.find(t);
     return it == impl.special_by_text.end() ? std::nullopt : std::optional<int32_t>(it->second);
   };
-  impl.bos = id_of(token_text(config, "bos_token").value_or("[BOS]"));
+  K3_ASSIGN_OR_RETURN(impl.chat, ChatFormat::from_tokenizer_config(config, path));
+  impl.bos = id_of(config_token_text(config, "bos_token").value_or("[BOS]"));
   if (!impl.bos) impl.bos = id_of("[BOS]");
   for (const std::optional<std::string>& t :
        {std::optional<std::string>("[EOS]"), std::optional<std::string>("<|im_end|>"),
-        token_text(config, "eos_token")}) {
+        config_token_text(config, "eos_token")}) {
     if (!t) continue;
     const std::optional<int32_t> id = id_of(*t);
     if (id && std::find(impl.eos.begin(), impl.eos.end(), *id) == impl.eos.end()) impl.eos.push_back(*id);
@@ -185,6 +177,8 @@ Result<Tokenizer> Tokenizer::load(const std::string& model_dir) {
   tok.impl_->vocab_size = max_id + 1;
   return tok;
 }
+
+const ChatFormat& Tokenizer::chat_format() const { return impl_->chat; }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
   std::vector<int32_t> out;

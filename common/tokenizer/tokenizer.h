@@ -10,12 +10,13 @@
 #include <vector>
 
 #include "common/core/status.h"
+#include "common/tokenizer/chat_format.h"
 
 namespace k3 {
 
 class Tokenizer {
  public:
-  // Reads <dir>/tiktoken.model and <dir>/tokenizer_config.json (special tokens).
+  // Reads <dir>/tiktoken.model and <dir>/tokenizer_config.json (special tokens, chat template).
   static Result<Tokenizer> load(const std::string& model_dir);
 
   // allow_special: special-token text (e.g. "<|im_end|>") maps to its id; otherwise it is plain text.
@@ -31,6 +32,8 @@ class Tokenizer {
   bool is_special(int32_t id) const;
   std::vector<int32_t> eos_ids() const;                     // [EOS], <|im_end|> when present
   std::optional<int32_t> bos_id() const;
+  // How chat messages become prompt text for this model (its chat_template, or the built-in one).
+  const ChatFormat& chat_format() const;
 
   struct Impl;
   Tokenizer();
