@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "common/tokenizer/chat_format.h"
+#include "common/tokenizer/tokenizer.h"
 #include "router/api_error.h"
 #include "router/json_body.h"
 #include "router/response_format.h"

@@ -14,7 +14,7 @@
 #include "engine/engine.h"
 #include "engine/teacher_forced.h"
 #include "common/model/weights.h"
-#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/chat_format.h"
 #include "common/tokenizer/tokenizer.h"
 #include "kernels/backend_select.h"
 

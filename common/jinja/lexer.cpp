@@ -1,5 +1,7 @@
 #include "common/jinja/lexer.h"
 
+#include "common/jinja/utf8_code_point.h"
+
 #include <cctype>
 #include <cstdint>
 
@@ -7,24 +9,6 @@ namespace k3::jinja {
 namespace {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
 
 class Lexer {
  public:
@@ -190,9 +174,10 @@ class Lexer {
         case 'u':
         case 'x': {
           const size_t n = e == 'u' ? 4 : 2;
-          if (q + n > src_.size()) throw TemplateError{"truncated \\" + std::string(1, e) + " escape in a string", q - 2};
-          out.reserve(out.size() + 4);
-          append_utf8(out, static_cast<uint32_t>(std::stoul(src_.substr(q, n), nullptr, 16)));
+          bool hex = q + n <= src_.size();
+          for (size_t k = 0; hex && k < n; ++k) hex = std::isxdigit(static_cast<unsigned char>(src_[q + k])) != 0;
+          if (!hex) throw TemplateError{"bad \\" + std::string(1, e) + " escape in a string", q - 2};
+          append_code_point(out, static_cast<uint32_t>(std::stoul(src_.substr(q, n), nullptr, 16)));
           q += n;
           break;
         }

@@ -428,7 +428,7 @@ class Parser {
   }
 
   ExprPtr parse_call(ExprPtr target, Expr::Kind kind, std::string name) {
-    auto e = node(kind, cur().pos);
+    auto e = node(kind, target ? target->pos : cur().pos);  // a call is where its callee starts
     e->name = std::move(name);
     e->a = std::move(target);
     if (!accept_op("(")) return e;

@@ -4,6 +4,7 @@
 
 #include "common/jinja/builtins.h"
 #include "common/jinja/lexer.h"
+#include "common/jinja/utf8_code_point.h"
 
 namespace k3::jinja {
 
@@ -14,16 +15,6 @@ size_t utf8_length(std::string_view s) {
 }
 
 namespace {
-
-uint32_t decode_at(std::string_view s, size_t i, size_t& len) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-  if (i + len > s.size()) len = 1;
-  if (len == 1) return c;
-  uint32_t cp = c & (0x3F >> (len - 1));
-  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-  return cp;
-}
 
 bool is_python_space(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
@@ -45,14 +36,14 @@ std::vector<size_t> code_point_starts(std::string_view s) {
 size_t python_space_at(std::string_view s, size_t i) {
   if ((static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) return 0;  // inside a code point
   size_t len = 0;
-  return is_python_space(decode_at(s, i, len)) ? len : 0;
+  return is_python_space(decode_code_point(s, i, len)) ? len : 0;
 }
 
 std::string python_strip(std::string_view s, const Value& chars, bool left, bool right) {
   // Split into code points, drop from the ends, join.
   std::vector<std::pair<size_t, size_t>> cps;  // offset, length
   for (size_t i = 0, len = 0; i < s.size(); i += len) {
-    decode_at(s, i, len);
+    decode_code_point(s, i, len);
     cps.emplace_back(i, len);
   }
   const auto drop = [&](const std::pair<size_t, size_t>& cp) {
@@ -169,10 +160,10 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
     } else if (c < 0x80 || !ensure_ascii) {
       out += char(c);
     } else {
-      // Decode one UTF-8 sequence; write it as \uXXXX (a surrogate pair above the BMP).
-      int len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
-      uint32_t cp = c & (0x3F >> (len - 1));
-      for (int k = 1; k < len && i + 1 < s.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[++i]) & 0x3F);
+      // One UTF-8 sequence as \uXXXX (a surrogate pair above the BMP).
+      size_t len = 0;
+      uint32_t cp = decode_code_point(s, i, len);
+      i += len - 1;
       if (cp >= 0x10000) {
         cp -= 0x10000;
         std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));

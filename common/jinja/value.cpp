@@ -1,5 +1,7 @@
 #include "common/jinja/value.h"
 
+#include "common/jinja/utf8_code_point.h"
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -123,11 +125,8 @@ std::string string_repr(const std::string& s) {
   const char quote = has_single && !has_double ? '"' : '\'';
   std::string out(1, quote);
   for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    if (i + len > s.size()) len = 1;
-    uint32_t cp = len == 1 ? c : c & (0x3F >> (len - 1));
-    for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    size_t len = 0;
+    const uint32_t cp = decode_code_point(s, i, len);
     char b[16];
     if (cp == '\\') out += "\\\\";
     else if (cp == static_cast<uint32_t>(quote)) out += std::string("\\") + quote;

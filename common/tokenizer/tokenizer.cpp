@@ -12,6 +12,7 @@
 
 #include "common/tokenizer/base64.h"
 #include "common/tokenizer/bpe.h"
+#include "common/tokenizer/chat_format.h"
 #include "common/tokenizer/pretokenize.h"
 #include "common/tokenizer/tokenizer_config.h"
 

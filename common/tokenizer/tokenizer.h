@@ -10,9 +10,10 @@
 #include <vector>
 
 #include "common/core/status.h"
-#include "common/tokenizer/chat_format.h"
 
 namespace k3 {
+
+class ChatFormat;  // common/tokenizer/chat_format.h
 
 class Tokenizer {
  public:
