@@ -3,9 +3,20 @@
 //   Γ_r = Σ_{s<=r} g_s;  A[r,s] = Σ_i k_r[i] k_s[i] e^{Γ_r[i]-Γ_s[i]} (s<r),  B[r,s] = same with q_r (s<=r)
 //   (I + Diag(β) A) W = Diag(β)(K ⊙ e^Γ),  (I + Diag(β) A) U = Diag(β) V    (forward substitution)
 //   V' = U - W S0;  O = (Q ⊙ e^Γ) S0 + B V';  S_C = Diag(e^{Γ_C}) S0 + (K ⊙ e^{Γ_C - Γ})^T V'.
-// Range: every exponent used is Γ_r - Γ_s with s <= r, Γ_r itself, or Γ_C - Γ_s, all <= 0, so no
-// factor exceeds 1. e^{-Γ} is never formed (with g in (-5, 0) a 64-token chunk reaches Γ = -320,
-// whose negation overflows fp32).
+// Safe for any gate g <= 0, bounded (K3, g > -5) or not (Kimi Linear's softplus, any g < 0):
+//  * Range: every exponent formed is a sum of gates over a run of tokens, so <= 0, and no factor
+//    exceeds 1. e^{-Γ} is never formed (with g = -5 a 64-token chunk reaches Γ = -320, whose
+//    negation overflows fp32; an unbounded gate overflows it within one token).
+//  * Precision: each such sum is accumulated from the run's fixed end (prefix sums from the chunk
+//    start, suffix sums from its end, sums from a tile's first row), never as a difference Γ_r - Γ_s
+//    of two cumulative sums: after one very negative gate both are large and their difference would
+//    keep only ulp(Γ) of absolute precision.
+//  * A and B in tiles of kTile rows, the layout a tensor-core kernel uses: a tile below the diagonal
+//    (s < n <= r, n the row tile's first row) is the product of two scaled operands,
+//    e^{Γ_r-Γ_s} = e^{Γ_r-Γ_n} · e^{Γ_n-Γ_s}, both factors <= 1 (a GEMM of (K ⊙ e^{Γ-Γ_n}) rows and
+//    (K ⊙ e^{Γ_n-Γ}) columns); the diagonal tiles take e^{Γ_r-Γ_s} per pair. A factoring with the
+//    reference inside the diagonal tile, as the bounded-gate CUDA kernel does, needs e^{Γ_n-Γ_s}
+//    with s > n, which only a lower bound on g keeps finite.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -17,54 +28,112 @@
 namespace k3::cpu {
 namespace {
 
+constexpr int64_t kTile = 16;
+
 struct ChunkScratch {
-  std::vector<float> gamma, e_gamma, A, B, W, U, Vp, e_pair, e_last;
+  std::vector<float> e_prefix, e_suffix, left_k, left_q, right_k, run, A, B, W, U, Vp, decay_to_end;
   void resize(int64_t C, int64_t K, int64_t V) {
-    gamma.resize(C * K);
-    e_gamma.resize(C * K);
+    e_prefix.resize(C * K);
+    e_suffix.resize(C * K);
+    left_k.resize(kTile * K);
+    left_q.resize(kTile * K);
+    right_k.resize(C * K);
+    run.resize(K);
     A.resize(C * C);
     B.resize(C * C);
     W.resize(C * K);
     U.resize(C * V);
     Vp.resize(C * V);
-    e_pair.resize(K);
-    e_last.resize(K);
+    decay_to_end.resize(K);
   }
 };
+
+// Rows [n0, n1) of A and B (see the header): tiles left of the diagonal factored at row n0, the
+// diagonal tile pair by pair.
+void fill_tile_rows(const float* q, const float* k, const float* g, int64_t n0, int64_t n1, int64_t L, int64_t K,
+                    int64_t qk_stride, ChunkScratch& s) {
+  float* A = s.A.data();
+  float* B = s.B.data();
+  float* run = s.run.data();
+  // Left operands: rows r of the tile times e^{Γ_r - Γ_n0} = e^{Σ_{n0<t<=r} g_t}.
+  std::fill(run, run + K, 0.f);
+  for (int64_t r = n0; r < n1; ++r) {
+    if (r > n0)
+      for (int64_t i = 0; i < K; ++i) run[i] += g[r * qk_stride + i];
+    for (int64_t i = 0; i < K; ++i) {
+      const float e = std::exp(run[i]);
+      s.left_k[(r - n0) * K + i] = k[r * qk_stride + i] * e;
+      s.left_q[(r - n0) * K + i] = q[r * qk_stride + i] * e;
+    }
+  }
+  // Right operands: earlier rows s times e^{Γ_n0 - Γ_s} = e^{Σ_{s<t<=n0} g_t}, summed backwards from n0.
+  std::fill(run, run + K, 0.f);
+  for (int64_t c = n0 - 1; c >= 0; --c) {
+    for (int64_t i = 0; i < K; ++i) {
+      run[i] += g[(c + 1) * qk_stride + i];
+      s.right_k[c * K + i] = k[c * qk_stride + i] * std::exp(run[i]);
+    }
+  }
+  for (int64_t r = n0; r < n1; ++r) {
+    const float* lk = s.left_k.data() + (r - n0) * K;
+    const float* lq = s.left_q.data() + (r - n0) * K;
+    for (int64_t c = 0; c < n0; ++c) {
+      const float* rk = s.right_k.data() + c * K;
+      float a = 0.f, b = 0.f;
+      for (int64_t i = 0; i < K; ++i) {
+        a += lk[i] * rk[i];
+        b += lq[i] * rk[i];
+      }
+      A[r * L + c] = a;
+      B[r * L + c] = b;
+    }
+  }
+  // Diagonal tile: for each column c, e^{Σ_{c<t<=r} g_t} accumulated down the rows r >= c.
+  for (int64_t c = n0; c < n1; ++c) {
+    const float* kc = k + c * qk_stride;
+    std::fill(run, run + K, 0.f);
+    for (int64_t r = c; r < n1; ++r) {
+      const float* kr = k + r * qk_stride;
+      const float* qr = q + r * qk_stride;
+      float a = 0.f, b = 0.f;
+      for (int64_t i = 0; i < K; ++i) {
+        if (r > c) run[i] += g[r * qk_stride + i];
+        const float ke = kc[i] * std::exp(run[i]);
+        a += kr[i] * ke;
+        b += qr[i] * ke;
+      }
+      A[r * L + c] = r > c ? a : 0.f;
+      B[r * L + c] = b;
+    }
+    for (int64_t r = n0; r < c; ++r) A[r * L + c] = 0.f;
+  }
+}
 
 // One chunk of L tokens for one head. q,k: row stride qk_stride; v,o: row stride v_stride;
 // g: like k; beta: stride beta_stride. S [V][K] is updated in place.
 void run_chunk(float* S, const float* q, const float* k, const float* v, const float* g, const float* beta,
                float* o, int64_t L, int64_t K, int64_t V, int64_t qk_stride, int64_t v_stride,
                int64_t beta_stride, ChunkScratch& s) {
-  float* G = s.gamma.data();
-  float* EG = s.e_gamma.data();
-  // 1. Γ (inclusive cumsum over the chunk) and e^Γ.
+  // 1. e^{Γ_r} from prefix sums, e^{Γ_C - Γ_r} = e^{Σ_{r<t<L} g_t} from suffix sums.
+  float* EG = s.e_prefix.data();
+  float* ES = s.e_suffix.data();
+  float* run = s.run.data();
+  std::fill(run, run + K, 0.f);
   for (int64_t r = 0; r < L; ++r)
     for (int64_t i = 0; i < K; ++i) {
-      G[r * K + i] = (r ? G[(r - 1) * K + i] : 0.f) + g[r * qk_stride + i];
-      EG[r * K + i] = std::exp(G[r * K + i]);
+      run[i] += g[r * qk_stride + i];
+      EG[r * K + i] = std::exp(run[i]);
     }
-  // 2 + 6. A (strictly lower, kk) and B (lower incl. diagonal, qk) share e^{Γ_r - Γ_s}.
+  std::fill(run, run + K, 0.f);
+  for (int64_t r = L - 1; r >= 0; --r)
+    for (int64_t i = 0; i < K; ++i) {
+      ES[r * K + i] = std::exp(run[i]);
+      run[i] += g[r * qk_stride + i];
+    }
+  // 2 + 6. A (strictly lower, kk) and B (lower incl. diagonal, qk), tile rows at a time.
+  for (int64_t n0 = 0; n0 < L; n0 += kTile) fill_tile_rows(q, k, g, n0, std::min(L, n0 + kTile), L, K, qk_stride, s);
   float* A = s.A.data();
   float* B = s.B.data();
-  float* E = s.e_pair.data();
-  for (int64_t r = 0; r < L; ++r) {
-    const float* kr = k + r * qk_stride;
-    const float* qr = q + r * qk_stride;
-    for (int64_t c = 0; c <= r; ++c) {
-      const float* kc = k + c * qk_stride;
-      float a = 0.f, b = 0.f;
-      for (int64_t i = 0; i < K; ++i) {
-        E[i] = c == r ? 1.f : std::exp(G[r * K + i] - G[c * K + i]);
-        const float ke = kc[i] * E[i];
-        a += kr[i] * ke;
-        b += qr[i] * ke;
-      }
-      A[r * L + c] = c < r ? a : 0.f;
-      B[r * L + c] = b;
-    }
-  }
   // 3 + 4. Forward substitution: W_r = β_r (k_r ⊙ e^{Γ_r}) - β_r Σ_{c<r} A[r,c] W_c, same for U.
   float* Wm = s.W.data();
   float* U = s.U.data();
@@ -111,13 +180,12 @@ void run_chunk(float* S, const float* q, const float* k, const float* v, const f
     }
   }
   // 8. S_C[j][i] = e^{Γ_L[i]} S0[j][i] + Σ_c k_c[i] e^{Γ_L[i] - Γ_c[i]} V'_c[j].
-  const float* GL = G + (L - 1) * K;
-  float* decay_to_end = s.e_last.data();
+  float* decay_to_end = s.decay_to_end.data();
   for (int64_t j = 0; j < V; ++j)
     for (int64_t i = 0; i < K; ++i) S[j * K + i] *= EG[(L - 1) * K + i];
   for (int64_t c = 0; c < L; ++c) {
     const float* kc = k + c * qk_stride;
-    for (int64_t i = 0; i < K; ++i) decay_to_end[i] = kc[i] * std::exp(GL[i] - G[c * K + i]);
+    for (int64_t i = 0; i < K; ++i) decay_to_end[i] = kc[i] * ES[c * K + i];
     const float* vc = Vp + c * V;
     for (int64_t j = 0; j < V; ++j) {
       float* sj = S + j * K;
