@@ -45,6 +45,12 @@ TEST_CASE("malformed templates name what is missing") {
   CHECK_THAT(parse_error("{{ 'abc }}"), Contains("unclosed string literal"));
   CHECK_THAT(parse_error("{{ x $ y }}"), Contains("unexpected character '$'"));
   CHECK_THAT(parse_error("{% set %}"), Contains("expected a name"));
+  // Hostile nesting is an error, not a stack overflow.
+  CHECK_THAT(parse_error("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"),
+             Contains("nested deeper than 200 levels"));
+  std::string ifs;
+  for (int i = 0; i < 300; ++i) ifs += "{% if x %}";
+  CHECK_THAT(parse_error(ifs), Contains("nested deeper than 200 levels"));
 }
 
 TEST_CASE("render errors name the problem and where the template hit it") {
