@@ -7,6 +7,7 @@
 
 #include "common/protocol/compat.h"
 #include "common/core/node_process.h"
+#include "decode_node/draw_tokens.h"
 #include "decode_node/group_member.h"
 #include "decode_node/region_image.h"
 
@@ -124,21 +125,11 @@ void GroupLeader::drop(uint64_t id) {
 
 void GroupLeader::abort_local(uint64_t id, const std::string& why) {
   spdlog::warn("decode group {}: request {} aborted: {}", opts_.rank.instance_id, id, why);
-  driver_->apply([&](DecodeSide& side, Millis now) {
-    return side.on_abort(protocol::Abort{.request_id = id, .reason = protocol::AbortReason::Internal,
-                                         .origin_role = protocol::Role::Decode, .origin_instance = opts_.rank.instance_id},
-                         now);
-  });
+  end_here(*driver_, opts_.rank, id, "decode group " + opts_.rank.instance_id, why);
   after_driver();
   if (running_.count(id)) {
     finished_.push_back({.request_id = id, .tokens = std::move(running_.at(id).tokens), .finish = protocol::FinishReason::Aborted});
     drop(id);
-  }
-  // The ABORT came from here, so the state machine tells nobody upstream: the router must hear it.
-  if (!opts_.rank.router_endpoint.empty()) {
-    Status st = driver_->send_to_router(protocol::Failed{.request_id = id, .cause = protocol::AbortReason::Internal,
-                                                         .detail = "decode group " + opts_.rank.instance_id + ": " + why});
-    if (!st.is_ok()) spdlog::warn("decode group {}: FAILED for {} not sent: {}", opts_.rank.instance_id, id, st.to_string());
   }
 }
 
@@ -150,17 +141,9 @@ void GroupLeader::finish(uint64_t id, protocol::FinishReason why) {
   after_driver();
 }
 
-bool GroupLeader::emit(Running& r, int32_t token) {
-  r.tokens.push_back(token);
-  protocol::FinishReason why = protocol::FinishReason::None;
-  if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end())
-    why = protocol::FinishReason::Stop;
-  else if (static_cast<int>(r.tokens.size()) >= r.max_tokens)
-    why = protocol::FinishReason::Length;
-  if (!opts_.rank.router_endpoint.empty()) {
-    Status st = driver_->send_to_router(protocol::Tokens{.request_id = r.id, .token_ids = {token}, .finish = why});
-    if (!st.is_ok()) spdlog::warn("decode group {}: TOKENS for {} not sent: {}", opts_.rank.instance_id, r.id, st.to_string());
-  }
+bool GroupLeader::emit(Running& r, int32_t token, std::vector<protocol::TokenLogprobs> logprobs) {
+  const protocol::FinishReason why =
+      stream_token(r, token, std::move(logprobs), *driver_, opts_.rank, "decode group " + opts_.rank.instance_id);
   if (why == protocol::FinishReason::None) return false;
   finish(r.id, why);
   return true;
@@ -273,20 +256,10 @@ bool GroupLeader::admit(const transfer::ReadyAction& ready, const std::vector<tr
     if ((*alloc)[i].rank != opts_.rank.rank + i)
       return refuse("the CLAIM's rank " + std::to_string((*alloc)[i].rank) + " is not rank " + std::to_string(i) +
                     " of this group");
-  Running r{.id = id};
-  r.sampling = opts_.rank.sampling;
-  r.max_tokens = opts_.rank.max_tokens;
-  r.stop_ids = opts_.rank.stop_ids;
-  if (const protocol::Claim* c = driver_->side().claim(id); c && c->sampling.max_tokens > 0) {
-    const protocol::SamplingParams& sp = c->sampling;
-    // A group samples without the token mask and without logprobs: say so rather than serve free text
-    // or drop the numbers the client asked for.
-    if (!sp.output_format.empty()) return refuse("constrained output (response_format, tools) is not served by decode rank groups yet");
-    if (sp.logprobs >= 0) return refuse("logprobs are not served by decode rank groups yet");
-    r.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .seed = sp.seed};
-    r.max_tokens = static_cast<int>(sp.max_tokens);
-    r.stop_ids = sp.stop_token_ids;
-  }
+  auto made = streamed_request(id, opts_.rank, driver_->side().claim(id));
+  if (!made.is_ok()) return refuse(made.status().to_string());
+  Running r;
+  static_cast<StreamedRequest&>(r) = std::move(made).value();
   // Admission by every rank's own room: EP the request lives whole on the rank whose region the prefill
   // stages wrote (ep_region_order chose it), DCP on every rank. It waits (holding its transfer memory) until
   // that room exists, or is refused naming the ranks when it never can.
@@ -316,7 +289,10 @@ bool GroupLeader::admit(const transfer::ReadyAction& ready, const std::vector<tr
   }
   order_.push_back(id);
   say_line("JOINED " + std::to_string(id) + " " + std::to_string(target));
-  if (emit(it->second, ready.first_token)) return true;  // ended with its first token
+  // The last prefill stage drew the first token under the same grammar: advance the state past it.
+  if (Status st = take_first_token(it->second, ready.first_token, ready.first_logprobs); !st.is_ok())
+    return refuse(st.to_string());
+  if (emit(it->second, ready.first_token, ready.first_logprobs)) return true;  // ended with its first token
   // Every rank that holds the request reads its share from its own region, where the prefill stages wrote
   // it: the leader here, a member before it joins the next step (the pages stay allocated here until the
   // request ends, which is after that step). Nothing travels in the command but the page table and slot.
@@ -393,19 +369,24 @@ Status GroupLeader::step_batch() {
   }
   Tensor lg = backend_.alloc({static_cast<int64_t>(sampled.size()), V}, DType::F32);
   std::memcpy(lg.f32(), logits.data(), logits.size() * sizeof(float));
-  std::vector<ops::SamplingRow> rows;
+  std::vector<DrawRow> rows;
   for (uint64_t id : sampled) {
-    ops::SamplingRow row = running_.at(id).sampling;
-    row.step = running_.at(id).step;
+    Running& r = running_.at(id);
+    DrawRow row{.sampling = r.sampling, .logprobs = r.logprobs, .constraint = r.constraint.get()};
+    row.sampling.step = r.step;
     rows.push_back(row);
   }
-  std::vector<int32_t> next;
-  backend_.sample({.logits = lg, .rows = rows, .out = &next});
+  const std::vector<Drawn> drawn = draw_tokens(backend_, lg, rows, V);
   for (size_t k = 0; k < sampled.size(); ++k) {
     auto it = running_.find(sampled[k]);
     if (it == running_.end()) continue;
+    if (!drawn[k].status.is_ok()) {
+      abort_local(sampled[k], drawn[k].status.to_string());
+      continue;
+    }
     ++it->second.step;
-    emit(it->second, next[k]);
+    emit(it->second, drawn[k].token,
+         drawn[k].logprobs ? std::vector{to_wire(*drawn[k].logprobs)} : std::vector<protocol::TokenLogprobs>{});
   }
   return Status::ok();
 }

@@ -20,8 +20,9 @@
 //    names the ranks), or is refused when no rank can ever hold it. room() reports the group as one target
 //    to the router.
 //  - Every step: one GroupCommand to every member, then the rank-sliced step on every rank in lockstep.
-//    The leader samples (DCP: its own logits, equal on every rank; EP: each rank's logits come back) and
-//    streams TOKENS like a plain decode rank (decode_rank.h).
+//    The leader samples (DCP: its own logits, equal on every rank; EP: each rank's logits come back) the way
+//    a plain decode rank does (draw_tokens.h: logprobs, the structured-output mask) and streams TOKENS like
+//    one (streamed_request.h).
 //  - A failed step (a member died or missed the step deadline) ends every request of the group with
 //    FAILED to the router, closes every cache, and the leader leaves (run_once returns the error).
 #pragma once
@@ -66,14 +67,9 @@ class GroupLeader {
   GroupWorker& worker() { return *worker_; }
 
  private:
-  struct Running {
-    uint64_t id = 0;
+  struct Running : StreamedRequest {
     int rank = 0;                  // EP: the rank that holds it (its region was written); DCP: 0 (every rank)
-    std::vector<int32_t> tokens;
-    ops::SamplingRow sampling;
     uint64_t step = 1;             // the decode step of its next token (the first token was step 0)
-    int max_tokens = 16;
-    std::vector<int32_t> stop_ids;
     std::vector<uint32_t> pages;   // per rank: cache pages promised to it (prompt + max_tokens rows)
   };
   // Where a ready request can go now: rank (EP: its rank; DCP: 0 = every rank), or -1 and why it waits;
@@ -100,7 +96,7 @@ class GroupLeader {
   std::vector<uint32_t> ep_region_order(const protocol::Claim& c, std::vector<uint32_t> regions) const;
   uint32_t pages_on(int rank, int64_t tokens) const;   // cache pages of a request of `tokens` on `rank`
   std::string room_of(int rank, uint32_t need) const;
-  bool emit(Running& r, int32_t token);
+  bool emit(Running& r, int32_t token, std::vector<protocol::TokenLogprobs> logprobs);
   void finish(uint64_t id, protocol::FinishReason why);
   void abort_local(uint64_t id, const std::string& why);
   void drop(uint64_t id);          // ends its caches on every rank (next command) and forgets it
