@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "engine/cache_io.h"
-#include "kernels/token_mask.h"
+#include "decode_node/draw_tokens.h"
 
 namespace k3::decode {
 
@@ -128,13 +128,13 @@ DecodeBatch::StepResult DecodeBatch::step() {
   }
   std::vector<SeqCache*> caches;
   std::vector<std::vector<int32_t>> toks;
-  std::vector<ops::SamplingRow> rows;
+  std::vector<DrawRow> rows;
   for (uint64_t id : ids) {
     Seq& s = seqs_.at(id);
     caches.push_back(&s.cache);
     toks.push_back({s.last_token});
-    ops::SamplingRow row = s.sampling;
-    row.step = s.step;
+    DrawRow row{.sampling = s.sampling, .logprobs = s.logprobs, .constraint = s.constraint};
+    row.sampling.step = s.step;
     rows.push_back(row);
   }
   auto logits = engine_.feed_on_backend(caches, toks);  // sampled on the backend: only ids come back
@@ -145,40 +145,19 @@ DecodeBatch::StepResult DecodeBatch::step() {
     }
     return out;
   }
-  // Logprobs need the rows on the host; the copy is made only when some running request asked, and
-  // before a structured-output mask changes them (logprobs describe the model).
-  bool want = false;
-  for (uint64_t id : ids) want |= seqs_.at(id).logprobs >= 0;
-  Tensor host;
-  if (want) host = backend_.to_host(*logits);
-  const int64_t vocab = engine_.config().vocab_size;
-  TokenMask mask(vocab);
-  std::vector<bool> drop(ids.size(), false);
-  for (size_t i = 0; i < ids.size(); ++i)
-    if (grammar::TokenConstraint* c = seqs_.at(ids[i]).constraint) {
-      const size_t k = mask.add_row(static_cast<int64_t>(i));
-      if (c->fill_mask(mask.row_bits(k), vocab) == 0) {
-        drop[i] = true;  // a grammar dead end (a bug): fail the request, keep the row drawable
-        for (int32_t t = 0; t < vocab; ++t) mask.allow(k, t);
-      }
-    }
-  if (!mask.empty()) apply_token_mask(*logits, mask);
-  std::vector<int32_t> next;
-  backend_.sample({.logits = *logits, .rows = rows, .out = &next});
+  const std::vector<Drawn> drawn = draw_tokens(backend_, *logits, rows, engine_.config().vocab_size);
   for (size_t i = 0; i < ids.size(); ++i) {
     Seq& s = seqs_.at(ids[i]);
-    Status fits = drop[i] ? internal_error("constrained decoding: no token fits the grammar here") : Status::ok();
-    if (fits.is_ok() && s.constraint) fits = s.constraint->accept(next.at(i));
-    if (!fits.is_ok()) {
-      out.failed.push_back({ids[i], fits.to_string()});
+    if (!drawn[i].status.is_ok()) {
+      out.failed.push_back({ids[i], drawn[i].status.to_string()});
       remove(ids[i]);
       continue;
     }
     s.num_tokens = s.cache.num_tokens;
-    s.last_token = next.at(i);
+    s.last_token = drawn[i].token;
     ++s.step;
-    out.tokens.push_back({ids[i], next.at(i)});
-    if (s.logprobs >= 0) out.logprobs[ids[i]] = row_logprobs(host.f32() + i * vocab, vocab, next.at(i), s.logprobs);
+    out.tokens.push_back({ids[i], drawn[i].token});
+    if (drawn[i].logprobs) out.logprobs[ids[i]] = *drawn[i].logprobs;
   }
   return out;
 }

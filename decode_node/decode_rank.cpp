@@ -106,20 +106,9 @@ std::string DecodeRank::trace_of(uint64_t id) const {
 
 void DecodeRank::abort_local(uint64_t id, const std::string& why) {
   spdlog::warn("decode rank {}: request {} aborted: {}", opts_.rank, trace_of(id), why);
-  driver_->apply([&](DecodeSide& side, Millis now) {
-    return side.on_abort(protocol::Abort{.request_id = id, .reason = protocol::AbortReason::Internal,
-                                         .origin_role = protocol::Role::Decode, .origin_instance = opts_.instance_id},
-                         now);
-  });
+  end_here(*driver_, opts_, id, "decode rank " + std::to_string(opts_.rank), why);
   after_driver();
   drop(id);
-  // The ABORT above came from this rank, so the state machine tells nobody upstream: the router must
-  // hear it, or the client's stream would wait forever.
-  if (!opts_.router_endpoint.empty()) {
-    Status st = driver_->send_to_router(protocol::Failed{.request_id = id, .cause = protocol::AbortReason::Internal,
-                                                         .detail = "decode rank " + std::to_string(opts_.rank) + ": " + why});
-    if (!st.is_ok()) spdlog::warn("decode rank {}: FAILED for {} not sent: {}", opts_.rank, trace_of(id), st.to_string());
-  }
 }
 
 void DecodeRank::finish(uint64_t id, protocol::FinishReason why) {
@@ -135,19 +124,8 @@ void DecodeRank::finish(uint64_t id, protocol::FinishReason why) {
 }
 
 bool DecodeRank::emit(Running& r, int32_t token, std::vector<protocol::TokenLogprobs> logprobs) {
-  r.tokens.push_back(token);
-  protocol::FinishReason why = protocol::FinishReason::None;
-  // A closed JSON document ends the request: nothing may follow it but EOS.
-  if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end() ||
-      (r.constraint && r.constraint->closed()))
-    why = protocol::FinishReason::Stop;
-  else if (static_cast<int>(r.tokens.size()) >= r.max_tokens)
-    why = protocol::FinishReason::Length;
-  if (!opts_.router_endpoint.empty()) {
-    Status st = driver_->send_to_router(
-        protocol::Tokens{.request_id = r.id, .token_ids = {token}, .finish = why, .logprobs = std::move(logprobs)});
-    if (!st.is_ok()) spdlog::warn("decode rank {}: TOKENS for {} not sent: {}", opts_.rank, trace_of(r.id), st.to_string());
-  }
+  const protocol::FinishReason why =
+      stream_token(r, token, std::move(logprobs), *driver_, opts_, "decode rank " + std::to_string(opts_.rank));
   if (why == protocol::FinishReason::None) return false;
   finish(r.id, why);
   return true;
@@ -186,33 +164,19 @@ void DecodeRank::admit(const transfer::ReadyAction& ready) {
                                      ready.prompt_len);
     if (!image.is_ok()) return abort_local(id, image.status().to_string());
   }
-  Running r{.id = id};
   // The CLAIM's sampling params rule; a CLAIM without them (max_tokens 0) falls back to the flags.
-  r.sampling = opts_.sampling;
-  r.max_tokens = opts_.max_tokens;
-  r.stop_ids = opts_.stop_ids;
-  if (const protocol::Claim* c = driver_->side().claim(id); c && c->sampling.max_tokens > 0) {
-    const protocol::SamplingParams& sp = c->sampling;
-    r.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .seed = sp.seed};
-    r.max_tokens = static_cast<int>(sp.max_tokens);
-    r.stop_ids = sp.stop_token_ids;
-    r.logprobs = sp.logprobs;
-    auto constraint = grammar::TokenConstraint::for_format(sp.output_format, opts_.vocab, r.stop_ids);
-    if (!constraint.is_ok()) return abort_local(id, "output format: " + constraint.status().to_string());
-    r.constraint = std::move(constraint).value();
-  }
-  auto [it, fresh] = running_.emplace(id, std::move(r));
+  auto r = streamed_request(id, opts_, driver_->side().claim(id));
+  if (!r.is_ok()) return abort_local(id, r.status().to_string());
+  auto [it, fresh] = running_.emplace(id, std::move(r).value());
   if (!fresh) return;  // a Ready is emitted once per request; a duplicate would be a driver bug
   spdlog::info("decode rank {}: request {} decoding (wire id {:016x}, {} prompt tokens)", opts_.rank, trace_of(id), id,
                ready.prompt_len);
   const ops::SamplingRow sampling = it->second.sampling;
   const int logprobs = it->second.logprobs;
-  if (logprobs >= 0 && ready.first_logprobs.size() != 1)
-    return abort_local(id, "the last prefill stage sent no logprobs for the first token");
   // The last prefill stage drew the first token under the same grammar: advance the state past it.
+  if (Status st = take_first_token(it->second, ready.first_token, ready.first_logprobs); !st.is_ok())
+    return abort_local(id, st.to_string());
   grammar::TokenConstraint* constraint = it->second.constraint.get();
-  if (constraint)
-    if (Status st = constraint->accept(ready.first_token); !st.is_ok()) return abort_local(id, st.to_string());
   if (emit(it->second, ready.first_token, ready.first_logprobs)) return;  // ended with its first token
   if (opts_.cache_in_pool) {
     resident.pools = nullptr;  // the batch owns the sequence now

@@ -17,9 +17,10 @@ namespace k3::decode {
 struct GroupAdmit {
   uint64_t id = 0;
   int64_t position = 0;         // tokens of the request cached over the whole group (the prompt length)
-  std::vector<uint8_t> image;   // this rank's packed cache image (engine/cache_io.h), when forwarded
-  // DCP: the prefill stages wrote this rank's slice into the rank's own transfer region; the rank reads it
-  // from there (its page table and slot in that region; slot -1: none) and `image` is empty.
+  std::vector<uint8_t> image;   // this rank's packed cache image (engine/cache_io.h), when carried
+  // The prefill stages wrote this rank's share (DCP slice, or EP whole request) into the rank's own transfer
+  // region; the rank reads it from there (its page table and slot in that region; slot -1: none) and
+  // `image` is empty. The leader's commands always say so: no cache bytes travel in them.
   bool from_region = false;
   std::vector<uint32_t> page_ids;
   int64_t slot = -1;
@@ -46,7 +47,7 @@ Result<GroupCommand> decode_group_command(std::span<const std::byte> bytes);
 Status send_group_command(Comm& comm, int peer, const GroupCommand& c);
 Result<GroupCommand> recv_group_command(Comm& comm, int leader);
 
-// Start-up of a DCP group: the leader tells every member the geometry of its transfer region (the group's
+// Start-up of a group: the leader tells every member the geometry of its transfer region (the group's
 // first global rank and the pool sizes, so the leader's bookkeeping and the member's memory agree); the
 // member maps the region with its own UCX worker and answers with it (base, length, packed rkey, worker
 // address), which the leader lists in its REGISTER.

@@ -7,6 +7,7 @@
 
 #include "common/protocol/compat.h"
 #include "common/core/node_process.h"
+#include "decode_node/draw_tokens.h"
 #include "decode_node/group_member.h"
 #include "decode_node/region_image.h"
 
@@ -45,13 +46,19 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
   d->next_.resize(static_cast<size_t>(opts.layout.size()));
 
   transfer::DecodeDriverConfig dc = decode_driver_config(o, cfg, d->full_layout_);
-  // DCP: one region per rank (region id = global rank), written by the prefill stages with the interleave.
-  for (int i = 1; i < opts.layout.dcp; ++i) dc.ranks.push_back(o.rank + static_cast<uint32_t>(i));
-  // Every other rank of a DCP group owns its region (member_region.h): ask all, then collect the answers.
+  // Every rank owns a region (region id = its global rank). DCP: one per rank of the layout, written by the
+  // prefill stages with the interleave. EP: the leader's rank has the members' regions as alternates, and
+  // a request is allocated whole in the region of the rank that will decode it (ep_region_order).
+  for (int i = 1; i < opts.layout.size(); ++i) {
+    const uint32_t id = o.rank + static_cast<uint32_t>(i);
+    if (opts.layout.dcp > 1) dc.ranks.push_back(id);
+    else dc.alternate_regions.push_back(id);
+  }
+  // Every other rank owns its region in its own process (member_region.h): ask all, then collect the answers.
   const GroupRegionRequest region_req{.first_rank = o.rank, .page_size = o.page_size, .num_pages = o.num_pages,
                                       .num_slots = o.num_slots};
-  for (int i = 1; i < opts.layout.dcp; ++i) K3_TRY(send_region_request(comm, i, region_req));
-  for (int i = 1; i < opts.layout.dcp; ++i) {
+  for (int i = 1; i < opts.layout.size(); ++i) K3_TRY(send_region_request(comm, i, region_req));
+  for (int i = 1; i < opts.layout.size(); ++i) {
     K3_ASSIGN_OR_RETURN(protocol::MemoryRegion r, recv_region_offer(comm, i));
     if (r.region_id != o.rank + static_cast<uint32_t>(i))
       return invalid_argument("group rank " + std::to_string(i) + " offered the region of rank " +
@@ -70,19 +77,23 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
     if (self->opts_.rank.on_state) self->opts_.rank.on_state(id, st);
     if (protocol::is_terminal(st)) self->pending_end_.push_back(id);
   };
+  if (opts.layout.ep > 1)
+    dc.side.region_order = [self](const protocol::Claim& c, std::vector<uint32_t> regions) {
+      return self->ep_region_order(c, std::move(regions));
+    };
   K3_ASSIGN_OR_RETURN(d->driver_, transfer::DecodeDriver::create(std::move(dc), zctx, &d->metrics_));
   return d;
 }
 
 uint64_t GroupLeader::pool_free_bytes() {
   uint64_t n = 0;
-  for (uint32_t r : driver_->ranks()) n += driver_->pool(r).free_bytes();
+  for (uint32_t r : driver_->regions()) n += driver_->pool(r).free_bytes();
   return n;
 }
 
 uint64_t GroupLeader::pool_capacity_bytes() {
   uint64_t n = 0;
-  for (uint32_t r : driver_->ranks()) n += driver_->pool(r).capacity_bytes();
+  for (uint32_t r : driver_->regions()) n += driver_->pool(r).capacity_bytes();
   return n;
 }
 
@@ -114,21 +125,11 @@ void GroupLeader::drop(uint64_t id) {
 
 void GroupLeader::abort_local(uint64_t id, const std::string& why) {
   spdlog::warn("decode group {}: request {} aborted: {}", opts_.rank.instance_id, id, why);
-  driver_->apply([&](DecodeSide& side, Millis now) {
-    return side.on_abort(protocol::Abort{.request_id = id, .reason = protocol::AbortReason::Internal,
-                                         .origin_role = protocol::Role::Decode, .origin_instance = opts_.rank.instance_id},
-                         now);
-  });
+  end_here(*driver_, opts_.rank, id, "decode group " + opts_.rank.instance_id, why);
   after_driver();
   if (running_.count(id)) {
     finished_.push_back({.request_id = id, .tokens = std::move(running_.at(id).tokens), .finish = protocol::FinishReason::Aborted});
     drop(id);
-  }
-  // The ABORT came from here, so the state machine tells nobody upstream: the router must hear it.
-  if (!opts_.rank.router_endpoint.empty()) {
-    Status st = driver_->send_to_router(protocol::Failed{.request_id = id, .cause = protocol::AbortReason::Internal,
-                                                         .detail = "decode group " + opts_.rank.instance_id + ": " + why});
-    if (!st.is_ok()) spdlog::warn("decode group {}: FAILED for {} not sent: {}", opts_.rank.instance_id, id, st.to_string());
   }
 }
 
@@ -140,32 +141,20 @@ void GroupLeader::finish(uint64_t id, protocol::FinishReason why) {
   after_driver();
 }
 
-bool GroupLeader::emit(Running& r, int32_t token) {
-  r.tokens.push_back(token);
-  protocol::FinishReason why = protocol::FinishReason::None;
-  if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end())
-    why = protocol::FinishReason::Stop;
-  else if (static_cast<int>(r.tokens.size()) >= r.max_tokens)
-    why = protocol::FinishReason::Length;
-  if (!opts_.rank.router_endpoint.empty()) {
-    Status st = driver_->send_to_router(protocol::Tokens{.request_id = r.id, .token_ids = {token}, .finish = why});
-    if (!st.is_ok()) spdlog::warn("decode group {}: TOKENS for {} not sent: {}", opts_.rank.instance_id, r.id, st.to_string());
-  }
+bool GroupLeader::emit(Running& r, int32_t token, std::vector<protocol::TokenLogprobs> logprobs) {
+  const protocol::FinishReason why =
+      stream_token(r, token, std::move(logprobs), *driver_, opts_.rank, "decode group " + opts_.rank.instance_id);
   if (why == protocol::FinishReason::None) return false;
   finish(r.id, why);
   return true;
 }
 
-Result<std::vector<uint8_t>> GroupLeader::rank_image(uint64_t id, const transfer::RankAllocation& a, int rank_index,
-                                                     uint32_t prompt_len) {
-  (void)id;
-  const RankLayout& g = opts_.layout;
-  if (g.dcp == 1)
-    return packed_image_from_region(full_layout_, driver_->pool(a.rank).geometry(), a, driver_->memory(a.rank), prompt_len);
-  RankLayout gi = g;
-  gi.rank = rank_index;
-  return packed_image_from_region(rank_layouts_.at(static_cast<size_t>(rank_index)), driver_->pool(a.rank).geometry(), a,
-                                  driver_->memory(a.rank), static_cast<uint32_t>(dcp_rows_on(gi, prompt_len)));
+Result<std::vector<uint8_t>> GroupLeader::own_image(const transfer::RankAllocation& a, uint32_t prompt_len) {
+  // The leader's share: the whole request (EP or alone), or its DCP slice (rows p % N == 0, its KDA heads).
+  const bool dcp = opts_.layout.dcp > 1;
+  const uint32_t rows = dcp ? static_cast<uint32_t>(dcp_rows_on(opts_.layout, prompt_len)) : prompt_len;
+  return packed_image_from_region(dcp ? rank_layouts_.at(0) : full_layout_, driver_->pool(a.region_id).geometry(), a,
+                                  driver_->memory(a.region_id), rows);
 }
 
 uint32_t GroupLeader::pages_on(int rank, int64_t tokens) const {
@@ -183,35 +172,53 @@ std::string GroupLeader::room_of(int rank, uint32_t need) const {
          std::to_string(r.free_seqs) + " of " + std::to_string(r.seqs) + " slots, needs " + std::to_string(need);
 }
 
-GroupLeader::Placement GroupLeader::place(int64_t prompt_len, int max_tokens) const {
+bool GroupLeader::fits_now(int rank, int64_t prompt_len, int max_tokens) const {
+  const auto k = static_cast<size_t>(rank);
+  const uint32_t whole = pages_on(rank, prompt_len + max_tokens), now = pages_on(rank, prompt_len);
+  return committed_[k] + whole <= rooms_[k].cache_pages && now <= rooms_[k].free_pages && rooms_[k].free_seqs > 0;
+}
+
+std::vector<uint32_t> GroupLeader::ep_region_order(const protocol::Claim& c, std::vector<uint32_t> regions) const {
+  // Decided when the prefill stages are about to write, since the request is then decoded where they wrote
+  // it: first the ranks whose decode caches hold it now, then the ones holding the fewest requests (running,
+  // waiting or still being written: the transfer slots they hold), then the lowest rank.
+  const int max_tokens = c.sampling.max_tokens > 0 ? static_cast<int>(c.sampling.max_tokens) : opts_.rank.max_tokens;
+  auto key = [&](uint32_t region) {
+    const int rank = static_cast<int>(region - opts_.rank.rank);
+    const transfer::RankPool& pool = driver_->pool(region);
+    return std::make_tuple(!fits_now(rank, c.prompt_len, max_tokens), pool.geometry().num_slots - pool.free_slots(),
+                           pool.geometry().num_pages - pool.free_pages(), region);
+  };
+  std::sort(regions.begin(), regions.end(), [&](uint32_t a, uint32_t b) { return key(a) < key(b); });
+  return regions;
+}
+
+GroupLeader::Placement GroupLeader::place(int64_t prompt_len, int max_tokens, int ep_rank) const {
   // A request takes on a rank the pages of its prompt now and, by its end, those of prompt + max_tokens:
   // the latter are promised (committed_) so that running requests never run a rank out of pages.
+  // DCP: it needs every rank; EP: the rank whose region the prefill stages wrote it into.
   Placement p;
-  const int n = opts_.layout.size();
-  std::vector<int> fit;
-  int can_ever = 0;
-  for (int i = 0; i < n; ++i) {
-    const auto k = static_cast<size_t>(i);
-    const uint32_t whole = pages_on(i, prompt_len + max_tokens), now = pages_on(i, prompt_len);
-    const bool ever = whole <= rooms_[k].cache_pages;
-    can_ever += ever;
-    const bool fits = ever && committed_[k] + whole <= rooms_[k].cache_pages && now <= rooms_[k].free_pages &&
-                      rooms_[k].free_seqs > 0;
-    if (fits) fit.push_back(i);
-    else p.why += (p.why.empty() ? "" : "; ") + room_of(i, whole);
-  }
   const bool dcp = opts_.layout.dcp > 1;
-  if (dcp ? can_ever < n : can_ever == 0) {
+  std::string rooms;
+  bool never = false, waits = false;
+  for (int i = 0; i < opts_.layout.size(); ++i) {
+    const uint32_t whole = pages_on(i, prompt_len + max_tokens);
+    rooms += (rooms.empty() ? "" : "; ") + room_of(i, whole);
+    if (!dcp && i != ep_rank) continue;
+    never = never || whole > rooms_[static_cast<size_t>(i)].cache_pages;
+    if (!fits_now(i, prompt_len, max_tokens)) {
+      waits = true;
+      p.why += (p.why.empty() ? "" : "; ") + room_of(i, whole);
+    }
+  }
+  if (never) {
+    // The ranks are alike: what one can never hold, none can.
     p.never = true;
     p.why = "no rank of the group can ever hold " + std::to_string(prompt_len) + " + " + std::to_string(max_tokens) +
-            " tokens: " + p.why;
-    return p;
+            " tokens: " + rooms;
+  } else if (!waits) {
+    p.rank = dcp ? 0 : ep_rank;  // DCP: rank 0 stands for the group
   }
-  if (dcp ? static_cast<int>(fit.size()) < n : fit.empty()) return p;  // waits for room
-  // EP: the fitting rank with the fewest requests; DCP: every rank (rank 0 stands for the group).
-  std::vector<int> count(static_cast<size_t>(n), 0);
-  for (const auto& [id, r] : running_) ++count[static_cast<size_t>(r.rank)];
-  p.rank = dcp ? 0 : *std::min_element(fit.begin(), fit.end(), [&](int a, int b) { return count[a] < count[b]; });
   return p;
 }
 
@@ -249,25 +256,15 @@ bool GroupLeader::admit(const transfer::ReadyAction& ready, const std::vector<tr
     if ((*alloc)[i].rank != opts_.rank.rank + i)
       return refuse("the CLAIM's rank " + std::to_string((*alloc)[i].rank) + " is not rank " + std::to_string(i) +
                     " of this group");
-  Running r{.id = id};
-  r.sampling = opts_.rank.sampling;
-  r.max_tokens = opts_.rank.max_tokens;
-  r.stop_ids = opts_.rank.stop_ids;
-  if (const protocol::Claim* c = driver_->side().claim(id); c && c->sampling.max_tokens > 0) {
-    const protocol::SamplingParams& sp = c->sampling;
-    // A group samples without the token mask and without logprobs: say so rather than serve free text
-    // or drop the numbers the client asked for.
-    if (!sp.output_format.empty()) return refuse("constrained output (response_format, tools) is not served by decode rank groups yet");
-    if (sp.logprobs >= 0) return refuse("logprobs are not served by decode rank groups yet");
-    r.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .seed = sp.seed};
-    r.max_tokens = static_cast<int>(sp.max_tokens);
-    r.stop_ids = sp.stop_token_ids;
-  }
-  // Admission by every rank's own room: EP the request lives whole on one rank (the fitting one with the
-  // fewest requests), DCP on every rank. It waits (holding its transfer memory) until that room exists, or is
-  // refused naming the ranks when it never can.
+  auto made = streamed_request(id, opts_.rank, driver_->side().claim(id));
+  if (!made.is_ok()) return refuse(made.status().to_string());
+  Running r;
+  static_cast<StreamedRequest&>(r) = std::move(made).value();
+  // Admission by every rank's own room: EP the request lives whole on the rank whose region the prefill
+  // stages wrote (ep_region_order chose it), DCP on every rank. It waits (holding its transfer memory) until
+  // that room exists, or is refused naming the ranks when it never can.
   const int64_t T = ready.prompt_len;
-  const Placement where = place(T, r.max_tokens);
+  const Placement where = place(T, r.max_tokens, static_cast<int>((*alloc)[0].region_id - opts_.rank.rank));
   if (where.never) return refuse(where.why);
   if (where.rank < 0) {
     if (said_waiting_.insert(id).second) {
@@ -276,9 +273,6 @@ bool GroupLeader::admit(const transfer::ReadyAction& ready, const std::vector<tr
     }
     return false;
   }
-  // The leader reads its own region; every other rank of a DCP group reads its own (member_region.h).
-  auto own_image = rank_image(id, (*alloc)[0], 0, ready.prompt_len);
-  if (!own_image.is_ok()) return refuse(own_image.status().to_string());
   r.rank = where.rank;
   r.pages.assign(committed_.size(), 0);
   const int target = r.rank;
@@ -294,27 +288,29 @@ bool GroupLeader::admit(const transfer::ReadyAction& ready, const std::vector<tr
     rooms_[k].free_seqs -= std::min<uint32_t>(rooms_[k].free_seqs, 1);
   }
   order_.push_back(id);
-  if (emit(it->second, ready.first_token)) return true;  // ended with its first token
-  GroupAdmit own{.id = id, .position = T, .image = std::move(own_image).value()};
-  const size_t own_bytes = own.image.size();
-  if (opts_.layout.dcp > 1 || target == 0) {
-    if (Status st = worker_->admit(own); !st.is_ok()) return refuse(st.to_string());
-    say_imported(own, own_bytes, true);
-  }
-  if (opts_.layout.dcp > 1) {
-    // Each member reads its slice from its own region before it joins the next step; the pages stay
-    // allocated here until the request ends, which is after that step.
-    for (size_t i = 1; i < regions; ++i) {
-      const transfer::RankAllocation& a = (*alloc)[i];
-      next_[i].admits.push_back({.id = id, .position = T, .image = {}, .from_region = true,
-                                 .page_ids = a.pages.page_ids(),
-                                 .slot = a.slot.slot() ? static_cast<int64_t>(*a.slot.slot()) : -1});
+  say_line("JOINED " + std::to_string(id) + " " + std::to_string(target));
+  // The last prefill stage drew the first token under the same grammar: advance the state past it.
+  if (Status st = take_first_token(it->second, ready.first_token, ready.first_logprobs); !st.is_ok())
+    return refuse(st.to_string());
+  if (emit(it->second, ready.first_token, ready.first_logprobs)) return true;  // ended with its first token
+  // Every rank that holds the request reads its share from its own region, where the prefill stages wrote
+  // it: the leader here, a member before it joins the next step (the pages stay allocated here until the
+  // request ends, which is after that step). Nothing travels in the command but the page table and slot.
+  for (size_t i = 0; i < regions; ++i) {
+    const transfer::RankAllocation& a = (*alloc)[i];
+    const int holder = opts_.layout.dcp > 1 ? static_cast<int>(i) : target;
+    if (holder == 0) {
+      auto image = own_image(a, static_cast<uint32_t>(T));
+      if (!image.is_ok()) return refuse(image.status().to_string());
+      GroupAdmit own{.id = id, .position = T, .image = std::move(image).value()};
+      const size_t bytes = own.image.size();
+      if (Status st = worker_->admit(own); !st.is_ok()) return refuse(st.to_string());
+      say_imported(own, bytes, true);
+      continue;
     }
-  } else if (target != 0) {
-    // EP: the whole request lives on one rank and the group has one region (the leader's): forwarded.
-    forwarded_bytes_ += own_bytes;
-    say_line("FORWARDED " + std::to_string(id) + " " + std::to_string(target) + " " + std::to_string(own_bytes));
-    next_[static_cast<size_t>(target)].admits.push_back(std::move(own));
+    next_[static_cast<size_t>(holder)].admits.push_back(
+        {.id = id, .position = T, .image = {}, .from_region = true, .page_ids = a.pages.page_ids(),
+         .slot = a.slot.slot() ? static_cast<int64_t>(*a.slot.slot()) : -1});
   }
   return true;
 }
@@ -373,19 +369,24 @@ Status GroupLeader::step_batch() {
   }
   Tensor lg = backend_.alloc({static_cast<int64_t>(sampled.size()), V}, DType::F32);
   std::memcpy(lg.f32(), logits.data(), logits.size() * sizeof(float));
-  std::vector<ops::SamplingRow> rows;
+  std::vector<DrawRow> rows;
   for (uint64_t id : sampled) {
-    ops::SamplingRow row = running_.at(id).sampling;
-    row.step = running_.at(id).step;
+    Running& r = running_.at(id);
+    DrawRow row{.sampling = r.sampling, .logprobs = r.logprobs, .constraint = r.constraint.get()};
+    row.sampling.step = r.step;
     rows.push_back(row);
   }
-  std::vector<int32_t> next;
-  backend_.sample({.logits = lg, .rows = rows, .out = &next});
+  const std::vector<Drawn> drawn = draw_tokens(backend_, lg, rows, V);
   for (size_t k = 0; k < sampled.size(); ++k) {
     auto it = running_.find(sampled[k]);
     if (it == running_.end()) continue;
+    if (!drawn[k].status.is_ok()) {
+      abort_local(sampled[k], drawn[k].status.to_string());
+      continue;
+    }
     ++it->second.step;
-    emit(it->second, next[k]);
+    emit(it->second, drawn[k].token,
+         drawn[k].logprobs ? std::vector{to_wire(*drawn[k].logprobs)} : std::vector<protocol::TokenLogprobs>{});
   }
   return Status::ok();
 }
@@ -410,8 +411,8 @@ protocol::DecodeRoom GroupLeader::room() {
   // The group as one placement target. DCP: a request takes 1/N of its rows and a slot on every rank, so the
   // group holds N times the fullest rank's pages and as many requests as its fullest rank. EP: a request
   // lives on one rank, so the group holds the sum. The transfer pools (in this process's bookkeeping) follow
-  // the same rule: DCP one per rank, EP one for the group. The router's figures are an upper bound; the
-  // leader checks every rank's own room before a request joins (place()).
+  // the same rule. The router's figures are an upper bound; the leader checks every rank's own room before a
+  // request joins (place()).
   const bool dcp = opts_.layout.dcp > 1;
   const auto n = static_cast<uint32_t>(rooms_.size());
   uint32_t pages = dcp ? UINT32_MAX : 0, free_pages = pages, seqs = pages, free_seqs = pages;
@@ -432,14 +433,19 @@ protocol::DecodeRoom GroupLeader::room() {
     pages *= n;
     free_pages *= n;
   }
-  uint32_t pool_free_pages = UINT32_MAX, pool_free_slots = UINT32_MAX;
-  for (uint32_t rank : driver_->ranks()) {
-    pool_free_pages = std::min(pool_free_pages, driver_->pool(rank).free_pages());
-    pool_free_slots = std::min(pool_free_slots, driver_->pool(rank).free_slots());
+  // Transfer pools: DCP a request takes pages and a slot in every rank's region (the fullest bounds the
+  // group), EP in one rank's region (the group holds the sum).
+  uint32_t pool_pages = 0, pool_free_pages = dcp ? UINT32_MAX : 0, pool_slots = 0, pool_free_slots = pool_free_pages;
+  for (uint32_t region : driver_->regions()) {
+    const transfer::RankPool& pool = driver_->pool(region);
+    pool_pages += pool.geometry().num_pages;
+    pool_slots = dcp ? pool.geometry().num_slots : pool_slots + pool.geometry().num_slots;
+    pool_free_pages = dcp ? std::min(pool_free_pages, pool.free_pages()) : pool_free_pages + pool.free_pages();
+    pool_free_slots = dcp ? std::min(pool_free_slots, pool.free_slots()) : pool_free_slots + pool.free_slots();
   }
-  const auto pools = static_cast<uint32_t>(driver_->ranks().size());
-  return {.pool_page_size = opts_.rank.page_size, .pool_pages = opts_.rank.num_pages * pools,
-          .pool_free_pages = pool_free_pages * pools, .pool_slots = opts_.rank.num_slots, .pool_free_slots = pool_free_slots,
+  if (dcp) pool_free_pages *= n;
+  return {.pool_page_size = opts_.rank.page_size, .pool_pages = pool_pages, .pool_free_pages = pool_free_pages,
+          .pool_slots = pool_slots, .pool_free_slots = pool_free_slots,
           .cache_page_size = rooms_[0].page_size, .cache_pages = pages, .cache_free_pages = free_pages, .cache_seqs = seqs,
           .cache_free_seqs = free_seqs, .paused = static_cast<uint32_t>(waiting_.size()), .preemptions = 0};
 }

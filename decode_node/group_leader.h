@@ -1,25 +1,28 @@
 // The leader (rank 0) of a decode rank group: one DP group of a decode instance, DCP or EP
 // (engine/rank_layout.h, docs/RANKS.md), and the only rank the router and the prefill stages see.
 //
-//  - Its transfer DecodeDriver holds the registered region of every rank of a DCP group (region id = the
-//    rank's global rank): the router's CLAIM names the group's ranks, the prefill stages plan their
-//    writes with the DCP interleave and the KDA head slicing (transfer/plan.h) and put each rank's slice
-//    into that rank's region over UCX. An EP group has one region (each request lives whole on one rank).
-//    Every other rank of a DCP group owns its region in its own process (member_region.h): at start-up the
-//    leader asks each member for it (group_command.h) and lists it, with the member's UCX worker, in its
-//    REGISTER, so the prefill stages write each rank's slice straight into that rank's process; the leader
-//    keeps the pages-and-slots bookkeeping of every region (the lazy-alloc protocol allocates on each rank).
-//  - When a request is ready, the leader reads its own slice out of its region (region_image.h) and tells
-//    every member of a DCP group where its slice is (page table and slot) in the next GroupCommand; the
-//    member reads it from its own region. EP: the whole image is read from the leader's region and
-//    forwarded in the command to the rank with the fewest requests (forwarded_bytes() counts it).
+//  - Its transfer DecodeDriver holds the registered region of every rank of the group (region id = the
+//    rank's global rank), each owned by its rank's process (member_region.h): at start-up the leader asks
+//    each member for it (group_command.h) and lists it, with the member's UCX worker, in its REGISTER, so
+//    the prefill stages write straight into the process that decodes the bytes. The leader keeps the
+//    pages-and-slots bookkeeping of every region (the lazy-alloc protocol allocates on each rank).
+//    DCP: the router's CLAIM names the group's ranks and the prefill stages plan their writes with the DCP
+//    interleave and the KDA head slicing (transfer/plan.h), each rank's slice into its region. EP: the CLAIM
+//    names the leader's rank and the members' regions are its alternates; when the prefill stages ask where
+//    to write, the leader picks the rank that will decode the request (ep_region_order) and allocates it
+//    there, whole.
+//  - When a request is ready, the leader reads its own share out of its region (region_image.h) and tells
+//    every member holding a share where it is (page table and slot) in the next GroupCommand; the member
+//    reads it from its own region. No cache bytes travel in commands.
 //  - Admission by every rank's own room: members report their caches after every command (GroupRoom);
-//    a ready request joins only where each rank it needs holds its prompt now and, promised, its prompt +
-//    max_tokens; otherwise it waits here in arrival order (WAITING names the ranks), or is refused when no
-//    rank can ever hold it. room() reports the group as one target to the router.
+//    a ready request joins only where each rank it needs (DCP: all; EP: the one it was written to) holds its
+//    prompt now and, promised, its prompt + max_tokens; otherwise it waits here in arrival order (WAITING
+//    names the ranks), or is refused when no rank can ever hold it. room() reports the group as one target
+//    to the router.
 //  - Every step: one GroupCommand to every member, then the rank-sliced step on every rank in lockstep.
-//    The leader samples (DCP: its own logits, equal on every rank; EP: each rank's logits come back) and
-//    streams TOKENS like a plain decode rank (decode_rank.h).
+//    The leader samples (DCP: its own logits, equal on every rank; EP: each rank's logits come back) the way
+//    a plain decode rank does (draw_tokens.h: logprobs, the structured-output mask) and streams TOKENS like
+//    one (streamed_request.h).
 //  - A failed step (a member died or missed the step deadline) ends every request of the group with
 //    FAILED to the router, closes every cache, and the leader leaves (run_once returns the error).
 #pragma once
@@ -62,18 +65,11 @@ class GroupLeader {
   uint64_t pool_capacity_bytes();
   transfer::DecodeDriver& driver() { return *driver_; }
   GroupWorker& worker() { return *worker_; }
-  // Cache image bytes the leader sent members in commands (EP only; a DCP group's ranks read their own regions).
-  uint64_t forwarded_bytes() const { return forwarded_bytes_; }
 
  private:
-  struct Running {
-    uint64_t id = 0;
-    int rank = 0;                  // EP: the rank that holds it; DCP: 0 (every rank)
-    std::vector<int32_t> tokens;
-    ops::SamplingRow sampling;
+  struct Running : StreamedRequest {
+    int rank = 0;                  // EP: the rank that holds it (its region was written); DCP: 0 (every rank)
     uint64_t step = 1;             // the decode step of its next token (the first token was step 0)
-    int max_tokens = 16;
-    std::vector<int32_t> stop_ids;
     std::vector<uint32_t> pages;   // per rank: cache pages promised to it (prompt + max_tokens rows)
   };
   // Where a ready request can go now: rank (EP: its rank; DCP: 0 = every rank), or -1 and why it waits;
@@ -91,18 +87,24 @@ class GroupLeader {
   // False when the request must wait for room (it stays first in waiting_); true when it started or ended.
   bool start(const transfer::ReadyAction& ready);
   bool admit(const transfer::ReadyAction& ready, const std::vector<transfer::RankAllocation>& alloc);
-  Placement place(int64_t prompt_len, int max_tokens) const;
+  // `ep_rank`: EP, the rank the request was written to (unused for DCP).
+  Placement place(int64_t prompt_len, int max_tokens, int ep_rank) const;
+  // Whether `rank`'s decode cache takes the request now (its prompt's pages free, prompt + max_tokens within
+  // what is not promised yet, a free sequence).
+  bool fits_now(int rank, int64_t prompt_len, int max_tokens) const;
+  // EP: the regions (one per rank) to allocate a request in, best first (DecodeSideConfig::region_order).
+  std::vector<uint32_t> ep_region_order(const protocol::Claim& c, std::vector<uint32_t> regions) const;
   uint32_t pages_on(int rank, int64_t tokens) const;   // cache pages of a request of `tokens` on `rank`
   std::string room_of(int rank, uint32_t need) const;
-  bool emit(Running& r, int32_t token);
+  bool emit(Running& r, int32_t token, std::vector<protocol::TokenLogprobs> logprobs);
   void finish(uint64_t id, protocol::FinishReason why);
   void abort_local(uint64_t id, const std::string& why);
   void drop(uint64_t id);          // ends its caches on every rank (next command) and forgets it
   Status step();         // the batch step, then every member's room
   Status step_batch();
   Status fail_group(const Status& why);
-  Result<std::vector<uint8_t>> rank_image(uint64_t id, const transfer::RankAllocation& a, int rank_index,
-                                          uint32_t prompt_len);
+  // The leader's share of a request's caches, read from its own region.
+  Result<std::vector<uint8_t>> own_image(const transfer::RankAllocation& a, uint32_t prompt_len);
 
   GroupLeaderOptions opts_;
   Backend& backend_;
@@ -118,7 +120,6 @@ class GroupLeader {
   std::vector<uint64_t> pending_end_;
   std::vector<FinishedRequest> finished_;
   std::vector<GroupCommand> next_;                    // per rank: what the next command carries
-  uint64_t forwarded_bytes_ = 0;
   std::vector<GroupRoom> rooms_;                      // per rank: its caches as last reported (rank 0: its own)
   std::vector<uint32_t> committed_;                   // per rank: pages promised to its running requests
   std::deque<transfer::ReadyAction> waiting_;         // ready, waiting for room on their ranks (arrival order)

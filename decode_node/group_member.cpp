@@ -19,7 +19,8 @@ void say_imported(const GroupAdmit& a, size_t bytes, bool from_region) {
 
 namespace {
 
-// One admit of a command: the slice comes in the command (EP) or from this rank's own region (DCP).
+// One admit of a command: the rank's share is read from its own region (the leader names where), or, for
+// an admit that carries it, taken from the command.
 Status admit_one(GroupWorker& worker, MemberRegion* region, GroupAdmit& a) {
   if (a.from_region) {
     if (!region) return invalid_argument("request " + std::to_string(a.id) + ": read from a region this rank does not own");

@@ -10,7 +10,7 @@
 namespace k3::decode {
 
 // Returns the process exit code: 0 after a stop command, 1 when the group failed. `region`: this rank's
-// own transfer region (DCP; nullptr for EP, whose requests come whole in the command).
+// own transfer region (the prefill stages write its DCP slices, or its EP requests whole, there).
 // stdout: "IMPORTED <id> <position> <bytes> region|command" for every request this rank took, saying
 // whether its slice came from its own region or in the leader's command.
 int run_group_member(GroupWorker& worker, Comm& comm, MemberRegion* region);

@@ -7,10 +7,10 @@
 // A rank group (--group-dcp N or --group-ep N, docs/RANKS.md) is started as one process per rank:
 // rank 0 (the leader: control plane, transfer regions of the group) binds the group's communicator and
 // prints "GROUP <endpoint>" before it waits for the others; ranks 1.. are started with that endpoint.
-//   IMPORTED <id> <position> <bytes> region|command   a rank took a request: its slice read from its own
-//                                 transfer region (DCP, and the leader) or sent in the leader's command (EP)
-//   FORWARDED <id> <rank> <bytes> the leader sent an EP request's image to the rank it placed it on
+//   IMPORTED <id> <position> <bytes> region|command   a rank took a request: its slice (DCP) or the whole
+//                                 request (EP) read from its own transfer region, or sent in the leader's command
 //   WAITING <id> <why>            the leader holds a ready request until its ranks have room (why names them)
+//   JOINED <id> <rank>            the leader started a request on the group (EP: on that rank; DCP: 0, every rank)
 //   GROUP_FAILED <status> + FREE <free pages> <pages> <free slots> <slots>   the group failed (a rank
 //                                 died or missed the step deadline); the process then exits with 1
 #include <CLI/CLI.hpp>
@@ -110,19 +110,16 @@ int run_group(const GroupFlags& gf, const std::string& interface, const std::str
   if (gf.rank > 0) {
     auto worker = decode::GroupWorker::create(be, cfg, weights, layout, **comm, o.cache);
     if (!worker.is_ok()) return fail(worker.status());
-    // A DCP rank owns its transfer region: the leader names its geometry, the rank answers with it.
-    std::unique_ptr<decode::MemberRegion> region;
-    if (layout.dcp > 1) {
-      auto req = decode::recv_region_request(**comm, 0);
-      if (!req.is_ok()) return fail(req.status());
-      auto made = decode::MemberRegion::create(cfg, be, layout, *req, o.ucx_net_devices);
-      if (!made.is_ok()) return fail(made.status());
-      region = std::move(made).value();
-      if (Status st = decode::send_region_offer(**comm, 0, region->offer()); !st.is_ok()) return fail(st);
-    }
+    // Every member owns its transfer region (DCP: its slices; EP: the requests placed on it): the leader
+    // names its geometry, the rank answers with it.
+    auto req = decode::recv_region_request(**comm, 0);
+    if (!req.is_ok()) return fail(req.status());
+    auto region = decode::MemberRegion::create(cfg, be, layout, *req, o.ucx_net_devices);
+    if (!region.is_ok()) return fail(region.status());
+    if (Status st = decode::send_region_offer(**comm, 0, (*region)->offer()); !st.is_ok()) return fail(st);
     (*comm)->set_timeout(std::chrono::milliseconds(gf.step_deadline_ms));
     say("MEMBER " + std::to_string(gf.rank) + " of " + to_string(layout));
-    return decode::run_group_member(**worker, **comm, region.get());
+    return decode::run_group_member(**worker, **comm, region->get());
   }
   zmq::context_t zctx;
   auto leader = decode::GroupLeader::create({.rank = o, .layout = layout}, be, cfg, weights, **comm, zctx);
@@ -139,9 +136,14 @@ int run_group(const GroupFlags& gf, const std::string& interface, const std::str
     return 0;
   }
   decode::say_group_failed(st, (*leader)->worker().caches());
-  // The FAILED messages of the group's requests are queued on the router connection: let them leave.
+  // The FAILED messages of the group's requests are queued on the router connection: let them leave, and
+  // let the transfer memory of the group's requests come free (stages that were writing answer the ABORT).
+  // Meanwhile the leader takes no new request and tells no stage its regions (the members' are gone): the
+  // router and the stages hear it again here, and must not place on it or write to it.
+  (*leader)->driver().close_to_new_requests("decode group " + o.instance_id + " failed: " + st.message());
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-  while (std::chrono::steady_clock::now() < until) (void)(*leader)->driver().step(std::chrono::milliseconds(100));
+  while (std::chrono::steady_clock::now() < until && (*leader)->driver().side().num_live() > 0)
+    (void)(*leader)->driver().step(std::chrono::milliseconds(100));
   say("IDLE " + std::to_string((*leader)->pool_free_bytes()) + " " + std::to_string((*leader)->pool_capacity_bytes()));
   return fail(st);
 }

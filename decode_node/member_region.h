@@ -1,6 +1,6 @@
-// The transfer region a member rank of a DCP decode group owns (docs/RANKS.md, "Transfer"): mapped with
-// the rank's own UCX worker in its own process, so the prefill stages write the rank's slice of every
-// request straight into it. The leader keeps the bookkeeping (its RankPool of this region: which pages and
+// The transfer region a member rank of a decode group owns (docs/RANKS.md, "Transfer"): mapped with the
+// rank's own UCX worker in its own process, so the prefill stages write straight into it: a DCP rank's
+// slice of every request, or the whole of each request an EP group places on this rank. The leader keeps the bookkeeping (its RankPool of this region: which pages and
 // slot a request holds) and tells the rank, when the request joins, where its slice is; the rank reads it
 // from here into its caches. Pages stay allocated at the leader until the request ends, which is after the
 // rank has read them (the rank reads before it joins the step that follows the command).
@@ -33,7 +33,8 @@ class MemberRegion {
   // What the leader publishes for this rank: base, length, packed rkey, this worker's address.
   const protocol::MemoryRegion& offer() const { return offer_; }
   // This rank's packed cache image of a request whose `position` tokens the group holds, read from the
-  // pages and slot the leader named (the rank's rows p % N == rank of the prompt, its KDA heads).
+  // pages and slot the leader named (DCP: the rank's rows p % N == rank of the prompt, its KDA heads; EP:
+  // every row and head).
   Result<std::vector<uint8_t>> image(std::span<const uint32_t> pages, int64_t slot, int64_t position);
   // Lets the worker serve transports that need the target's progress (emulated RMA over tcp); on one host
   // the writes land through shared memory without it.

@@ -27,13 +27,25 @@ template <class... Ts> struct Overload : Ts... { using Ts::operator()...; };
 template <class... Ts> Overload(Ts...) -> Overload<Ts...>;
 
 Peer router_peer() { return Peer{.role = Role::Router}; }
+
+// A request's share on one rank in `pool`: pages for its `rows` and one KDA slot (none without KDA
+// layers); nullopt, the pool untouched, when either does not fit.
+std::optional<RankAllocation> allocate_in(RankPool& pool, uint32_t rows) {
+  const uint32_t ps = pool.geometry().page_size;
+  auto pages = pool.allocate_pages((rows + ps - 1) / ps);
+  Result<SlotHandle> slot = pool.geometry().kda_layer_ids.empty() ? Result<SlotHandle>(SlotHandle()) : pool.allocate_slot();
+  if (!pages.is_ok() || !slot.is_ok()) return std::nullopt;  // the handle that succeeded frees itself
+  return RankAllocation{.rank = pool.geometry().rank, .region_id = pool.geometry().region_id,
+                        .pages = std::move(pages).value(), .slot = std::move(slot).value()};
+}
 }  // namespace
 
 DecodeSide::DecodeSide(DecodeSideConfig config, std::vector<RankPool*> pools, protocol::MetricsRegistry* metrics)
     : cfg_(std::move(config)), metrics_(metrics) {
   for (RankPool* p : pools) {
     K3_CHECK(p != nullptr, "DecodeSide: null pool");
-    K3_CHECK(pools_.emplace(p->geometry().rank, p).second, "DecodeSide: two pools for one rank");
+    K3_CHECK(pools_.emplace(p->geometry().region_id, p).second, "DecodeSide: two pools for one region");
+    regions_[p->geometry().rank].push_back(p->geometry().region_id);
   }
 }
 
@@ -64,7 +76,7 @@ Actions DecodeSide::on_claim(const protocol::Claim& m, Millis now) {
   std::string bad;
   if (Status s = r->layout.validate(cfg_.model); !s.is_ok()) bad = s.message();
   for (uint32_t rank : m.decode_ranks)
-    if (bad.empty() && !pools_.count(rank)) bad = "decode rank " + std::to_string(rank) + " is not served here";
+    if (bad.empty() && !regions_.count(rank)) bad = "decode rank " + std::to_string(rank) + " is not served here";
   if (bad.empty() && m.num_prefill_stages == 0) bad = "num_prefill_stages is 0";
   if (bad.empty() && m.prefill_instance.empty()) bad = "prefill_instance is empty";
   if (!bad.empty()) {
@@ -112,23 +124,25 @@ Actions DecodeSide::on_compute_done(const protocol::ComputeDone& m, Millis now) 
     set_state(*r, RequestState::ComputeDone);
     std::vector<RankAllocation> alloc;
     for (uint32_t i = 0; i < r->layout.group_size(); ++i) {
-      RankPool* pool = pools_.at(r->layout.ranks[i]);
-      const uint32_t ps = pool->geometry().page_size;
+      const uint32_t rank = r->layout.ranks[i];
+      std::vector<uint32_t> regions = regions_.at(rank);
+      if (regions.size() > 1 && cfg_.region_order) regions = cfg_.region_order(r->claim, std::move(regions));
       const uint32_t rows = r->layout.rows_on(i, r->claim.prompt_len);
-      auto pages = pool->allocate_pages((rows + ps - 1) / ps);
-      Result<SlotHandle> slot = pool->geometry().kda_layer_ids.empty() ? Result<SlotHandle>(SlotHandle())
-                                                                       : pool->allocate_slot();
-      if (!pages.is_ok() || !slot.is_ok()) {
-        // `alloc` and the successful handle above release themselves here: nothing leaks.
-        return end_request(*r, RequestState::Failed, AbortReason::AllocFailed, true, true, now);
+      std::optional<RankAllocation> got;
+      for (uint32_t region : regions) {
+        auto pool = pools_.find(region);
+        if (pool == pools_.end()) continue;
+        got = allocate_in(*pool->second, rows);
+        if (got) break;
       }
-      alloc.push_back({.rank = pool->geometry().rank, .pages = std::move(pages).value(),
-                       .slot = std::move(slot).value()});
+      // `alloc` releases what it holds here: nothing leaks.
+      if (!got) return end_request(*r, RequestState::Failed, AbortReason::AllocFailed, true, true, now);
+      alloc.push_back(std::move(*got));
     }
     r->alloc = std::move(alloc);
-    for (const auto& a : r->alloc) protocol::metric::set_pool_free_bytes(metrics_, a.rank, pools_.at(a.rank)->free_bytes());
+    for (const auto& a : r->alloc) protocol::metric::set_pool_free_bytes(metrics_, a.region_id, pools_.at(a.region_id)->free_bytes());
     r->addrs.request_id = r->id;
-    for (const auto& a : r->alloc) append_addrs(pools_.at(a.rank)->geometry(), a, r->addrs);
+    for (const auto& a : r->alloc) append_addrs(pools_.at(a.region_id)->geometry(), a, r->addrs);
     set_state(*r, RequestState::Allocated);
     r->deadline = now + cfg_.timeouts.transfer_wait;
   }
@@ -289,14 +303,14 @@ void DecodeSide::maybe_release(Record& r, Millis now, bool quarantine_over, Acti
   if (in_flight && !quarantine_over) return;
   uint64_t bytes = 0;
   for (auto& a : r.alloc) {
-    const auto& g = pools_.at(a.rank)->geometry();
+    const auto& g = pools_.at(a.region_id)->geometry();
     bytes += a.pages.page_ids().size() * g.page_bytes() + (a.slot.empty() ? 0 : g.slot_bytes());
   }
   const bool held = !r.alloc.empty();
-  std::vector<uint32_t> ranks;
-  for (const auto& a : r.alloc) ranks.push_back(a.rank);
+  std::vector<uint32_t> regions;
+  for (const auto& a : r.alloc) regions.push_back(a.region_id);
   r.alloc.clear();  // the handles free their pages and slots, once
-  for (uint32_t rank : ranks) protocol::metric::set_pool_free_bytes(metrics_, rank, pools_.at(rank)->free_bytes());
+  for (uint32_t region : regions) protocol::metric::set_pool_free_bytes(metrics_, region, pools_.at(region)->free_bytes());
   if (held) out.push_back(ReleasedAction{r.id, bytes});
   const uint64_t id = r.id;
   tombstones_[id] = {r.state, now + cfg_.timeouts.tombstone_ttl};

@@ -14,6 +14,7 @@
 //                       prefill death), not for an ABORT (its origin told the router). Memory is released at
 //                       once if no stage can be writing, else deferred (lazy_alloc.h guarantees).
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,16 +29,23 @@
 
 namespace k3::transfer {
 
+// Where a rank with several regions (its own and alternates, each able to hold a whole request: an EP
+// group, where each request lives on one rank) allocates a request: the regions to try, best first (one
+// left out is not tried); the side takes the first with room. Unset: in the order the pools were given.
+using RegionOrder = std::function<std::vector<uint32_t>(const protocol::Claim&, std::vector<uint32_t> regions)>;
+
 struct DecodeSideConfig {
   std::string instance_id;
   CacheLayout model;
   bool kda_head_sliced = true;
   ProtocolTimeouts timeouts;
+  RegionOrder region_order;
 };
 
 class DecodeSide {
  public:
-  // `pools`: one per global rank this side accounts for (not owned; must outlive this object).
+  // `pools`: one or more per global rank this side accounts for (not owned; must outlive this object), each
+  // with its own region id. Several pools of one rank are alternates: a request is allocated in one of them.
   // `metrics` may be nullptr.
   DecodeSide(DecodeSideConfig config, std::vector<RankPool*> pools, protocol::MetricsRegistry* metrics);
   ~DecodeSide();
@@ -78,7 +86,8 @@ class DecodeSide {
   Record* find(uint64_t id, const char* what, Actions& out);
 
   DecodeSideConfig cfg_;
-  std::map<uint32_t, RankPool*> pools_;        // by global rank
+  std::map<uint32_t, RankPool*> pools_;        // by region id
+  std::map<uint32_t, std::vector<uint32_t>> regions_;  // global rank -> its regions (the first given first)
   protocol::MetricsRegistry* metrics_;
   LiveRecords<Record> records_;
   Tombstones tombstones_;  // ended: state, forget-at

@@ -166,6 +166,7 @@ class RankPool {
 // What a request holds on one rank.
 struct RankAllocation {
   uint32_t rank = 0;
+  uint32_t region_id = 0;   // the region it lives in (the rank's own, or one of its alternates)
   PageHandle pages;
   SlotHandle slot;          // empty when the model has no KDA layers
 };

@@ -28,19 +28,23 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
   for (uint32_t l = 0; l < c.side.model.layers.size(); ++l) d->reg_.layer_ids.push_back(l);
   d->reg_.worker_address = d->worker_->address();
 
+  // The ranks' own regions (index i of the layout), then ranks[0]'s alternates (same geometry, own id).
+  std::vector<std::pair<uint32_t, uint32_t>> regions;  // (rank index, region id)
+  for (uint32_t i = 0; i < c.ranks.size(); ++i) regions.push_back({i, c.ranks[i]});
+  for (uint32_t id : c.alternate_regions) regions.push_back({0, id});
   std::vector<RankPool*> pool_ptrs;
-  for (uint32_t i = 0; i < c.ranks.size(); ++i) {
-    const uint32_t rank = c.ranks[i];
+  for (const auto& [i, id] : regions) {
     // Size the region from a geometry at base 0, then place the real one at the buffer.
-    K3_ASSIGN_OR_RETURN(auto probe, RankPoolGeometry::for_rank(c.side.model, layout, i, rank, 0, c.page_size,
+    K3_ASSIGN_OR_RETURN(auto probe, RankPoolGeometry::for_rank(c.side.model, layout, i, id, 0, c.page_size,
                                                                c.num_pages, c.num_slots));
-    RankRegion& region = d->pools_[rank];
+    if (d->pools_.count(id)) return invalid_argument("decode region " + std::to_string(id) + " is listed twice");
+    RankRegion& region = d->pools_[id];
     auto elsewhere = std::find_if(c.hosted_elsewhere.begin(), c.hosted_elsewhere.end(),
-                                  [&](const protocol::MemoryRegion& m) { return m.region_id == rank; });
+                                  [&](const protocol::MemoryRegion& m) { return m.region_id == id; });
     protocol::MemoryRegion published;
     if (elsewhere != c.hosted_elsewhere.end()) {
       if (elsewhere->length != probe.region_bytes() || elsewhere->worker_address.empty() || elsewhere->packed_rkey.empty())
-        return invalid_argument("the region of decode rank " + std::to_string(rank) + " hosted by another process has " +
+        return invalid_argument("decode region " + std::to_string(id) + " hosted by another process has " +
                                 std::to_string(elsewhere->length) + " bytes" +
                                 (elsewhere->worker_address.empty() ? ", no worker address" : "") +
                                 (elsewhere->packed_rkey.empty() ? ", no rkey" : "") + "; its geometry needs " +
@@ -50,10 +54,10 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
       K3_ASSIGN_OR_RETURN(region.mem, UcxMemory::allocate(d->ctx_, probe.region_bytes()));
       std::memset(region.mem->base(), c.poison, region.mem->length());
       K3_ASSIGN_OR_RETURN(auto rkey, region.mem->packed_rkey());
-      published = {.region_id = rank, .base = reinterpret_cast<uint64_t>(region.mem->base()),
+      published = {.region_id = id, .base = reinterpret_cast<uint64_t>(region.mem->base()),
                    .length = region.mem->length(), .packed_rkey = std::move(rkey), .worker_address = {}};
     }
-    K3_ASSIGN_OR_RETURN(auto geo, RankPoolGeometry::for_rank(c.side.model, layout, i, rank, published.base, c.page_size,
+    K3_ASSIGN_OR_RETURN(auto geo, RankPoolGeometry::for_rank(c.side.model, layout, i, id, published.base, c.page_size,
                                                              c.num_pages, c.num_slots));
     K3_ASSIGN_OR_RETURN(region.pool, RankPool::create(geo));
     d->reg_.regions.push_back(std::move(published));
@@ -77,6 +81,12 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
 }
 
 DecodeDriver::~DecodeDriver() = default;
+
+std::vector<uint32_t> DecodeDriver::regions() const {
+  std::vector<uint32_t> out = cfg_.ranks;
+  out.insert(out.end(), cfg_.alternate_regions.begin(), cfg_.alternate_regions.end());
+  return out;
+}
 
 bool DecodeDriver::send_to(const Peer& p, const protocol::Message& m) {
   const auto frame = protocol::encode(m);
@@ -143,7 +153,8 @@ void DecodeDriver::on_message(const ControlEvent& e, bool from_router, Actions& 
   auto msg = decode_or_drop(e, metrics_);
   if (!msg) return;
   if (auto* r = std::get_if<protocol::Register>(&*msg)) {
-    Status ok = protocol::check_registration(cfg_.compat, *r, protocol::CompatScope::Cluster);
+    Status ok = closed_why_.empty() ? protocol::check_registration(cfg_.compat, *r, protocol::CompatScope::Cluster)
+                                    : Status(Code::Unavailable, closed_why_);
     if (!ok.is_ok()) spdlog::warn("decode: registration of {} refused: {}", e.peer, ok.message());
     const auto ack = protocol::encode(protocol::RegisterAck{ok.is_ok(), ok.is_ok() ? "" : ok.message()});
     (void)server_->send(e.peer, ack);
@@ -155,6 +166,10 @@ void DecodeDriver::on_message(const ControlEvent& e, bool from_router, Actions& 
   if (router_type && !from_router) {
     spdlog::warn("decode: CLAIM from non-router {} dropped", e.peer);
     count_control_refusal(metrics_, "not_router", *msg);
+    return;
+  }
+  if (router_type && !closed_why_.empty()) {
+    (void)send_to_router(protocol::ClaimAck{.request_id = request_id_of(*msg), .ok = false, .reason = closed_why_});
     return;
   }
   if (!from_router) {
@@ -206,7 +221,7 @@ Result<Actions> DecodeDriver::step(Millis max_wait) {
         // the same connection. A stage that was mid-request when this decode instance restarted (a rank group
         // that formed again) may send COMPUTE_DONE before its own REGISTER reached us; without this its ADDRS
         // would arrive before our regions and its writes would fail. (Its REGISTER is still answered.)
-        if (auto p = parse_control_name(e.peer); p && p->role == Role::Prefill)
+        if (auto p = parse_control_name(e.peer); p && p->role == Role::Prefill && closed_why_.empty())
           (void)server_->send(e.peer, protocol::encode(reg_));
       }
       if (e.kind == ControlEventKind::Message) {

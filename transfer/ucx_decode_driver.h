@@ -25,8 +25,12 @@ namespace k3::transfer {
 struct DecodeDriverConfig {
   DecodeSideConfig side;                 // instance id, model layout, KDA slicing, timeouts
   std::vector<uint32_t> ranks;           // global ranks of the group this process serves
-  // Regions of `ranks` that other processes own (region_id = the rank, worker_address set); every other
-  // rank's region is allocated here. Each must have the length of its rank's geometry.
+  // Further regions of ranks[0] (region ids, not ranks), each able to hold whole requests: a request is
+  // allocated in ranks[0]'s own region or in one of these (DecodeSideConfig::region_order picks). An EP
+  // group's members each own one, so prefill writes a request straight into the rank that will decode it.
+  std::vector<uint32_t> alternate_regions;
+  // Regions that other processes own (region_id = the rank or the alternate, worker_address set); every
+  // other region is allocated here. Each must have the length of its geometry.
   std::vector<protocol::MemoryRegion> hosted_elsewhere;
   uint32_t page_size = 16;
   uint32_t num_pages = 64;               // per rank
@@ -55,19 +59,27 @@ class DecodeDriver {
   // Applies a locally originated input (e.g. on_finished, an injected ABORT) and executes its actions.
   Actions apply(const std::function<Actions(DecodeSide&, Millis)>& input);
 
+  // Stops taking work for good (the process is about to leave, e.g. its rank group failed): CLAIMs are
+  // refused with `why`, and prefill stages get no REGISTER (the regions it lists may be gone with their
+  // processes). Requests already here still end through the state machine.
+  void close_to_new_requests(std::string why) { closed_why_ = std::move(why); }
+
   // Sends a message to the router (e.g. TOKENS once a ready request produced its first token).
   Status send_to_router(const protocol::Message& m);
 
   DecodeSide& side() { return *side_; }
-  RankPool& pool(uint32_t rank) { return *pools_.at(rank).pool; }
-  // The rank's registered pool bytes (allocated by UCX: a shared-memory segment on one host); empty for
+  // By region id: a rank's own region has the rank's id.
+  RankPool& pool(uint32_t region) { return *pools_.at(region).pool; }
+  // The region's registered pool bytes (allocated by UCX: a shared-memory segment on one host); empty for
   // a region another process owns (hosted_elsewhere).
-  std::span<uint8_t> memory(uint32_t rank) {
-    auto& m = pools_.at(rank).mem;
+  std::span<uint8_t> memory(uint32_t region) {
+    auto& m = pools_.at(region).mem;
     if (!m) return {};
     return {m->base(), m->length()};
   }
   const std::vector<uint32_t>& ranks() const { return cfg_.ranks; }
+  // Every region's id: the ranks' own, then the alternates.
+  std::vector<uint32_t> regions() const;
   const protocol::Register& registration() const { return reg_; }
 
  private:
@@ -87,13 +99,14 @@ class DecodeDriver {
   protocol::MetricsRegistry* metrics_;
   std::shared_ptr<UcxContext> ctx_;
   std::shared_ptr<UcxWorker> worker_;
-  std::map<uint32_t, RankRegion> pools_;
+  std::map<uint32_t, RankRegion> pools_;   // by region id
   std::unique_ptr<DecodeSide> side_;
   std::unique_ptr<ControlServer> server_;
   std::unique_ptr<ControlClient> router_;
   protocol::Register reg_;
   std::map<uint64_t, protocol::RequestState> seen_;  // last state reported to on_state
   std::set<std::string> peers_heard_;                // prefill stages that spoke to this incarnation
+  std::string closed_why_;                           // set: no new requests (close_to_new_requests)
 };
 
 }  // namespace k3::transfer

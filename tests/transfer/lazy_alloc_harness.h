@@ -65,7 +65,7 @@ struct Harness {
   explicit Harness(const std::function<std::shared_ptr<PoolIds>(uint32_t)>& share = {}) {
     const DecodeLayout layout{{0, 1}, true};
     for (uint32_t i = 0; i < 2; ++i) {
-      auto g = RankPoolGeometry::for_rank(model(), layout, i, 1, 0x1000000 * (i + 1), 4, 8, 2).value();
+      auto g = RankPoolGeometry::for_rank(model(), layout, i, /*region*/ i, 0x1000000 * (i + 1), 4, 8, 2).value();
       pools.push_back(RankPool::create(g).value());
       if (share) REQUIRE(pools.back()->share_ids(share(i)).is_ok());
       start_free += pools.back()->free_bytes();

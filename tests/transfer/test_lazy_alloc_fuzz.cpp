@@ -69,7 +69,7 @@ TEST_CASE("random messages and events never throw and never leak", "[lazy_alloc]
     std::vector<std::unique_ptr<RankPool>> pools;
     uint64_t start = 0;
     for (uint32_t i = 0; i < 2; ++i) {
-      pools.push_back(RankPool::create(RankPoolGeometry::for_rank(model(), layout, i, 0, 0, 4, 6, 2).value()).value());
+      pools.push_back(RankPool::create(RankPoolGeometry::for_rank(model(), layout, i, /*region*/ i, 0, 4, 6, 2).value()).value());
       start += pools.back()->free_bytes();
     }
     ProtocolTimeouts t;
