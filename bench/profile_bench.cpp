@@ -4,10 +4,13 @@
 //            first token is the instance's service time S(L) for one request alone;
 //   decode:  for each batch size b, b streams started together with --output-len tokens each; the
 //            median over the streams of (end - first token) / (tokens - 1) is the rank's ITL at batch b.
+//   cores:   with --spawn-cluster, the cluster's CPU seconds over the wall time of the prefill requests is
+//            the share of the cores a busy process had (less than its threads when other work shares them).
 // Writes {"prefill": [{"input_tokens", "seconds"}], "decode": [{"batch", "itl_ms"}], "decode_max_requests",
-// "measured": {...}} (deploy/ratio_plan.h).
+// "threads_per_process", "cores_per_process", "measured": {...}} (deploy/ratio_plan.h).
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -17,6 +20,7 @@
 
 #include "bench/bench_commands.h"
 #include "bench/completion_client.h"
+#include "bench/host_load.h"
 #include "bench/latency_summary.h"
 #include "bench/spawned_cluster.h"
 #include "common/core/parse.h"
@@ -29,7 +33,7 @@ using Clock = std::chrono::steady_clock;
 struct ProfileOptions {
   std::string url, spawn_spec, cluster_exe, model = "k3-tiny", out = "profile.json", input_lens = "32,128,512",
                                                   batches = "1,2,4,8";
-  int output_len = 32, reps = 3, decode_max_requests = 8, startup_s = 300, token_id_max = 256, seed = 0;
+  int output_len = 32, reps = 3, decode_max_requests = 8, startup_s = 300, token_id_max = 256, seed = 0, threads = 1;
 };
 
 std::vector<int32_t> parse_list(const std::string& text, const char* flag) {
@@ -61,6 +65,11 @@ int run_profile(const ProfileOptions& o) {
   };
   auto deadline = [] { return Clock::now() + std::chrono::seconds(300); };
   nlohmann::json prefill = nlohmann::json::array(), decode = nlohmann::json::array();
+  // The cores a busy process had while measured: the spawned cluster's CPU seconds over the wall time of
+  // the prefill requests (one at a time, so one node computes at once); nodes of a --url cluster are not
+  // ours to read, so there it is the thread count.
+  const double cpu_before = cluster ? process_tree_cpu_seconds(cluster->pid()) : 0;
+  const auto wall_before = Clock::now();
   for (int L : lens) {
     std::vector<double> ttft;
     for (int r = 0; r < o.reps; ++r) {
@@ -71,6 +80,12 @@ int run_profile(const ProfileOptions& o) {
     const double s = summarize(ttft).p50;
     std::fprintf(stderr, "k3-bench profile: prefill %5d tokens: %.4f s\n", L, s);
     prefill.push_back({{"input_tokens", L}, {"seconds", s}});
+  }
+  double cores = o.threads;
+  if (cluster) {
+    const double wall = std::chrono::duration<double>(Clock::now() - wall_before).count();
+    cores = std::clamp((process_tree_cpu_seconds(cluster->pid()) - cpu_before) / wall, 0.01, double(o.threads));
+    std::fprintf(stderr, "k3-bench profile: a busy process had %.2f of %d core(s)\n", cores, o.threads);
   }
   for (int b : batches) {
     std::vector<CompletionRequestSpec> specs;
@@ -93,6 +108,8 @@ int run_profile(const ProfileOptions& o) {
   const nlohmann::json j = {{"prefill", prefill},
                             {"decode", decode},
                             {"decode_max_requests", o.decode_max_requests},
+                            {"threads_per_process", o.threads},
+                            {"cores_per_process", cores},
                             {"measured", {{"url", url}, {"reps", o.reps}, {"output_len", o.output_len}}}};
   std::ofstream f(o.out);
   f << j.dump(2) << "\n";
@@ -117,6 +134,8 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--reps", o->reps, "prefill requests per length (median; default 3)")->check(CLI::Range(1, 1000));
   cmd->add_option("--decode-max-requests", o->decode_max_requests,
                   "requests a decode rank holds (the spec's decode max_requests; default 8)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--threads", o->threads, "compute threads per node process (the spec's threads; default 1)")
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--startup-timeout", o->startup_s, "seconds to wait for a spawned cluster (default 300)");
   cmd->add_option("--seed", o->seed, "seed for prompt ids");
   cmd->add_option("--out", o->out, "profile JSON to write (default profile.json)");

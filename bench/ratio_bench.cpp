@@ -6,8 +6,11 @@
 // token after the first as the ITL) per second of offered load. The profile (k3-bench profile) gives
 // each split's predicted goodput (deploy/ratio_plan.h) and the recommended split; the report says
 // whether the recommended split measured best and how far its prediction was from its measurement.
+// All processes run on this host, so the prediction shares its cores (--cores) among them, and other work
+// on the host as it did when the profile was taken (deploy/ratio_plan.h SharedCompute).
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -33,6 +36,7 @@ struct RatioOptions {
   std::string spec, profile, cluster_exe, model = "k3-tiny", splits, out = "ratio.json", work_dir;
   int total = 4, requests = 60, input = 64, output = 16, token_id_max = 256, startup_s = 300, seed = 0;
   double rate = 4, ttft_ms = 500, itl_ms = 50;
+  double cores = std::thread::hardware_concurrency(), core_share = 0;  // core_share 0: as when the profile was taken
 };
 
 struct Split {
@@ -167,7 +171,13 @@ int run_ratio(const RatioOptions& o) {
   const json base = json::parse(sf);
   const deploy::RatioWorkload w{.rate = o.rate, .input_tokens = double(o.input), .output_tokens = double(o.output),
                                 .prefix_hit = 0, .ttft_seconds = o.ttft_ms / 1e3, .itl_seconds = o.itl_ms / 1e3};
-  auto rec = deploy::recommend_ratio(*profile, w, o.total);
+  // Other work on this host is taken to share the cores as it did while the profile was measured.
+  const deploy::SharedCompute compute{
+      .cores = o.cores,
+      .share = o.core_share > 0 ? o.core_share : profile->cores_per_process / profile->threads_per_process};
+  std::fprintf(stderr, "k3-bench ratio: %g cores, of which the node processes get %.2f of the time\n", compute.cores,
+               compute.share);
+  auto rec = deploy::recommend_ratio(*profile, w, o.total, compute);
   if (!rec.is_ok()) throw std::runtime_error("k3-plan ratio: " + rec.status().message());
   std::fprintf(stderr, "k3-bench ratio: recommended P=%d D=%d (predicted goodput %.2f req/s, bound by %s)\n", rec->prefill,
                rec->decode, rec->goodput, rec->binding.c_str());
@@ -176,15 +186,16 @@ int run_ratio(const RatioOptions& o) {
   json rows = json::array();
   double best_measured = -1, rec_measured = -1, rec_predicted = rec->goodput;
   for (const Split& s : splits) {
-    auto pred = deploy::predict_ratio(*profile, w, s.prefill, s.decode);
+    auto pred = deploy::predict_ratio(*profile, w, s.prefill, s.decode, compute);
     if (!pred.is_ok()) throw std::runtime_error("prediction for " + std::to_string(s.prefill) + ":" + std::to_string(s.decode) +
                                                 ": " + pred.status().message());
     const std::string path = dir + "/ratio-spec-" + std::to_string(s.prefill) + "-" + std::to_string(s.decode) + ".json";
     const Measured m = run_split(o, spec_for(base, s), arrivals, path);
     std::fprintf(stderr,
-                 "k3-bench ratio: P=%d D=%d predicted %.2f req/s measured %.2f req/s (%d/%d within SLA, %d failed; TTFT p50 "
-                 "%.0f p90 %.0f ms; ITL p50 %.1f p90 %.1f ms)\n",
-                 s.prefill, s.decode, pred->goodput, m.goodput, m.good, o.requests, m.failed, m.ttft.p50 * 1e3,
+                 "k3-bench ratio: P=%d D=%d (speed %.2f, %s) predicted %.2f req/s measured %.2f req/s (%d/%d "
+                 "within SLA, %d failed; TTFT p50 %.0f p90 %.0f ms; ITL p50 %.1f p90 %.1f ms)\n",
+                 s.prefill, s.decode, pred->compute_speed, pred->binding.c_str(), pred->goodput, m.goodput,
+                 m.good, o.requests, m.failed, m.ttft.p50 * 1e3,
                  m.ttft.p90 * 1e3, m.itl.p50 * 1e3, m.itl.p90 * 1e3);
     if (m.failed) std::fprintf(stderr, "k3-bench ratio:   first failure: %s\n", m.first_error.c_str());
     best_measured = std::max(best_measured, m.goodput);
@@ -208,7 +219,8 @@ int run_ratio(const RatioOptions& o) {
   }
   const json report = {{"workload", {{"rate", o.rate}, {"requests", o.requests}, {"input", o.input}, {"output", o.output},
                                      {"ttft_ms", o.ttft_ms}, {"itl_ms", o.itl_ms}, {"seed", o.seed}}},
-                       {"total", o.total}, {"splits", rows}, {"verdict", verdict}};
+                       {"total", o.total}, {"cores", o.cores}, {"core_share", compute.share},
+                       {"splits", rows}, {"verdict", verdict}};
   std::ofstream f(o.out);
   f << report.dump(2) << "\n";
   if (!f) throw std::runtime_error("cannot write --out " + o.out);
@@ -233,6 +245,11 @@ void add_ratio_command(CLI::App& app) {
   cmd->add_option("--ttft-ms", o->ttft_ms, "TTFT SLA (default 500)")->check(CLI::PositiveNumber);
   cmd->add_option("--itl-ms", o->itl_ms, "ITL SLA: mean time per output token after the first (default 50)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--cores", o->cores, "cores this host's node processes share (default: this host's)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--core-share", o->core_share,
+                  "fraction of each core's time the nodes get (default: the profile's cores_per_process / threads)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--model", o->model, "served model name (default k3-tiny)");
   cmd->add_option("--cluster-exe", o->cluster_exe, "k3-cluster binary (default: next to k3-bench)");
   cmd->add_option("--work-dir", o->work_dir, "where the per-split specs are written (default: the temp dir)");

@@ -32,6 +32,7 @@ transfer::DecodeDriverConfig decode_driver_config(const DecodeRankOptions& opts,
   dc.compat.layout.dp_size = opts.dp_size;  // registration requires rank < dp_size * dcp_size
   dc.compat.layout.dcp_size = 1;
   dc.bind_endpoint = opts.bind_endpoint;
+  dc.advertise_host = opts.advertise_host;
   dc.router_endpoint = opts.router_endpoint;
   dc.heartbeat = opts.heartbeat;
   dc.control_keys = opts.control_keys;

@@ -26,6 +26,7 @@ struct DecodeRankOptions {
   // (num_pages / num_slots / page_size size both). CPU backend only for now (the region is host memory).
   bool cache_in_pool = false;
   std::string bind_endpoint = "tcp://127.0.0.1:*";
+  std::string advertise_host;  // host peers dial (REGISTER's control_endpoint); empty: the bound host
   std::string router_endpoint;         // empty: tokens are only reported through finished()
   transfer::ProtocolTimeouts timeouts;
   transfer::HeartbeatConfig heartbeat;

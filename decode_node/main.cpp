@@ -30,7 +30,6 @@
 #include "decode_node/group_member.h"
 #include "transfer/comm_ucx.h"
 #include "transfer/control_keys.h"
-#include "transfer/advertise_endpoint.h"
 #include "transfer/net_interface.h"
 
 #include "common/core/node_process.h"
@@ -46,12 +45,10 @@ int fail(const Status& s) { return fail_status("k3-decode", s); }
 // The serving loop of a decode rank or a group leader (same surface): driver events, decode steps,
 // the router's heartbeats, DONE / IDLE lines. Returns the error that ended it (ok on a stop signal).
 template <class Node>
-Status serve(Node& d, const decode::DecodeRankOptions& o, std::chrono::milliseconds idle_wait,
-             const std::string& advertise_host) {
+Status serve(Node& d, const decode::DecodeRankOptions& o, std::chrono::milliseconds idle_wait) {
   const std::atomic<bool>& g_stop = install_stop_signals();
-  // Peers are told the advertised endpoint (the bound port on a host they can reach).
-  K3_ASSIGN_OR_RETURN(std::string advertised, transfer::advertised_endpoint(d.driver().endpoint(), advertise_host));
-  say("READY " + advertised);
+  // Peers are told the advertised endpoint (the bound port on a host they can reach), as in the REGISTER.
+  say("READY " + d.driver().advertised_endpoint());
   size_t live = 0;
   // The router's admission input, load signal and memory gauges: a HEARTBEAT with the rank's room
   // (capacity and free pages/slots of the transfer pool and the decode cache) and the running batch,
@@ -96,7 +93,7 @@ struct GroupFlags {
 };
 
 // A rank of a group: forms the communicator, then leads (rank 0) or follows.
-int run_group(const GroupFlags& gf, const std::string& interface, const std::string& advertise_host, decode::DecodeRankOptions& o, Backend& be,
+int run_group(const GroupFlags& gf, const std::string& interface, decode::DecodeRankOptions& o, Backend& be,
               const ModelConfig& cfg, const WeightStore& weights) {
   const RankLayout layout{.dcp = gf.dcp, .ep = gf.ep, .kv_partitions = gf.kv_partitions > 0 ? gf.kv_partitions : gf.dcp,
                           .rank = gf.rank};
@@ -127,7 +124,7 @@ int run_group(const GroupFlags& gf, const std::string& interface, const std::str
   (*comm)->set_timeout(std::chrono::milliseconds(gf.step_deadline_ms));
   // Idle, the leader ticks its members well within their receive deadline.
   const auto tick = std::chrono::milliseconds(std::max(10, gf.step_deadline_ms / 4));
-  Status st = serve(**leader, o, tick, advertise_host);
+  Status st = serve(**leader, o, tick);
   if (st.is_ok()) {
     // Members stopped by the same signal are gone: do not wait a step deadline on each.
     (*comm)->set_timeout(std::chrono::milliseconds(200));
@@ -172,8 +169,8 @@ int main(int argc, char** argv) {
   app.add_option("--bind", bind_endpoint, "control endpoint to bind (default tcp://<--interface>:*, port printed as READY)");
   std::string advertise_host;
   app.add_option("--advertise-host", advertise_host,
-                 "host (address or name) peers reach this rank's control endpoint at, printed in READY with the bound "
-                 "port (default: the bound host; required when --bind is tcp://0.0.0.0:...)");
+                 "host (address or name) peers reach this rank's control endpoint at, printed in READY and announced in "
+                 "its REGISTER with the bound port (default: the bound host; required when --bind is tcp://0.0.0.0:...)");
   app.add_option("--control-key", key_file, transfer::kControlKeyHelp);
   app.add_option("--control-public-keys", public_keys_file, transfer::kControlPublicKeysHelp);
   app.add_flag("--insecure-control-plane", insecure, transfer::kInsecureControlHelp);
@@ -238,6 +235,7 @@ int main(int argc, char** argv) {
   if (!device.is_ok()) return fail(device.status());
   o.ucx_net_devices = *device;
   o.bind_endpoint = bind_endpoint.empty() ? "tcp://" + interface + ":*" : bind_endpoint;
+  o.advertise_host = advertise_host;
 
   auto cfg = load_model_config(model_dir + "/config.json");
   if (!cfg.is_ok()) return fail(cfg.status());
@@ -275,12 +273,12 @@ int main(int argc, char** argv) {
     // The rank-sliced forward exchanges host tensors: GPU rank groups are not done.
     if ((*backend)->name() != std::string("cpu"))
       return fail(invalid_argument("--backend: decode rank groups (--group-dcp / --group-ep) run on the cpu backend only"));
-    return run_group(gf, interface, advertise_host, o, **backend, *cfg, *weights);
+    return run_group(gf, interface, o, **backend, *cfg, *weights);
   }
   zmq::context_t zctx;
   auto rank = decode::DecodeRank::create(o, **backend, *cfg, *weights, zctx);
   if (!rank.is_ok()) return fail(rank.status());
-  if (Status st = serve(**rank, o, std::chrono::milliseconds(50), advertise_host); !st.is_ok()) return fail(st);
+  if (Status st = serve(**rank, o, std::chrono::milliseconds(50)); !st.is_ok()) return fail(st);
   say("STOPPED");
   return 0;
 }

@@ -91,6 +91,7 @@ int run_memory(MemoryArgs& a) {
 struct RatioArgs {
   std::string profile;
   deploy::RatioWorkload w;
+  deploy::SharedCompute compute;
   double ttft_ms = 0, itl_ms = 0;
   int total = 0, prefill = 0, decode = 0;
   bool json = false;
@@ -109,6 +110,10 @@ void add_ratio_command(CLI::App& app, RatioArgs& a) {
   r->add_option("--total", a.total, "split this many processes between prefill and decode (default: the smallest P and D)");
   r->add_option("--prefill", a.prefill, "with --decode: predict this split instead of recommending one");
   r->add_option("--decode", a.decode, "with --prefill: predict this split");
+  r->add_option("--cores", a.compute.cores,
+                "cores all the P + D node processes share (default 0: each process has its own compute, e.g. a GPU)");
+  r->add_option("--core-share", a.compute.share,
+                "with --cores: fraction of each core's time the node processes get (default 1: nothing else runs there)");
   r->add_flag("--json", a.json, "print JSON");
 }
 
@@ -125,17 +130,18 @@ int run_ratio(RatioArgs& a) {
   }
   auto profile = deploy::parse_capacity_profile(j);
   if (!profile.is_ok()) return fail(profile.status().message());
-  auto r = a.prefill > 0 || a.decode > 0 ? deploy::predict_ratio(*profile, a.w, a.prefill, a.decode)
-                                         : deploy::recommend_ratio(*profile, a.w, a.total);
+  auto r = a.prefill > 0 || a.decode > 0 ? deploy::predict_ratio(*profile, a.w, a.prefill, a.decode, a.compute)
+                                         : deploy::recommend_ratio(*profile, a.w, a.total, a.compute);
   if (!r.is_ok()) return fail(r.status().message());
   if (a.json) {
     std::printf("%s\n", deploy::ratio_prediction_json(*r).dump(2).c_str());
   } else {
     std::printf("P=%d prefill instance(s), D=%d decode rank(s): goodput %.3f req/s of %.3f offered; binding: %s\n"
                 "prefill: %.3f s per request alone, %.3f req/s within the TTFT SLA, predicted TTFT %.3f s\n"
-                "decode: batch %.0f per rank within the ITL SLA, %.3f req/s\n",
+                "decode: batch %.0f per rank within the ITL SLA, %.3f req/s\n"
+                "compute: a busy process runs at %.2f of its profiled speed, %.2f processes busy on average\n",
                 r->prefill, r->decode, r->goodput, a.w.rate, r->binding.c_str(), r->prefill_seconds, r->prefill_capacity,
-                r->ttft_seconds, r->decode_batch, r->decode_capacity);
+                r->ttft_seconds, r->decode_batch, r->decode_capacity, r->compute_speed, r->busy_processes);
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/protocol/compat.h"
+#include "transfer/advertise_endpoint.h"
 #include "transfer/partner_auth.h"
 
 namespace k3::transfer {
@@ -70,7 +71,8 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
   opt.heartbeat = c.heartbeat;
   opt.keys = c.control_keys;
   K3_ASSIGN_OR_RETURN(d->server_, ControlServer::bind(zctx, c.bind_endpoint, opt));
-  d->reg_.control_endpoint = d->server_->endpoint();
+  K3_ASSIGN_OR_RETURN(d->reg_.control_endpoint,
+                      k3::transfer::advertised_endpoint(d->server_->endpoint(), c.advertise_host));
   if (!c.router_endpoint.empty()) {
     ControlOptions ropt = opt;
     ropt.incarnation = d->server_->incarnation();

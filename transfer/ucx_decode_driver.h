@@ -38,6 +38,9 @@ struct DecodeDriverConfig {
   uint8_t poison = 0xEE;                 // fill of fresh pool memory (tests detect unwritten bytes)
   protocol::CompatInfo compat;
   std::string bind_endpoint = "tcp://127.0.0.1:*";
+  // The host peers dial this process at, announced in its REGISTER (control_endpoint) with the bound
+  // port; empty: the bound host, refused when that is a wildcard (transfer/advertise_endpoint.h).
+  std::string advertise_host;
   std::string router_endpoint;           // empty: no router connection (the host injects CLAIMs)
   HeartbeatConfig heartbeat;
   std::optional<ControlKeys> control_keys;  // CURVE on both sockets; nullopt = plaintext (opt-out)
@@ -52,6 +55,9 @@ class DecodeDriver {
   ~DecodeDriver();
 
   const std::string& endpoint() const { return server_->endpoint(); }
+  // Where peers reach the control socket (the REGISTER's control_endpoint): endpoint() with the
+  // advertised host.
+  const std::string& advertised_endpoint() const { return reg_.control_endpoint; }
   // One round of the event loop: sleeps up to `max_wait` on the sockets and the UCX event fd,
   // applies what arrived and the timers. Returns every action the state machine emitted (already
   // executed: messages sent, memory released by the pool handles).

@@ -62,6 +62,12 @@ size_t PrefillDriver::decodes_ready() const {
   return n;
 }
 
+std::string PrefillDriver::registered_endpoint(const std::string& instance) const {
+  for (const DecodeLink& l : decodes_)
+    if (l.instance == instance) return l.registered_endpoint;
+  return {};
+}
+
 PrefillDriver::DecodeLink* PrefillDriver::link_of(const std::string& instance) {
   for (DecodeLink& l : decodes_)
     if (l.instance == instance) return &l;
@@ -191,6 +197,12 @@ void PrefillDriver::on_decode_register(DecodeLink& link, const protocol::Registe
     spdlog::error("prefill {}: decode/{} registration refused: {}", cfg_.side.stage, link.instance, ok.message());
     return;
   }
+  if (reg.control_endpoint.empty()) {
+    spdlog::error("prefill {}: decode/{} registration refused: control_endpoint is empty", cfg_.side.stage, link.instance);
+    return;
+  }
+  link.registered_endpoint = reg.control_endpoint;
+  spdlog::info("prefill {}: decode/{} registered, reachable at {}", cfg_.side.stage, link.instance, reg.control_endpoint);
   link.rkeys.clear();
   // One endpoint per owning worker: a rank group's regions live in its ranks' processes (each region
   // names its worker), a plain decode's in the registering process.

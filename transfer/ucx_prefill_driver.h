@@ -67,6 +67,9 @@ class PrefillDriver {
   bool decode_ready() const;
   // Decode instances whose regions are usable now.
   size_t decodes_ready() const;
+  // The control endpoint decode `instance` announced in its REGISTER (where peers reach it, which may
+  // differ from the address this stage dialed, e.g. through a Service); empty before it registered.
+  std::string registered_endpoint(const std::string& instance) const;
   size_t sources_held() const { return sources_.size(); }
   const WriteStats& write_stats() const { return writer_->stats(); }
 
@@ -96,6 +99,7 @@ class PrefillDriver {
     std::string instance;
     std::unique_ptr<ControlClient> control;
     std::map<uint32_t, std::unique_ptr<RemoteKey>> rkeys;  // by region id (= decode global rank)
+    std::string registered_endpoint;  // the control endpoint its REGISTER announced
   };
   std::vector<DecodeLink> decodes_;
   std::unique_ptr<ControlClient> router_;

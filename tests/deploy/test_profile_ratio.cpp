@@ -1,6 +1,6 @@
 // k3-bench profile measures a real k3-tiny cluster (one prefill instance, one decode rank, spawned for the
 // run) and writes the profile k3-plan ratio reads: every figure positive, the file accepted, a
-// recommendation with a binding constraint printed.
+// recommendation with a binding constraint printed, and the share of a core the measured node had.
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -33,6 +33,10 @@ TEST_CASE("k3-bench profile on a k3-tiny cluster feeds k3-plan ratio", "[deploy]
   for (const auto& e : p.at("prefill")) CHECK(e.at("seconds").get<double>() > 0);
   for (const auto& e : p.at("decode")) CHECK(e.at("itl_ms").get<double>() > 0);
   CHECK(p.at("decode_max_requests") == 8);
+  // The share of a core the busy node had while measured (less than 1 when other work shares the host).
+  CHECK(p.at("threads_per_process") == 1);
+  CHECK(p.at("cores_per_process").get<double>() > 0);
+  CHECK(p.at("cores_per_process").get<double>() <= 1);
 
   auto plan = test::run_command(std::string(K3_BIN_DIR) + "/k3-plan ratio --profile " + profile +
                                 " --rate 2 --input 64 --output 8 --ttft-ms 5000 --itl-ms 1000 --total 4 --json");

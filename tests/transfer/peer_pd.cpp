@@ -1,14 +1,15 @@
 // One process of the prefill->decode tests: a decode instance (all ranks of one group) or one
 // prefill stage, driven by the real drivers over ZeroMQ + UCX. Prints what the test checks:
-//   READY <endpoint>                   decode: its control endpoint; prefill: "-"
-//   DECODE_READY                       prefill: decode's REGISTER (worker address, rkeys) arrived
+//   READY <endpoint>                   decode: its advertised control endpoint; prefill: "-"
+//   DECODE_READY <endpoint>            prefill: decode's REGISTER (worker address, rkeys) arrived, with the
+//                                      control endpoint it announced
 //   STATE <id> <state>                 every state the driver observed
 //   VERIFIED <id> <ok> <bytes> <why>   decode: destination bytes checked against the relayout rules
 //   ENDED <id> <state> <cause>         the request ended on this side
 //   IDLE <free> <capacity>             decode: pool bytes once nothing is live; prefill: <held sources> 0
 //   P <prometheus sample>              metrics, printed with IDLE
 // Options (key value pairs): role decode|prefill, router EP, decode EP (prefill), layers PATTERN,
-// heads H, ranks N, sliced 0|1, partition a,b,c, stage s, hb_ms, misses, compute_wait_ms,
+// heads H, ranks N, sliced 0|1, bind EP and advertise HOST (decode), partition a,b,c, stage s, hb_ms, misses, compute_wait_ms,
 // transfer_wait_ms, addrs_wait_ms, quarantine_ms, die_at STATE, abort_at STATE, stall_at STATE,
 // stall_ms MS.
 #include <signal.h>
@@ -108,6 +109,8 @@ int run_decode() {
   cfg.num_slots = 2;
   cfg.compat = compat({}, n);
   cfg.router_endpoint = arg("router");
+  cfg.bind_endpoint = arg("bind", cfg.bind_endpoint);
+  cfg.advertise_host = arg("advertise");
   cfg.heartbeat = heartbeat();
   cfg.on_state = [&](uint64_t id, RequestState st) { inj.on_state(id, st); };
   k3::protocol::MetricsRegistry metrics;
@@ -118,7 +121,7 @@ int run_decode() {
     return 1;
   }
   auto d = std::move(d_or).value();
-  say("READY " + d->endpoint());
+  say("READY " + d->advertised_endpoint());
   uint64_t free0 = 0, cap = 0;
   for (uint32_t r : d->ranks()) {
     free0 += d->pool(r).free_bytes();
@@ -210,7 +213,7 @@ int run_prefill() {
     Actions all = std::move(step->actions);
     if (!announced && p->decode_ready()) {
       announced = true;
-      say("DECODE_READY");
+      say("DECODE_READY " + p->registered_endpoint("d"));
     }
     for (uint64_t id : std::exchange(inj.pending_aborts, {})) {
       Actions a = p->inject_abort(id);

@@ -73,6 +73,8 @@ struct Cluster {
   Topology topo;
   std::unique_ptr<ProcessGuard> decode;
   std::vector<std::unique_ptr<ProcessGuard>> stages;
+  std::string decode_endpoint;          // what the decode printed as READY (its advertised endpoint)
+  std::vector<std::string> registered;  // per stage: the control endpoint the decode's REGISTER announced
   explicit Cluster(Topology t) : topo(std::move(t)) {
     std::vector<std::string> common = {"layers", topo.layers, "heads", std::to_string(topo.heads), "router",
                                        router.server->endpoint()};
@@ -82,6 +84,7 @@ struct Cluster {
     decode = std::make_unique<ProcessGuard>(kExe, dargs);
     auto ready = decode->wait_for("READY ", 20s);
     REQUIRE(ready);
+    decode_endpoint = *ready;
     std::string part;
     for (auto p : topo.partition) part += (part.empty() ? "" : ",") + std::to_string(p);
     for (uint32_t s = 0; s < topo.partition.size(); ++s) {
@@ -92,7 +95,9 @@ struct Cluster {
     }
     std::vector<std::string> names = {"decode/d"};
     for (uint32_t s = 0; s < topo.partition.size(); ++s) {
-      REQUIRE(expect_line(router, *stages[s], "DECODE_READY", 30s));
+      auto reg = expect_line(router, *stages[s], "DECODE_READY ", 30s);
+      REQUIRE(reg);
+      registered.push_back(reg->text);
       names.push_back("prefill/p/" + std::to_string(s));
     }
     router.parties = names;
@@ -195,6 +200,19 @@ TEST_CASE("16 prefill stages -> 1 decode rank: every destination byte is the sou
   Topology t{.layers = random_layers(rng, layers), .partition = random_partition(rng, layers, 16), .ranks = 1};
   Cluster c(t);
   run_requests(c, rng, 3, 40);
+}
+
+TEST_CASE("a decode bound to every interface announces its advertised endpoint in REGISTER; prefill reads it",
+          "[pd][process]") {
+  std::mt19937 rng(1604);
+  Topology t{.layers = "KKMK", .partition = {2, 2}, .ranks = 1,
+             .decode_extra = {"bind", "tcp://0.0.0.0:*", "advertise", "127.0.0.1"}};
+  Cluster c(t);
+  INFO("READY " << c.decode_endpoint);
+  CHECK(c.decode_endpoint.rfind("tcp://127.0.0.1:", 0) == 0);
+  REQUIRE(c.registered.size() == 2);
+  for (const auto& r : c.registered) CHECK(r == c.decode_endpoint);  // not the bound tcp://0.0.0.0:PORT
+  run_requests(c, rng, 1, 20);
 }
 
 TEST_CASE("1 prefill stage -> 8 decode ranks with DCP interleave and KDA head slicing", "[pd][process]") {
