@@ -115,7 +115,9 @@ void PrefillStage::absorb(const transfer::Actions&) {
   // The driver executed the actions already; what the stage itself must react to is a request
   // ending (its local caches and queued chunks go).
   for (uint64_t id : std::exchange(pending_end_, {})) {
-    reported_.erase(id);
+    // A recompute of a reported request is unknown to the driver, whose part of the request may end
+    // (its transfer done) while the recompute still feeds the next stages: it ends when it is computed.
+    if (auto it = requests_.find(id); it != requests_.end() && it->second.reported) continue;
     end_request(id);
   }
 }
@@ -353,7 +355,7 @@ void PrefillStage::maybe_report(Request& r) {
   const uint64_t id = r.id;
   spdlog::info("prefill stage {}: request {} computed ({} tokens{})", opts_.stage, trace_of(id), r.prompt_len,
                first_token ? ", first token " + std::to_string(*first_token) : std::string());
-  if (prefix_) reported_[id] = Reported{.prefill = *r.prefill, .epoch = r.epoch};   // a later stage may ask again
+  if (prefix_) remember_reported(*r.prefill, r.epoch);   // a later stage may ask for a recompute
   end_request(id);  // local caches go now: the driver holds the packed copy until the request ends
   absorb(driver_->stage_computed(id, std::move(src), std::move(bytes), first_token, std::move(first_logprobs)));
 }

@@ -23,7 +23,10 @@
 //    a RecomputeRequest back (relayed to stage 0), and stage 0 computes the request again from token 0
 //    with a forced miss as the next epoch. The stages in between drop their try and compute the new
 //    epoch too; a stage that had already reported the request computes it only to feed the next stages
-//    and the caches (reported_ keeps the PREFILL of reported requests until the driver ends them).
+//    and the caches. A stage's driver may end its part of a request (transfer done) before a later stage
+//    asks, so reported_ keeps the PREFILLs of the most recently reported requests, up to
+//    kReportedTokens prompt tokens; a recompute asked for one older than that is dropped, and the
+//    request ends by its deadline (the only way drift can still fail a request).
 #pragma once
 #include <deque>
 #include <map>
@@ -128,6 +131,8 @@ class PrefillStage {
   void drop_chunks(Request& r);
   // A reported request comes back for a recompute as `epoch`; false when it ended or is that old.
   bool revive(uint64_t id, uint32_t epoch);
+  // Keeps a reported request's PREFILL for a recompute; forgets the oldest past kReportedTokens.
+  void remember_reported(const protocol::Prefill& p, uint32_t epoch);
   void fail_request(uint64_t id, const std::string& why);
   // How log lines name a request: its trace id once the PREFILL told it, else the wire id.
   std::string trace_of(uint64_t id) const;
@@ -155,7 +160,9 @@ class PrefillStage {
     protocol::Prefill prefill;
     uint32_t epoch = 0;
   };
-  std::map<uint64_t, Reported> reported_;         // with the prefix cache: reported, not ended by the driver
+  std::map<uint64_t, Reported> reported_;         // with the prefix cache: recently reported requests
+  std::deque<uint64_t> reported_order_;           // oldest first
+  uint64_t reported_tokens_ = 0;                  // prompt tokens reported_ holds
   std::vector<uint64_t> pending_end_;             // terminal states seen by the driver's state hook
 };
 

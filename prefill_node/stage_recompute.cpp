@@ -10,6 +10,23 @@
 
 namespace k3::prefill {
 
+namespace {
+constexpr uint64_t kReportedTokens = uint64_t{1} << 22;   // 16 MB of prompt token ids
+}  // namespace
+
+void PrefillStage::remember_reported(const protocol::Prefill& p, uint32_t epoch) {
+  auto [it, fresh] = reported_.insert_or_assign(p.request_id, Reported{.prefill = p, .epoch = epoch});
+  if (!fresh) return;   // a recompute of it reported again: it is remembered already
+  reported_order_.push_back(p.request_id);
+  reported_tokens_ += p.token_ids.size();
+  while (reported_tokens_ > kReportedTokens && reported_order_.size() > 1) {
+    auto old = reported_.find(reported_order_.front());
+    reported_tokens_ -= old->second.prefill.token_ids.size();
+    reported_.erase(old);
+    reported_order_.pop_front();
+  }
+}
+
 void PrefillStage::drop_chunks(Request& r) {
   for (const ActivationChunk& c : r.arrived)
     if (prefix_) prefix_->replay_evictions(c.cache.evictions_before);
