@@ -101,7 +101,7 @@ std::optional<int> PrefixCache::take_slot() {
   }
 }
 
-Result<PrefixLease> PrefixCache::acquire(std::span<const int32_t> prompt, SeqCache& seq, bool donate_end) {
+Result<PrefixLease> PrefixCache::acquire(std::span<const int32_t> prompt, SeqCache& seq, const AcquireOptions& how) {
   const int B = opts_.block_tokens;
   const int64_t n = static_cast<int64_t>(prompt.size());
   if (n == 0) return invalid_argument("prefix cache: empty prompt");
@@ -114,7 +114,8 @@ Result<PrefixLease> PrefixCache::acquire(std::span<const int32_t> prompt, SeqCac
   lease.active = true;
   stats_.lookup_tokens += n;
   // The last prompt token is always computed: its logits start the answer.
-  PrefixTree::Match m = tree_.match(prompt, n - 1);
+  const int64_t limit = how.resume_limit < 0 ? n - 1 : std::min(how.resume_limit, n - 1);
+  PrefixTree::Match m = tree_.match(prompt, limit);
   if (m.node) {
     pools_.copy_slot(m.slot, seq.slot);   // copy-on-write: the tree's checkpoint stays read-only
     for (int32_t p : m.pages) pools_.retain_page(p);
@@ -125,12 +126,23 @@ Result<PrefixLease> PrefixCache::acquire(std::span<const int32_t> prompt, SeqCac
     lease.cached_tokens = m.tokens;
     stats_.hit_tokens += m.tokens;
   }
-  // Planned checkpoints: every checkpoint_every blocks, the aligned fork from the cached path (a later
-  // branch resumes right there) and the prompt's last whole block.
   const int64_t c = lease.cached_tokens, last = n / B * B, fork = m.matched / B * B;
-  lease.donate_end = donate_end && n % B == 0;
-  for (int64_t p = (c / B + 1) * B; p <= last; p += B) {
-    if (!(p == last || p == fork || (p / B) % opts_.checkpoint_every == 0)) continue;
+  lease.donate_end = how.donate_end && n % B == 0;
+  std::vector<int64_t> positions;
+  if (how.plan) {
+    for (int64_t p : *how.plan)
+      if (p > c && p <= n && p % B == 0) positions.push_back(p);
+  } else {
+    // Planned checkpoints: every checkpoint_every blocks, the aligned fork from the cached path (a later
+    // branch resumes right there) and the prompt's last whole block.
+    std::vector<int64_t> cached;
+    if (how.replan_cached) cached = tree_.checkpoints_on(prompt);
+    for (int64_t p = (c / B + 1) * B; p <= last; p += B)
+      if (p == last || p == fork || (p / B) % opts_.checkpoint_every == 0 ||
+          std::find(cached.begin(), cached.end(), p) != cached.end())
+        positions.push_back(p);
+  }
+  for (int64_t p : positions) {
     if (p == n && lease.donate_end) continue;
     auto slot = take_slot();
     if (!slot) break;

@@ -52,6 +52,21 @@ struct PrefixLease {
   bool active = false;
 };
 
+// How acquire() chooses where a request resumes and which checkpoints it takes.
+struct AcquireOptions {
+  // The caller will not run the request on after the prompt (a prefill node), so an aligned prompt end
+  // is donated by commit() instead of copied.
+  bool donate_end = false;
+  // Resume at or below this position (-1: anywhere below the prompt's last token; 0: a miss).
+  int64_t resume_limit = -1;
+  // Take checkpoints exactly at these positions (a pipeline replica follows stage 0's plan) instead of
+  // planning them; a position whose slot cannot be had is left out.
+  const std::vector<int64_t>* plan = nullptr;
+  // Also plan every checkpoint the tree already holds on the prompt's path: a recompute that lets the
+  // replicas which lack them take them (the tree keeps its own copy and frees the new one).
+  bool replan_cached = false;
+};
+
 class PrefixCache {
  public:
   PrefixCache(CachePools& pools, const ModelConfig& cfg, const PrefixCacheOptions& opts);
@@ -63,7 +78,10 @@ class PrefixCache {
   // token (copy-on-write into seq's own slot), shares the pages before it, and plans the checkpoints of
   // the rest. `donate_end`: the caller will not run the request on after the prompt (a prefill node), so
   // an aligned prompt end is donated by commit() instead of copied.
-  Result<PrefixLease> acquire(std::span<const int32_t> prompt, SeqCache& seq, bool donate_end = false);
+  Result<PrefixLease> acquire(std::span<const int32_t> prompt, SeqCache& seq, bool donate_end = false) {
+    return acquire(prompt, seq, AcquireOptions{.donate_end = donate_end});
+  }
+  Result<PrefixLease> acquire(std::span<const int32_t> prompt, SeqCache& seq, const AcquireOptions& how);
   // After the prompt's prefill ran with lease.plan: the tree adopts the checkpoints and the pages up to
   // the deepest one; what it did not adopt is freed.
   void commit(PrefixLease& lease, std::span<const int32_t> prompt, SeqCache& seq);

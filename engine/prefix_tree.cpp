@@ -294,6 +294,25 @@ std::vector<uint64_t> PrefixTree::checkpoint_hashes() const {
   return out;
 }
 
+std::vector<int64_t> PrefixTree::checkpoints_on(std::span<const int32_t> tokens) const {
+  const int B = opts_.block_tokens;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  std::vector<int64_t> out;
+  const Node* node = root_.get();
+  int64_t pos = 0;
+  while (pos + B <= n) {
+    auto it = node->children.find(block_at(tokens, pos, B));
+    if (it == node->children.end()) break;
+    const Node* child = it->second.get();
+    const int64_t len = static_cast<int64_t>(child->tokens.size());
+    if (pos + len > n || !std::equal(child->tokens.begin(), child->tokens.end(), tokens.begin() + pos)) break;
+    if (child->slot >= 0) out.push_back(child->end());
+    pos += len;
+    node = child;
+  }
+  return out;
+}
+
 std::vector<PrefixTree::Victim> PrefixTree::clear() {
   std::vector<Victim> out;
   std::vector<Node*> stack;

@@ -80,6 +80,8 @@ class PrefixTree {
   // prefix_block_hashes of every cached prefix that ends at a checkpoint (what a hit can resume from):
   // the set a prefill instance reports for KV-aware placement.
   std::vector<uint64_t> checkpoint_hashes() const;
+  // Positions of the checkpoints on the longest cached prefix of `tokens` (ascending, <= its length).
+  std::vector<int64_t> checkpoints_on(std::span<const int32_t> tokens) const;
 
   int num_nodes() const { return nodes_; }
   int num_checkpoints() const { return checkpoints_; }

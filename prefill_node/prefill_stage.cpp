@@ -114,7 +114,12 @@ const std::string& PrefillStage::listen_endpoint() const {
 void PrefillStage::absorb(const transfer::Actions&) {
   // The driver executed the actions already; what the stage itself must react to is a request
   // ending (its local caches and queued chunks go).
-  for (uint64_t id : std::exchange(pending_end_, {})) end_request(id);
+  for (uint64_t id : std::exchange(pending_end_, {})) {
+    // A recompute of a reported request is unknown to the driver, whose part of the request may end
+    // (its transfer done) while the recompute still feeds the next stages: it ends when it is computed.
+    if (auto it = requests_.find(id); it != requests_.end() && it->second.reported) continue;
+    end_request(id);
+  }
 }
 
 void PrefillStage::end_request(uint64_t id) {
@@ -127,6 +132,8 @@ void PrefillStage::end_request(uint64_t id) {
     }
     requests_.erase(it);
     order_.erase(std::remove(order_.begin(), order_.end(), id), order_.end());
+    // A revived request (a recompute) must not find chunk entries of its ended try.
+    chunk_order_.erase(std::remove(chunk_order_.begin(), chunk_order_.end(), id), chunk_order_.end());
   }
   if (ended_.insert(id).second && ended_.size() > kEndedMemory) ended_.erase(ended_.begin());  // oldest ids first
 }
@@ -173,13 +180,21 @@ void PrefillStage::on_accepted(const protocol::Prefill& p) {
 }
 
 void PrefillStage::on_chunk(ActivationChunk c) {
-  if (ended_.count(c.request_id)) return;
+  if (ended_.count(c.request_id) && !(c.epoch > 0 && revive(c.request_id, c.epoch))) {
+    if (prefix_) prefix_->replay_evictions(c.cache.evictions_before);
+    return;
+  }
   auto [it, fresh] = requests_.try_emplace(c.request_id);
   Request& r = it->second;
   if (fresh) {
     r.id = c.request_id;
     order_.push_back(r.id);
   }
+  if (c.epoch < r.epoch) {   // a try that a recompute replaced
+    if (prefix_) prefix_->replay_evictions(c.cache.evictions_before);
+    return;
+  }
+  if (c.epoch > r.epoch) reset_request(r, c.epoch);   // stage 0 computes it again: this stage's try goes
   if (r.prompt_len != 0 && r.prompt_len != c.prompt_len)
     return fail_request(r.id, "activations for " + std::to_string(c.prompt_len) + " tokens, the request has " +
                                   std::to_string(r.prompt_len));
@@ -231,7 +246,7 @@ bool PrefillStage::open_request(Request& r, ChunkCacheSync& sync) {
     }
     r.seq = std::move(seq).value();
   } else if (opts_.stage == 0) {
-    lease = prefix_->open_first(r.prefill->token_ids, r.seq, sync);
+    lease = prefix_->open_first(r.prefill->token_ids, r.seq, sync, std::exchange(r.recompute, false));
   } else if (r.arrived.front().cache.prompt.empty()) {
     fail_request(r.id, "stage 0 runs without the prefix cache but this stage has one (give every stage the same --prefix-* flags)");
     return false;
@@ -239,6 +254,10 @@ bool PrefillStage::open_request(Request& r, ChunkCacheSync& sync) {
     const ChunkCacheSync& first = r.arrived.front().cache;
     r.cached_prompt = first.prompt;
     lease = prefix_->open_replica(r.cached_prompt, r.seq, resume_at, first.plan, opts_.stage);
+    if (!lease.is_ok() && lease.status().code() == Code::NotFound) {   // this replica drifted
+      ask_recompute(r, lease.status().message());
+      return false;
+    }
   }
   if (!lease.is_ok()) {
     fail_request(r.id, "prefix cache: " + lease.status().to_string());
@@ -286,7 +305,7 @@ Status PrefillStage::compute_chunk(Request& r) {
   if (prefix_ && r.computed == r.prompt_len)   // every stage commits at its compute end: the same order
     prefix_->commit(r.lease, opts_.stage == 0 ? std::span<const int32_t>(r.prefill->token_ids) : r.cached_prompt, r.seq);
   if (to_next_) {
-    K3_TRY(to_next_->send(ActivationChunk{.request_id = r.id, .chunk_start = static_cast<uint64_t>(start),
+    K3_TRY(to_next_->send(ActivationChunk{.request_id = r.id, .epoch = r.epoch, .chunk_start = static_cast<uint64_t>(start),
                                           .prompt_len = r.prompt_len, .act = host_copy(backend_, act),
                                           .cache = std::move(sync)}));
   } else if (r.computed == r.prompt_len) {
@@ -299,6 +318,7 @@ Status PrefillStage::compute_chunk(Request& r) {
 
 void PrefillStage::maybe_report(Request& r) {
   if (!r.prefill || r.prompt_len == 0 || r.computed != r.prompt_len) return;
+  if (r.reported) return end_request(r.id);   // a recompute for the later stages: reported before
   std::vector<uint8_t> bytes;
   export_caches(backend_, *pools_, r.seq, begin_, end_, bytes);
   transfer::StageSource src =
@@ -335,6 +355,7 @@ void PrefillStage::maybe_report(Request& r) {
   const uint64_t id = r.id;
   spdlog::info("prefill stage {}: request {} computed ({} tokens{})", opts_.stage, trace_of(id), r.prompt_len,
                first_token ? ", first token " + std::to_string(*first_token) : std::string());
+  if (prefix_) remember_reported(*r.prefill, r.epoch);   // a later stage may ask for a recompute
   end_request(id);  // local caches go now: the driver holds the packed copy until the request ends
   absorb(driver_->stage_computed(id, std::move(src), std::move(bytes), first_token, std::move(first_logprobs)));
 }
@@ -356,6 +377,18 @@ Status PrefillStage::run_once(std::chrono::milliseconds idle_wait) {
         continue;
       }
       on_chunk(std::move(chunk).value());
+    }
+  }
+  if (to_next_) {
+    for (;;) {
+      K3_ASSIGN_OR_RETURN(auto frame, to_next_->try_receive_back());
+      if (!frame) break;
+      auto rr = decode_recompute(*frame);
+      if (!rr.is_ok()) {
+        spdlog::warn("prefill stage {}: dropped a bad frame from the next stage: {}", opts_.stage, rr.status().to_string());
+        continue;
+      }
+      on_recompute(*rr);
     }
   }
   if (Request* r = next_work()) K3_TRY(compute_chunk(*r));

@@ -18,6 +18,15 @@
 //    driver holds the packed copy until the request ends, then frees it: sources_held()).
 //  - A request that ends (aborted / failed / expired) while still computing frees its caches and drops
 //    its queued chunks; late chunks of an ended request are dropped.
+//  - With the prefix cache, a later stage whose replica lacks the checkpoint stage 0 resumed a request
+//    from (stage_prefix.h: the replica drifted) does not fail it: it drops the request's chunks and sends
+//    a RecomputeRequest back (relayed to stage 0), and stage 0 computes the request again from token 0
+//    with a forced miss as the next epoch. The stages in between drop their try and compute the new
+//    epoch too; a stage that had already reported the request computes it only to feed the next stages
+//    and the caches. A stage's driver may end its part of a request (transfer done) before a later stage
+//    asks, so reported_ keeps the PREFILLs of the most recently reported requests, up to
+//    kReportedTokens prompt tokens; a recompute asked for one older than that is dropped, and the
+//    request ends by its deadline (the only way drift can still fail a request).
 #pragma once
 #include <deque>
 #include <map>
@@ -93,6 +102,10 @@ class PrefillStage {
     std::vector<int32_t> cached_prompt;         // stages > 0 with the cache: the prompt, from the first chunk
     uint32_t evicted = 0;                       // stage 0: cache evictions to announce with the next chunk
     uint32_t prompt_len = 0;                    // known from the PREFILL or the first chunk
+    uint32_t epoch = 0;                         // which computation of the request (ActivationChunk::epoch)
+    bool recompute = false;                     // stage 0: the next open is a forced miss (a stage asked)
+    bool reported = false;                      // handed to the driver before: a recompute only feeds the
+                                                // next stages and the caches
     int64_t computed = 0;                       // tokens through this stage's layers
     Tensor last_logits;                         // last stage: logits of the prompt's final row (on the backend)
   };
@@ -109,6 +122,17 @@ class PrefillStage {
   bool reserve(Request& r, int64_t n, uint32_t evictions);
   void maybe_report(Request& r);
   void end_request(uint64_t id);
+  // Prefix-cache drift (see the flow above): a later stage asks for the request to be computed again.
+  void ask_recompute(Request& r, const std::string& why);
+  void on_recompute(const RecomputeRequest& rr);
+  // Drops the request's try on this stage (caches, lease, queued chunks) and waits for `epoch`.
+  void reset_request(Request& r, uint32_t epoch);
+  // Drops the queued chunks (their announced evictions still happen on this replica).
+  void drop_chunks(Request& r);
+  // A reported request comes back for a recompute as `epoch`; false when it ended or is that old.
+  bool revive(uint64_t id, uint32_t epoch);
+  // Keeps a reported request's PREFILL for a recompute; forgets the oldest past kReportedTokens.
+  void remember_reported(const protocol::Prefill& p, uint32_t epoch);
   void fail_request(uint64_t id, const std::string& why);
   // How log lines name a request: its trace id once the PREFILL told it, else the wire id.
   std::string trace_of(uint64_t id) const;
@@ -132,6 +156,13 @@ class PrefillStage {
   std::deque<uint64_t> chunk_order_;              // stages > 0 with the prefix cache: owners of the queued
                                                   // chunks in arrival order (computed strictly in it)
   std::set<uint64_t> ended_;                      // requests whose late chunks / PREFILLs are dropped
+  struct Reported {
+    protocol::Prefill prefill;
+    uint32_t epoch = 0;
+  };
+  std::map<uint64_t, Reported> reported_;         // with the prefix cache: recently reported requests
+  std::deque<uint64_t> reported_order_;           // oldest first
+  uint64_t reported_tokens_ = 0;                  // prompt tokens reported_ holds
   std::vector<uint64_t> pending_end_;             // terminal states seen by the driver's state hook
 };
 

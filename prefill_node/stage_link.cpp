@@ -9,8 +9,11 @@ namespace k3::prefill {
 namespace {
 
 constexpr uint32_t kMagic = 0x4341334b;  // "K3AC"
-constexpr uint32_t kVersion = 2;   // 2: the prefix-cache sync
-constexpr size_t kHeaderBytes = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 4 + 4;
+constexpr uint32_t kVersion = 3;   // 2: the prefix-cache sync; 3: the epoch
+constexpr size_t kHeaderBytes = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 4;
+constexpr uint32_t kRecomputeMagic = 0x4352334b;  // "K3RC"
+constexpr uint32_t kRecomputeVersion = 1;
+constexpr size_t kRecomputeBytes = 4 + 4 + 8 + 4;
 
 template <class T>
 void put(std::vector<uint8_t>& out, T v) {
@@ -52,6 +55,7 @@ std::vector<uint8_t> encode_chunk(const ActivationChunk& c) {
   put<uint32_t>(out, c.cache.evictions_before);
   put<uint32_t>(out, static_cast<uint32_t>(c.cache.prompt.size()));
   put<uint32_t>(out, static_cast<uint32_t>(c.cache.plan.size()));
+  put<uint32_t>(out, c.epoch);
   put_rows(out, c.act.partial);
   for (const Tensor& b : c.act.bank) put_rows(out, b);
   for (int32_t t : c.cache.prompt) put<int32_t>(out, t);
@@ -76,6 +80,7 @@ Result<ActivationChunk> decode_chunk(std::span<const uint8_t> bytes) {
   c.cache.evictions_before = get<uint32_t>(bytes, at);
   const uint32_t prompt_count = get<uint32_t>(bytes, at);
   const uint32_t plan_count = get<uint32_t>(bytes, at);
+  c.epoch = get<uint32_t>(bytes, at);
   if (rows == 0 || width == 0) return invalid_argument("activation frame: rows and width must be > 0");
   if (prompt_count != 0 && prompt_count != c.prompt_len)
     return invalid_argument("activation frame: prompt_count " + std::to_string(prompt_count) + " is neither 0 nor prompt_len " +
@@ -109,11 +114,35 @@ Result<ActivationChunk> decode_chunk(std::span<const uint8_t> bytes) {
   return c;
 }
 
+std::vector<uint8_t> encode_recompute(const RecomputeRequest& r) {
+  std::vector<uint8_t> out;
+  put<uint32_t>(out, kRecomputeMagic);
+  put<uint32_t>(out, kRecomputeVersion);
+  put<uint64_t>(out, r.request_id);
+  put<uint32_t>(out, r.epoch);
+  return out;
+}
+
+Result<RecomputeRequest> decode_recompute(std::span<const uint8_t> bytes) {
+  if (bytes.size() != kRecomputeBytes)
+    return invalid_argument("recompute frame: " + std::to_string(bytes.size()) + " bytes, expected " +
+                            std::to_string(kRecomputeBytes));
+  size_t at = 0;
+  if (get<uint32_t>(bytes, at) != kRecomputeMagic) return invalid_argument("recompute frame: bad magic");
+  if (const uint32_t v = get<uint32_t>(bytes, at); v != kRecomputeVersion)
+    return invalid_argument("recompute frame: unsupported version " + std::to_string(v));
+  RecomputeRequest r;
+  r.request_id = get<uint64_t>(bytes, at);
+  r.epoch = get<uint32_t>(bytes, at);
+  if (r.epoch == 0) return invalid_argument("recompute frame: epoch must be > 0 (epoch 0 is the first computation)");
+  return r;
+}
+
 Result<std::unique_ptr<StageSender>> StageSender::connect(zmq::context_t& ctx, const std::string& endpoint,
                                                           const std::optional<transfer::ControlKeys>& keys,
                                                           const std::string& next_stage) {
   try {
-    zmq::socket_t s(ctx, zmq::socket_type::push);
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
     s.set(zmq::sockopt::linger, 2000);  // a stage shutting down still delivers chunks it queued
     if (keys) {
       Status st = transfer::apply_curve_client(s.handle(), *keys, next_stage);
@@ -136,11 +165,22 @@ Status StageSender::send(const ActivationChunk& c) {
   return Status::ok();
 }
 
+Result<std::optional<std::vector<uint8_t>>> StageSender::try_receive_back() {
+  zmq::message_t msg;
+  try {
+    if (!sock_.recv(msg, zmq::recv_flags::dontwait)) return std::optional<std::vector<uint8_t>>();
+  } catch (const zmq::error_t& e) {
+    return Status(Code::Unavailable, std::string("receiving from the next stage: ") + e.what());
+  }
+  const auto* p = static_cast<const uint8_t*>(msg.data());
+  return std::optional<std::vector<uint8_t>>(std::vector<uint8_t>(p, p + msg.size()));
+}
+
 Result<std::unique_ptr<StageReceiver>> StageReceiver::bind(zmq::context_t& ctx, const std::string& endpoint,
                                                            const std::optional<transfer::ControlKeys>& keys,
                                                            const std::string& prev_stage) {
   try {
-    zmq::socket_t s(ctx, zmq::socket_type::pull);
+    zmq::socket_t s(ctx, zmq::socket_type::router);
     s.set(zmq::sockopt::linger, 0);
     std::unique_ptr<transfer::ZapHandler> zap;
     if (keys) {
@@ -159,11 +199,13 @@ Result<std::unique_ptr<StageReceiver>> StageReceiver::bind(zmq::context_t& ctx, 
 }
 
 Result<std::optional<std::vector<uint8_t>>> StageReceiver::try_receive() {
-  zmq::message_t msg;
+  zmq::message_t id, msg;
   for (;;) {
     try {
-      auto got = sock_.recv(msg, zmq::recv_flags::dontwait);
-      if (!got) return std::optional<std::vector<uint8_t>>();
+      // A ROUTER frame: the connection's routing id, then the DEALER's one part.
+      if (!sock_.recv(id, zmq::recv_flags::dontwait)) return std::optional<std::vector<uint8_t>>();
+      (void)sock_.recv(msg, zmq::recv_flags::none);
+      while (msg.more()) (void)sock_.recv(msg, zmq::recv_flags::none);   // not ours: keep the last part
     } catch (const zmq::error_t& e) {
       return Status(Code::Unavailable, std::string("receiving activations: ") + e.what());
     }
@@ -173,8 +215,21 @@ Result<std::optional<std::vector<uint8_t>>> StageReceiver::try_receive() {
     ++rejected_;
     spdlog::warn("prefill: activations from '{}' dropped: only {} may send them", uid ? uid : "?", prev_stage_);
   }
+  const auto* rid = static_cast<const uint8_t*>(id.data());
+  peer_.assign(rid, rid + id.size());
   const auto* p = static_cast<const uint8_t*>(msg.data());
   return std::optional<std::vector<uint8_t>>(std::vector<uint8_t>(p, p + msg.size()));
+}
+
+Status StageReceiver::send_back(std::span<const uint8_t> bytes) {
+  if (peer_.empty()) return Status(Code::Unavailable, "no frame from the previous stage yet: nowhere to send back");
+  try {
+    sock_.send(zmq::buffer(peer_), zmq::send_flags::sndmore);
+    sock_.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    return Status(Code::Unavailable, std::string("sending to the previous stage: ") + e.what());
+  }
+  return Status::ok();
 }
 
 }  // namespace k3::prefill

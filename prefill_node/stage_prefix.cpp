@@ -22,10 +22,16 @@ Result<std::unique_ptr<StagePrefixCache>> StagePrefixCache::create(CachePools& p
   return std::unique_ptr<StagePrefixCache>(new StagePrefixCache(pools, std::make_unique<PrefixCache>(pools, cfg, opts)));
 }
 
-Result<PrefixLease> StagePrefixCache::open_first(std::span<const int32_t> prompt, SeqCache& seq, ChunkCacheSync& sync) {
+Result<PrefixLease> StagePrefixCache::open_first(std::span<const int32_t> prompt, SeqCache& seq, ChunkCacheSync& sync,
+                                                 bool recompute) {
   // No donation: the request's own slot is exported to decode after the prompt, so the prompt's end is
   // a planned checkpoint (a copy) like any other.
-  K3_ASSIGN_OR_RETURN(PrefixLease lease, cache_->acquire(prompt, seq, /*donate_end=*/false));
+  AcquireOptions how{.donate_end = false};
+  if (recompute) {
+    how.resume_limit = 0;
+    how.replan_cached = true;
+  }
+  K3_ASSIGN_OR_RETURN(PrefixLease lease, cache_->acquire(prompt, seq, how));
   sync.prompt.assign(prompt.begin(), prompt.end());
   sync.plan.clear();
   for (const KdaCheckpoint& c : lease.plan) sync.plan.push_back(static_cast<uint64_t>(c.pos));
@@ -34,17 +40,18 @@ Result<PrefixLease> StagePrefixCache::open_first(std::span<const int32_t> prompt
 
 Result<PrefixLease> StagePrefixCache::open_replica(std::span<const int32_t> prompt, SeqCache& seq, uint64_t resume_at,
                                                    const std::vector<uint64_t>& plan, int stage) {
-  K3_ASSIGN_OR_RETURN(PrefixLease lease, cache_->acquire(prompt, seq, /*donate_end=*/false));
-  std::vector<uint64_t> mine;
-  for (const KdaCheckpoint& c : lease.plan) mine.push_back(static_cast<uint64_t>(c.pos));
-  if (static_cast<uint64_t>(lease.cached_tokens) == resume_at && mine == plan) return lease;
-  const std::string why = "prefix cache of stage " + std::to_string(stage) + " is out of step with stage 0: it resumes at " +
-                          std::to_string(lease.cached_tokens) + " with " + std::to_string(mine.size()) +
-                          " checkpoints planned, stage 0 at " + std::to_string(resume_at) + " with " +
-                          std::to_string(plan.size());
-  cache_->release(lease);
-  pools_.close(seq);
-  return internal_error(why);
+  // Peek first: a drifted replica neither counts a lookup nor touches its tree for a try that stage 0
+  // computes again.
+  const int64_t have = cache_->tree().peek(prompt, static_cast<int64_t>(resume_at)).tokens;
+  if (static_cast<uint64_t>(have) != resume_at)
+    return Status(Code::NotFound, "prefix cache of stage " + std::to_string(stage) + " lacks the checkpoint at " +
+                                      std::to_string(resume_at) + " that stage 0 resumes from (its deepest there is " +
+                                      std::to_string(have) + ")");
+  const std::vector<int64_t> positions(plan.begin(), plan.end());
+  const AcquireOptions how{.donate_end = false, .resume_limit = static_cast<int64_t>(resume_at), .plan = &positions};
+  K3_ASSIGN_OR_RETURN(PrefixLease lease, cache_->acquire(prompt, seq, how));
+  K3_CHECK(static_cast<uint64_t>(lease.cached_tokens) == resume_at, "StagePrefixCache: lookup disagrees with peek");
+  return lease;
 }
 
 int StagePrefixCache::pages_short(const SeqCache& seq, int64_t extra) const {
@@ -67,7 +74,7 @@ Status StagePrefixCache::reserve_replica(SeqCache& seq, int64_t extra, uint32_t 
     spdlog::warn("prefix cache replica: stage 0 evicted {} entries here, this replica only {}", evictions, done);
   const int need = pages_short(seq, extra);
   if (pools_.free_pages() < need) {
-    spdlog::warn("prefix cache replica: evicting on its own for {} pages (it may go out of step with stage 0)", need);
+    spdlog::warn("prefix cache replica: evicting on its own for {} pages (it may drift from stage 0; a later lookup repairs it)", need);
     while (pools_.free_pages() < need && cache_->evict(1) == 1) {
     }
   }

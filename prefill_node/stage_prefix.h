@@ -1,12 +1,19 @@
 // The prefix cache of one prefill pipeline stage (docs/PREFIX_CACHE.md, "On a prefill pipeline").
 //
 // Every stage keeps a replica of one radix tree, over its own layers' MLA pages and KDA checkpoints.
-// Stage 0 decides: its lookup fixes where a request resumes and which checkpoints the pass takes. The
-// later stages make the same calls in the same order (a prefill instance computes requests first come,
-// first served on every stage, and the activation link is FIFO), and every replica counts bytes as the
-// whole model does, so the replicas make the same choices, evictions included. What stage 0 decided
-// travels with the chunks (ChunkCacheSync); a later stage checks its own outcome against it, and a
-// replica that went out of step fails the request by name instead of computing from state it lacks.
+// Stage 0 decides: its lookup fixes where a request resumes and which checkpoints the pass takes, and
+// what it decided travels with the chunks (ChunkCacheSync). A later stage follows: it resumes exactly
+// where stage 0 does and takes the checkpoints stage 0 planned. The stages make the same calls in the
+// same order (a prefill instance computes requests first come, first served on every stage, and the
+// activation link is FIFO) and count bytes as the whole model does, so replicas in step make the same
+// choices, evictions included.
+//
+// A replica can still drift: a request that ends on one stage while another already committed it, a
+// stage restarted with an empty cache, an eviction of its own under pressure. Drift only ever shows as
+// a replica that lacks the checkpoint stage 0 resumes from (open_replica answers NotFound). The
+// request then does not fail: the stage asks stage 0 (through the link, backwards) to compute it again
+// from its first token with a forced miss, and that pass also plans every checkpoint stage 0 holds on
+// the prompt's path, so the replica takes the ones it lacked and the trees converge.
 #pragma once
 #include <memory>
 #include <span>
@@ -27,20 +34,26 @@ class StagePrefixCache {
                                                           int chunk_size, const Backend& backend);
 
   // Stage 0: opens `seq` for `prompt` (restoring the deepest checkpoint) and fills the sync of the
-  // request's first chunk.
-  Result<PrefixLease> open_first(std::span<const int32_t> prompt, SeqCache& seq, ChunkCacheSync& sync);
-  // A later stage: the same lookup, which must resume at `resume_at` with stage 0's `plan`.
+  // request's first chunk. `recompute`: a later stage lacked the state of the first try; a miss whose
+  // plan also holds every checkpoint this replica has on the prompt's path (so the others take them).
+  Result<PrefixLease> open_first(std::span<const int32_t> prompt, SeqCache& seq, ChunkCacheSync& sync,
+                                 bool recompute = false);
+  // A later stage: resumes exactly at `resume_at` and takes stage 0's `plan`. Code::NotFound when this
+  // replica lacks the checkpoint at `resume_at` (it drifted): nothing is held then.
   Result<PrefixLease> open_replica(std::span<const int32_t> prompt, SeqCache& seq, uint64_t resume_at,
                                    const std::vector<uint64_t>& plan, int stage);
   // Stage 0: pages for `extra` more tokens, evicting cached entries when the pool is short; the
   // evictions are counted into `evicted` (sent with the chunk). Fails when nothing more can go.
   Status reserve_first(SeqCache& seq, int64_t extra, uint32_t& evicted);
   // A later stage: replays stage 0's `evictions` first, then reserves (evicting on its own only as a
-  // last resort: the replica may then go out of step, which a later request's check reports).
+  // last resort: the replica may then drift, which a later request's lookup repairs).
   Status reserve_replica(SeqCache& seq, int64_t extra, uint32_t evictions);
   // The lease's planned checkpoints inside (from, from + n].
   static std::vector<KdaCheckpoint> checkpoints_in(const PrefixLease& lease, int64_t from, int64_t n);
 
+  // A later stage: stage 0's evictions announced with chunks this stage drops (a request that ended
+  // or is computed again here), so the replica still makes them.
+  void replay_evictions(uint32_t evictions) { cache_->evict(static_cast<int>(evictions)); }
   void commit(PrefixLease& lease, std::span<const int32_t> prompt, SeqCache& seq) { cache_->commit(lease, prompt, seq); }
   void release(PrefixLease& lease) { cache_->release(lease); }
   const PrefixCache& cache() const { return *cache_; }

@@ -44,7 +44,7 @@ TEST_CASE("activation frames round-trip bit-exactly and malformed frames are rej
       for (float& x : v) x = nd(rng);
       return Tensor::from_f32({rows, width}, v);
     };
-    ActivationChunk c{.request_id = 77, .chunk_start = 3, .prompt_len = 3 + uint32_t(rows) + 4};
+    ActivationChunk c{.request_id = 77, .epoch = uint32_t(banks), .chunk_start = 3, .prompt_len = 3 + uint32_t(rows) + 4};
     c.act.partial = rnd();
     for (int b = 0; b < banks; ++b) c.act.bank.push_back(rnd());
     if (banks == 1) {   // a first chunk with the prefix-cache sync: the prompt and stage 0's plan
@@ -57,6 +57,7 @@ TEST_CASE("activation frames round-trip bit-exactly and malformed frames are rej
     auto back = decode_chunk(bytes);
     REQUIRE(back.is_ok());
     CHECK(back->request_id == 77);
+    CHECK(back->epoch == uint32_t(banks));
     CHECK(back->chunk_start == 3);
     CHECK(back->prompt_len == c.prompt_len);
     REQUIRE(back->act.bank.size() == size_t(banks));
@@ -86,4 +87,19 @@ TEST_CASE("activation frames round-trip bit-exactly and malformed frames are rej
     CHECK_FALSE(decode_chunk(encode_chunk(past)).is_ok());
   }
   CHECK_FALSE(decode_chunk(std::vector<uint8_t>(10, 0)).is_ok());
+
+  // The frame a stage sends back when its prefix cache lacks a request's state.
+  const RecomputeRequest rr{.request_id = 0x1234567890abcdefULL, .epoch = 2};
+  auto rb = encode_recompute(rr);
+  auto rr_back = decode_recompute(rb);
+  REQUIRE(rr_back.is_ok());
+  CHECK(*rr_back == rr);
+  auto short_rr = rb;
+  short_rr.pop_back();
+  CHECK(decode_recompute(short_rr).status().message().find("bytes") != std::string::npos);
+  auto bad_rr = rb;
+  bad_rr[0] ^= 1;
+  CHECK(decode_recompute(bad_rr).status().message().find("magic") != std::string::npos);
+  CHECK(decode_recompute(encode_recompute({.request_id = 1, .epoch = 0})).status().message().find("epoch") != std::string::npos);
+  CHECK_FALSE(decode_chunk(rb).is_ok());   // the two kinds of frame are not mistaken for each other
 }

@@ -1,7 +1,8 @@
 // The prefill stage link under CURVE (prefill_node/stage_link.h): stage 1's receiver takes activations
 // only from stage 0's key; another node's valid key (its frames are dropped and counted) and an unknown
 // key or no key at all (refused at the handshake) deliver nothing, and the real sender still gets
-// through. A sender refuses a receiver that does not hold the next stage's key.
+// through, and is the only one a frame sent back reaches. A sender refuses a receiver that does not hold
+// the next stage's key.
 #include <catch2/catch.hpp>
 
 #include <thread>
@@ -51,6 +52,21 @@ TEST_CASE("stage link: activations only from the previous stage's key", "[cluste
   const auto got = drain(*rx, 2s);
   CHECK(got == std::vector<uint64_t>{4});
   CHECK(rx->rejected() == 1);  // decode's key got through the handshake; its frame did not
+
+  // Backwards (a recompute request): only the stage that sent the accepted frame gets it.
+  REQUIRE(rx->send_back(encode_recompute({.request_id = 4, .epoch = 1})).is_ok());
+  auto back_of = [](StageSender& s, std::chrono::milliseconds wait) {
+    std::vector<RecomputeRequest> out;
+    for (auto deadline = std::chrono::steady_clock::now() + wait; std::chrono::steady_clock::now() < deadline;) {
+      auto f = s.try_receive_back();
+      REQUIRE(f.is_ok());
+      if (*f) out.push_back(decode_recompute(**f).value());
+      else std::this_thread::sleep_for(10ms);
+    }
+    return out;
+  };
+  CHECK(back_of(*real, 1s) == std::vector<RecomputeRequest>{{.request_id = 4, .epoch = 1}});
+  CHECK(back_of(*from_decode, 200ms).empty());
 
   // A sender pinned to stage 1's key does not talk to a receiver holding another key.
   auto rogue = StageReceiver::bind(rogue_ctx, "tcp://127.0.0.1:*", keys.load("decode/d"), "prefill/p/0");

@@ -5,6 +5,10 @@
 // while the prefill node reports cache hits on the router's /metrics (so prefills really were cut short
 // and decode still got the whole prompt's KV/state).
 //
+// A second case restarts stage 1 (SIGKILL; k3-cluster starts it again with an empty cache) while stage
+// 0 keeps its cache: requests that stage 0 resumes from state stage 1 lacks are computed again, never
+// failed, give k3-generate's tokens, and the two stages' caches converge.
+//
 // K3_TEST_BACKEND=cuda runs every node and the reference on the GPU (default cpu).
 #include <catch2/catch.hpp>
 
@@ -12,8 +16,11 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <future>
 #include <random>
+#include <signal.h>
+#include <thread>
 
 #include "tests/cluster_e2e/cluster_launch.h"
 #include "tests/cluster_e2e/stream_load.h"
@@ -54,6 +61,31 @@ std::vector<int32_t> complete(int port, const json& body) {
   return json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
 }
 
+// Served tokens, or empty while the cluster refuses (a node restarting).
+std::vector<int32_t> try_complete(int port, const json& body) {
+  try {
+    k3::test::HttpConnection c(port);
+    c.send_request("POST", "/v1/completions", body.dump());
+    const k3::test::HttpReply r = c.read_reply(60s);
+    if (r.status != 200) return {};
+    return json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
+json cluster_spec(const std::string& dir) {
+  return {{"model", dir + "/model"},
+          {"generate", {{"preset", "k3-tiny"}, {"seed", 5}}},
+          {"router", {{"host", "127.0.0.1"}, {"port", 0}, {"served_model_name", "k3-tiny"}, {"placement", "prefix-affinity"}}},
+          {"prefill", json::array({{{"id", "p"}, {"stages", 2}, {"chunk_size", kChunk}, {"max_requests", 4},
+                                    {"prefix_cache", {{"slots", 6}, {"block_tokens", 64}, {"checkpoint_every", 1}}}}})},
+          {"decode", json::array({{{"id", "d"}, {"ranks", 1}, {"max_requests", 8}}})},
+          {"threads", 1},
+          {"backend", test_backend()},
+          {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 10}, {"startup_s", 240}}}};
+}
+
 std::vector<int32_t> reference(const std::string& model, const std::vector<int32_t>& prompt, int max_tokens, int seed) {
   std::string flags = "--backend " + test_backend() + " --prefill-chunk " + std::to_string(kChunk);
   if (seed >= 0) flags += " --temperature 0.8 --seed " + std::to_string(seed);
@@ -65,16 +97,7 @@ std::vector<int32_t> reference(const std::string& model, const std::vector<int32
 TEST_CASE("prefill stages with the prefix cache serve the same tokens as without it, and report hits",
           "[cluster_e2e][prefix_cache]") {
   k3::testing::ScratchDir dir("prefix-e2e");
-  const json spec = {
-      {"model", dir.str() + "/model"},
-      {"generate", {{"preset", "k3-tiny"}, {"seed", 5}}},
-      {"router", {{"host", "127.0.0.1"}, {"port", 0}, {"served_model_name", "k3-tiny"}, {"placement", "prefix-affinity"}}},
-      {"prefill", json::array({{{"id", "p"}, {"stages", 2}, {"chunk_size", kChunk}, {"max_requests", 4},
-                                {"prefix_cache", {{"slots", 6}, {"block_tokens", 64}, {"checkpoint_every", 1}}}}})},
-      {"decode", json::array({{{"id", "d"}, {"ranks", 1}, {"max_requests", 8}}})},
-      {"threads", 1},
-      {"backend", test_backend()},
-      {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 10}, {"startup_s", 240}}}};
+  const json spec = cluster_spec(dir.str());
   dir.write("spec.json", spec.dump(2));
   k3::test::LaunchedCluster cluster = k3::test::launch_cluster(dir.file("spec.json"));
   const std::string model = dir.str() + "/model";
@@ -143,4 +166,75 @@ TEST_CASE("prefill stages with the prefix cache serve the same tokens as without
   const auto m = k3::test::read_metrics(cluster.port);
   CHECK(k3::test::metric_or(m, "k3_prefix_cache_lookup_tokens_total") == lookup);
   CHECK(k3::test::metric_or(m, "k3_prefix_cache_hit_tokens_total") == hit);
+}
+
+TEST_CASE("a restarted prefill stage's empty prefix cache costs recomputes, never a failed request or a wrong token",
+          "[cluster_e2e][prefix_cache][drift]") {
+  k3::testing::ScratchDir dir("prefix-drift");
+  dir.write("spec.json", cluster_spec(dir.str()).dump(2));
+  // The nodes' log lines (info) go to a file: the stages say when a recompute repairs a drift.
+  const std::string log = dir.file("nodes.log");
+  k3::test::LaunchedCluster cluster =
+      k3::test::launch_cluster(dir.file("spec.json"), std::chrono::seconds(300), {"--log-level", "info", "--verbose"}, log);
+  const std::string model = dir.str() + "/model";
+  const int vocab = k3::test::model_vocab(model);
+  std::mt19937 rng(16);
+  auto tokens = [&](int n) { return k3::test::random_tokens(rng, vocab, n); };
+  auto join = [](std::vector<int32_t> a, const std::vector<int32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  constexpr int kMax = 4;
+  // Two system prompts of three whole blocks and a part, both cached on both stages.
+  const std::vector<int32_t> sys_a = tokens(200), sys_b = tokens(200);
+  for (const auto& sys : {sys_a, sys_b}) {
+    const std::vector<int32_t> warm = join(sys, tokens(9));
+    CHECK(complete(cluster.port, body_of(warm, kMax, -1)) == reference(model, warm, kMax, -1));
+  }
+
+  // Stage 1 restarts with an empty cache; stage 0 keeps its checkpoints of both system prompts.
+  const pid_t pid = cluster.pids.at("prefill/p/1");
+  REQUIRE(pid > 0);
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  REQUIRE(cluster.proc->wait_for("RESTARTED prefill/p/1 pid", 60s));
+
+  // Served again (requests sent while the router still counted the dead stage may fail: not drift).
+  const std::vector<int32_t> after = join(sys_a, tokens(30));
+  std::vector<int32_t> got;
+  for (auto deadline = std::chrono::steady_clock::now() + 120s; got.empty(); std::this_thread::sleep_for(200ms)) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    got = try_complete(cluster.port, body_of(after, kMax, -1));
+  }
+  CHECK(got == reference(model, after, kMax, -1));
+  // Nothing has touched system prompt B since the restart: stage 0 resumes it at 192, stage 1 lacks
+  // it, and the request is computed again, not failed, with the right tokens.
+  const std::vector<int32_t> on_b = join(sys_b, tokens(25));
+  CHECK(complete(cluster.port, body_of(on_b, kMax, 41)) == reference(model, on_b, kMax, 41));
+  // Repaired: the next requests on both prefixes hit on both stages, with the right tokens.
+  for (int i = 0; i < 4; ++i) {
+    const std::vector<int32_t> p = join(i % 2 ? sys_b : sys_a, tokens(11 + 20 * i));
+    const int seed = i == 1 ? 31 : -1;
+    INFO("request " << i << " after the repair");
+    CHECK(complete(cluster.port, body_of(p, kMax, seed)) == reference(model, p, kMax, seed));
+  }
+  // The caches converged: the same bytes on both stages (whole-model units), and stage 1 hit 192 tokens
+  // for each of the four requests.
+  double b0 = -1, b1 = -2, hit1 = 0;
+  for (auto deadline = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < deadline;) {
+    const auto m = k3::test::read_metrics(cluster.port);
+    b0 = k3::test::metric_or(m, "k3_prefill_prefix_cache_bytes{node=\"prefill/p/0\"}");
+    b1 = k3::test::metric_or(m, "k3_prefill_prefix_cache_bytes{node=\"prefill/p/1\"}");
+    hit1 = k3::test::metric_or(m, "k3_prefill_prefix_cache_hit_tokens_total{node=\"prefill/p/1\"}");
+    if (b0 == b1 && hit1 >= 4 * 192) break;
+    std::this_thread::sleep_for(200ms);
+  }
+  CHECK(b0 > 0);
+  CHECK(b0 == b1);
+  CHECK(hit1 >= 4 * 192);
+  // The drift was met and repaired, not failed: stage 1 asked, stage 0 computed again.
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("asking stage 0 to compute it again") != std::string::npos);
+  CHECK(text.find("is computed again from token 0") != std::string::npos);
+  CHECK(text.find("failed: prefix cache") == std::string::npos);   // a stage failing a request over its cache
 }

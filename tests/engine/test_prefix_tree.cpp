@@ -1,5 +1,5 @@
 // The prefix cache's radix tree alone: matching at checkpoints, splits at branch points, what insert
-// adopts, pinning, and the eviction order (leaves first, recency weighted by compute saved per byte,
+// adopts, the checkpoints on a path, pinning, and the eviction order (leaves first, recency weighted by compute saved per byte,
 // branch points kept longer).
 #include <catch2/catch.hpp>
 
@@ -83,6 +83,17 @@ TEST_CASE("insert splits at a branch point and adopts only what is new", "[prefi
   REQUIRE(t.match(branch, 100).slot == 8);
   REQUIRE(t.match(base, 100).slot == 1);
   REQUIRE(t.bytes() == 3 * 100 + 8 * 10);
+}
+
+TEST_CASE("checkpoints_on lists the checkpoints on a prompt's cached path, nothing past a divergence", "[prefix]") {
+  PrefixTree t(opts());
+  t.insert(seq(0, 16), pages_for(100, 16), {{4, 1}, {12, 2}});
+  CHECK(t.checkpoints_on(seq(0, 16)) == std::vector<int64_t>{4, 12});
+  CHECK(t.checkpoints_on(concat(seq(0, 16), seq(90, 3))) == std::vector<int64_t>{4, 12});
+  CHECK(t.checkpoints_on(seq(0, 13)) == std::vector<int64_t>{4, 12});
+  CHECK(t.checkpoints_on(seq(0, 11)) == std::vector<int64_t>{4});        // the edge to 12 is not whole
+  CHECK(t.checkpoints_on(concat(seq(0, 8), seq(50, 8))).size() == 1);   // diverges after block 2
+  CHECK(t.checkpoints_on(seq(50, 8)).empty());
 }
 
 TEST_CASE("eviction takes the least recently used leaf first and keeps pinned paths", "[prefix]") {
