@@ -3,11 +3,14 @@
 // Why not OpenBLAS: OpenBLAS 0.3.21 sgemm is not row-independent (row m of a batched product
 // differs in the last bits from the same row computed alone; tests/kernels/test_gemm.cpp shows the
 // probe), and the model must give a request the same logits alone or batched. Here every output
-// element is one dot product over K split into kLanes interleaved partial sums combined in a fixed
-// tree, so it depends only on its own x row, w row and K; the register tiles below only share
-// loads between elements, never arithmetic.
+// element is one dot product over K split into kLanes interleaved partial sums (lane l takes
+// k = l mod kLanes, in increasing k) combined in a fixed tree, then the K % kLanes tail; so it
+// depends only on its own x row, w row and K. The blocking below only changes which outputs share
+// a load and where a lane's running sum waits between K blocks (stored and reloaded exactly), never
+// the order of any lane's additions.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/check.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -16,15 +19,28 @@ namespace k3::cpu {
 namespace {
 
 constexpr int kLanes = 8;
-constexpr int64_t kBlockRows = 16;  // parallel work item: kBlockRows x kBlockCols outputs
-constexpr int64_t kBlockCols = 64;
+// Register tile: kTileRows x kTileCols outputs share each pass over a K block (12 accumulators +
+// 3 x vectors + 1 product fill the 16 AVX2 registers; w is read as a memory operand). The switch in
+// gemm_block names the row counts 1..kTileRows.
+constexpr int kTileRows = 3;
+constexpr int kTileCols = 4;
+// Cache blocks. One parallel work item = kBlockRows x kBlockCols outputs; inside it the column
+// tiles are the outer loop, so a tile's kTileCols w rows over one K block (16 KiB) stay in L1
+// while all row tiles pass over them, and the item's x rows over the K block (252 KiB) plus the
+// running sums (126 KiB) stay in a 512 KiB L2. Measured against packing the panels first (the
+// usual GEMM layout): the copies cost more than they saved at these shapes (docs/PERF.md).
+constexpr int64_t kBlockRows = 63;   // a multiple of kTileRows
+constexpr int64_t kBlockCols = 64;   // a multiple of kTileCols
+constexpr int64_t kBlockK = 1024;    // a multiple of kLanes
+// Below this many rows in a block (decode steps) w is only streamed, and each w row is read over
+// the whole of K at once: K blocks would cut it into short runs that the prefetcher does not follow.
+constexpr int64_t kBlockKMinRows = 4 * kTileRows;
 
 // Eight lanes as one GCC vector: AVX2 registers in the avx2 clone, two SSE halves in the baseline
-// one. Element-wise mul then add (no contraction), so each lane rounds as the scalar loop did; the
-// compiler did not keep the scalar form's acc[r][c][l] in registers (this form is ~1.6x faster).
+// one. Element-wise mul then add (no contraction), so each lane rounds as the scalar definition.
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float)), aligned(sizeof(float))));
 // Always inlined into the clones, so a vector never crosses a call (-Wpsabi warns that the baseline
-// ISA would pass one differently; no call exists to disagree about). Up to the end of dot_tile.
+// ISA would pass one differently; no call exists to disagree about). Up to the end of the clones.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 __attribute__((always_inline)) inline Lanes load_lanes(const float* p) {
@@ -33,70 +49,71 @@ __attribute__((always_inline)) inline Lanes load_lanes(const float* p) {
   return v;
 }
 
-// out[r][c] = dot(x[r], w[c]) for an R x C register tile.
-template <int R, int C>
-inline void dot_tile(const float* const* xr, const float* const* wr, int64_t K, float (*out)[4]) {
-  Lanes acc[R][C];
+// Continues the running lane sums acc[r][c] (row stride ld_acc) of an R x kTileCols tile over
+// k in [k0, k1), a whole number of kLanes steps. R < kTileRows only for the last rows of a block,
+// so a single row (decode) does not pay for three.
+template <int R>
+__attribute__((always_inline)) inline void tile_pass(const float* const* xr, const float* const* wr, int64_t k0,
+                                                     int64_t k1, Lanes* acc, int64_t ld_acc) {
+  Lanes a[R][kTileCols];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = Lanes{};
-  const int64_t k_main = K - K % kLanes;
-  for (int64_t k = 0; k < k_main; k += kLanes) {
-    Lanes xv[R], wv[C];
+    for (int c = 0; c < kTileCols; ++c) a[r][c] = acc[r * ld_acc + c];
+  for (int64_t k = k0; k < k1; k += kLanes) {
+    Lanes xv[R];
     for (int r = 0; r < R; ++r) xv[r] = load_lanes(xr[r] + k);
-    for (int c = 0; c < C; ++c) wv[c] = load_lanes(wr[c] + k);
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) acc[r][c] += xv[r] * wv[c];
+    for (int c = 0; c < kTileCols; ++c) {
+      const Lanes wv = load_lanes(wr[c] + k);
+      for (int r = 0; r < R; ++r) a[r][c] += xv[r] * wv;
+    }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) {
-      const Lanes a = acc[r][c];
-      float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-      for (int64_t k = k_main; k < K; ++k) s += xr[r][k] * wr[c][k];
-      out[r][c] = s;
+    for (int c = 0; c < kTileCols; ++c) acc[r * ld_acc + c] = a[r][c];
+}
+
+// One parallel work item: outputs [m0, m1) x [n0, n1). Compiled for AVX2 and for the baseline ISA
+// (picked at load time); without FMA contraction both round identically.
+__attribute__((target_clones("avx2", "default"), flatten)) void gemm_block(
+    const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t m0, int64_t m1, int64_t n0,
+    int64_t n1, float alpha, float beta) {
+  const int64_t rows = m1 - m0;
+  // Columns rounded up to whole tiles; the padding repeats the last w row (computed, never written).
+  const int64_t cols = (n1 - n0 + kTileCols - 1) / kTileCols * kTileCols;
+  std::vector<Lanes> acc(static_cast<size_t>(rows * cols), Lanes{});
+  const int64_t k_main = K - K % kLanes;
+  const int64_t block_k = rows >= kBlockKMinRows ? kBlockK : std::max<int64_t>(k_main, kLanes);
+  for (int64_t kb = 0; kb < k_main; kb += block_k) {
+    const int64_t ke = std::min(k_main, kb + block_k);
+    for (int64_t c = 0; c < cols; c += kTileCols) {
+      const float* wr[kTileCols];
+      for (int j = 0; j < kTileCols; ++j) wr[j] = w + std::min(n0 + c + j, n1 - 1) * K;
+      for (int64_t r = 0; r < rows; r += kTileRows) {
+        const int R = static_cast<int>(std::min<int64_t>(kTileRows, rows - r));
+        const float* xr[kTileRows];
+        for (int i = 0; i < R; ++i) xr[i] = x + (m0 + r + i) * K;
+        Lanes* at = acc.data() + r * cols + c;
+        switch (R) {
+          case 3: tile_pass<3>(xr, wr, kb, ke, at, cols); break;
+          case 2: tile_pass<2>(xr, wr, kb, ke, at, cols); break;
+          default: tile_pass<1>(xr, wr, kb, ke, at, cols); break;
+        }
+      }
     }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xm = x + (m0 + r) * K;
+    float* ym = y + (m0 + r) * N;
+    for (int64_t n = n0; n < n1; ++n) {
+      const Lanes a = acc[r * cols + (n - n0)];
+      float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+      const float* wn = w + n * K;
+      for (int64_t k = k_main; k < K; ++k) s += xm[k] * wn[k];
+      const float v = alpha == 1.f ? s : alpha * s;
+      // beta == 0 never reads y (it may hold NaN).
+      ym[n] = beta == 0.f ? v : v + beta * ym[n];
+    }
+  }
 }
 #pragma GCC diagnostic pop
-
-template <int R>
-void dot_rows(const float* const* xr, const float* w, int64_t n0, int64_t n1, int64_t K, float* const* yr,
-              float alpha, float beta) {
-  float out[2][4];
-  for (int64_t n = n0; n < n1; n += 4) {
-    const int C = static_cast<int>(std::min<int64_t>(4, n1 - n));
-    const float* wr[4] = {w + n * K, w + (n + std::min(1, C - 1)) * K, w + (n + std::min(2, C - 1)) * K,
-                          w + (n + std::min(3, C - 1)) * K};
-    switch (C) {
-      case 4: dot_tile<R, 4>(xr, wr, K, out); break;
-      case 3: dot_tile<R, 3>(xr, wr, K, out); break;
-      case 2: dot_tile<R, 2>(xr, wr, K, out); break;
-      default: dot_tile<R, 1>(xr, wr, K, out); break;
-    }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) {
-        float v = alpha == 1.f ? out[r][c] : alpha * out[r][c];
-        // beta == 0 never reads y (it may hold NaN).
-        yr[r][n + c] = beta == 0.f ? v : v + beta * yr[r][n + c];
-      }
-  }
-}
-
-// One parallel work item: outputs [m_begin, m_end) x [n_begin, n_end). Compiled for AVX2 and for
-// the baseline ISA (picked at load time); without FMA contraction both round identically.
-__attribute__((target_clones("avx2", "default"), flatten)) void gemm_block(
-    const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t m_begin, int64_t m_end,
-    int64_t n_begin, int64_t n_end, float alpha, float beta) {
-  int64_t m = m_begin;
-  for (; m + 2 <= m_end; m += 2) {
-    const float* xr[2] = {x + m * K, x + (m + 1) * K};
-    float* yr[2] = {y + m * N, y + (m + 1) * N};
-    dot_rows<2>(xr, w, n_begin, n_end, K, yr, alpha, beta);
-  }
-  if (m < m_end) {
-    const float* xr[1] = {x + m * K};
-    float* yr[1] = {y + m * N};
-    dot_rows<1>(xr, w, n_begin, n_end, K, yr, alpha, beta);
-  }
-}
 
 }  // namespace
 
@@ -105,6 +122,7 @@ void gemm_rows(ThreadPool& pool, const float* x, const float* w, float* y, int64
   if (M == 0 || N == 0) return;
   const int64_t row_blocks = (M + kBlockRows - 1) / kBlockRows;
   const int64_t col_blocks = (N + kBlockCols - 1) / kBlockCols;
+  // Work items over output tiles only (never over K), so an element's sum is one thread's.
   pool.parallel_for(row_blocks * col_blocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t m_begin = (b / col_blocks) * kBlockRows, n_begin = (b % col_blocks) * kBlockCols;
