@@ -5,12 +5,10 @@
 // probe), and the model must give a request the same logits alone or batched. Here every output
 // element is one dot product over K split into kLanes interleaved partial sums (lane l takes
 // k = l mod kLanes, in increasing k) combined in a fixed tree, then the K % kLanes tail; so it
-// depends only on its own x row, w row and K. The blocking below only changes which outputs share
-// a load and where a lane's running sum waits between K blocks (stored and reloaded exactly), never
-// the order of any lane's additions.
+// depends only on its own x row, w row and K. The tiles and blocks below only change which outputs
+// share a load, never the order of any lane's additions.
 #include <algorithm>
 #include <string>
-#include <vector>
 
 #include "kernels/cpu/check.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -19,22 +17,19 @@ namespace k3::cpu {
 namespace {
 
 constexpr int kLanes = 8;
-// Register tile: kTileRows x kTileCols outputs share each pass over a K block (12 accumulators +
-// 3 x vectors + 1 product fill the 16 AVX2 registers; w is read as a memory operand). The switch in
+// Register tile: kTileRows x kTileCols outputs share each pass over K (12 accumulators + 3 x
+// vectors + 1 product fill the 16 AVX2 registers; w is read as a memory operand). The switch in
 // gemm_block names the row counts 1..kTileRows.
 constexpr int kTileRows = 3;
 constexpr int kTileCols = 4;
 // Cache blocks. One parallel work item = kBlockRows x kBlockCols outputs; inside it the column
-// tiles are the outer loop, so a tile's kTileCols w rows over one K block (16 KiB) stay in L1
-// while all row tiles pass over them, and the item's x rows over the K block (252 KiB) plus the
-// running sums (126 KiB) stay in a 512 KiB L2. Measured against packing the panels first (the
-// usual GEMM layout): the copies cost more than they saved at these shapes (docs/PERF.md).
-constexpr int64_t kBlockRows = 63;   // a multiple of kTileRows
-constexpr int64_t kBlockCols = 64;   // a multiple of kTileCols
-constexpr int64_t kBlockK = 1024;    // a multiple of kLanes
-// Below this many rows in a block (decode steps) w is only streamed, and each w row is read over
-// the whole of K at once: K blocks would cut it into short runs that the prefetcher does not follow.
-constexpr int64_t kBlockKMinRows = 4 * kTileRows;
+// tiles are the outer loop, so a tile's kTileCols w rows (32 KiB at K = 2048) are read from memory
+// once and then from L1/L2 while all row tiles of the item pass over them, and the item's x rows
+// (504 KiB at K = 2048) come from L2/L3. Blocking K as well (running sums kept between K blocks)
+// and packing the panels were both measured slower on this kernel (docs/PERF.md), so the whole of
+// K is one pass and a tile's sums never leave the registers.
+constexpr int64_t kBlockRows = 63;  // a multiple of kTileRows
+constexpr int64_t kBlockCols = 64;  // a multiple of kTileCols
 
 // Eight lanes as one GCC vector: AVX2 registers in the avx2 clone, two SSE halves in the baseline
 // one. Element-wise mul then add (no contraction), so each lane rounds as the scalar definition.
@@ -49,16 +44,16 @@ __attribute__((always_inline)) inline Lanes load_lanes(const float* p) {
   return v;
 }
 
-// Continues the running lane sums acc[r][c] (row stride ld_acc) of an R x kTileCols tile over
-// k in [k0, k1), a whole number of kLanes steps. R < kTileRows only for the last rows of a block,
-// so a single row (decode) does not pay for three.
+// out[r][c] = dot(x[r], w[c]) for an R x kTileCols tile, by the definition above. R < kTileRows
+// only for the last rows of a block, so a single row (decode) does not pay for three.
 template <int R>
-__attribute__((always_inline)) inline void tile_pass(const float* const* xr, const float* const* wr, int64_t k0,
-                                                     int64_t k1, Lanes* acc, int64_t ld_acc) {
+__attribute__((always_inline)) inline void dot_tile(const float* const* xr, const float* const* wr, int64_t K,
+                                                    float (*out)[kTileCols]) {
   Lanes a[R][kTileCols];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kTileCols; ++c) a[r][c] = acc[r * ld_acc + c];
-  for (int64_t k = k0; k < k1; k += kLanes) {
+    for (int c = 0; c < kTileCols; ++c) a[r][c] = Lanes{};
+  const int64_t k_main = K - K % kLanes;
+  for (int64_t k = 0; k < k_main; k += kLanes) {
     Lanes xv[R];
     for (int r = 0; r < R; ++r) xv[r] = load_lanes(xr[r] + k);
     for (int c = 0; c < kTileCols; ++c) {
@@ -67,7 +62,12 @@ __attribute__((always_inline)) inline void tile_pass(const float* const* xr, con
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kTileCols; ++c) acc[r * ld_acc + c] = a[r][c];
+    for (int c = 0; c < kTileCols; ++c) {
+      const Lanes v = a[r][c];
+      float s = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+      for (int64_t k = k_main; k < K; ++k) s += xr[r][k] * wr[c][k];
+      out[r][c] = s;
+    }
 }
 
 // One parallel work item: outputs [m0, m1) x [n0, n1). Compiled for AVX2 and for the baseline ISA
@@ -75,41 +75,28 @@ __attribute__((always_inline)) inline void tile_pass(const float* const* xr, con
 __attribute__((target_clones("avx2", "default"), flatten)) void gemm_block(
     const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t m0, int64_t m1, int64_t n0,
     int64_t n1, float alpha, float beta) {
-  const int64_t rows = m1 - m0;
-  // Columns rounded up to whole tiles; the padding repeats the last w row (computed, never written).
-  const int64_t cols = (n1 - n0 + kTileCols - 1) / kTileCols * kTileCols;
-  std::vector<Lanes> acc(static_cast<size_t>(rows * cols), Lanes{});
-  const int64_t k_main = K - K % kLanes;
-  const int64_t block_k = rows >= kBlockKMinRows ? kBlockK : std::max<int64_t>(k_main, kLanes);
-  for (int64_t kb = 0; kb < k_main; kb += block_k) {
-    const int64_t ke = std::min(k_main, kb + block_k);
-    for (int64_t c = 0; c < cols; c += kTileCols) {
-      const float* wr[kTileCols];
-      for (int j = 0; j < kTileCols; ++j) wr[j] = w + std::min(n0 + c + j, n1 - 1) * K;
-      for (int64_t r = 0; r < rows; r += kTileRows) {
-        const int R = static_cast<int>(std::min<int64_t>(kTileRows, rows - r));
-        const float* xr[kTileRows];
-        for (int i = 0; i < R; ++i) xr[i] = x + (m0 + r + i) * K;
-        Lanes* at = acc.data() + r * cols + c;
-        switch (R) {
-          case 3: tile_pass<3>(xr, wr, kb, ke, at, cols); break;
-          case 2: tile_pass<2>(xr, wr, kb, ke, at, cols); break;
-          default: tile_pass<1>(xr, wr, kb, ke, at, cols); break;
-        }
+  float out[kTileRows][kTileCols];
+  for (int64_t n = n0; n < n1; n += kTileCols) {
+    const int C = static_cast<int>(std::min<int64_t>(kTileCols, n1 - n));
+    // Columns past n1 in the last tile repeat the last w row: computed, never written.
+    const float* wr[kTileCols];
+    for (int j = 0; j < kTileCols; ++j) wr[j] = w + (n + std::min(j, C - 1)) * K;
+    for (int64_t m = m0; m < m1; m += kTileRows) {
+      const int R = static_cast<int>(std::min<int64_t>(kTileRows, m1 - m));
+      const float* xr[kTileRows];
+      for (int i = 0; i < R; ++i) xr[i] = x + (m + i) * K;
+      switch (R) {
+        case 3: dot_tile<3>(xr, wr, K, out); break;
+        case 2: dot_tile<2>(xr, wr, K, out); break;
+        default: dot_tile<1>(xr, wr, K, out); break;
       }
-    }
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xm = x + (m0 + r) * K;
-    float* ym = y + (m0 + r) * N;
-    for (int64_t n = n0; n < n1; ++n) {
-      const Lanes a = acc[r * cols + (n - n0)];
-      float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-      const float* wn = w + n * K;
-      for (int64_t k = k_main; k < K; ++k) s += xm[k] * wn[k];
-      const float v = alpha == 1.f ? s : alpha * s;
-      // beta == 0 never reads y (it may hold NaN).
-      ym[n] = beta == 0.f ? v : v + beta * ym[n];
+      for (int i = 0; i < R; ++i)
+        for (int j = 0; j < C; ++j) {
+          float* yv = y + (m + i) * N + n + j;
+          const float v = alpha == 1.f ? out[i][j] : alpha * out[i][j];
+          // beta == 0 never reads y (it may hold NaN).
+          *yv = beta == 0.f ? v : v + beta * *yv;
+        }
     }
   }
 }
