@@ -23,10 +23,12 @@ class Uploader {
   }
 
   Tensor host(const std::string& name) const { return s_.get(name).to_f32(); }
-  // The stored tensor when it is already in the compute dtype, else its F32 widening.
+  // The stored tensor when it is already in the compute dtype, else its F32 widening. BF16/F16 go
+  // to an F32 backend as stored: its from_host widens them (in parallel on the CPU backend).
   Tensor native(const std::string& name) const {
     const Tensor& t = s_.get(name);
-    return t.dtype() == b_.compute_dtype() ? t : t.to_f32();
+    const bool widens_itself = b_.compute_dtype() == DType::F32 && (t.dtype() == DType::BF16 || t.dtype() == DType::F16);
+    return t.dtype() == b_.compute_dtype() || widens_itself ? t : t.to_f32();
   }
   Tensor up(const Tensor& host) { return b_.from_host(host, b_.compute_dtype()); }
   Tensor up_f32(const Tensor& host_f32) { return b_.from_host(host_f32, DType::F32); }

@@ -56,12 +56,17 @@ void Backend::fill_uniform(const ops::FillUniformParams& p) {
   require_host(p.y, "fill_uniform", "y");
   K3_CHECK(p.y.dtype() == DType::F32 || p.y.dtype() == DType::BF16,
            std::string("fill_uniform: y must be F32 or BF16, got ") + dtype_name(p.y.dtype()));
-  const int64_t n = p.y.numel();
-  for (int64_t i = 0; i < n; ++i) {
+  fill_uniform_range(p, 0, p.y.numel());
+}
+
+void Backend::fill_uniform_range(const ops::FillUniformParams& p, int64_t begin, int64_t end) {
+  float* f32 = p.y.dtype() == DType::F32 ? p.y.f32() : nullptr;
+  uint16_t* b16 = f32 ? nullptr : p.y.ptr<uint16_t>();
+  for (int64_t i = begin; i < end; ++i) {
     float v = counter_random::uniform(p.seed, static_cast<uint64_t>(i), p.scale);
     if (p.round_to_bf16) v = bf16_to_f32(f32_to_bf16(v));
-    if (p.y.dtype() == DType::F32) p.y.f32()[i] = v;
-    else p.y.ptr<uint16_t>()[i] = f32_to_bf16(v);
+    if (f32) f32[i] = v;
+    else b16[i] = f32_to_bf16(v);
   }
 }
 

@@ -95,6 +95,11 @@ class Backend {
   virtual void scatter_rows(const ops::ScatterRowsParams& p);
   virtual void head_gemm(const ops::HeadGemmParams& p);
   virtual void fill_uniform(const ops::FillUniformParams& p);
+
+ protected:
+  // Elements [begin, end) of fill_uniform (each element depends only on its index), for a backend
+  // that fills in parallel.
+  static void fill_uniform_range(const ops::FillUniformParams& p, int64_t begin, int64_t end);
 };
 
 struct CpuBackendOptions {

@@ -31,7 +31,7 @@ class CpuBackend final : public Backend {
   Tensor from_host(const Tensor& host, DType dtype) override {
     K3_CHECK(host.device() == Device::Cpu, "cpu backend from_host: tensor is not on the host");
     if (host.dtype() == dtype) return host.clone();
-    if (dtype == DType::F32 && (host.dtype() == DType::BF16 || host.dtype() == DType::F16)) return host.to_f32();
+    if (dtype == DType::F32 && (host.dtype() == DType::BF16 || host.dtype() == DType::F16)) return widen(host);
     throw Error(std::string("cpu backend from_host: cannot convert ") + dtype_name(host.dtype()) + " to " +
                 dtype_name(dtype));
   }
@@ -77,7 +77,30 @@ class CpuBackend final : public Backend {
   void embedding(const ops::EmbeddingParams& p) override { cpu::embedding(pool_, p); }
   void sample(const ops::SampleParams& p) override { cpu::sample(pool_, p); }
 
+  // Weight set-up in parallel: a model's worth of elements (billions for the wider presets) would
+  // otherwise be drawn or widened by one thread. Element-wise, so any split gives the same bits.
+  void fill_uniform(const ops::FillUniformParams& p) override {
+    K3_CHECK(p.y.device() == Device::Cpu, "fill_uniform: y is not a host tensor");
+    K3_CHECK(p.y.dtype() == DType::F32 || p.y.dtype() == DType::BF16,
+             std::string("fill_uniform: y must be F32 or BF16, got ") + dtype_name(p.y.dtype()));
+    pool_.parallel_for(p.y.numel(), [&](int64_t i0, int64_t i1) { fill_uniform_range(p, i0, i1); }, kFillGrain);
+  }
+
  private:
+  static constexpr int64_t kFillGrain = 1 << 16;
+
+  // BF16/F16 -> F32, as Tensor::to_f32 (the same conversion per element), split over the pool.
+  Tensor widen(const Tensor& host) {
+    Tensor t = Tensor::zeros(host.shape(), DType::F32);
+    const auto* in = static_cast<const uint16_t*>(host.data());
+    float* out = t.f32();
+    const bool bf16 = host.dtype() == DType::BF16;
+    pool_.parallel_for(host.numel(), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) out[i] = bf16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
+    }, kFillGrain);
+    return t;
+  }
+
   bool chunk_invariant_;
   cpu::ThreadPool pool_;
 };

@@ -92,12 +92,20 @@ void moe_experts(ThreadPool& pool, const ops::MoeExpertsParams& p) {
     h1.resize(n * F);
     h3.resize(n * F);
     h2.resize(n * Dl);
-    for (int64_t r = 0; r < n; ++r) std::copy_n(z + (rows[r] / k) * Dl, Dl, zg.data() + r * Dl);
+    // The gathers, the activation and the scatter are element-wise or copies: split over the pool
+    // (any split gives the same bits); left serial they bound a many-core prefill (Amdahl).
+    pool.parallel_for(n, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) std::copy_n(z + (rows[r] / k) * Dl, Dl, zg.data() + r * Dl);
+    }, 16);
     gemm_rows(pool, zg.data(), w1 + e * F * Dl, h1.data(), n, F, Dl);
     gemm_rows(pool, zg.data(), w3 + e * F * Dl, h3.data(), n, F, Dl);
-    for (int64_t i = 0; i < n * F; ++i) h1[i] = gluf(p.act, h1[i], h3[i], p.beta, p.beta_linear);
+    pool.parallel_for(n * F, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) h1[i] = gluf(p.act, h1[i], h3[i], p.beta, p.beta_linear);
+    }, 4096);
     gemm_rows(pool, h1.data(), w2 + e * Dl * F, h2.data(), n, Dl, F);
-    for (int64_t r = 0; r < n; ++r) std::copy_n(h2.data() + r * Dl, Dl, expert_out.data() + rows[r] * Dl);
+    pool.parallel_for(n, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) std::copy_n(h2.data() + r * Dl, Dl, expert_out.data() + rows[r] * Dl);
+    }, 16);
   }
   const float* wts = p.weights.f32();
   float* y = p.y.f32();

@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 
+#include "common/core/counter_random.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -119,6 +120,29 @@ TEST_CASE("every op is bitwise identical with 1, 3 and 4 threads") {
     for (size_t i = 0; i < one.size(); ++i) {
       INFO("threads=" << threads << " output #" << i << " " << shape_str(one[i].shape()));
       CHECK(bitwise_equal(one[i], many[i]));
+    }
+  }
+}
+
+// Weight set-up runs in parallel on the CPU backend: the draws and the bf16 widening are the
+// single-threaded definitions' bits (counter_random::uniform; Tensor::to_f32).
+TEST_CASE("CPU weight fills and widening equal the serial definitions for any thread count") {
+  const int64_t n = 300007;  // several chunks of the fill's grain, and an odd tail
+  for (int threads : {1, 3}) {
+    auto be = cpu_backend(threads);
+    for (const bool round : {false, true}) {
+      Tensor f = Tensor::zeros({n}), b = Tensor::zeros({n}, DType::BF16);
+      be->fill_uniform({.y = f, .seed = 77, .scale = 0.02f, .round_to_bf16 = round});
+      be->fill_uniform({.y = b, .seed = 77, .scale = 0.02f, .round_to_bf16 = round});
+      for (int64_t i = 0; i < n; ++i) {
+        float want = counter_random::uniform(77, static_cast<uint64_t>(i), 0.02f);
+        if (round) want = bf16_to_f32(f32_to_bf16(want));
+        INFO("threads=" << threads << " round=" << round << " i=" << i);
+        REQUIRE(std::memcmp(&want, f.f32() + i, sizeof(float)) == 0);
+        REQUIRE(b.ptr<uint16_t>()[i] == f32_to_bf16(want));
+      }
+      Tensor wide = be->from_host(b, DType::F32);
+      REQUIRE(bitwise_equal(wide, b.to_f32()));
     }
   }
 }
