@@ -20,6 +20,7 @@
 //    its queued chunks; late chunks of an ended request are dropped.
 #pragma once
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -37,6 +38,20 @@
 #include "transfer/ucx_prefill_driver.h"
 
 namespace k3::prefill {
+
+// When one request's work ran on this stage (k3-prefill --timing, read by `k3-bench overlap`): its compute
+// (first chunk start to the last chunk's end, before the cache export) and its writes to decode (the
+// driver's TRANSFERRING to the request's end, i.e. puts and flush). Microseconds of the steady clock,
+// which on Linux is CLOCK_MONOTONIC and so comparable between the processes of one host.
+struct StageTiming {
+  enum class Span { Compute, Writes };
+  uint64_t request_id = 0;
+  Span span = Span::Compute;
+  int64_t begin_us = 0;
+  int64_t end_us = 0;
+};
+const char* span_name(StageTiming::Span s);
+int64_t steady_us();
 
 struct PrefillStageOptions {
   std::string instance_id = "p";
@@ -58,6 +73,7 @@ struct PrefillStageOptions {
   transfer::HeartbeatConfig heartbeat;
   std::optional<transfer::ControlKeys> control_keys;  // CURVE control plane (nullopt: --insecure-control-plane)
   std::string ucx_net_devices;         // the data plane's network device (from --interface)
+  std::function<void(const StageTiming&)> on_timing;  // may be empty (called from the stage's loop)
 };
 
 class PrefillStage {
@@ -94,6 +110,7 @@ class PrefillStage {
     uint32_t evicted = 0;                       // stage 0: cache evictions to announce with the next chunk
     uint32_t prompt_len = 0;                    // known from the PREFILL or the first chunk
     int64_t computed = 0;                       // tokens through this stage's layers
+    int64_t compute_begin_us = -1;              // steady_us() at the first chunk (on_timing)
     Tensor last_logits;                         // last stage: logits of the prompt's final row (on the backend)
   };
   PrefillStage(const PrefillStageOptions& opts, Backend& backend) : opts_(opts), backend_(backend) {}
@@ -108,6 +125,8 @@ class PrefillStage {
   bool open_request(Request& r, ChunkCacheSync& sync);
   bool reserve(Request& r, int64_t n, uint32_t evictions);
   void maybe_report(Request& r);
+  // on_timing: the writes' span from the driver's state hook (TRANSFERRING .. terminal).
+  void note_writes_timing(uint64_t id, protocol::RequestState st);
   void end_request(uint64_t id);
   void fail_request(uint64_t id, const std::string& why);
   // How log lines name a request: its trace id once the PREFILL told it, else the wire id.
@@ -133,6 +152,7 @@ class PrefillStage {
                                                   // chunks in arrival order (computed strictly in it)
   std::set<uint64_t> ended_;                      // requests whose late chunks / PREFILLs are dropped
   std::vector<uint64_t> pending_end_;             // terminal states seen by the driver's state hook
+  std::map<uint64_t, int64_t> writes_begin_us_;   // on_timing: requests whose writes started (until they end)
 };
 
 }  // namespace k3::prefill
