@@ -107,7 +107,9 @@ struct ClusterSpec {
   // Sampling of every request: in the PREFILLs (first token) and decode's flags (the other tokens:
   // these tests' CLAIMs carry no sampling params, so decode falls back to its flags).
   protocol::SamplingParams sampling;
-  bool cache_in_pool = false;   // decode --cache-in-pool: its engine cache is the transfer pool
+  // decode --no-cache-in-pool: a separate engine cache that each transferred request is copied into
+  // (the default on the cpu backend is the cache in the transfer pool: one copy).
+  bool separate_cache = false;
 };
 
 // Control-plane keys of every process a test starts, as k3-cluster writes them.
@@ -139,7 +141,7 @@ struct Cluster {
                                          "--heartbeat-ms", "200", "--log-level", log_level(),
                                          "--control-key", keys.files.keypair("decode/d"),
                                          "--control-public-keys", keys.files.public_keys()};
-    if (spec.cache_in_pool) decode_args.push_back("--cache-in-pool");
+    if (spec.separate_cache) decode_args.push_back("--no-cache-in-pool");
     decode = std::make_unique<ProcessGuard>(kBin + "/k3-decode", decode_args);
     auto ep = decode->wait_for("READY ", 60s);
     REQUIRE(ep);
@@ -312,8 +314,8 @@ TEST_CASE("cluster k3-tiny-93 on the production partition (16 stages), chunk 9: 
   check_equivalence({.preset = "k3-tiny-93", .stages = 16, .partition = part, .chunk = 9}, 400);
 }
 
-TEST_CASE("cluster PP=2, decode cache in the transfer pool: tokens equal the monolithic engine", "[cluster]") {
-  check_equivalence({.stages = 2, .partition = "", .chunk = 7, .cache_in_pool = true}, 1000);
+TEST_CASE("cluster PP=2, decode with a separate cache (--no-cache-in-pool): tokens equal the monolithic engine", "[cluster]") {
+  check_equivalence({.stages = 2, .partition = "", .chunk = 7, .separate_cache = true}, 1000);
 }
 
 TEST_CASE("decode dies while the stages hold a request's KV: every stage frees it and reports FAILED", "[cluster]") {
@@ -330,8 +332,8 @@ TEST_CASE("decode dies while the stages hold a request's KV: every stage frees i
 }
 
 namespace {
-void check_abort_mid_stream(bool cache_in_pool) {
-  Cluster c({.stages = 2, .partition = "", .chunk = 4, .max_tokens = 1000000, .cache_in_pool = cache_in_pool});
+void check_abort_mid_stream(bool separate_cache) {
+  Cluster c({.stages = 2, .partition = "", .chunk = 4, .max_tokens = 1000000, .separate_cache = separate_cache});
   std::mt19937 rng(8);
   const auto prompt = random_prompt(rng, 10, tiny_model().cfg.vocab_size);
   c.submit({{700, prompt}});
@@ -363,10 +365,12 @@ void check_abort_mid_stream(bool cache_in_pool) {
 }
 }  // namespace
 
-TEST_CASE("router ABORT mid-stream: decode drops the request and its transfer pool returns to full", "[cluster]") {
+TEST_CASE("router ABORT mid-stream, decode cache in the transfer pool (the default): the pool returns to full",
+          "[cluster]") {
   check_abort_mid_stream(false);
 }
 
-TEST_CASE("router ABORT mid-stream, decode cache in the transfer pool: the pool returns to full", "[cluster]") {
+TEST_CASE("router ABORT mid-stream, separate decode cache: decode drops the request and its pool returns to full",
+          "[cluster]") {
   check_abort_mid_stream(true);
 }
