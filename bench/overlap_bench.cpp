@@ -89,8 +89,10 @@ class OverlapRig {
 };
 
 std::vector<std::string> OverlapRig::common_args() const {
+  // A stage heartbeats between chunks only, and a long prompt's late chunks can take seconds on a loaded
+  // CPU: ten missed beats before a peer counts as dead keeps the measurement from failing on that.
   std::vector<std::string> a = {"--model", o_.model, "--router-endpoint", router_->endpoint(), "--insecure-control-plane",
-                                "--backend", o_.backend, "--log-level", o_.node_log_level};
+                                "--backend", o_.backend, "--log-level", o_.node_log_level, "--heartbeat-misses", "10"};
   if (o_.threads > 0) a.insert(a.end(), {"--threads", std::to_string(o_.threads)});
   return a;
 }
