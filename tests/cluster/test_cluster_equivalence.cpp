@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -84,8 +85,10 @@ struct Router : k3::test::TestRouter {
   std::map<uint64_t, std::vector<int32_t>> tokens;
   std::map<uint64_t, protocol::FinishReason> finish;
   std::map<uint64_t, std::vector<protocol::AbortReason>> failed;
+  std::optional<protocol::DecodeRoom> decode_room;   // from decode's latest heartbeat
   explicit Router(transfer::ControlKeys keys) : TestRouter(200ms, std::move(keys)) {
     on_message = [this](const std::string&, const protocol::Message& m) {
+      if (auto* h = std::get_if<protocol::Heartbeat>(&m); h && h->role == protocol::Role::Decode) decode_room = h->room;
       if (auto* t = std::get_if<protocol::Tokens>(&m)) {
         CHECK(finish.count(t->request_id) == 0);  // nothing after the last message
         auto& v = tokens[t->request_id];
@@ -110,6 +113,7 @@ struct ClusterSpec {
   // decode --no-cache-in-pool: a separate engine cache that each transferred request is copied into
   // (the default on the cpu backend is the cache in the transfer pool: one copy).
   bool separate_cache = false;
+  int decode_cache_pages = 0;   // decode --cache-pages (0: its default)
 };
 
 // Control-plane keys of every process a test starts, as k3-cluster writes them.
@@ -142,6 +146,7 @@ struct Cluster {
                                          "--control-key", keys.files.keypair("decode/d"),
                                          "--control-public-keys", keys.files.public_keys()};
     if (spec.separate_cache) decode_args.push_back("--no-cache-in-pool");
+    if (spec.decode_cache_pages > 0) decode_args.insert(decode_args.end(), {"--cache-pages", std::to_string(spec.decode_cache_pages)});
     decode = std::make_unique<ProcessGuard>(kBin + "/k3-decode", decode_args);
     auto ep = decode->wait_for("READY ", 60s);
     REQUIRE(ep);
@@ -316,6 +321,23 @@ TEST_CASE("cluster k3-tiny-93 on the production partition (16 stages), chunk 9: 
 
 TEST_CASE("cluster PP=2, decode with a separate cache (--no-cache-in-pool): tokens equal the monolithic engine", "[cluster]") {
   check_equivalence({.stages = 2, .partition = "", .chunk = 7, .separate_cache = true}, 1000);
+}
+
+TEST_CASE("k3-decode on the cpu backend keeps its cache in the transfer pool unless --no-cache-in-pool", "[cluster]") {
+  for (bool separate : {false, true}) {
+    INFO((separate ? "--no-cache-in-pool" : "the default"));
+    Cluster c({.stages = 1, .partition = "", .chunk = 8, .separate_cache = separate, .decode_cache_pages = 100});
+    c.wait_until([&] { return c.router.decode_room.has_value(); }, 10s, "a decode heartbeat with its room");
+    const protocol::DecodeRoom room = *c.router.decode_room;
+    if (separate) {
+      CHECK(room.cache_pages == 100);              // the flag sizes a cache of its own
+    } else {
+      CHECK(room.cache_pages == room.pool_pages);  // the engine's pages are the pool's (--cache-pages unused)
+      CHECK(room.cache_seqs == room.pool_slots);
+      CHECK(room.cache_page_size == room.pool_page_size);
+    }
+    CHECK(room.pool_pages == 256);
+  }
 }
 
 TEST_CASE("decode dies while the stages hold a request's KV: every stage frees it and reports FAILED", "[cluster]") {
