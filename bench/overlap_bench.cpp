@@ -101,6 +101,7 @@ std::unique_ptr<OverlapRig> OverlapRig::start(const OverlapOptions& o) {
   std::unique_ptr<OverlapRig> rig(new OverlapRig(o));
   transfer::ControlOptions ropt;
   ropt.name = "router";
+  ropt.heartbeat.misses = 10;   // as the nodes' --heartbeat-misses (common_args)
   auto router = transfer::ControlServer::bind(rig->zctx_, "tcp://127.0.0.1:*", ropt);
   rig->expect(router.is_ok(), "router socket: " + router.status().to_string());
   rig->router_ = std::move(router).value();
@@ -226,10 +227,13 @@ int64_t OverlapRig::run(uint64_t id, const std::vector<int32_t>& prompt, bool tr
   const int64_t ttft = transfer ? first_token_us_.at(id) - t0 : spans.compute.at(last).end - t0;
   if (!transfer) {
     // Nothing was allocated or written: the ABORT only frees what the stages hold.
-    for (int s = 0; s < o_.stages; ++s)
-      (void)router_->send("prefill/p/" + std::to_string(s),
-                          protocol::encode(protocol::Abort{.request_id = id, .reason = protocol::AbortReason::ClientCancelled,
-                                                           .origin_role = protocol::Role::Router}));
+    for (int s = 0; s < o_.stages; ++s) {
+      const Status sent = router_->send("prefill/p/" + std::to_string(s),
+                                        protocol::encode(protocol::Abort{.request_id = id,
+                                                                         .reason = protocol::AbortReason::ClientCancelled,
+                                                                         .origin_role = protocol::Role::Router}));
+      expect(sent.is_ok(), what + ": ABORT to stage " + std::to_string(s) + ": " + sent.to_string());
+    }
   }
   // The next request starts on idle stages.
   for (;;) {
