@@ -22,5 +22,8 @@ void add_engine_command(CLI::App& app);
 // `k3-bench ranks`: a DCP or EP decode group of CPU rank processes, step time split into collectives
 // (bench/ranks_bench.cpp).
 void add_ranks_command(CLI::App& app);
+// `k3-bench overlap`: the transfer's share hidden behind prefill compute and TTFT with vs without the
+// transfer, with real k3-prefill / k3-decode processes (bench/overlap_bench.cpp).
+void add_overlap_command(CLI::App& app);
 
 }  // namespace k3::bench

@@ -185,10 +185,15 @@ int main(int argc, char** argv) {
   app.add_option("--cache-pages", o.cache.num_pages, "decode MLA cache pages (default 256)")->check(CLI::PositiveNumber);
   app.add_option("--cache-page-size", o.cache.page_size, "tokens per decode MLA cache page (default 16)")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--cache-in-pool", o.cache_in_pool,
+  bool cache_in_pool = false, no_cache_in_pool = false;
+  app.add_flag("--cache-in-pool", cache_in_pool,
                "place the decode cache in the transfer pool: decode from the pages the transfer wrote (one copy per "
                "request); --pool-pages / --pool-slots / --page-size then size it and --max-requests / --cache-pages / "
-               "--cache-page-size are unused (cpu backend)");
+               "--cache-page-size are unused. The default on the cpu backend for a single rank; the cuda backend and "
+               "rank groups keep a separate decode cache");
+  app.add_flag("--no-cache-in-pool", no_cache_in_pool,
+               "keep a separate decode cache (sized by --max-requests / --cache-pages / --cache-page-size) and copy each "
+               "transferred request into it");
   app.add_option("--max-tokens", o.max_tokens, "generated tokens per request, the first included (default 16)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--ignore-eos", ignore_eos, "do not stop at the tokenizer's end-of-sequence tokens");
@@ -264,7 +269,11 @@ int main(int argc, char** argv) {
   bc.threads = threads;
   auto backend = make_backend(bc);
   if (!backend.is_ok()) return fail(backend.status());
-  if (gf.size() > 1 || gf.rank > 0) {
+  if (cache_in_pool && no_cache_in_pool) return fail(invalid_argument("--cache-in-pool and --no-cache-in-pool: give one"));
+  const bool grouped = gf.size() > 1 || gf.rank > 0;
+  // One copy of a transferred request where the region can hold the engine's caches: host memory, one rank.
+  o.cache_in_pool = cache_in_pool || (!no_cache_in_pool && !grouped && (*backend)->name() == std::string("cpu"));
+  if (grouped) {
     if (o.cache_in_pool)
       return fail(invalid_argument("--cache-in-pool: decode rank groups (--group-dcp / --group-ep) keep separate caches"));
     if (gf.rank >= gf.size())

@@ -4,6 +4,7 @@
 //   READY <control name>     the stage is up (model loaded, driver connected)
 //   DECODE_READY             every decode instance's registration (worker address, rkeys) arrived
 //   HELD <sources> <computing>  whenever the driver's held sources or the requests in compute change
+//   TIMING <id> compute|writes <begin_us> <end_us>  with --timing: a request's spans on this stage
 #include <CLI/CLI.hpp>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -105,7 +106,16 @@ int main(int argc, char** argv) {
   app.add_option("--addrs-timeout-ms", addrs_ms, "COMPUTE_DONE -> ADDRS wait before the request expires (default 300000)")
       ->check(CLI::PositiveNumber);
   app.add_option("--log-level", log_level, "spdlog level: trace, debug, info, warn (default), error");
+  bool timing = false;
+  app.add_flag("--timing", timing,
+               "print TIMING lines: each request's compute and write spans on this stage (steady-clock us; "
+               "k3-bench overlap reads them)");
   CLI11_PARSE(app, argc, argv);
+  if (timing)
+    o.on_timing = [](const prefill::StageTiming& t) {
+      say("TIMING " + std::to_string(t.request_id) + " " + prefill::span_name(t.span) + " " + std::to_string(t.begin_us) +
+          " " + std::to_string(t.end_us));
+    };
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (prefix_slots > 0) {
     o.cache.checkpoint_slots = prefix_slots;

@@ -38,6 +38,13 @@ Activations on_backend(Backend& be, Activations a) {
 
 }  // namespace
 
+const char* span_name(StageTiming::Span s) { return s == StageTiming::Span::Compute ? "compute" : "writes"; }
+
+int64_t steady_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 PrefillStage::~PrefillStage() {
   for (auto& [id, r] : requests_) {
     if (prefix_) prefix_->release(r.lease);
@@ -87,6 +94,7 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   PrefillStage* self = s.get();
   dc.on_state = [self](uint64_t id, protocol::RequestState st) {
     // Called inside driver calls: only note it; the loop frees the request after the call returns.
+    if (self->opts_.on_timing) self->note_writes_timing(id, st);
     if (protocol::is_terminal(st)) self->pending_end_.push_back(id);
   };
   K3_ASSIGN_OR_RETURN(s->driver_, transfer::PrefillDriver::create(std::move(dc), zctx, &s->metrics_));
@@ -278,9 +286,23 @@ bool PrefillStage::reserve(Request& r, int64_t n, uint32_t evictions) {
   return st.is_ok();
 }
 
+void PrefillStage::note_writes_timing(uint64_t id, protocol::RequestState st) {
+  // The driver reports TRANSFERRING before it posts the first put and the end after the flush.
+  if (st == protocol::RequestState::Transferring) {
+    writes_begin_us_[id] = steady_us();
+  } else if (protocol::is_terminal(st)) {
+    auto it = writes_begin_us_.find(id);
+    if (it == writes_begin_us_.end()) return;
+    const StageTiming t{.request_id = id, .span = StageTiming::Span::Writes, .begin_us = it->second, .end_us = steady_us()};
+    writes_begin_us_.erase(it);
+    opts_.on_timing(t);
+  }
+}
+
 Status PrefillStage::compute_chunk(Request& r) {
   ChunkCacheSync sync;   // stage 0's prefix-cache moves, sent with the chunk (later stages pass theirs on)
   if (!r.open && !open_request(r, sync)) return Status::ok();
+  if (r.compute_begin_us < 0) r.compute_begin_us = steady_us();
   Activations act;
   const int64_t start = r.computed;
   if (opts_.stage == 0) {
@@ -319,6 +341,8 @@ Status PrefillStage::compute_chunk(Request& r) {
 void PrefillStage::maybe_report(Request& r) {
   if (!r.prefill || r.prompt_len == 0 || r.computed != r.prompt_len) return;
   if (r.reported) return end_request(r.id);   // a recompute for the later stages: reported before
+  if (opts_.on_timing)
+    opts_.on_timing({.request_id = r.id, .span = StageTiming::Span::Compute, .begin_us = r.compute_begin_us, .end_us = steady_us()});
   std::vector<uint8_t> bytes;
   export_caches(backend_, *pools_, r.seq, begin_, end_, bytes);
   transfer::StageSource src =

@@ -29,6 +29,7 @@
 //    request ends by its deadline (the only way drift can still fail a request).
 #pragma once
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -46,6 +47,20 @@
 #include "transfer/ucx_prefill_driver.h"
 
 namespace k3::prefill {
+
+// When one request's work ran on this stage (k3-prefill --timing, read by `k3-bench overlap`): its compute
+// (first chunk start to the last chunk's end, before the cache export) and its writes to decode (the
+// driver's TRANSFERRING to the request's end, i.e. puts and flush). Microseconds of the steady clock,
+// which on Linux is CLOCK_MONOTONIC and so comparable between the processes of one host.
+struct StageTiming {
+  enum class Span { Compute, Writes };
+  uint64_t request_id = 0;
+  Span span = Span::Compute;
+  int64_t begin_us = 0;
+  int64_t end_us = 0;
+};
+const char* span_name(StageTiming::Span s);
+int64_t steady_us();
 
 struct PrefillStageOptions {
   std::string instance_id = "p";
@@ -67,6 +82,7 @@ struct PrefillStageOptions {
   transfer::HeartbeatConfig heartbeat;
   std::optional<transfer::ControlKeys> control_keys;  // CURVE control plane (nullopt: --insecure-control-plane)
   std::string ucx_net_devices;         // the data plane's network device (from --interface)
+  std::function<void(const StageTiming&)> on_timing;  // may be empty (called from the stage's loop)
 };
 
 class PrefillStage {
@@ -107,6 +123,7 @@ class PrefillStage {
     bool reported = false;                      // handed to the driver before: a recompute only feeds the
                                                 // next stages and the caches
     int64_t computed = 0;                       // tokens through this stage's layers
+    int64_t compute_begin_us = -1;              // steady_us() at the first chunk (on_timing)
     Tensor last_logits;                         // last stage: logits of the prompt's final row (on the backend)
   };
   PrefillStage(const PrefillStageOptions& opts, Backend& backend) : opts_(opts), backend_(backend) {}
@@ -121,6 +138,8 @@ class PrefillStage {
   bool open_request(Request& r, ChunkCacheSync& sync);
   bool reserve(Request& r, int64_t n, uint32_t evictions);
   void maybe_report(Request& r);
+  // on_timing: the writes' span from the driver's state hook (TRANSFERRING .. terminal).
+  void note_writes_timing(uint64_t id, protocol::RequestState st);
   void end_request(uint64_t id);
   // Prefix-cache drift (see the flow above): a later stage asks for the request to be computed again.
   void ask_recompute(Request& r, const std::string& why);
@@ -164,6 +183,7 @@ class PrefillStage {
   std::deque<uint64_t> reported_order_;           // oldest first
   uint64_t reported_tokens_ = 0;                  // prompt tokens reported_ holds
   std::vector<uint64_t> pending_end_;             // terminal states seen by the driver's state hook
+  std::map<uint64_t, int64_t> writes_begin_us_;   // on_timing: requests whose writes started (until they end)
 };
 
 }  // namespace k3::prefill

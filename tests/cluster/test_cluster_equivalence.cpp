@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -84,8 +85,10 @@ struct Router : k3::test::TestRouter {
   std::map<uint64_t, std::vector<int32_t>> tokens;
   std::map<uint64_t, protocol::FinishReason> finish;
   std::map<uint64_t, std::vector<protocol::AbortReason>> failed;
+  std::optional<protocol::DecodeRoom> decode_room;   // from decode's latest heartbeat
   explicit Router(transfer::ControlKeys keys) : TestRouter(200ms, std::move(keys)) {
     on_message = [this](const std::string&, const protocol::Message& m) {
+      if (auto* h = std::get_if<protocol::Heartbeat>(&m); h && h->role == protocol::Role::Decode) decode_room = h->room;
       if (auto* t = std::get_if<protocol::Tokens>(&m)) {
         CHECK(finish.count(t->request_id) == 0);  // nothing after the last message
         auto& v = tokens[t->request_id];
@@ -107,7 +110,10 @@ struct ClusterSpec {
   // Sampling of every request: in the PREFILLs (first token) and decode's flags (the other tokens:
   // these tests' CLAIMs carry no sampling params, so decode falls back to its flags).
   protocol::SamplingParams sampling;
-  bool cache_in_pool = false;   // decode --cache-in-pool: its engine cache is the transfer pool
+  // decode --no-cache-in-pool: a separate engine cache that each transferred request is copied into
+  // (the default on the cpu backend is the cache in the transfer pool: one copy).
+  bool separate_cache = false;
+  int decode_cache_pages = 0;   // decode --cache-pages (0: its default)
 };
 
 // Control-plane keys of every process a test starts, as k3-cluster writes them.
@@ -139,7 +145,8 @@ struct Cluster {
                                          "--heartbeat-ms", "200", "--log-level", log_level(),
                                          "--control-key", keys.files.keypair("decode/d"),
                                          "--control-public-keys", keys.files.public_keys()};
-    if (spec.cache_in_pool) decode_args.push_back("--cache-in-pool");
+    if (spec.separate_cache) decode_args.push_back("--no-cache-in-pool");
+    if (spec.decode_cache_pages > 0) decode_args.insert(decode_args.end(), {"--cache-pages", std::to_string(spec.decode_cache_pages)});
     decode = std::make_unique<ProcessGuard>(kBin + "/k3-decode", decode_args);
     auto ep = decode->wait_for("READY ", 60s);
     REQUIRE(ep);
@@ -312,8 +319,25 @@ TEST_CASE("cluster k3-tiny-93 on the production partition (16 stages), chunk 9: 
   check_equivalence({.preset = "k3-tiny-93", .stages = 16, .partition = part, .chunk = 9}, 400);
 }
 
-TEST_CASE("cluster PP=2, decode cache in the transfer pool: tokens equal the monolithic engine", "[cluster]") {
-  check_equivalence({.stages = 2, .partition = "", .chunk = 7, .cache_in_pool = true}, 1000);
+TEST_CASE("cluster PP=2, decode with a separate cache (--no-cache-in-pool): tokens equal the monolithic engine", "[cluster]") {
+  check_equivalence({.stages = 2, .partition = "", .chunk = 7, .separate_cache = true}, 1000);
+}
+
+TEST_CASE("k3-decode on the cpu backend keeps its cache in the transfer pool unless --no-cache-in-pool", "[cluster]") {
+  for (bool separate : {false, true}) {
+    INFO((separate ? "--no-cache-in-pool" : "the default"));
+    Cluster c({.stages = 1, .partition = "", .chunk = 8, .separate_cache = separate, .decode_cache_pages = 100});
+    c.wait_until([&] { return c.router.decode_room.has_value(); }, 10s, "a decode heartbeat with its room");
+    const protocol::DecodeRoom room = *c.router.decode_room;
+    if (separate) {
+      CHECK(room.cache_pages == 100);              // the flag sizes a cache of its own
+    } else {
+      CHECK(room.cache_pages == room.pool_pages);  // the engine's pages are the pool's (--cache-pages unused)
+      CHECK(room.cache_seqs == room.pool_slots);
+      CHECK(room.cache_page_size == room.pool_page_size);
+    }
+    CHECK(room.pool_pages == 256);
+  }
 }
 
 TEST_CASE("decode dies while the stages hold a request's KV: every stage frees it and reports FAILED", "[cluster]") {
@@ -330,8 +354,8 @@ TEST_CASE("decode dies while the stages hold a request's KV: every stage frees i
 }
 
 namespace {
-void check_abort_mid_stream(bool cache_in_pool) {
-  Cluster c({.stages = 2, .partition = "", .chunk = 4, .max_tokens = 1000000, .cache_in_pool = cache_in_pool});
+void check_abort_mid_stream(bool separate_cache) {
+  Cluster c({.stages = 2, .partition = "", .chunk = 4, .max_tokens = 1000000, .separate_cache = separate_cache});
   std::mt19937 rng(8);
   const auto prompt = random_prompt(rng, 10, tiny_model().cfg.vocab_size);
   c.submit({{700, prompt}});
@@ -363,10 +387,12 @@ void check_abort_mid_stream(bool cache_in_pool) {
 }
 }  // namespace
 
-TEST_CASE("router ABORT mid-stream: decode drops the request and its transfer pool returns to full", "[cluster]") {
+TEST_CASE("router ABORT mid-stream, decode cache in the transfer pool (the default): the pool returns to full",
+          "[cluster]") {
   check_abort_mid_stream(false);
 }
 
-TEST_CASE("router ABORT mid-stream, decode cache in the transfer pool: the pool returns to full", "[cluster]") {
+TEST_CASE("router ABORT mid-stream, separate decode cache: decode drops the request and its pool returns to full",
+          "[cluster]") {
   check_abort_mid_stream(true);
 }

@@ -66,7 +66,7 @@ TEST_CASE("cluster router: a request beyond one decode rank's capacity gets 400 
   const std::string listening = wait_line(router, "listening on http://");
   const int port = std::stoi(listening.substr(listening.rfind(':') + 1));
   ProcessGuard decode(kBin + "/k3-decode", keyed({"--model", model, "--router-endpoint", control, "--instance", "d",
-                                                  "--rank", "0", "--pool-pages", "64", "--cache-pages", "48",
+                                                  "--rank", "0", "--pool-pages", "64", "--cache-pages", "48", "--no-cache-in-pool",
                                                   "--threads", "1", "--heartbeat-ms", "200", "--heartbeat-misses", "10"},
                                                  "decode/d"));
   const std::string decode_ep = wait_line(decode, "READY ");
