@@ -92,8 +92,12 @@ void DecodeRank::after_driver() {
 void DecodeRank::drop(uint64_t id) {
   auto it = running_.find(id);
   if (it == running_.end()) return;  // not decoding here (yet, or any more)
-  batch_->remove(id);
-  finished_.push_back({.request_id = id, .tokens = std::move(it->second.tokens), .finish = protocol::FinishReason::Aborted});
+  for (const Choice& c : it->second.choices) {
+    batch_->remove(c.key);
+    by_key_.erase(c.key);
+  }
+  finished_.push_back({.request_id = id, .tokens = std::move(it->second.choices.at(0).tokens),
+                       .finish = protocol::FinishReason::Aborted});
   running_.erase(it);
 }
 
@@ -124,33 +128,58 @@ void DecodeRank::abort_local(uint64_t id, const std::string& why) {
 
 void DecodeRank::finish(uint64_t id, protocol::FinishReason why) {
   auto it = running_.find(id);
-  spdlog::info("decode rank {}: request {} finished: {}, {} tokens", opts_.rank, trace_of(id),
-               protocol::finish_reason_name(why), it->second.tokens.size());
-  batch_->remove(id);
-  finished_.push_back({.request_id = id, .tokens = std::move(it->second.tokens), .finish = why});
+  size_t generated = 0;
+  for (const Choice& c : it->second.choices) generated += c.tokens.size();
+  spdlog::info("decode rank {}: request {} finished: {}, {} tokens in {} choice(s)", opts_.rank, trace_of(id),
+               protocol::finish_reason_name(why), generated, it->second.choices.size());
+  for (const Choice& c : it->second.choices) {
+    batch_->remove(c.key);
+    by_key_.erase(c.key);
+  }
+  finished_.push_back({.request_id = id, .tokens = std::move(it->second.choices.at(0).tokens), .finish = why});
   running_.erase(it);
   // Decoding ended normally: the state machine releases the transfer pool entries once.
   driver_->apply([&](DecodeSide& side, Millis now) { return side.on_finished(id, now); });
   after_driver();
 }
 
-bool DecodeRank::emit(Running& r, int32_t token, std::vector<protocol::TokenLogprobs> logprobs) {
-  r.tokens.push_back(token);
+bool DecodeRank::emit(Running& r, Choice& c, int32_t token, std::vector<protocol::TokenLogprobs> logprobs) {
+  c.tokens.push_back(token);
   protocol::FinishReason why = protocol::FinishReason::None;
-  // A closed JSON document ends the request: nothing may follow it but EOS.
+  // A closed JSON document ends the choice: nothing may follow it but EOS.
   if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end() ||
-      (r.constraint && r.constraint->closed()))
+      (c.constraint && c.constraint->closed()))
     why = protocol::FinishReason::Stop;
-  else if (static_cast<int>(r.tokens.size()) >= r.max_tokens)
+  else if (static_cast<int>(c.tokens.size()) >= r.max_tokens)
     why = protocol::FinishReason::Length;
   if (!opts_.router_endpoint.empty()) {
-    Status st = driver_->send_to_router(
-        protocol::Tokens{.request_id = r.id, .token_ids = {token}, .finish = why, .logprobs = std::move(logprobs)});
+    Status st = driver_->send_to_router(protocol::Tokens{.request_id = r.id, .token_ids = {token}, .finish = why,
+                                                         .logprobs = std::move(logprobs), .choice = c.index});
     if (!st.is_ok()) spdlog::warn("decode rank {}: TOKENS for {} not sent: {}", opts_.rank, trace_of(r.id), st.to_string());
   }
   if (why == protocol::FinishReason::None) return false;
+  c.done = true;
+  batch_->remove(c.key);
+  by_key_.erase(c.key);
+  if (std::any_of(r.choices.begin(), r.choices.end(), [](const Choice& x) { return !x.done; })) return false;
   finish(r.id, why);
   return true;
+}
+
+Status DecodeRank::add_choices(Running& r, const SeqCache* resident, const std::vector<uint8_t>* image,
+                               int64_t num_tokens) {
+  for (size_t i = 1; i < r.choices.size(); ++i) {
+    Choice& c = r.choices[i];
+    const int32_t first = c.tokens.at(0);
+    if (resident) {
+      auto seq = engine_->caches().fork(*resident);
+      if (!seq.is_ok()) return Status(seq.status().code(), "choice " + std::to_string(i) + ": " + seq.status().message());
+      batch_->add_resident(c.key, std::move(seq).value(), first, c.sampling, /*step=*/1, r.logprobs, c.constraint.get());
+    } else {
+      batch_->add(c.key, *image, num_tokens, first, c.sampling, /*step=*/1, r.logprobs, c.constraint.get());
+    }
+  }
+  return Status::ok();
 }
 
 void DecodeRank::admit(const transfer::ReadyAction& ready) {
@@ -191,48 +220,81 @@ void DecodeRank::admit(const transfer::ReadyAction& ready) {
   r.sampling = opts_.sampling;
   r.max_tokens = opts_.max_tokens;
   r.stop_ids = opts_.stop_ids;
+  uint32_t n = 1;
   if (const protocol::Claim* c = driver_->side().claim(id); c && c->sampling.max_tokens > 0) {
     const protocol::SamplingParams& sp = c->sampling;
     r.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .seed = sp.seed};
     r.max_tokens = static_cast<int>(sp.max_tokens);
     r.stop_ids = sp.stop_token_ids;
     r.logprobs = sp.logprobs;
-    auto constraint = grammar::TokenConstraint::for_format(sp.output_format, opts_.vocab, r.stop_ids);
+    r.output_format = sp.output_format;
+    n = std::max<uint32_t>(sp.n, 1);
+  }
+  if (ready.choice_first_tokens.size() + 1 != n)
+    return abort_local(id, "the last prefill stage sent " + std::to_string(ready.choice_first_tokens.size() + 1) +
+                               " first tokens for " + std::to_string(n) + " choices");
+  if (r.logprobs >= 0 && ready.first_logprobs.size() != n)
+    return abort_local(id, "the last prefill stage sent no logprobs for the first tokens");
+  for (uint32_t i = 0; i < n; ++i) {
+    Choice c{.index = i, .key = next_key_++};
+    c.sampling = r.sampling;
+    c.sampling.seed = ops::choice_seed(r.sampling.seed, i);
+    auto constraint = grammar::TokenConstraint::for_format(r.output_format, opts_.vocab, r.stop_ids);
     if (!constraint.is_ok()) return abort_local(id, "output format: " + constraint.status().to_string());
-    r.constraint = std::move(constraint).value();
+    c.constraint = std::move(constraint).value();
+    // The last prefill stage drew the first token under the same grammar: advance the state past it.
+    const int32_t first = i == 0 ? ready.first_token : ready.choice_first_tokens[i - 1];
+    if (c.constraint)
+      if (Status st = c.constraint->accept(first); !st.is_ok()) return abort_local(id, st.to_string());
+    c.tokens.push_back(first);   // held here until the choices are in the batch; emit() records it again
+    r.choices.push_back(std::move(c));
   }
   auto [it, fresh] = running_.emplace(id, std::move(r));
   if (!fresh) return;  // a Ready is emitted once per request; a duplicate would be a driver bug
-  spdlog::info("decode rank {}: request {} decoding (wire id {:016x}, {} prompt tokens)", opts_.rank, trace_of(id), id,
-               ready.prompt_len);
-  const ops::SamplingRow sampling = it->second.sampling;
-  const int logprobs = it->second.logprobs;
-  if (logprobs >= 0 && ready.first_logprobs.size() != 1)
-    return abort_local(id, "the last prefill stage sent no logprobs for the first token");
-  // The last prefill stage drew the first token under the same grammar: advance the state past it.
-  grammar::TokenConstraint* constraint = it->second.constraint.get();
-  if (constraint)
-    if (Status st = constraint->accept(ready.first_token); !st.is_ok()) return abort_local(id, st.to_string());
-  if (emit(it->second, ready.first_token, ready.first_logprobs)) return;  // ended with its first token
+  Running& run = it->second;
+  for (const Choice& c : run.choices) by_key_[c.key] = {id, c.index};
+  spdlog::info("decode rank {}: request {} decoding (wire id {:016x}, {} prompt tokens, {} choice(s))", opts_.rank,
+               trace_of(id), id, ready.prompt_len, n);
+  // Every choice joins the batch first (choices 1..n-1 fork the caches), then each first token is emitted:
+  // a choice its first token ends leaves the batch again; the request ends with its last choice.
+  if (Status st = add_choices(run, opts_.cache_in_pool ? &resident.seq : nullptr, &image.value(), ready.prompt_len);
+      !st.is_ok())
+    return abort_local(id, st.to_string());
+  Choice& c0 = run.choices[0];
   if (opts_.cache_in_pool) {
     resident.pools = nullptr;  // the batch owns the sequence now
-    batch_->add_resident(id, std::move(resident.seq), ready.first_token, sampling, /*step=*/1, logprobs, constraint);
-    return;
+    batch_->add_resident(c0.key, std::move(resident.seq), c0.tokens[0], c0.sampling, /*step=*/1, run.logprobs,
+                         c0.constraint.get());
+  } else {
+    // It joins the batch when the decode cache has room (decode_batch.h); its image stays in host memory until then.
+    batch_->add(c0.key, std::move(image).value(), ready.prompt_len, c0.tokens[0], c0.sampling, /*step=*/1, run.logprobs,
+                c0.constraint.get());
   }
-  // It joins the batch when the decode cache has room (decode_batch.h); its image stays in host memory until then.
-  batch_->add(id, std::move(image).value(), ready.prompt_len, ready.first_token, sampling, /*step=*/1, logprobs,
-              constraint);
+  for (uint32_t i = 0; i < n; ++i) {
+    Choice& c = run.choices[i];
+    const int32_t first = c.tokens[0];
+    c.tokens.clear();
+    std::vector<protocol::TokenLogprobs> lp;
+    if (run.logprobs >= 0) lp.push_back(ready.first_logprobs[i]);
+    if (emit(run, c, first, std::move(lp))) return;  // the request ended with this first token
+  }
 }
 
 Status DecodeRank::decode_step() {
   if (batch_->size() == 0) return Status::ok();
   DecodeBatch::StepResult step = batch_->step();
-  for (const auto& [id, why] : step.failed) abort_local(id, why);
-  for (const auto& [id, token] : step.tokens) {
-    auto it = running_.find(id);
+  std::map<uint64_t, std::string> failed;   // by request: one of its choices failed, so it did
+  for (const auto& [key, why] : step.failed)
+    if (auto k = by_key_.find(key); k != by_key_.end()) failed.emplace(k->second.first, why);
+  for (const auto& [id, why] : failed) abort_local(id, why);
+  for (const auto& [key, token] : step.tokens) {
+    auto k = by_key_.find(key);
+    if (k == by_key_.end()) continue;
+    auto it = running_.find(k->second.first);
     if (it == running_.end()) continue;
-    auto lp = step.logprobs.find(id);
-    emit(it->second, token, lp == step.logprobs.end() ? std::vector<protocol::TokenLogprobs>{} : std::vector{to_wire(lp->second)});
+    auto lp = step.logprobs.find(key);
+    emit(it->second, it->second.choices.at(k->second.second), token,
+         lp == step.logprobs.end() ? std::vector<protocol::TokenLogprobs>{} : std::vector{to_wire(lp->second)});
   }
   return Status::ok();
 }

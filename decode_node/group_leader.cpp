@@ -258,6 +258,7 @@ bool GroupLeader::admit(const transfer::ReadyAction& ready, const std::vector<tr
     // A group samples without the token mask and without logprobs: say so rather than serve free text
     // or drop the numbers the client asked for.
     if (!sp.output_format.empty()) return refuse("constrained output (response_format, tools) is not served by decode rank groups yet");
+    if (sp.n > 1) return refuse("n > 1 (several choices of one prompt) is not served by decode rank groups yet");
     if (sp.logprobs >= 0) return refuse("logprobs are not served by decode rank groups yet");
     r.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .seed = sp.seed};
     r.max_tokens = static_cast<int>(sp.max_tokens);

@@ -3,6 +3,8 @@
 // real transfer layer (ZeroMQ control, UCX puts). This process plays the router: CLAIM to decode, PREFILL
 // to every stage, TOKENS back. Greedy tokens must equal the monolithic Engine's token for token.
 // Fault: the decode process dies while the stages hold a request's computed KV: every stage frees it.
+// Choices: a request for n = 3 samples decodes 3 sequences forked from its one transfer; each equals the
+// engine's draws under its choice seed, and the pool goes back to full after they end or are aborted.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -83,10 +85,18 @@ std::vector<int32_t> generate_cli_tokens(const std::vector<int32_t>& prompt) {
 struct Router : k3::test::TestRouter {
   std::map<uint64_t, std::vector<int32_t>> tokens;
   std::map<uint64_t, protocol::FinishReason> finish;
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<int32_t>> choice_tokens;   // by (request, choice)
+  std::map<std::pair<uint64_t, uint32_t>, protocol::FinishReason> choice_finish;
   std::map<uint64_t, std::vector<protocol::AbortReason>> failed;
   explicit Router(transfer::ControlKeys keys) : TestRouter(200ms, std::move(keys)) {
     on_message = [this](const std::string&, const protocol::Message& m) {
       if (auto* t = std::get_if<protocol::Tokens>(&m)) {
+        const std::pair<uint64_t, uint32_t> key{t->request_id, t->choice};
+        CHECK(choice_finish.count(key) == 0);  // nothing after a choice's last message
+        auto& c = choice_tokens[key];
+        c.insert(c.end(), t->token_ids.begin(), t->token_ids.end());
+        if (t->finish != protocol::FinishReason::None) choice_finish[key] = t->finish;
+        if (t->choice > 0) return;
         CHECK(finish.count(t->request_id) == 0);  // nothing after the last message
         auto& v = tokens[t->request_id];
         v.insert(v.end(), t->token_ids.begin(), t->token_ids.end());
@@ -108,6 +118,8 @@ struct ClusterSpec {
   // these tests' CLAIMs carry no sampling params, so decode falls back to its flags).
   protocol::SamplingParams sampling;
   bool cache_in_pool = false;   // decode --cache-in-pool: its engine cache is the transfer pool
+  // CLAIMs carry `sampling` (with max_tokens set: decode then follows it, not its flags), e.g. for n > 1.
+  bool claim_sampling = false;
 };
 
 // Control-plane keys of every process a test starts, as k3-cluster writes them.
@@ -213,7 +225,8 @@ struct Cluster {
   void submit(const std::map<uint64_t, std::vector<int32_t>>& prompts) {
     for (auto& [id, p] : prompts)
       router.send("decode/d", protocol::Claim{.request_id = id, .prompt_len = uint32_t(p.size()), .decode_ranks = {0},
-                                              .prefill_instance = "p", .num_prefill_stages = uint32_t(spec.stages)});
+                                              .prefill_instance = "p", .num_prefill_stages = uint32_t(spec.stages),
+                                              .sampling = spec.claim_sampling ? spec.sampling : protocol::SamplingParams{}});
     wait_until([&] {
       for (auto& [id, p] : prompts)
         if (!claimed.count(id)) return false;
@@ -330,8 +343,25 @@ TEST_CASE("decode dies while the stages hold a request's KV: every stage frees i
 }
 
 namespace {
-void check_abort_mid_stream(bool cache_in_pool) {
-  Cluster c({.stages = 2, .partition = "", .chunk = 4, .max_tokens = 1000000, .cache_in_pool = cache_in_pool});
+// The decode transfer pool's IDLE report says it is full again.
+bool pool_full(const Cluster& c) {
+  for (auto& l : c.decode_said)
+    if (l.rfind("IDLE ", 0) == 0) {
+      std::istringstream in(l.substr(5));
+      uint64_t free = 0, cap = 0;
+      in >> free >> cap;
+      if (free == cap && cap > 0) return true;
+    }
+  return false;
+}
+
+void check_abort_mid_stream(bool cache_in_pool, uint32_t n = 1) {
+  ClusterSpec spec{.stages = 2, .partition = "", .chunk = 4, .max_tokens = 1000000, .cache_in_pool = cache_in_pool};
+  if (n > 1) {
+    spec.sampling = {.temperature = 0.f, .max_tokens = 1000000, .n = n};
+    spec.claim_sampling = true;
+  }
+  Cluster c(spec);
   std::mt19937 rng(8);
   const auto prompt = random_prompt(rng, 10, tiny_model().cfg.vocab_size);
   c.submit({{700, prompt}});
@@ -345,23 +375,61 @@ void check_abort_mid_stream(bool cache_in_pool) {
     return false;
   };
   c.wait_until([&] { return said("DONE 700 aborted"); }, 10s, "decode dropped the request");
-  c.wait_until([&] {
-    for (auto& l : c.decode_said)
-      if (l.rfind("IDLE ", 0) == 0) {
-        std::istringstream in(l.substr(5));
-        uint64_t free = 0, cap = 0;
-        in >> free >> cap;
-        if (free == cap && cap > 0) return true;
-      }
-    return false;
-  }, 10s, "decode's transfer pool back to full");
+  c.wait_until([&] { return pool_full(c); }, 10s, "decode's transfer pool back to full");
   CHECK(c.router.finish.count(700) == 0);  // aborted: no final TOKENS
   CHECK(c.router.failed.count(700) == 0);  // the router's own ABORT is not reported back as a failure
   // What streamed before the abort is the engine's output, token for token.
   const auto got = c.router.tokens[700];
   CHECK(got == engine_tokens(tiny_model(), prompt, static_cast<int>(got.size())));
+  for (uint32_t i = 1; i < n; ++i) {  // greedy: every choice draws the same tokens
+    const auto& more = c.router.choice_tokens[{700, i}];
+    CHECK(more == engine_tokens(tiny_model(), prompt, static_cast<int>(more.size())));
+  }
+}
+
+// n = 3 samples of each prompt: one transfer, three sequences; each choice is the engine's draw under
+// ops::choice_seed(seed, i), and nothing is held once every choice ended.
+void check_choices(bool cache_in_pool) {
+  const protocol::SamplingParams sp{.temperature = 0.9f, .top_p = 1.f, .top_k = 40, .seed = 17,
+                                    .max_tokens = kMaxTokens, .n = 3};
+  Cluster c({.stages = 2, .partition = "5,3", .chunk = 5, .sampling = sp, .cache_in_pool = cache_in_pool,
+             .claim_sampling = true});
+  std::mt19937 rng(12);
+  std::map<uint64_t, std::vector<int32_t>> prompts;
+  for (uint64_t id : {800, 801}) prompts[id] = random_prompt(rng, id == 800 ? 13 : 16, tiny_model().cfg.vocab_size);
+  c.submit(prompts);
+  c.wait_until([&] { return c.router.choice_finish.size() == 2 * sp.n; }, 120s, "every choice finished");
+  for (auto& [id, prompt] : prompts) {
+    std::set<std::vector<int32_t>> distinct;
+    for (uint32_t i = 0; i < sp.n; ++i) {
+      INFO("request " << id << " choice " << i << (cache_in_pool ? " (cache in pool)" : ""));
+      protocol::SamplingParams own = sp;
+      own.seed = ops::choice_seed(sp.seed, i);
+      CHECK(c.router.choice_finish[{id, i}] == protocol::FinishReason::Length);
+      CHECK(c.router.choice_tokens[{id, i}] == engine_tokens(tiny_model(), prompt, kMaxTokens, own));
+      distinct.insert(c.router.choice_tokens[{id, i}]);
+    }
+    CHECK(distinct.size() > 1);  // the seed streams differ
+    CHECK(c.router.failed.count(id) == 0);
+  }
+  c.wait_until([&] { return pool_full(c); }, 10s, "decode's transfer pool back to full");
 }
 }  // namespace
+
+TEST_CASE("n = 3 choices from one transfer: each equals the engine under its choice seed, the pool empties",
+          "[cluster][choices]") {
+  check_choices(false);
+}
+
+TEST_CASE("n = 3 choices, decode cache in the transfer pool: forked caches, the pool empties", "[cluster][choices]") {
+  check_choices(true);
+}
+
+TEST_CASE("router ABORT mid-stream of n = 3 choices: every choice dropped, the pool returns to full",
+          "[cluster][choices]") {
+  check_abort_mid_stream(false, 3);
+  check_abort_mid_stream(true, 3);
+}
 
 TEST_CASE("router ABORT mid-stream: decode drops the request and its transfer pool returns to full", "[cluster]") {
   check_abort_mid_stream(false);
