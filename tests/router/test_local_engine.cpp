@@ -265,6 +265,8 @@ TEST_CASE("n = 3 choices share one prefill: each is the engine's draw under its 
     REQUIRE(ev);
     seen.insert(ev->choice);
   }
+  // Published at the end of the step that emitted the first tokens.
+  for (int i = 0; i < 500 && s.service->stats().running != n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(s.service->stats().running == n);
   cancelled.reset();
   CHECK(wait_idle(*s.service, 4));
