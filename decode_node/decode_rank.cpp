@@ -93,8 +93,12 @@ void DecodeRank::after_driver() {
 void DecodeRank::drop(uint64_t id) {
   auto it = running_.find(id);
   if (it == running_.end()) return;  // not decoding here (yet, or any more)
-  batch_->remove(id);
-  finished_.push_back({.request_id = id, .tokens = std::move(it->second.tokens), .finish = protocol::FinishReason::Aborted});
+  for (const Choice& c : it->second.choices) {
+    batch_->remove(c.key);
+    by_key_.erase(c.key);
+  }
+  finished_.push_back({.request_id = id, .tokens = std::move(it->second.choices.at(0).req.tokens),
+                       .finish = protocol::FinishReason::Aborted});
   running_.erase(it);
 }
 
@@ -114,22 +118,48 @@ void DecodeRank::abort_local(uint64_t id, const std::string& why) {
 
 void DecodeRank::finish(uint64_t id, protocol::FinishReason why) {
   auto it = running_.find(id);
-  spdlog::info("decode rank {}: request {} finished: {}, {} tokens", opts_.rank, trace_of(id),
-               protocol::finish_reason_name(why), it->second.tokens.size());
-  batch_->remove(id);
-  finished_.push_back({.request_id = id, .tokens = std::move(it->second.tokens), .finish = why});
+  size_t generated = 0;
+  for (const Choice& c : it->second.choices) generated += c.req.tokens.size();
+  spdlog::info("decode rank {}: request {} finished: {}, {} tokens in {} choice(s)", opts_.rank, trace_of(id),
+               protocol::finish_reason_name(why), generated, it->second.choices.size());
+  for (const Choice& c : it->second.choices) {
+    batch_->remove(c.key);
+    by_key_.erase(c.key);
+  }
+  finished_.push_back({.request_id = id, .tokens = std::move(it->second.choices.at(0).req.tokens), .finish = why});
   running_.erase(it);
   // Decoding ended normally: the state machine releases the transfer pool entries once.
   driver_->apply([&](DecodeSide& side, Millis now) { return side.on_finished(id, now); });
   after_driver();
 }
 
-bool DecodeRank::emit(Running& r, int32_t token, std::vector<protocol::TokenLogprobs> logprobs) {
+bool DecodeRank::emit(Running& r, Choice& c, int32_t token, std::vector<protocol::TokenLogprobs> logprobs) {
   const protocol::FinishReason why =
-      stream_token(r, token, std::move(logprobs), *driver_, opts_, "decode rank " + std::to_string(opts_.rank));
+      stream_token(c.req, token, std::move(logprobs), *driver_, opts_, "decode rank " + std::to_string(opts_.rank));
   if (why == protocol::FinishReason::None) return false;
+  c.done = true;
+  batch_->remove(c.key);
+  by_key_.erase(c.key);
+  if (std::any_of(r.choices.begin(), r.choices.end(), [](const Choice& x) { return !x.done; })) return false;
   finish(r.id, why);
   return true;
+}
+
+Status DecodeRank::add_choices(Running& r, const SeqCache* resident, const std::vector<uint8_t>* image,
+                               int64_t num_tokens) {
+  for (size_t i = 1; i < r.choices.size(); ++i) {
+    Choice& c = r.choices[i];
+    const int32_t first = c.req.tokens.at(0);
+    if (resident) {
+      auto seq = engine_->caches().fork(*resident);
+      if (!seq.is_ok()) return Status(seq.status().code(), "choice " + std::to_string(i) + ": " + seq.status().message());
+      batch_->add_resident(c.key, std::move(seq).value(), first, c.req.sampling, /*step=*/1, r.logprobs,
+                           c.req.constraint.get());
+    } else {
+      batch_->add(c.key, *image, num_tokens, first, c.req.sampling, /*step=*/1, r.logprobs, c.req.constraint.get());
+    }
+  }
+  return Status::ok();
 }
 
 void DecodeRank::admit(const transfer::ReadyAction& ready) {
@@ -166,38 +196,73 @@ void DecodeRank::admit(const transfer::ReadyAction& ready) {
     if (!image.is_ok()) return abort_local(id, image.status().to_string());
   }
   // The CLAIM's sampling params rule; a CLAIM without them (max_tokens 0) falls back to the flags.
-  auto r = streamed_request(id, opts_, driver_->side().claim(id));
-  if (!r.is_ok()) return abort_local(id, r.status().to_string());
-  auto [it, fresh] = running_.emplace(id, std::move(r).value());
+  const protocol::Claim* claim = driver_->side().claim(id);
+  const uint32_t n = claim && claim->sampling.max_tokens > 0 ? std::max<uint32_t>(claim->sampling.n, 1) : 1;
+  if (ready.choice_first_tokens.size() + 1 != n)
+    return abort_local(id, "the last prefill stage sent " + std::to_string(ready.choice_first_tokens.size() + 1) +
+                               " first tokens for " + std::to_string(n) + " choices");
+  Running r{.id = id};
+  for (uint32_t i = 0; i < n; ++i) {
+    auto made = streamed_request(id, opts_, claim);
+    if (!made.is_ok()) return abort_local(id, made.status().to_string());
+    Choice c{.key = next_key_++, .req = std::move(made).value()};
+    c.req.choice = i;
+    c.req.sampling.seed = ops::choice_seed(c.req.sampling.seed, i);
+    r.logprobs = c.req.logprobs;
+    // The last prefill stage drew the first token under the same grammar: advance the state past it.
+    const int32_t first = i == 0 ? ready.first_token : ready.choice_first_tokens[i - 1];
+    std::vector<protocol::TokenLogprobs> first_logprobs;
+    if (ready.first_logprobs.size() == n) first_logprobs.push_back(ready.first_logprobs[i]);
+    if (Status st = take_first_token(c.req, first, first_logprobs); !st.is_ok()) return abort_local(id, st.to_string());
+    c.req.tokens.push_back(first);   // held here until the choices are in the batch; emit() records it again
+    r.choices.push_back(std::move(c));
+  }
+  auto [it, fresh] = running_.emplace(id, std::move(r));
   if (!fresh) return;  // a Ready is emitted once per request; a duplicate would be a driver bug
-  spdlog::info("decode rank {}: request {} decoding (wire id {:016x}, {} prompt tokens)", opts_.rank, trace_of(id), id,
-               ready.prompt_len);
-  const ops::SamplingRow sampling = it->second.sampling;
-  const int logprobs = it->second.logprobs;
-  // The last prefill stage drew the first token under the same grammar: advance the state past it.
-  if (Status st = take_first_token(it->second, ready.first_token, ready.first_logprobs); !st.is_ok())
+  Running& run = it->second;
+  for (const Choice& c : run.choices) by_key_[c.key] = {id, c.req.choice};
+  spdlog::info("decode rank {}: request {} decoding (wire id {:016x}, {} prompt tokens, {} choice(s))", opts_.rank,
+               trace_of(id), id, ready.prompt_len, n);
+  // Every choice joins the batch first (choices 1..n-1 fork the caches), then each first token is emitted:
+  // a choice its first token ends leaves the batch again; the request ends with its last choice.
+  if (Status st = add_choices(run, opts_.cache_in_pool ? &resident.seq : nullptr, &image.value(), ready.prompt_len);
+      !st.is_ok())
     return abort_local(id, st.to_string());
-  grammar::TokenConstraint* constraint = it->second.constraint.get();
-  if (emit(it->second, ready.first_token, ready.first_logprobs)) return;  // ended with its first token
+  Choice& c0 = run.choices[0];
   if (opts_.cache_in_pool) {
     resident.pools = nullptr;  // the batch owns the sequence now
-    batch_->add_resident(id, std::move(resident.seq), ready.first_token, sampling, /*step=*/1, logprobs, constraint);
-    return;
+    batch_->add_resident(c0.key, std::move(resident.seq), c0.req.tokens[0], c0.req.sampling, /*step=*/1, run.logprobs,
+                         c0.req.constraint.get());
+  } else {
+    // It joins the batch when the decode cache has room (decode_batch.h); its image stays in host memory until then.
+    batch_->add(c0.key, std::move(image).value(), ready.prompt_len, c0.req.tokens[0], c0.req.sampling, /*step=*/1,
+                run.logprobs, c0.req.constraint.get());
   }
-  // It joins the batch when the decode cache has room (decode_batch.h); its image stays in host memory until then.
-  batch_->add(id, std::move(image).value(), ready.prompt_len, ready.first_token, sampling, /*step=*/1, logprobs,
-              constraint);
+  for (uint32_t i = 0; i < n; ++i) {
+    Choice& c = run.choices[i];
+    const int32_t first = c.req.tokens[0];
+    c.req.tokens.clear();
+    std::vector<protocol::TokenLogprobs> lp;
+    if (run.logprobs >= 0) lp.push_back(ready.first_logprobs[i]);
+    if (emit(run, c, first, std::move(lp))) return;  // the request ended with this first token
+  }
 }
 
 Status DecodeRank::decode_step() {
   if (batch_->size() == 0) return Status::ok();
   DecodeBatch::StepResult step = batch_->step();
-  for (const auto& [id, why] : step.failed) abort_local(id, why);
-  for (const auto& [id, token] : step.tokens) {
-    auto it = running_.find(id);
+  std::map<uint64_t, std::string> failed;   // by request: one of its choices failed, so it did
+  for (const auto& [key, why] : step.failed)
+    if (auto k = by_key_.find(key); k != by_key_.end()) failed.emplace(k->second.first, why);
+  for (const auto& [id, why] : failed) abort_local(id, why);
+  for (const auto& [key, token] : step.tokens) {
+    auto k = by_key_.find(key);
+    if (k == by_key_.end()) continue;
+    auto it = running_.find(k->second.first);
     if (it == running_.end()) continue;
-    auto lp = step.logprobs.find(id);
-    emit(it->second, token, lp == step.logprobs.end() ? std::vector<protocol::TokenLogprobs>{} : std::vector{to_wire(lp->second)});
+    auto lp = step.logprobs.find(key);
+    emit(it->second, it->second.choices.at(k->second.second), token,
+         lp == step.logprobs.end() ? std::vector<protocol::TokenLogprobs>{} : std::vector{to_wire(lp->second)});
   }
   return Status::ok();
 }

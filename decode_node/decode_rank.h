@@ -10,6 +10,11 @@
 //    the DecodeSide keeps the request in DECODING, so a router ABORT or a router death during decoding
 //    ends it through the state machine, which is how the rank learns to drop it. The pool is the
 //    admission budget of the rank.
+//  - A request for n choices (SamplingParams.n) decodes n sequences from the one transfer: choice 0 in
+//    the transferred caches, choices 1..n-1 in forks of them (CachePools::fork with cache_in_pool, else a
+//    copy of the packed image each), every one with its own seed stream (ops::choice_seed) and the first
+//    token the last prefill stage drew for it. TOKENS name the choice; the transfer pool entries are
+//    released once, when the last choice ends.
 //  - Every step feeds all running requests in one batched forward (DecodeBatch over Engine::feed),
 //    samples per request (SamplingRow with its seed and step), stops on max_tokens or a stop id, and
 //    streams one TOKENS message per token to the router (finish set on the last one).
@@ -69,15 +74,28 @@ class DecodeRank {
   transfer::DecodeDriver& driver() { return *driver_; }
 
  private:
-  // A request past its transfer: what it generated and when it stops (its caches are in batch_; the batch
-  // masks with and advances its grammar while it runs there).
-  using Running = StreamedRequest;
+  // One of a request's n choices: one sequence of the batch (under its own batch key). Its StreamedRequest
+  // holds what it generated, its stop conditions, its sampling with this choice's seed stream, and its
+  // grammar (the batch masks with and advances it while the choice runs there).
+  struct Choice {
+    uint64_t key = 0;                  // its id in batch_
+    StreamedRequest req;               // req.choice is the choice's index
+    bool done = false;
+  };
+  // A request past its transfer (its caches are in batch_, one sequence per choice).
+  struct Running {
+    uint64_t id = 0;
+    int logprobs = -1;                 // from the CLAIM: report each token's logprob and this many alternatives
+    std::vector<Choice> choices;       // n >= 1
+  };
   DecodeRank(const DecodeRankOptions& opts, Backend& backend) : opts_(opts), backend_(backend) {}
 
   void after_driver();
   void admit(const transfer::ReadyAction& ready);
   // Records the token, streams it, and ends the request when a stop condition holds. Returns true when ended.
-  bool emit(Running& r, int32_t token, std::vector<protocol::TokenLogprobs> logprobs = {});
+  bool emit(Running& r, Choice& c, int32_t token, std::vector<protocol::TokenLogprobs> logprobs = {});
+  // Choices 1..n-1 of a request whose caches are `resident` (cache_in_pool) or `image`: forked and added to the batch.
+  Status add_choices(Running& r, const SeqCache* resident, const std::vector<uint8_t>* image, int64_t num_tokens);
   void finish(uint64_t id, protocol::FinishReason why);
   // Ends a request this rank cannot continue: ABORT to its prefill stages, FAILED to the router.
   void abort_local(uint64_t id, const std::string& why);
@@ -96,6 +114,8 @@ class DecodeRank {
   protocol::MetricsRegistry metrics_;
   std::unique_ptr<transfer::DecodeDriver> driver_;
   std::map<uint64_t, Running> running_;
+  std::map<uint64_t, std::pair<uint64_t, uint32_t>> by_key_;  // batch key -> (request id, choice)
+  uint64_t next_key_ = 1;
   std::vector<uint64_t> pending_end_;   // terminal states seen by the driver's state hook
   std::vector<FinishedRequest> finished_;
 };

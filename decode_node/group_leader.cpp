@@ -256,7 +256,10 @@ bool GroupLeader::admit(const transfer::ReadyAction& ready, const std::vector<tr
     if ((*alloc)[i].rank != opts_.rank.rank + i)
       return refuse("the CLAIM's rank " + std::to_string((*alloc)[i].rank) + " is not rank " + std::to_string(i) +
                     " of this group");
-  auto made = streamed_request(id, opts_.rank, driver_->side().claim(id));
+  const protocol::Claim* claim = driver_->side().claim(id);
+  if (claim && claim->sampling.max_tokens > 0 && claim->sampling.n > 1)
+    return refuse("n > 1 (several choices of one prompt) is not served by decode rank groups yet");
+  auto made = streamed_request(id, opts_.rank, claim);
   if (!made.is_ok()) return refuse(made.status().to_string());
   Running r;
   static_cast<StreamedRequest&>(r) = std::move(made).value();

@@ -42,7 +42,8 @@ protocol::FinishReason stream_token(StreamedRequest& r, int32_t token, std::vect
     why = protocol::FinishReason::Length;
   if (!o.router_endpoint.empty()) {
     Status st = driver.send_to_router(
-        protocol::Tokens{.request_id = r.id, .token_ids = {token}, .finish = why, .logprobs = std::move(logprobs)});
+        protocol::Tokens{.request_id = r.id, .token_ids = {token}, .finish = why, .logprobs = std::move(logprobs),
+                         .choice = r.choice});
     if (!st.is_ok()) spdlog::warn("{}: TOKENS for {} not sent: {}", who, r.id, st.to_string());
   }
   return why;

@@ -16,6 +16,7 @@ namespace k3::decode {
 
 struct StreamedRequest {
   uint64_t id = 0;
+  uint32_t choice = 0;               // which of the request's n choices this stream is (TOKENS name it)
   std::vector<int32_t> tokens;
   ops::SamplingRow sampling;         // step is kept per request by its batch
   int max_tokens = 16;               // generated tokens including the first

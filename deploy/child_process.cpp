@@ -34,7 +34,19 @@ std::vector<std::string> child_environment(const ChildEnvironment& env) {
 
 Result<std::unique_ptr<ChildProcess>> ChildProcess::start(std::string name, const std::string& exe,
                                                           const std::vector<std::string>& args,
-                                                          const ChildEnvironment& env) {
+                                                          const ChildEnvironment& env,
+                                                          const std::string& stderr_path) {
+  // Opened here, so a bad path is an error of the launcher's, not a silent child exit.
+  struct Fd {
+    int fd = -1;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } log;
+  if (!stderr_path.empty()) {
+    log.fd = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (log.fd < 0) return internal_error(name + ": cannot open its log file " + stderr_path + ": " + std::strerror(errno));
+  }
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return internal_error(name + ": pipe failed: " + std::strerror(errno));
   std::vector<char*> argv;
@@ -60,6 +72,7 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::start(std::string name, cons
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
     ::dup2(fds[1], STDOUT_FILENO);
+    if (log.fd >= 0) ::dup2(log.fd, STDERR_FILENO);
     ::execve(exe.c_str(), argv.data(), envp.data());
     ::_exit(127);
   }

@@ -1,5 +1,6 @@
 // One supervised child process of the launcher: started with its stdout on a pipe (read line by
-// line, so the child never blocks on a full pipe), its stderr shared with the launcher, and
+// line, so the child never blocks on a full pipe), its stderr shared with the launcher or appended to
+// a log file of its own (the nodes' log lines: `k3-cluster logs` reads them back), and
 // PR_SET_PDEATHSIG so it dies with the launcher even if the launcher is killed (no orphans).
 // The destructor kills and reaps a child still running. The child inherits the launcher's environment
 // with ChildEnvironment's changes (a secret such as the router's API key travels there, never in argv,
@@ -27,9 +28,11 @@ struct ChildEnvironment {
 class ChildProcess {
  public:
   // name: how reports call it, e.g. "decode/d"; exe: absolute path.
+  // stderr_path: where its stderr goes (appended; created 0600); empty: the launcher's stderr.
   static Result<std::unique_ptr<ChildProcess>> start(std::string name, const std::string& exe,
                                                      const std::vector<std::string>& args,
-                                                     const ChildEnvironment& env = {});
+                                                     const ChildEnvironment& env = {},
+                                                     const std::string& stderr_path = "");
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;

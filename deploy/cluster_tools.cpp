@@ -10,6 +10,7 @@
 #include "deploy/http_probe.h"
 #include "deploy/render_k8s.h"
 #include "deploy/render_slurm.h"
+#include "deploy/request_logs.h"
 #include "transfer/cluster_key_files.h"
 
 namespace k3::deploy {
@@ -130,7 +131,7 @@ int probe(const std::string& router_url, const std::string& node, bool router_do
 
 bool is_cluster_tool(const char* arg) {
   const std::string a = arg;
-  return a == "render" || a == "keys" || a == "probe";
+  return a == "render" || a == "keys" || a == "probe" || a == "logs";
 }
 
 int cluster_tool_main(int argc, char** argv) {
@@ -171,7 +172,20 @@ int cluster_tool_main(int argc, char** argv) {
   p->add_option("--node", node, "control name, e.g. decode/d or prefill/p/0")->required();
   p->add_flag("--router-down-ok", router_down_ok, "exit 0 when the router does not answer (liveness: never restart a "
                                                   "node because the router is away)");
+  std::string log_dir, request_id;
+  auto* l = app.add_subcommand("logs", "print one request's log lines from every node of a cluster started with "
+                                       "--log-dir (router, prefill stages, decode), in time order, each after its node");
+  l->add_option("--log-dir", log_dir, "the directory given to k3-cluster --log-dir")->required();
+  l->add_option("REQUEST_ID", request_id, "the request id (the X-Request-Id of its response)")->required();
   CLI11_PARSE(app, argc, argv);
+  if (l->parsed()) {
+    auto lines = request_log_lines(log_dir, request_id);
+    if (!lines.is_ok()) return fail(lines.status().message());
+    if (lines->empty()) return fail("no log line names request " + request_id + " in " + log_dir +
+                                    " (the nodes log a line per request at --log-level info)", 1);
+    for (const RequestLogLine& x : *lines) std::printf("%-14s %s\n", x.node.c_str(), x.text.c_str());
+    return 0;
+  }
   if (r->parsed()) return render(spec_path, target, out_dir, model, k8s, slurm, !no_keys);
   if (k->parsed()) {
     auto loaded = load(spec_path);

@@ -41,6 +41,7 @@
 #include "deploy/cluster_tools.h"
 #include "deploy/http_probe.h"
 #include "deploy/node_commands.h"
+#include "deploy/request_logs.h"
 #include "deploy/status_server.h"
 #include "deploy/supervisor.h"
 #include "transfer/cluster_key_files.h"
@@ -80,9 +81,11 @@ bool stop_requested(const sigset_t& sigs) {
 class Launcher {
  public:
   Launcher(ClusterSpec spec, std::string bin, std::string log_level, bool verbose, bool exit_on_crash, sigset_t sigs,
-           std::string api_key, std::string run_dir)
+           std::string api_key, std::string run_dir, std::string log_dir)
       : spec_(std::move(spec)), bin_(std::move(bin)), log_level_(std::move(log_level)), verbose_(verbose),
         exit_on_crash_(exit_on_crash), sigs_(sigs), api_key_(std::move(api_key)), run_dir_(std::move(run_dir)),
+        log_dir_(std::move(log_dir)),
+        logs_(log_dir_.empty() ? std::nullopt : std::optional<NodeLogFiles>(std::in_place, log_dir_)),
         supervisor_(spec_.restart, {.say = say, .note = note}) {}
   ~Launcher() { shutdown(); }
 
@@ -120,6 +123,8 @@ class Launcher {
   Supervisor supervisor_;
   int port_ = 0;
   std::string run_dir_;
+  std::string log_dir_;  // non-empty: every child's output and stderr go to <log_dir>/<node>.log (request_logs.h)
+  std::optional<NodeLogFiles> logs_;  // set when log_dir_ is
   std::optional<transfer::ClusterKeyFiles> keys_;  // every child's control-plane keys (by control name = child name)
 };
 
@@ -135,7 +140,8 @@ Result<ChildProcess*> Launcher::spawn(const std::string& name, const std::string
     const auto key_flags = keys_->flags(name);
     all.insert(all.end(), key_flags.begin(), key_flags.end());
   }
-  return supervisor_.start({.name = name, .exe = bin_ + "/" + exe, .args = all, .env = child_env(name)});
+  return supervisor_.start({.name = name, .exe = bin_ + "/" + exe, .args = all, .env = child_env(name),
+                            .log_path = log_dir_.empty() ? "" : node_log_path(log_dir_, name)});
 }
 
 Status Launcher::check_alive() {
@@ -153,6 +159,7 @@ Result<std::string> Launcher::wait_line(ChildProcess& c, const std::string& pref
     auto line = c.read_line(milliseconds(100));
     if (!line) continue;
     if (verbose_) note(c.name() + ": " + *line);
+    if (logs_) logs_->append(c.name(), *line);
     if (line->rfind(prefix, 0) == 0) return line->substr(prefix.size());
   }
 }
@@ -161,6 +168,7 @@ void Launcher::pump_outputs() {
   supervisor_.for_each_child([&](const std::string& name, ChildProcess& c) {
     for (const auto& line : c.drain()) {
       if (verbose_) note(name + ": " + line);
+      if (logs_) logs_->append(name, line);
       // The nodes' memory state lines (prefill "HELD <sources> <computing>", decode "IDLE <pool free>
       // <pool capacity>") are relayed so that memory release is observable from outside the cluster.
       // A decode rank group that failed says so and what its caches hold after closing every request.
@@ -391,7 +399,10 @@ int main(int argc, char** argv) {
   app.add_option("--bin-dir", bin, "where k3-router, k3-prefill, k3-decode, k3-genweights are (default: next to k3-cluster)");
   app.add_option("--log-level", log_level, "the log level of the router and the nodes: trace, debug, info (a line per request and process), warn (default), error");
   app.add_flag("--verbose", verbose, "echo every child's stdout lines on stderr");
-  std::string run_dir;
+  std::string run_dir, log_dir;
+  app.add_option("--log-dir", log_dir,
+                 "write every node's log lines (its stderr) to <dir>/<node>.log, appended across restarts ('/' in a "
+                 "node name becomes '_'); `k3-cluster logs --log-dir <dir> REQUEST_ID` shows one request's path");
   app.add_option("--run-dir", run_dir,
                  "where the control-plane keys are written (<dir>/keys: a CURVE keypair per process, mode 0600, and "
                  "the public keys; kept); default: a private temporary directory removed at exit");
@@ -452,7 +463,15 @@ int main(int argc, char** argv) {
     }
     run_dir = owned.path = tmpl;
   }
-  Launcher launcher(*spec, bin, log_level, verbose, exit_on_crash, sigs, *api_key, run_dir);
+  if (!log_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(log_dir, ec);
+    if (ec) {
+      note("--log-dir: cannot create " + log_dir + ": " + ec.message());
+      return 2;
+    }
+  }
+  Launcher launcher(*spec, bin, log_level, verbose, exit_on_crash, sigs, *api_key, run_dir, log_dir);
   if (Status s = launcher.start(); !s.is_ok()) {
     const bool interrupted = s.code() == Code::Aborted;
     if (!interrupted) note("start failed: " + s.message());

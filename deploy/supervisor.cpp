@@ -41,7 +41,8 @@ NodeRecipe& Supervisor::recipe(const std::string& name) {
 }
 
 Status Supervisor::spawn(Node& n, Clock::time_point now) {
-  K3_ASSIGN_OR_RETURN(n.child, ChildProcess::start(n.recipe.name, n.recipe.exe, n.recipe.args, n.recipe.env));
+  K3_ASSIGN_OR_RETURN(n.child, ChildProcess::start(n.recipe.name, n.recipe.exe, n.recipe.args, n.recipe.env,
+                                                    n.recipe.log_path));
   n.state = NodeState::Running;
   n.started_at = now;
   publish();  // before the line: whoever reads it and then asks /status sees the new pid

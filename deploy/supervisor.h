@@ -29,6 +29,7 @@ struct NodeRecipe {
   std::string exe;   // absolute path
   std::vector<std::string> args;
   ChildEnvironment env;
+  std::string log_path;  // its stderr (log lines) appended here across restarts; empty: the launcher's stderr
 };
 
 // Sets `flag value` in args: replaces the value after an existing `flag`, else appends both.

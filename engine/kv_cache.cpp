@@ -123,6 +123,34 @@ Result<SeqCache> CachePools::adopt(int slot, const std::vector<int32_t>& pages, 
   return seq;
 }
 
+Result<SeqCache> CachePools::fork(const SeqCache& src) {
+  K3_CHECK(src.slot >= 0 && src.slot < slots_.capacity() && slot_refs_[src.slot] > 0,
+           "fork: the source sequence holds no slot");
+  const int64_t ps = opts_.page_size;
+  const int64_t used = (src.num_tokens + ps - 1) / ps;   // pages that hold its tokens
+  K3_CHECK(used <= static_cast<int64_t>(src.pages.size()), "fork: the source sequence's tokens exceed its pages");
+  const bool partial = src.num_tokens % ps != 0;
+  if (partial && pages_.free_count() == 0)
+    return Status(Code::ResourceExhausted, "fork: out of MLA pages for the copy of the last partial page");
+  auto slot = alloc_slot();
+  if (!slot) return Status(Code::ResourceExhausted, "fork: no free sequence slot (max_seqs=" + std::to_string(opts_.max_seqs) + ")");
+  SeqCache seq;
+  seq.slot = *slot;
+  copy_slot(src.slot, seq.slot);
+  const int64_t shared = partial ? used - 1 : used;
+  for (int64_t i = 0; i < shared; ++i) {
+    retain_page(src.pages[i]);
+    seq.pages.push_back(src.pages[i]);
+  }
+  if (partial) {
+    const int32_t page = alloc_pages(1)->at(0);
+    copy_page(src.pages[used - 1], page);
+    seq.pages.push_back(page);
+  }
+  seq.num_tokens = src.num_tokens;
+  return seq;
+}
+
 std::optional<int> CachePools::alloc_slot() {
   auto slot = slots_.alloc();
   if (slot) slot_refs_[*slot] = 1;
@@ -154,6 +182,15 @@ void CachePools::copy_slot(int src, int dst) {
       Tensor d = t.slice_rows(dst, dst + 1);
       backend_.copy(t.slice_rows(src, src + 1), d);
     }
+}
+
+void CachePools::copy_page(int32_t src, int32_t dst) {
+  K3_CHECK(src >= 0 && dst >= 0 && src < opts_.num_pages && dst < opts_.num_pages && src != dst,
+           "copy_page " + std::to_string(src) + " -> " + std::to_string(dst) + ": bad page ids");
+  for (auto& [layer, t] : mla_kv_) {
+    Tensor d = t.slice_rows(dst, dst + 1);
+    backend_.copy(t.slice_rows(src, src + 1), d);
+  }
 }
 
 void CachePools::retain_page(int32_t page) {

@@ -81,6 +81,12 @@ class CachePools {
   // the request's caches there): takes one more reference on each, copies and zeroes nothing.
   // `num_tokens` rows must fit the pages. Errors name an id that is not allocated.
   Result<SeqCache> adopt(int slot, const std::vector<int32_t>& pages, int64_t num_tokens);
+  // A second sequence with `src`'s contents, to continue it another way (n samples of one prompt share
+  // one prefill): a new slot with a copy of its KDA state and conv window; the pages it filled to the
+  // end are shared (one more reference each: nobody writes a full page again), and its last, partly
+  // filled page is copied into a page of its own, since both sequences write their next rows there.
+  // All or nothing: fails (naming what ran out) without side effects.
+  Result<SeqCache> fork(const SeqCache& src);
 
   // For the prefix cache and the decode transfer: slots and pages they own (one reference each), page
   // references, and state copies. Slots and pages are freed when their last owner lets go.
@@ -89,6 +95,8 @@ class CachePools {
   std::optional<std::vector<int32_t>> alloc_pages(int n);  // all or nothing; contents undefined
   // Copies the state and conv window of every KDA layer of slot `src` into slot `dst`.
   void copy_slot(int src, int dst);
+  // Copies page `src` of every MLA layer of this range into page `dst`.
+  void copy_page(int32_t src, int32_t dst);
   void retain_page(int32_t page);    // one more owner of an allocated page
   void release_page(int32_t page);   // freed when its last owner lets go
   int page_refs(int32_t page) const { return page_refs_.at(page); }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/core/counter_random.h"
 #include "common/core/tensor.h"
 
 namespace k3::ops {
@@ -239,6 +240,14 @@ struct SamplingRow {
   uint64_t seed = 0;   // the row's stream
   uint64_t step = 0;   // the request's decode step: (seed, step) fixes the draw
 };
+
+// The seed stream of choice `choice` of a request asking for n samples of one prompt (OpenAI `n`):
+// choice 0 keeps the request's seed, so n = 1 draws exactly what it always drew; choice i > 0 draws
+// from splitmix64(seed + i). Local mode, the last prefill stage (first tokens) and decode all use this
+// one rule, so every topology gives every choice the same tokens.
+inline uint64_t choice_seed(uint64_t seed, uint32_t choice) {
+  return choice == 0 ? seed : counter_random::splitmix64(seed + choice);
+}
 struct SampleParams {
   Tensor logits;                  // [B, V] F32 (host for the CPU backend)
   std::vector<SamplingRow> rows;  // B

@@ -352,6 +352,7 @@ void PrefillStage::maybe_report(Request& r) {
                                   std::to_string(src.total_bytes));
   std::optional<int32_t> first_token;
   std::vector<protocol::TokenLogprobs> first_logprobs;
+  std::vector<int32_t> choice_first_tokens;
   if (is_last()) {
     const protocol::SamplingParams& sp = r.prefill->sampling;
     // Logprobs describe the model: their copy is taken before a structured-output mask changes the row.
@@ -366,14 +367,17 @@ void PrefillStage::maybe_report(Request& r) {
         return fail_request(r.id, "constrained decoding: no token fits the grammar at the start");
       apply_token_mask(r.last_logits, mask);
     }
-    std::vector<int32_t> out;
-    backend_.sample({.logits = r.last_logits,
-                     .rows = {ops::SamplingRow{.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p,
-                                               .seed = sp.seed, .step = 0}},
-                     .out = &out});
-    first_token = out.at(0);
-    if (sp.logprobs >= 0) {  // the only time the logits leave the backend: they were asked for
-      first_logprobs.push_back(to_wire(row_logprobs(host.f32(), cfg_.vocab_size, *first_token, sp.logprobs)));
+    // n choices share this prefill: each draws its first token from the same row with its own seed stream.
+    for (uint32_t c = 0; c < std::max<uint32_t>(sp.n, 1); ++c) {
+      std::vector<int32_t> out;
+      backend_.sample({.logits = r.last_logits,
+                       .rows = {ops::SamplingRow{.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p,
+                                                 .seed = ops::choice_seed(sp.seed, c), .step = 0}},
+                       .out = &out});
+      if (c == 0) first_token = out.at(0);
+      else choice_first_tokens.push_back(out.at(0));
+      if (sp.logprobs >= 0)  // the only time the logits leave the backend: they were asked for
+        first_logprobs.push_back(to_wire(row_logprobs(host.f32(), cfg_.vocab_size, out.at(0), sp.logprobs)));
     }
   }
   const uint64_t id = r.id;
@@ -381,7 +385,9 @@ void PrefillStage::maybe_report(Request& r) {
                first_token ? ", first token " + std::to_string(*first_token) : std::string());
   if (prefix_) remember_reported(*r.prefill, r.epoch);   // a later stage may ask for a recompute
   end_request(id);  // local caches go now: the driver holds the packed copy until the request ends
-  absorb(driver_->stage_computed(id, std::move(src), std::move(bytes), first_token, std::move(first_logprobs)));
+  ++prompts_prefilled_;
+  absorb(driver_->stage_computed(id, std::move(src), std::move(bytes), first_token, std::move(first_logprobs),
+                                 std::move(choice_first_tokens)));
 }
 
 Status PrefillStage::run_once(std::chrono::milliseconds idle_wait) {
@@ -425,6 +431,7 @@ protocol::PrefixCacheReport PrefillStage::prefix_report() const {
   r.pool_free_pages = static_cast<uint32_t>(pools_->free_pages());
   r.pool_slots = static_cast<uint32_t>(pools_->total_slots());
   r.pool_free_slots = static_cast<uint32_t>(pools_->free_slots());
+  r.prompts_prefilled = prompts_prefilled_;
   if (!prefix_) return r;
   const PrefixCache& c = prefix_->cache();
   r.block_tokens = static_cast<uint32_t>(c.options().block_tokens);

@@ -170,6 +170,7 @@ class PrefillStage {
   std::unique_ptr<transfer::PrefillDriver> driver_;
   std::unique_ptr<StageReceiver> from_prev_;
   std::unique_ptr<StageSender> to_next_;
+  uint64_t prompts_prefilled_ = 0;   // prompts this stage finished (heartbeat report)
   std::map<uint64_t, Request> requests_;          // live here (computing or waiting for the PREFILL)
   std::deque<uint64_t> order_;                    // arrival order: oldest request gets the next chunk
   std::deque<uint64_t> chunk_order_;              // stages > 0 with the prefix cache: owners of the queued

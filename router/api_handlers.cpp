@@ -75,6 +75,40 @@ std::string tool_finish_reason(const ToolCallOutput& out, const std::string& rea
   return reason == "stop" && out.calls_finished() > 0 && !out.stopped() ? "tool_calls" : reason;
 }
 
+// One choice's output as its events arrive (the streamed and the collected path share it).
+struct ChoiceState {
+  std::unique_ptr<ToolCallOutput> tools;  // the output may hold tool calls
+  int64_t text_offset = 0, tokens_seen = 0, completion_tokens = 0;
+  bool ended = false;
+  std::string reason;                     // set when it ended
+};
+
+// Takes one Tokens/Finished event of choice `c` apart into `piece`; true when it ends the choice (a
+// Finished event, or with tools a stop string in the content: the rest of that choice is dropped).
+// Throws ApiError when the tool-call output does not parse.
+bool absorb(ChoiceState& c, GenerationEvent& ev, ChoiceText& piece) {
+  piece = ChoiceText{.text = std::move(ev.text), .token_ids = std::move(ev.token_ids),
+                     .logprobs = std::move(ev.logprobs), .text_offset = c.text_offset, .index = ev.choice};
+  bool finished = ev.kind == GenerationEvent::Kind::Finished;
+  c.tokens_seen += static_cast<int64_t>(piece.token_ids.size());
+  std::string reason = ev.finish_reason;
+  int64_t completion_tokens = ev.completion_tokens;
+  if (c.tools) {
+    split_tool_output(*c.tools, piece.token_ids, finished, piece);
+    if (c.tools->stopped() && !finished) {
+      finished = true;
+      reason = "stop";
+      completion_tokens = c.tokens_seen;
+    }
+  }
+  c.text_offset += static_cast<int64_t>(piece.text.size());
+  if (!finished) return false;
+  c.ended = true;
+  c.reason = c.tools ? tool_finish_reason(*c.tools, reason) : reason;
+  c.completion_tokens = completion_tokens;
+  return true;
+}
+
 // The state behind one SSE response; the generator lambda owns it.
 struct StreamState {
   std::unique_ptr<RequestStream> stream;
@@ -84,11 +118,12 @@ struct StreamState {
   const Tokenizer* tok = nullptr;
   std::chrono::milliseconds keepalive{2000};
   Timing timing;
-  int64_t prompt_tokens = 0, text_offset = 0;
+  int64_t prompt_tokens = 0;
   enum class Phase { Role, Tokens, Usage, Done, Over } phase = Phase::Tokens;
-  int64_t completion_tokens = 0;
-  int64_t tokens_seen = 0;
-  std::unique_ptr<ToolCallOutput> tools;  // the output may hold tool calls
+  int roles_sent = 0;                 // chat: one role chunk per choice
+  std::vector<ChoiceState> choices;   // n
+  int open = 0;                       // choices not ended
+  int64_t completion_tokens = 0;      // all choices'
   std::string outcome;  // set when generation ended
 
   ~StreamState() {
@@ -97,10 +132,12 @@ struct StreamState {
 
   bool next(std::string& chunk) {
     switch (phase) {
-      case Phase::Role:
-        phase = Phase::Tokens;
-        chunk = sse_data(chunk_object(rq, ids, {}, "", /*role=*/true, *tok));
+      case Phase::Role: {
+        ChoiceText role{.index = roles_sent};
+        if (++roles_sent == static_cast<int>(choices.size())) phase = Phase::Tokens;
+        chunk = sse_data(chunk_object(rq, ids, role, "", /*role=*/true, *tok));
         return true;
+      }
       case Phase::Tokens: return next_tokens(chunk);
       case Phase::Usage:
         phase = Phase::Done;
@@ -115,6 +152,13 @@ struct StreamState {
     return false;
   }
 
+  void error_chunk(const ApiError& e, std::string& chunk) {
+    outcome = "error";
+    metrics->count_finish(outcome);
+    chunk = "data: " + error_body(e.status(), e.what(), e.type(), e.param(), e.code()) + "\n\n";
+    phase = Phase::Done;
+  }
+
   bool next_tokens(std::string& chunk) {
     for (;;) {
       auto ev = stream->next(keepalive);
@@ -123,44 +167,34 @@ struct StreamState {
         return true;
       }
       if (ev->kind == GenerationEvent::Kind::Failed) {
-        outcome = "error";
-        metrics->count_finish(outcome);
-        const ApiError e = api_error_from_status(ev->error);
-        chunk = "data: " + error_body(e.status(), e.what(), e.type(), e.param(), e.code()) + "\n\n";
-        phase = Phase::Done;
+        error_chunk(api_error_from_status(ev->error), chunk);
         return true;
       }
-      ChoiceText piece{.text = std::move(ev->text), .token_ids = std::move(ev->token_ids),
-                       .logprobs = std::move(ev->logprobs), .text_offset = text_offset};
-      const bool finished = ev->kind == GenerationEvent::Kind::Finished;
-      tokens_seen += static_cast<int64_t>(piece.token_ids.size());
-      if (tools) {
-        try {
-          split_tool_output(*tools, piece.token_ids, finished, piece);
-        } catch (const ApiError& e) {
-          outcome = "error";
-          metrics->count_finish(outcome);
-          chunk = "data: " + error_body(e.status(), e.what(), e.type(), e.param(), e.code()) + "\n\n";
-          phase = Phase::Done;
-          return true;
-        }
-        if (tools->stopped() && !finished) {  // a stop string in the content: the generation is dropped
-          stream.reset();
-          ev->kind = GenerationEvent::Kind::Finished;
-          ev->finish_reason = "stop";
-          ev->prompt_tokens = prompt_tokens;
-          ev->completion_tokens = tokens_seen;
-        }
+      if (ev->choice < 0 || ev->choice >= static_cast<int>(choices.size())) {
+        error_chunk(ApiError(500, "internal error: an event for choice " + std::to_string(ev->choice), "", "internal_error"), chunk);
+        return true;
       }
-      text_offset += static_cast<int64_t>(piece.text.size());
-      if (ev->kind == GenerationEvent::Kind::Finished) {
-        outcome = tools ? tool_finish_reason(*tools, ev->finish_reason) : ev->finish_reason;
-        completion_tokens = ev->completion_tokens;
-        metrics->count_finish(outcome);
-        metrics->add_tokens(ev->prompt_tokens, ev->completion_tokens);
-        metrics->e2e().observe(seconds_since(timing.start));
-        chunk = sse_data(chunk_object(rq, ids, piece, outcome, false, *tok));
-        phase = rq.include_usage ? Phase::Usage : Phase::Done;
+      ChoiceState& c = choices[ev->choice];
+      if (c.ended) continue;  // the rest of a choice a stop string in its content ended
+      ChoiceText piece;
+      bool finished;
+      try {
+        finished = absorb(c, *ev, piece);
+      } catch (const ApiError& e) {
+        error_chunk(e, chunk);
+        return true;
+      }
+      if (finished) {
+        metrics->count_finish(c.reason);
+        completion_tokens += c.completion_tokens;
+        if (--open == 0) {
+          outcome = c.reason;
+          stream.reset();  // over, or the generation a stop string ended is dropped here
+          metrics->add_tokens(prompt_tokens, completion_tokens);
+          metrics->e2e().observe(seconds_since(timing.start));
+          phase = rq.include_usage ? Phase::Usage : Phase::Done;
+        }
+        chunk = sse_data(chunk_object(rq, ids, piece, c.reason, false, *tok));
         return true;
       }
       for (size_t i = 0; i < piece.token_ids.size(); ++i) timing.token(*metrics);
@@ -301,7 +335,10 @@ HttpResponse ApiHandlers::completions(const HttpRequest& http, Endpoint endpoint
   state->tok = tokenizer_.get();
   state->keepalive = opts_.sse_keepalive;
   state->prompt_tokens = static_cast<int64_t>(prompt.size());
-  if (rq.tool_calls_possible) state->tools = std::make_unique<ToolCallOutput>(tokenizer_, rq.stop, eos_ids_);
+  state->choices.resize(static_cast<size_t>(rq.n));
+  state->open = rq.n;
+  if (rq.tool_calls_possible)
+    for (ChoiceState& c : state->choices) c.tools = std::make_unique<ToolCallOutput>(tokenizer_, rq.stop, eos_ids_);
 
   if (rq.stream) {
     state->phase = endpoint == Endpoint::Chat ? StreamState::Phase::Role : StreamState::Phase::Tokens;
@@ -314,7 +351,8 @@ HttpResponse ApiHandlers::completions(const HttpRequest& http, Endpoint endpoint
 
   // Not streamed: collect to the end (the RequestStream cancels if this thread unwinds, e.g. when
   // the client left: there is nobody to answer then).
-  ChoiceText all;
+  std::vector<ChoiceText> all(static_cast<size_t>(rq.n));
+  for (int i = 0; i < rq.n; ++i) all[i].index = i;
   auto last_check = Clock::now();
   for (;;) {
     auto ev = state->stream->next(std::chrono::milliseconds(100));
@@ -328,32 +366,27 @@ HttpResponse ApiHandlers::completions(const HttpRequest& http, Endpoint endpoint
       metrics_.count_finish("error");
       throw api_error_from_status(ev->error);
     }
+    if (ev->choice < 0 || ev->choice >= rq.n)
+      throw ApiError(500, "internal error: an event for choice " + std::to_string(ev->choice), "", "internal_error");
+    ChoiceState& c = state->choices[ev->choice];
+    if (c.ended) continue;
     for (size_t i = 0; i < ev->token_ids.size(); ++i) state->timing.token(metrics_);
-    bool finished = ev->kind == GenerationEvent::Kind::Finished;
-    if (state->tools) {
-      ChoiceText piece;
-      split_tool_output(*state->tools, ev->token_ids, finished, piece);
-      all.text += piece.text;
-      if (state->tools->stopped() && !finished) {  // a stop string in the content ends it here
-        finished = true;
-        ev->finish_reason = "stop";
-        ev->prompt_tokens = state->prompt_tokens;
-        ev->completion_tokens = static_cast<int64_t>(all.token_ids.size() + ev->token_ids.size());
-      }
-    } else {
-      all.text += ev->text;
-    }
-    all.token_ids.insert(all.token_ids.end(), ev->token_ids.begin(), ev->token_ids.end());
-    for (auto& lp : ev->logprobs) all.logprobs.push_back(std::move(lp));
-    if (finished) {
-      const std::string reason = state->tools ? tool_finish_reason(*state->tools, ev->finish_reason) : ev->finish_reason;
-      if (state->tools) all.tool_calls = state->tools->calls();
-      state->outcome = reason;
-      metrics_.count_finish(reason);
-      metrics_.add_tokens(ev->prompt_tokens, ev->completion_tokens);
-      metrics_.e2e().observe(seconds_since(state->timing.start));
-      return json_response(200, completion_object(rq, state->ids, all, reason, prompt, ev->completion_tokens, *tokenizer_));
-    }
+    ChoiceText piece;
+    const bool finished = absorb(c, *ev, piece);
+    ChoiceText& whole = all[ev->choice];
+    whole.text += piece.text;
+    whole.token_ids.insert(whole.token_ids.end(), piece.token_ids.begin(), piece.token_ids.end());
+    for (auto& lp : piece.logprobs) whole.logprobs.push_back(std::move(lp));
+    if (!finished) continue;
+    if (c.tools) whole.tool_calls = c.tools->calls();
+    whole.finish_reason = c.reason;
+    metrics_.count_finish(c.reason);
+    state->completion_tokens += c.completion_tokens;
+    if (--state->open > 0) continue;
+    state->outcome = c.reason;
+    metrics_.add_tokens(state->prompt_tokens, state->completion_tokens);
+    metrics_.e2e().observe(seconds_since(state->timing.start));
+    return json_response(200, completion_object(rq, state->ids, all, prompt, state->completion_tokens, *tokenizer_));
   }
 }
 

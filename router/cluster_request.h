@@ -27,9 +27,16 @@ struct ClusterService::Request {
   // failed it may not be declared down yet, e.g. when decode noticed a frozen stage first).
   std::set<std::string> failed_prefill;
   std::chrono::steady_clock::time_point queued_since;  // its place in the queue (kept when sent back)
-  int64_t generated = 0;
   bool streamed = false;            // a token reached the sink: no retry any more
-  std::unique_ptr<TextStream> text;
+  // One per choice (n of them): its text, its count, and whether it ended (for the client; `decoded`:
+  // the decode rank said its last TOKENS, so nothing of it runs there any more).
+  struct Choice {
+    std::unique_ptr<TextStream> text;
+    int64_t generated = 0;
+    bool ended = false, decoded = false;
+  };
+  std::vector<Choice> choices;
+  int open_choices = 1;
 };
 
 struct ClusterService::Worker {

@@ -168,8 +168,10 @@ class ClusterWorkerOps {
     return true;
   }
   Demand demand(const DecodeCapacity& cap, const Request& r) const {
-    return demand_of(cap, static_cast<int64_t>(r.params.prompt.size()),
-                     std::min<int64_t>(r.params.max_tokens, s_.opts_.generation_reserve));
+    Demand d = demand_of(cap, static_cast<int64_t>(r.params.prompt.size()),
+                         std::min<int64_t>(r.params.max_tokens, s_.opts_.generation_reserve));
+    d.cache_pages *= static_cast<uint32_t>(r.params.n);   // each choice decodes in caches of its own
+    return d;
   }
 
   // Places a queued request on pair `chosen`: reserves its room, CLAIM to decode (PREFILL follows CLAIM_ACK).
@@ -203,7 +205,7 @@ class ClusterWorkerOps {
   static proto::SamplingParams sampling_of(const GenerationParams& g) {
     return {.temperature = g.sampling.temperature, .top_p = g.sampling.top_p, .top_k = g.sampling.top_k,
             .seed = g.sampling.seed, .max_tokens = static_cast<uint32_t>(g.max_tokens), .stop_token_ids = g.stop_ids,
-            .logprobs = g.logprobs, .output_format = g.output_format.encode()};
+            .logprobs = g.logprobs, .output_format = g.output_format.encode(), .n = static_cast<uint32_t>(g.n)};
   }
 
   // This attempt failed: abort it everywhere, then queue the request again if nothing was streamed.
@@ -260,9 +262,19 @@ class ClusterWorkerOps {
     } else {
       w_.deadlines.progress(r->id, Clock::now());
     }
+    if (t.choice >= r->choices.size()) {
+      abort_parties(*r, proto::AbortReason::Internal);
+      fail(*r, internal_error("TOKENS for choice " + std::to_string(t.choice) + " of a request with " +
+                              std::to_string(r->choices.size())), "internal");
+      return;
+    }
+    Request::Choice& c = r->choices[t.choice];
+    if (t.finish != proto::FinishReason::None) c.decoded = true;
+    if (c.ended) return;  // a stop string ended it here; decode generates the rest for nobody
     GenerationEvent ev;
     ev.kind = GenerationEvent::Kind::Tokens;
-    auto ended = absorb_tokens(t, r->params, *r->text, r->generated, ev);
+    ev.choice = static_cast<int>(t.choice);
+    auto ended = absorb_tokens(t, r->params, *c.text, c.generated, ev);
     if (!ended.is_ok()) {
       abort_parties(*r, proto::AbortReason::Internal);
       fail(*r, ended.status(), "internal");
@@ -275,18 +287,23 @@ class ClusterWorkerOps {
       retry_or_fail(*r, Status(Code::Unavailable, "decode aborted the request"), proto::AbortReason::Internal);
       return;
     }
-    if (!reason.empty()) {
-      // A stop string (or a cap) decided here: decode may still be generating.
-      if (t.finish == proto::FinishReason::None) abort_parties(*r, proto::AbortReason::ClientCancelled);
-      ev.text += r->text->flush();
-    }
+    if (!reason.empty()) ev.text += c.text->flush();
     if (!ev.token_ids.empty()) {
       r->streamed = true;
       emit(*r, std::move(ev));
     }
-    if (!reason.empty())
-      end(*r, {.kind = GenerationEvent::Kind::Finished, .finish_reason = reason,
-               .prompt_tokens = static_cast<int64_t>(r->params.prompt.size()), .completion_tokens = r->generated});
+    if (reason.empty()) return;
+    c.ended = true;
+    GenerationEvent fin{.kind = GenerationEvent::Kind::Finished, .choice = ev.choice, .finish_reason = reason,
+                        .prompt_tokens = static_cast<int64_t>(r->params.prompt.size()), .completion_tokens = c.generated};
+    if (--r->open_choices > 0) {
+      emit(*r, std::move(fin));
+      return;
+    }
+    // A stop string (or a cap) decided here: decode may still be generating some choice.
+    if (std::any_of(r->choices.begin(), r->choices.end(), [](const Request::Choice& x) { return !x.decoded; }))
+      abort_parties(*r, proto::AbortReason::ClientCancelled);
+    end(*r, std::move(fin));
   }
 
   void on_failed(const proto::Failed& f, const std::string& from) {

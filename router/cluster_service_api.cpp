@@ -45,11 +45,14 @@ Result<RequestHandle> ClusterService::submit(GenerationParams params, EventSink 
   std::shared_ptr<const Tokenizer> tok = tokenizer_;
   const std::vector<int32_t> stop_ids = params.stop_ids;
   // The same text rules as the local engine: specials and stop ids add no text.
-  r->text = std::make_unique<TextStream>(
-      [tok](int32_t id) { return tok->decode_bytes(std::span<const int32_t>(&id, 1)); }, params.stop_strings,
-      [tok, stop_ids](int32_t id) {
-        return tok->is_special(id) || std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
-      });
+  r->choices.resize(static_cast<size_t>(params.n));
+  r->open_choices = params.n;
+  for (Request::Choice& c : r->choices)
+    c.text = std::make_unique<TextStream>(
+        [tok](int32_t id) { return tok->decode_bytes(std::span<const int32_t>(&id, 1)); }, params.stop_strings,
+        [tok, stop_ids](int32_t id) {
+          return tok->is_special(id) || std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
+        });
   r->params = std::move(params);
   r->sink = std::move(sink);
   r->queued_since = std::chrono::steady_clock::now();
@@ -108,7 +111,7 @@ ServiceStats ClusterService::stats() const {
   return {.waiting = queued, .running = running_, .free_slots = free_slots, .free_pages = free_pages,
           .prefix_lookup_tokens = prefix.lookup_tokens, .prefix_hit_tokens = prefix.hit_tokens,
           .prefix_checkpoints_stored = prefix.checkpoints_stored, .prefix_checkpoints_evicted = prefix.checkpoints_evicted,
-          .prefix_cache_bytes = prefix.cache_bytes};
+          .prefix_cache_bytes = prefix.cache_bytes, .prompts_prefilled = prefix.prompts_prefilled};
 }
 
 void ClusterService::shutdown() {

@@ -263,8 +263,7 @@ CompletionRequest parse_completion_request(const std::string& text, Endpoint end
     }
   }
   rq.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
-  if (auto n = get_int(body, "n", INT64_MIN, INT64_MAX); n && *n != 1)
-    throw ApiError(400, "n must be 1: this server returns one choice per request", "n", "unsupported_value");
+  rq.n = static_cast<int>(get_int(body, "n", 1, kMaxChoices).value_or(1));
   if (auto b = get_int(body, "best_of", INT64_MIN, INT64_MAX); b && *b != 1)
     throw ApiError(400, "best_of must be 1", "best_of", "unsupported_value");
   if (get_bool(body, "echo").value_or(false)) throw ApiError(400, "echo is not supported", "echo", "unsupported_value");
@@ -343,6 +342,7 @@ GenerationParams generation_params(const CompletionRequest& rq, std::vector<int3
   GenerationParams p;
   p.prompt = std::move(prompt);
   p.max_tokens = static_cast<int>(max_tokens);
+  p.n = rq.n;
   uint64_t seed = 0;
   if (rq.seed) seed = *rq.seed;
   else seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();

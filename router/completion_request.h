@@ -33,6 +33,7 @@ struct CompletionRequest {
   std::vector<int32_t> stop_token_ids;       // extension (vLLM)
   bool ignore_eos = false;                   // extension (vLLM)
   int logprobs = -1;                         // -1: off; else number of alternatives
+  int n = 1;                                 // choices: samples of the one prompt, 1..kMaxChoices
   bool stream = false;
   bool include_usage = false;
   bool return_token_ids = false;             // extension: choices[].token_ids (and prompt_token_ids)
@@ -48,6 +49,9 @@ struct ModelLimits {
   int vocab = 0;
   int default_max_tokens = 256;
 };
+
+// The most choices (`n`) one request may ask for; a service may allow fewer (its running batch).
+inline constexpr int kMaxChoices = 16;
 
 // Rejects nesting deeper than this before parsing (a recursive parser must not meet hostile depth).
 inline constexpr int kMaxJsonDepth = 64;

@@ -8,6 +8,7 @@ Status check_generation_params(const GenerationParams& params, bool has_sink, in
                                int64_t context_limit, const char* logprobs_unsupported) {
   if (params.prompt.empty()) return invalid_argument("prompt: empty");
   if (params.max_tokens < 1) return invalid_argument("max_tokens: must be >= 1");
+  if (params.n < 1) return invalid_argument("n: must be >= 1");
   if (logprobs_unsupported && params.logprobs >= 0)
     return invalid_argument(std::string("logprobs: ") + logprobs_unsupported);
   for (int32_t id : params.prompt)

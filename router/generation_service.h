@@ -6,7 +6,12 @@
 //  - submit() never blocks on generation; it fails fast with ResourceExhausted (queue full) or
 //    Unavailable (not ready / shutting down) and then never calls the sink.
 //  - The sink is called from the service's own thread, never concurrently for one request, and must
-//    not block. Zero or more Tokens events, then exactly one Finished or Failed event, unless cancelled.
+//    not block. Each event names its choice (0..n-1). Per choice: zero or more Tokens events, then one
+//    Finished event; a Failed event (choice 0) ends the whole request and nothing follows it. So a
+//    request ends after n Finished events or one Failed event, unless cancelled.
+//  - n > 1 shares one prefill: the choices fork from the prompt's caches (CachePools::fork) and choice
+//    i samples with ops::choice_seed(seed, i); a service whose running batch cannot hold n sequences
+//    refuses the request at submit() naming `n`.
 //  - cancel(h) is idempotent and safe for finished handles; once it returns, the sink of h is never
 //    called again; the request's engine/node resources are freed before the next generation step.
 //  - shutdown() fails every queued and running request with a Failed event and refuses new ones.
@@ -28,7 +33,8 @@ using RequestHandle = uint64_t;
 
 struct GenerationParams {
   std::vector<int32_t> prompt;           // token ids, non-empty
-  int max_tokens = 16;                   // >= 1
+  int max_tokens = 16;                   // >= 1, per choice
+  int n = 1;                             // choices: samples of the one prompt (>= 1)
   ops::SamplingRow sampling;             // step is filled in by the service per token
   std::vector<int32_t> stop_ids;         // generation ends after one of these (EOS ids included by the caller)
   std::vector<std::string> stop_strings; // on detokenized text; the stop string itself is not returned
@@ -49,12 +55,13 @@ struct TokenLogprob {
 struct GenerationEvent {
   enum class Kind { Tokens, Finished, Failed };
   Kind kind = Kind::Tokens;
+  int choice = 0;                          // which of the request's n choices (Failed: 0, it ends them all)
   std::vector<int32_t> token_ids;          // Tokens: ids sampled in this step (may be 0 or 1 here)
   std::string text;                        // Tokens/Finished: new text safe to show (valid UTF-8)
   std::vector<TokenLogprob> logprobs;      // Tokens: one per token id when requested
   std::string finish_reason;               // Finished: "stop" | "length"
   int64_t prompt_tokens = 0;               // Finished
-  int64_t completion_tokens = 0;           // Finished
+  int64_t completion_tokens = 0;           // Finished: this choice's
   Status error;                            // Failed: Unavailable (shutdown/node lost) or Internal
 };
 
@@ -70,6 +77,9 @@ struct ServiceStats {
   uint64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0;
   uint64_t prefix_checkpoints_stored = 0, prefix_checkpoints_evicted = 0;
   uint64_t prefix_cache_bytes = 0;
+  // Prompts prefilled (a request for n choices counts once: its choices share the prefill). Cluster mode:
+  // the sum over prefill instances, as their heartbeats last reported it.
+  uint64_t prompts_prefilled = 0;
 };
 
 // The checks every service makes at submit(), in this order, each error naming its field: a non-empty

@@ -10,8 +10,16 @@
 
 namespace k3::router {
 
+// The choices of one request (n samples of its prompt): they end the request together.
+struct ChoiceFamily {
+  int open = 1;          // choices not ended yet
+  bool failed = false;   // a Failed event went out: the other choices end silently
+};
+
 struct LocalEngineService::Running {
   RequestHandle id = 0;
+  int choice = 0;                    // 0..n-1; choice 0 is the request that prefilled
+  std::shared_ptr<ChoiceFamily> family = std::make_shared<ChoiceFamily>();
   GenerationParams params;
   EventSink sink;
   SeqCache seq;
@@ -20,8 +28,19 @@ struct LocalEngineService::Running {
   std::vector<int32_t> generated;
   std::unique_ptr<TextStream> text;
   std::unique_ptr<grammar::TokenConstraint> constraint;  // structured output; null for free text
+  int forks_pending = 0;             // choices 1..n-1 not forked yet (they will take a slot each)
   bool done = false;
 };
+
+namespace {
+// Slots the running requests hold now, and the ones their pending forks will take.
+int64_t slots_claimed(const std::vector<std::unique_ptr<LocalEngineService::Running>>& running, bool pending_only) {
+  int64_t n = 0;
+  for (const auto& r : running)
+    if (r) n += r->forks_pending + (pending_only ? 0 : 1);
+  return n;
+}
+}  // namespace
 
 Result<std::unique_ptr<LocalEngineService>> LocalEngineService::open(const std::string& model_dir,
                                                                      const LocalEngineOptions& opts) {
@@ -73,6 +92,9 @@ LocalEngineService::~LocalEngineService() {
 
 Result<RequestHandle> LocalEngineService::submit(GenerationParams params, EventSink sink) {
   K3_TRY(check_generation_params(params, bool(sink), cfg_.vocab_size, cfg_.max_position_embeddings));
+  if (params.n > opts_.max_running)
+    return invalid_argument("n: " + std::to_string(params.n) + " choices do not fit this server's running batch of " +
+                            std::to_string(opts_.max_running) + " sequences");
   if (params.grammar.tool_calls && !vocab_bytes_->tools.present())
     return invalid_argument("tools: the tokenizer has no tool-call tokens, so tool calls cannot be served");
   std::lock_guard lk(mu_);
@@ -110,7 +132,7 @@ ServiceStats LocalEngineService::stats() const {
           .free_slots = free_slots_.load(), .free_pages = free_pages_.load(),
           .prefix_lookup_tokens = prefix_lookup_.load(), .prefix_hit_tokens = prefix_hit_.load(),
           .prefix_checkpoints_stored = prefix_stored_.load(), .prefix_checkpoints_evicted = prefix_evicted_.load(),
-          .prefix_cache_bytes = prefix_bytes_.load()};
+          .prefix_cache_bytes = prefix_bytes_.load(), .prompts_prefilled = prompts_prefilled_.load()};
 }
 
 void LocalEngineService::shutdown() {
@@ -120,8 +142,14 @@ void LocalEngineService::shutdown() {
 }
 
 void LocalEngineService::finish(Running& r, GenerationEvent&& ev) {
+  if (r.done) return;
   r.done = true;
-  {
+  ChoiceFamily& family = *r.family;
+  // After a Failed event nothing more goes out for the request (the contract in generation_service.h).
+  const bool send = !family.failed;
+  if (ev.kind == GenerationEvent::Kind::Failed) family.failed = true;
+  else ev.choice = r.choice;
+  if (send) {
     std::lock_guard sink_lk(sink_mu_);
     bool cancelled;
     {
@@ -130,12 +158,17 @@ void LocalEngineService::finish(Running& r, GenerationEvent&& ev) {
     }
     if (!cancelled) r.sink(std::move(ev));
   }
+  if (--family.open > 0) return;
   std::lock_guard lk(mu_);
   live_.erase(r.id);
   cancelled_.erase(r.id);
 }
 
 void LocalEngineService::emit_token(Running& r, const float* row) {
+  if (r.family->failed) {  // another choice failed the request: this one ends without a word
+    finish(r, {.kind = GenerationEvent::Kind::Failed});
+    return;
+  }
   const int64_t vocab = cfg_.vocab_size;
   ops::SamplingRow srow = r.params.sampling;
   srow.step = r.generated.size();
@@ -165,6 +198,7 @@ void LocalEngineService::emit_token(Running& r, const float* row) {
 
   GenerationEvent ev;
   ev.kind = GenerationEvent::Kind::Tokens;
+  ev.choice = r.choice;
   ev.token_ids = {id};
   if (r.params.logprobs >= 0) {
     RowLogprobs lp = row_logprobs(row, vocab, id, r.params.logprobs);
@@ -200,6 +234,45 @@ void LocalEngineService::emit_token(Running& r, const float* row) {
                .completion_tokens = static_cast<int64_t>(r.generated.size())});
 }
 
+void LocalEngineService::start_output(Running& r) {
+  // submit() checked what create() needs: it cannot fail here.
+  r.constraint = grammar::TokenConstraint::create(r.params.grammar, vocab_bytes_, r.params.stop_ids).value();
+  std::shared_ptr<const Tokenizer> tok = tokenizer_;
+  const std::vector<int32_t> stop_ids = r.params.stop_ids;
+  r.text = std::make_unique<TextStream>(
+      [tok](int32_t id) { return tok->decode_bytes(std::span<const int32_t>(&id, 1)); }, r.params.stop_strings,
+      [tok, stop_ids](int32_t id) {
+        return tok->is_special(id) || std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
+      });
+}
+
+Status LocalEngineService::fork_choices(Running& r, std::vector<std::unique_ptr<Running>>& forks) {
+  const int n = r.params.n;
+  r.forks_pending = 0;
+  for (int i = 1; i < n; ++i) {
+    auto seq = engine_->caches().fork(r.seq);
+    if (!seq.is_ok()) {
+      for (auto& f : forks) close_request(*f);
+      r.family->open -= static_cast<int>(forks.size());
+      forks.clear();
+      return Status(seq.status().code(), "n: choice " + std::to_string(i) + " could not fork: " + seq.status().message());
+    }
+    auto f = std::make_unique<Running>();
+    f->id = r.id;
+    f->choice = i;
+    f->family = r.family;
+    ++f->family->open;
+    f->params = r.params;
+    f->params.sampling.seed = ops::choice_seed(r.params.sampling.seed, static_cast<uint32_t>(i));
+    f->sink = r.sink;
+    f->seq = std::move(seq).value();
+    f->prefilled = r.prefilled;
+    start_output(*f);
+    forks.push_back(std::move(f));
+  }
+  return Status::ok();
+}
+
 // New pages a request needs to hold `tokens` tokens.
 int64_t LocalEngineService::pages_for(const Running& r, int64_t tokens) const {
   const int64_t need = (tokens + opts_.page_size - 1) / opts_.page_size;
@@ -229,16 +302,18 @@ void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
   // 1. Drop cancelled requests (their caches go back now), 2. admit waiting ones into free slots.
   {
     std::lock_guard lk(mu_);
-    for (auto& r : running)
+    for (auto& r : running)   // every choice of a cancelled request
       if (cancelled_.count(r->id)) {
         close_request(*r);
-        live_.erase(r->id);
-        cancelled_.erase(r->id);
         r.reset();
       }
     std::erase(running, nullptr);
-    while (!waiting_.empty() && static_cast<int>(running.size()) < opts_.max_running &&
-           engine_->caches().free_slots() > 0) {
+    for (RequestHandle id : cancelled_) live_.erase(id);
+    std::erase_if(cancelled_, [&](RequestHandle id) { return !live_.count(id); });
+    // A request takes its n slots' room at admission (its forks take theirs when its prefill ends).
+    while (!waiting_.empty() &&
+           slots_claimed(running, false) + waiting_.front().params.n <= opts_.max_running &&
+           engine_->caches().free_slots() - slots_claimed(running, true) >= waiting_.front().params.n) {
       auto r = std::make_unique<Running>();
       if (PrefixCache* pc = engine_->prefix_cache()) {
         // A hit restores the cached prefix into the request's own slot (copy-on-write) and pages.
@@ -255,15 +330,8 @@ void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
       r->params = std::move(waiting_.front().params);
       r->sink = std::move(waiting_.front().sink);
       waiting_.pop_front();
-      // submit() checked what create() needs: it cannot fail here.
-      r->constraint = grammar::TokenConstraint::create(r->params.grammar, vocab_bytes_, r->params.stop_ids).value();
-      std::shared_ptr<const Tokenizer> tok = tokenizer_;
-      const std::vector<int32_t> stop_ids = r->params.stop_ids;
-      r->text = std::make_unique<TextStream>(
-          [tok](int32_t id) { return tok->decode_bytes(std::span<const int32_t>(&id, 1)); }, r->params.stop_strings,
-          [tok, stop_ids](int32_t id) {
-            return tok->is_special(id) || std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
-          });
+      r->forks_pending = r->params.n - 1;
+      start_output(*r);
       running.push_back(std::move(r));
     }
   }
@@ -272,6 +340,7 @@ void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
   auto fail = [&](Running& r, const Status& s) { finish(r, {.kind = GenerationEvent::Kind::Failed, .error = s}); };
   try {
     // 3. One prefill chunk per prefilling request.
+    std::vector<std::unique_ptr<Running>> forked;
     for (auto& r : running) {
       const auto& prompt = r->params.prompt;
       if (r->done || r->prefilled >= prompt.size()) continue;
@@ -293,8 +362,19 @@ void LocalEngineService::step(std::vector<std::unique_ptr<Running>>& running) {
       }
       if (!logits.is_ok()) { fail(*r, logits.status()); continue; }
       r->prefilled = end;
-      if (end == prompt.size()) emit_token(*r, logits->f32());
+      if (end != prompt.size()) continue;
+      ++prompts_prefilled_;
+      // n > 1: the other choices fork from this prefill and draw their first tokens from its logits.
+      std::vector<std::unique_ptr<Running>> forks;
+      if (Status st = fork_choices(*r, forks); !st.is_ok()) {
+        fail(*r, st);
+        continue;
+      }
+      emit_token(*r, logits->f32());
+      for (auto& f : forks) emit_token(*f, logits->f32());
+      for (auto& f : forks) forked.push_back(std::move(f));
     }
+    for (auto& f : forked) running.push_back(std::move(f));
     // 4. One batched decode step over every request that has a token to feed.
     std::vector<SeqCache*> seqs;
     std::vector<std::vector<int32_t>> toks;

@@ -3,7 +3,8 @@
 // waiting requests while KV slots are free, (3) advances each prefilling request by one prefill chunk
 // (sampling its first token when the prompt is done), (4) runs one batched decode step over every
 // decoding request. Sampling is per request with (seed, step), so a request's tokens do not depend on
-// what it is batched with.
+// what it is batched with. A request for n choices forks n-1 more sequences from its caches when its
+// prefill ends (one prefill); each choice then decodes as a request of its own with its own seed stream.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -74,6 +75,9 @@ class LocalEngineService final : public GenerationService {
   void emit_token(Running& r, const float* logits_row);
   void publish_stats(const std::vector<std::unique_ptr<Running>>& running);
   void close_request(Running& r);   // prefix-cache lease and engine caches
+  void start_output(Running& r);    // its grammar state and text stream, from its params
+  // Choices 1..n-1 of a request whose prefill just ended, forked from its caches (all or none).
+  Status fork_choices(Running& r, std::vector<std::unique_ptr<Running>>& forks);
   int64_t pages_for(const Running& r, int64_t tokens) const;
 
   ModelConfig cfg_;
@@ -95,6 +99,7 @@ class LocalEngineService final : public GenerationService {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> prefix_lookup_{0}, prefix_hit_{0}, prefix_stored_{0}, prefix_evicted_{0}, prefix_bytes_{0};
   std::atomic<int64_t> running_count_{0}, free_slots_{0}, free_pages_{0};
+  std::atomic<uint64_t> prompts_prefilled_{0};
   std::thread worker_;
 };
 

@@ -55,10 +55,8 @@ json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& lps, cons
   return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
-json completion_object(const CompletionRequest& rq, const ResponseIds& ids, const ChoiceText& choice,
-                       const std::string& finish_reason, const std::vector<int32_t>& prompt, int64_t completion_tokens,
-                       const Tokenizer& tok) {
-  json c = {{"index", 0}, {"finish_reason", finish_reason}};
+static json choice_json(const CompletionRequest& rq, const ChoiceText& choice, const Tokenizer& tok) {
+  json c = {{"index", choice.index}, {"finish_reason", choice.finish_reason}};
   json lp = rq.logprobs >= 0 ? logprobs_json(rq.endpoint, choice.logprobs, tok, 0) : json(nullptr);
   if (rq.endpoint == Endpoint::Chat) {
     c["message"] = {{"role", "assistant"}, {"content", choice.text}};
@@ -74,11 +72,18 @@ json completion_object(const CompletionRequest& rq, const ResponseIds& ids, cons
   }
   c["logprobs"] = lp;
   if (rq.return_token_ids) c["token_ids"] = choice.token_ids;
+  return c;
+}
+
+json completion_object(const CompletionRequest& rq, const ResponseIds& ids, const std::vector<ChoiceText>& choices,
+                       const std::vector<int32_t>& prompt, int64_t completion_tokens, const Tokenizer& tok) {
+  json cs = json::array();
+  for (const ChoiceText& c : choices) cs.push_back(choice_json(rq, c, tok));
   json j = {{"id", ids.id},
             {"object", rq.endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
             {"created", ids.created},
             {"model", ids.model},
-            {"choices", json::array({c})},
+            {"choices", cs},
             {"usage", usage_json(static_cast<int64_t>(prompt.size()), completion_tokens)}};
   if (rq.return_token_ids) j["prompt_token_ids"] = prompt;
   return j;
@@ -86,7 +91,7 @@ json completion_object(const CompletionRequest& rq, const ResponseIds& ids, cons
 
 json chunk_object(const CompletionRequest& rq, const ResponseIds& ids, const ChoiceText& piece,
                   const std::string& finish_reason, bool role, const Tokenizer& tok) {
-  json c = {{"index", 0}};
+  json c = {{"index", piece.index}};
   if (rq.endpoint == Endpoint::Chat) {
     json delta = json::object();
     if (role) delta["role"] = "assistant";

@@ -18,7 +18,7 @@ struct ResponseIds {
   std::string model;
 };
 
-// Everything generated so far for the one choice.
+// Everything generated so far for one choice (a piece of it, in a chunk).
 struct ChoiceText {
   std::string text;
   std::vector<int32_t> token_ids;
@@ -26,6 +26,8 @@ struct ChoiceText {
   int64_t text_offset = 0;   // completions logprobs: offset of this piece in the whole text
   std::vector<ChatToolCall> tool_calls;        // chat message: its calls (content becomes null when empty)
   std::vector<ToolCallDelta> tool_call_deltas; // chat chunk: delta.tool_calls
+  int index = 0;                               // which choice (0..n-1)
+  std::string finish_reason;                   // completion object: why the choice ended
 };
 
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
@@ -33,9 +35,9 @@ nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
 nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& lps, const Tokenizer& tok,
                              int64_t text_offset);
 
-nlohmann::json completion_object(const CompletionRequest& rq, const ResponseIds& ids, const ChoiceText& choice,
-                                 const std::string& finish_reason, const std::vector<int32_t>& prompt,
-                                 int64_t completion_tokens, const Tokenizer& tok);
+// The whole response: `choices` in index order; usage counts every choice's tokens.
+nlohmann::json completion_object(const CompletionRequest& rq, const ResponseIds& ids, const std::vector<ChoiceText>& choices,
+                                 const std::vector<int32_t>& prompt, int64_t completion_tokens, const Tokenizer& tok);
 // One streamed chunk. role: chat's first chunk only. finish_reason empty: null.
 nlohmann::json chunk_object(const CompletionRequest& rq, const ResponseIds& ids, const ChoiceText& piece,
                             const std::string& finish_reason, bool role, const Tokenizer& tok);

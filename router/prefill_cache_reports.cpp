@@ -27,6 +27,7 @@ protocol::PrefixCacheReport PrefillCacheReports::instance_totals() const {
     t.checkpoints_stored += e.report.checkpoints_stored;
     t.checkpoints_evicted += e.report.checkpoints_evicted;
     t.cache_bytes += e.report.cache_bytes;
+    t.prompts_prefilled += e.report.prompts_prefilled;
   }
   return t;
 }
@@ -59,6 +60,8 @@ std::string PrefillCacheReports::prometheus_text() const {
        [](const protocol::PrefixCacheReport& r) { return r.cache_bytes; }},
       {"k3_prefill_prefix_cache_cached_prefixes", "gauge", "Cached prefixes a hit can resume from (block hashes reported).",
        nullptr},
+      {"k3_prefill_prompts_prefilled_total", "counter", "Prompts a prefill stage finished (n choices of one prompt count once).",
+       [](const protocol::PrefixCacheReport& r) { return r.prompts_prefilled; }},
       {"k3_prefill_pool_free_pages", "gauge", "Free pages of a prefill stage's local MLA pool (requests and the cache share it).",
        [](const protocol::PrefixCacheReport& r) { return uint64_t{r.pool_free_pages}; }},
       {"k3_prefill_pool_pages", "gauge", "Pages of a prefill stage's local MLA pool.",

@@ -5,6 +5,7 @@ namespace k3::router {
 Result<std::unique_ptr<RequestStream>> RequestStream::start(GenerationService& service, GenerationParams params) {
   auto q = std::make_shared<Queue>();
   std::unique_ptr<RequestStream> s(new RequestStream(service, q));
+  s->unfinished_ = params.n;
   auto handle = service.submit(std::move(params), [q](GenerationEvent&& ev) {
     std::lock_guard lk(q->mu);
     q->events.push_back(std::move(ev));
@@ -27,7 +28,8 @@ std::optional<GenerationEvent> RequestStream::next(std::chrono::milliseconds tim
   if (!q_->cv.wait_for(lk, timeout, [&] { return !q_->events.empty(); })) return std::nullopt;
   GenerationEvent ev = std::move(q_->events.front());
   q_->events.pop_front();
-  if (ev.kind != GenerationEvent::Kind::Tokens) over_ = true;
+  if (ev.kind == GenerationEvent::Kind::Failed || (ev.kind == GenerationEvent::Kind::Finished && --unfinished_ <= 0))
+    over_ = true;
   return ev;
 }
 

@@ -21,8 +21,8 @@ class RequestStream {
   RequestStream(const RequestStream&) = delete;
   RequestStream& operator=(const RequestStream&) = delete;
 
-  // The next event, or nullopt when `timeout` passed first. After a Finished/Failed event the stream
-  // is over and next() returns nullopt at once.
+  // The next event, or nullopt when `timeout` passed first. After the last choice's Finished event or
+  // a Failed event the stream is over and next() returns nullopt at once.
   std::optional<GenerationEvent> next(std::chrono::milliseconds timeout);
   bool over() const;
 
@@ -37,6 +37,7 @@ class RequestStream {
   std::shared_ptr<Queue> q_;   // shared with the sink, which may outlive a cancelled stream briefly
   RequestHandle handle_ = 0;
   bool over_ = false;
+  int unfinished_ = 1;         // choices whose Finished event has not come yet
 };
 
 }  // namespace k3::router

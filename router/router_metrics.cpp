@@ -110,6 +110,8 @@ std::string RouterMetrics::prometheus_text(const ServiceStats& s, bool ready) co
   out += "k3_prefix_cache_checkpoints_evicted_total " + std::to_string(s.prefix_checkpoints_evicted) + "\n";
   family("k3_prefix_cache_bytes", "gauge", "bytes the prefix cache holds (checkpoints + MLA pages)");
   out += "k3_prefix_cache_bytes " + std::to_string(s.prefix_cache_bytes) + "\n";
+  family("k3_prompts_prefilled_total", "counter", "prompts prefilled (n choices of one prompt share one prefill)");
+  out += "k3_prompts_prefilled_total " + std::to_string(s.prompts_prefilled) + "\n";
   family("k3_router_ready", "gauge", "1 when the generation service accepts requests");
   out += std::string("k3_router_ready ") + (ready ? "1" : "0") + "\n";
   return out;

@@ -52,7 +52,8 @@ struct StartWritesAction { uint64_t request_id = 0; std::vector<WriteOp> ops; };
 struct CancelWritesAction { uint64_t request_id = 0; };
 // Decode: all stages transferred; the request may join the running batch.
 struct ReadyAction { uint64_t request_id = 0; uint32_t prompt_len = 0; int32_t first_token = 0;
-                     std::vector<protocol::TokenLogprobs> first_logprobs; };  // when the sampling params ask
+                     std::vector<protocol::TokenLogprobs> first_logprobs;   // when the sampling params ask
+                     std::vector<int32_t> choice_first_tokens; };            // n > 1: choices 1..n-1
 // The memory this side held for the request was released (decode: pool handles; prefill: the stage's
 // source KV/state, which the prefill node now frees). Emitted exactly once per request that held memory.
 struct ReleasedAction { uint64_t request_id = 0; uint64_t bytes = 0; };

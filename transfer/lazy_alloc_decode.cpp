@@ -18,6 +18,7 @@ struct DecodeSide::Record {
   bool have_first_token = false;
   int32_t first_token = 0;
   std::vector<protocol::TokenLogprobs> first_logprobs;  // the last stage's, when the sampling params ask
+  std::vector<int32_t> choice_first_tokens;              // n > 1: choices 1..n-1
   bool ended = false;                       // terminal state reached (memory may still be held)
   Millis release_at = Millis::max();        // quarantine end once ended
 };
@@ -118,6 +119,7 @@ Actions DecodeSide::on_compute_done(const protocol::ComputeDone& m, Millis now) 
     r->have_first_token = true;
     r->first_token = m.first_token;
     r->first_logprobs = m.first_logprobs;
+    r->choice_first_tokens = m.choice_first_tokens;
   }
   if (r->alloc.empty()) {
     // Lazy allocation: the first stage to finish triggers it for the whole request, on every rank.
@@ -177,7 +179,7 @@ Actions DecodeSide::on_transfer_done(const protocol::TransferDone& m, Millis now
       return end_request(*r, RequestState::Failed, AbortReason::Internal, true, false, now);
     set_state(*r, RequestState::Decoding);
     r->deadline = Millis::max();
-    out.push_back(ReadyAction{r->id, r->claim.prompt_len, r->first_token, r->first_logprobs});
+    out.push_back(ReadyAction{r->id, r->claim.prompt_len, r->first_token, r->first_logprobs, r->choice_first_tokens});
   }
   return out;
 }

@@ -77,7 +77,8 @@ Actions PrefillSide::on_prefill(const protocol::Prefill& m, Millis now) {
 }
 
 Actions PrefillSide::on_stage_computed(uint64_t request_id, StageSource source, std::optional<int32_t> first_token,
-                                       Millis now, std::vector<protocol::TokenLogprobs> first_logprobs) {
+                                       Millis now, std::vector<protocol::TokenLogprobs> first_logprobs,
+                                       std::vector<int32_t> choice_first_tokens) {
   Actions out;
   Record* r = find(request_id, "stage computed", out);
   if (!r) return out;
@@ -92,7 +93,8 @@ Actions PrefillSide::on_stage_computed(uint64_t request_id, StageSource source, 
   r->source = std::move(source);
   protocol::ComputeDone cd{.request_id = r->id, .stage = cfg_.stage, .prompt_len = r->source->num_tokens,
                            .has_first_token = first_token.has_value(), .first_token = first_token.value_or(0),
-                           .first_logprobs = std::move(first_logprobs)};
+                           .first_logprobs = std::move(first_logprobs),
+                           .choice_first_tokens = std::move(choice_first_tokens)};
   out.push_back(SendAction{decode_peer(*r), cd});
   r->compute_done_sent = true;
   const Millis wait = r->prefill.timeout_ms ? Millis(r->prefill.timeout_ms) : cfg_.timeouts.addrs_wait;

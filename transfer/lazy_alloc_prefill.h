@@ -47,7 +47,8 @@ class PrefillSide {
   // layers == this stage's layers). The last stage passes the sampled first token (and its logprobs
   // when the sampling params ask for them).
   Actions on_stage_computed(uint64_t request_id, StageSource source, std::optional<int32_t> first_token,
-                            Millis now, std::vector<protocol::TokenLogprobs> first_logprobs = {});
+                            Millis now, std::vector<protocol::TokenLogprobs> first_logprobs = {},
+                            std::vector<int32_t> choice_first_tokens = {});
   Actions on_addrs(const protocol::Addrs& m, Millis now);
   Actions on_abort(const protocol::Abort& m, Millis now);
   // Dispatches Prefill / Addrs / Abort; others give an Ignored action.

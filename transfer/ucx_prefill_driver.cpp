@@ -182,11 +182,14 @@ Actions PrefillDriver::inject_abort(uint64_t request_id, AbortReason reason) {
 
 Actions PrefillDriver::stage_computed(uint64_t request_id, StageSource source, std::vector<uint8_t> bytes,
                                       std::optional<int32_t> first_token,
-                                      std::vector<protocol::TokenLogprobs> first_logprobs) {
+                                      std::vector<protocol::TokenLogprobs> first_logprobs,
+                                      std::vector<int32_t> choice_first_tokens) {
   Actions all;
   // Hold the bytes only for a request still waiting for them (an aborted one would leak them).
   if (side_->state(request_id) == protocol::RequestState::Prefilling) sources_[request_id] = std::move(bytes);
-  execute(side_->on_stage_computed(request_id, std::move(source), first_token, steady_now(), std::move(first_logprobs)), all);
+  execute(side_->on_stage_computed(request_id, std::move(source), first_token, steady_now(), std::move(first_logprobs),
+                                   std::move(choice_first_tokens)),
+          all);
   note_request(request_id);
   return all;
 }

@@ -52,7 +52,8 @@ class PrefillDriver {
   Result<StepResult> step(Millis max_wait);
   // The stage's layers for the request are final in `bytes` (laid out as `source` says).
   Actions stage_computed(uint64_t request_id, StageSource source, std::vector<uint8_t> bytes,
-                         std::optional<int32_t> first_token, std::vector<protocol::TokenLogprobs> first_logprobs = {});
+                         std::optional<int32_t> first_token, std::vector<protocol::TokenLogprobs> first_logprobs = {},
+                         std::vector<int32_t> choice_first_tokens = {});
   // Acts as if the router's ABORT for the request arrived now (failure injection and local cancel).
   Actions inject_abort(uint64_t request_id, AbortReason reason = AbortReason::ClientCancelled);
   // Sends a message to the router (e.g. FAILED for a request the stage itself could not compute).

@@ -31,7 +31,8 @@ K3_FIELDS(PrefixCacheReport, v("block_tokens", m.block_tokens); v("block_hashes"
           v("lookup_tokens", m.lookup_tokens); v("hit_tokens", m.hit_tokens);
           v("checkpoints_stored", m.checkpoints_stored); v("checkpoints_evicted", m.checkpoints_evicted);
           v("cache_bytes", m.cache_bytes); v("pool_pages", m.pool_pages); v("pool_free_pages", m.pool_free_pages);
-          v("pool_slots", m.pool_slots); v("pool_free_slots", m.pool_free_slots))
+          v("pool_slots", m.pool_slots); v("pool_free_slots", m.pool_free_slots);
+          v("prompts_prefilled", m.prompts_prefilled))
 K3_FIELDS(Heartbeat, v("role", m.role); v("instance_id", m.instance_id); v("rank", m.rank);
           v("stage", m.stage); v("seq", m.seq); v("free_bytes", m.free_bytes);
           v("num_running", m.num_running); v("room", m.room); v("prefix", m.prefix))
@@ -39,7 +40,7 @@ K3_FIELDS(TopLogprob, v("id", m.id); v("logprob", m.logprob))
 K3_FIELDS(TokenLogprobs, v("logprob", m.logprob); v("top", m.top))
 K3_FIELDS(SamplingParams, v("temperature", m.temperature); v("top_p", m.top_p); v("top_k", m.top_k);
           v("seed", m.seed); v("max_tokens", m.max_tokens); v("stop_token_ids", m.stop_token_ids);
-          v("logprobs", m.logprobs); v("output_format", m.output_format))
+          v("logprobs", m.logprobs); v("output_format", m.output_format); v("n", m.n))
 K3_FIELDS(Claim, v("request_id", m.request_id); v("prompt_len", m.prompt_len);
           v("decode_ranks", m.decode_ranks); v("prefill_instance", m.prefill_instance);
           v("num_prefill_stages", m.num_prefill_stages); v("timeout_ms", m.timeout_ms);
@@ -49,7 +50,8 @@ K3_FIELDS(Prefill, v("request_id", m.request_id); v("token_ids", m.token_ids);
           v("decode_ranks", m.decode_ranks); v("timeout_ms", m.timeout_ms); v("trace_id", m.trace_id))
 K3_FIELDS(ComputeDone, v("request_id", m.request_id); v("stage", m.stage);
           v("prompt_len", m.prompt_len); v("has_first_token", m.has_first_token);
-          v("first_token", m.first_token); v("first_logprobs", m.first_logprobs))
+          v("first_token", m.first_token); v("first_logprobs", m.first_logprobs);
+          v("choice_first_tokens", m.choice_first_tokens))
 K3_FIELDS(AddrEntry, v("layer_id", m.layer_id); v("kind", m.kind); v("dest_rank", m.dest_rank);
           v("remote_addr", m.remote_addr); v("length", m.length); v("region_id", m.region_id))
 K3_FIELDS(PageTable, v("rank", m.rank); v("page_size", m.page_size); v("page_ids", m.page_ids))
@@ -57,7 +59,7 @@ K3_FIELDS(Addrs, v("request_id", m.request_id); v("entries", m.entries);
           v("page_tables", m.page_tables))
 K3_FIELDS(TransferDone, v("request_id", m.request_id); v("stage", m.stage); v("bytes", m.bytes))
 K3_FIELDS(Tokens, v("request_id", m.request_id); v("token_ids", m.token_ids); v("finish", m.finish);
-          v("logprobs", m.logprobs))
+          v("logprobs", m.logprobs); v("choice", m.choice))
 K3_FIELDS(Abort, v("request_id", m.request_id); v("reason", m.reason);
           v("origin_role", m.origin_role); v("origin_instance", m.origin_instance);
           v("origin_stage", m.origin_stage))

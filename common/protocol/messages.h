@@ -151,6 +151,7 @@ struct PrefixCacheReport {
   uint32_t pool_free_pages = 0;
   uint32_t pool_slots = 0;               // KDA slots (requests + checkpoints), and slots free
   uint32_t pool_free_slots = 0;
+  uint64_t prompts_prefilled = 0;        // prompts this stage finished (with or without a cache; a counter)
   bool operator==(const PrefixCacheReport&) const = default;
 };
 
@@ -189,6 +190,8 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   int32_t logprobs = -1;          // -1: none; else report each token's logprob plus this many alternatives
   std::string output_format;      // structured output (grammar::OutputFormat::encode); "" = free text
+  // Choices: n samples of the prompt share its prefill; choice i samples with ops::choice_seed(seed, i).
+  uint32_t n = 1;
   bool operator==(const SamplingParams&) const = default;
 };
 
@@ -225,7 +228,9 @@ struct ComputeDone {
   uint32_t prompt_len = 0;
   bool has_first_token = false;
   int32_t first_token = 0;        // valid iff has_first_token
-  std::vector<TokenLogprobs> first_logprobs;  // the first token's, when the sampling params ask (0 or 1 entries)
+  // The first token's logprobs when the sampling params ask: one entry per choice (choice 0 first), else none.
+  std::vector<TokenLogprobs> first_logprobs;
+  std::vector<int32_t> choice_first_tokens;   // n > 1: the first tokens of choices 1..n-1 (last stage only)
   bool operator==(const ComputeDone&) const = default;
 };
 
@@ -273,6 +278,7 @@ struct Tokens {
   std::vector<int32_t> token_ids;
   FinishReason finish = FinishReason::None;
   std::vector<TokenLogprobs> logprobs;  // one per token id when the sampling params ask, else empty
+  uint32_t choice = 0;                  // which of the request's n choices (finish ends that choice only)
   bool operator==(const Tokens&) const = default;
 };
 

@@ -3,6 +3,8 @@
 // real transfer layer (ZeroMQ control, UCX puts). This process plays the router: CLAIM to decode, PREFILL
 // to every stage, TOKENS back. Greedy tokens must equal the monolithic Engine's token for token.
 // Fault: the decode process dies while the stages hold a request's computed KV: every stage frees it.
+// Choices: a request for n = 3 samples decodes 3 sequences forked from its one transfer; each equals the
+// engine's draws under its choice seed, and the pool goes back to full after they end or are aborted.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -84,12 +86,20 @@ std::vector<int32_t> generate_cli_tokens(const std::vector<int32_t>& prompt) {
 struct Router : k3::test::TestRouter {
   std::map<uint64_t, std::vector<int32_t>> tokens;
   std::map<uint64_t, protocol::FinishReason> finish;
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<int32_t>> choice_tokens;   // by (request, choice)
+  std::map<std::pair<uint64_t, uint32_t>, protocol::FinishReason> choice_finish;
   std::map<uint64_t, std::vector<protocol::AbortReason>> failed;
   std::optional<protocol::DecodeRoom> decode_room;   // from decode's latest heartbeat
   explicit Router(transfer::ControlKeys keys) : TestRouter(200ms, std::move(keys)) {
     on_message = [this](const std::string&, const protocol::Message& m) {
       if (auto* h = std::get_if<protocol::Heartbeat>(&m); h && h->role == protocol::Role::Decode) decode_room = h->room;
       if (auto* t = std::get_if<protocol::Tokens>(&m)) {
+        const std::pair<uint64_t, uint32_t> key{t->request_id, t->choice};
+        CHECK(choice_finish.count(key) == 0);  // nothing after a choice's last message
+        auto& c = choice_tokens[key];
+        c.insert(c.end(), t->token_ids.begin(), t->token_ids.end());
+        if (t->finish != protocol::FinishReason::None) choice_finish[key] = t->finish;
+        if (t->choice > 0) return;
         CHECK(finish.count(t->request_id) == 0);  // nothing after the last message
         auto& v = tokens[t->request_id];
         v.insert(v.end(), t->token_ids.begin(), t->token_ids.end());
@@ -114,6 +124,8 @@ struct ClusterSpec {
   // (the default on the cpu backend is the cache in the transfer pool: one copy).
   bool separate_cache = false;
   int decode_cache_pages = 0;   // decode --cache-pages (0: its default)
+  // CLAIMs carry `sampling` (with max_tokens set: decode then follows it, not its flags), e.g. for n > 1.
+  bool claim_sampling = false;
 };
 
 // Control-plane keys of every process a test starts, as k3-cluster writes them.
@@ -220,7 +232,8 @@ struct Cluster {
   void submit(const std::map<uint64_t, std::vector<int32_t>>& prompts) {
     for (auto& [id, p] : prompts)
       router.send("decode/d", protocol::Claim{.request_id = id, .prompt_len = uint32_t(p.size()), .decode_ranks = {0},
-                                              .prefill_instance = "p", .num_prefill_stages = uint32_t(spec.stages)});
+                                              .prefill_instance = "p", .num_prefill_stages = uint32_t(spec.stages),
+                                              .sampling = spec.claim_sampling ? spec.sampling : protocol::SamplingParams{}});
     wait_until([&] {
       for (auto& [id, p] : prompts)
         if (!claimed.count(id)) return false;
@@ -354,8 +367,25 @@ TEST_CASE("decode dies while the stages hold a request's KV: every stage frees i
 }
 
 namespace {
-void check_abort_mid_stream(bool separate_cache) {
-  Cluster c({.stages = 2, .partition = "", .chunk = 4, .max_tokens = 1000000, .separate_cache = separate_cache});
+// The decode transfer pool's IDLE report says it is full again.
+bool pool_full(const Cluster& c) {
+  for (auto& l : c.decode_said)
+    if (l.rfind("IDLE ", 0) == 0) {
+      std::istringstream in(l.substr(5));
+      uint64_t free = 0, cap = 0;
+      in >> free >> cap;
+      if (free == cap && cap > 0) return true;
+    }
+  return false;
+}
+
+void check_abort_mid_stream(bool separate_cache, uint32_t n = 1) {
+  ClusterSpec spec{.stages = 2, .partition = "", .chunk = 4, .max_tokens = 1000000, .separate_cache = separate_cache};
+  if (n > 1) {
+    spec.sampling = {.temperature = 0.f, .max_tokens = 1000000, .n = n};
+    spec.claim_sampling = true;
+  }
+  Cluster c(spec);
   std::mt19937 rng(8);
   const auto prompt = random_prompt(rng, 10, tiny_model().cfg.vocab_size);
   c.submit({{700, prompt}});
@@ -369,23 +399,61 @@ void check_abort_mid_stream(bool separate_cache) {
     return false;
   };
   c.wait_until([&] { return said("DONE 700 aborted"); }, 10s, "decode dropped the request");
-  c.wait_until([&] {
-    for (auto& l : c.decode_said)
-      if (l.rfind("IDLE ", 0) == 0) {
-        std::istringstream in(l.substr(5));
-        uint64_t free = 0, cap = 0;
-        in >> free >> cap;
-        if (free == cap && cap > 0) return true;
-      }
-    return false;
-  }, 10s, "decode's transfer pool back to full");
+  c.wait_until([&] { return pool_full(c); }, 10s, "decode's transfer pool back to full");
   CHECK(c.router.finish.count(700) == 0);  // aborted: no final TOKENS
   CHECK(c.router.failed.count(700) == 0);  // the router's own ABORT is not reported back as a failure
   // What streamed before the abort is the engine's output, token for token.
   const auto got = c.router.tokens[700];
   CHECK(got == engine_tokens(tiny_model(), prompt, static_cast<int>(got.size())));
+  for (uint32_t i = 1; i < n; ++i) {  // greedy: every choice draws the same tokens
+    const auto& more = c.router.choice_tokens[{700, i}];
+    CHECK(more == engine_tokens(tiny_model(), prompt, static_cast<int>(more.size())));
+  }
+}
+
+// n = 3 samples of each prompt: one transfer, three sequences; each choice is the engine's draw under
+// ops::choice_seed(seed, i), and nothing is held once every choice ended.
+void check_choices(bool separate_cache) {
+  const protocol::SamplingParams sp{.temperature = 0.9f, .top_p = 1.f, .top_k = 40, .seed = 17,
+                                    .max_tokens = kMaxTokens, .n = 3};
+  Cluster c({.stages = 2, .partition = "5,3", .chunk = 5, .sampling = sp, .separate_cache = separate_cache,
+             .claim_sampling = true});
+  std::mt19937 rng(12);
+  std::map<uint64_t, std::vector<int32_t>> prompts;
+  for (uint64_t id : {800, 801}) prompts[id] = random_prompt(rng, id == 800 ? 13 : 16, tiny_model().cfg.vocab_size);
+  c.submit(prompts);
+  c.wait_until([&] { return c.router.choice_finish.size() == 2 * sp.n; }, 120s, "every choice finished");
+  for (auto& [id, prompt] : prompts) {
+    std::set<std::vector<int32_t>> distinct;
+    for (uint32_t i = 0; i < sp.n; ++i) {
+      INFO("request " << id << " choice " << i << (separate_cache ? " (separate cache)" : ""));
+      protocol::SamplingParams own = sp;
+      own.seed = ops::choice_seed(sp.seed, i);
+      CHECK(c.router.choice_finish[{id, i}] == protocol::FinishReason::Length);
+      CHECK(c.router.choice_tokens[{id, i}] == engine_tokens(tiny_model(), prompt, kMaxTokens, own));
+      distinct.insert(c.router.choice_tokens[{id, i}]);
+    }
+    CHECK(distinct.size() > 1);  // the seed streams differ
+    CHECK(c.router.failed.count(id) == 0);
+  }
+  c.wait_until([&] { return pool_full(c); }, 10s, "decode's transfer pool back to full");
 }
 }  // namespace
+
+TEST_CASE("n = 3 choices from one transfer, separate decode cache: each equals the engine under its choice seed, the pool empties",
+          "[cluster][choices]") {
+  check_choices(/*separate_cache=*/true);
+}
+
+TEST_CASE("n = 3 choices, decode cache in the transfer pool: forked caches, the pool empties", "[cluster][choices]") {
+  check_choices(/*separate_cache=*/false);
+}
+
+TEST_CASE("router ABORT mid-stream of n = 3 choices: every choice dropped, the pool returns to full",
+          "[cluster][choices]") {
+  check_abort_mid_stream(false, 3);  // the cache in the transfer pool (the default)
+  check_abort_mid_stream(true, 3);   // a separate decode cache
+}
 
 TEST_CASE("router ABORT mid-stream, decode cache in the transfer pool (the default): the pool returns to full",
           "[cluster]") {

@@ -61,7 +61,7 @@ TEST_CASE("curl reaches every endpoint of k3-cluster", "[cluster_e2e]") {
   CHECK_THAT(sb, Catch::Contains("\"completion_tokens\":6"));
   CHECK_THAT(sb, Catch::EndsWith("data: [DONE]\n\n"));
 
-  auto [es, eb] = curl(json_hdr + base + "/v1/completions -d '{\"model\":\"k3-tiny\",\"prompt\":\"x\",\"n\":3}'");
+  auto [es, eb] = curl(json_hdr + base + "/v1/completions -d '{\"model\":\"k3-tiny\",\"prompt\":\"x\",\"n\":17}'");
   CHECK(es == 400);
   CHECK(json::parse(eb)["error"]["param"] == "n");
 

@@ -1,11 +1,14 @@
 // One request id through every process of a real k3-cluster (router, prefill PP2, decode DP1, logging at
 // info; --verbose relays every child's log lines, prefixed with its name, into one file): a client's X-Request-Id comes back in the response and names the request in the
 // router's, both prefill stages' and the decode rank's log lines; a request without the header gets a
-// generated id that is traced the same way; a malformed header is refused by name.
+// generated id that is traced the same way; a malformed header is refused by name. With --log-dir every
+// node also writes its own log file, and `k3-cluster logs --log-dir DIR ID` prints the request's whole
+// path from them (router, both stages, decode) in time order.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -53,9 +56,9 @@ TEST_CASE("k3-cluster: one request id through router, prefill and decode logs", 
                      {"decode", json::array({{{"id", "d"}, {"ranks", 1}}})},
                      {"threads", 1}};
   std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
-  const std::string log = dir.path() + "/cluster.log";
-  k3::test::LaunchedCluster cluster =
-      k3::test::launch_cluster(dir.path() + "/spec.json", std::chrono::seconds(300), {"--log-level", "info", "--verbose"}, log);
+  const std::string log = dir.path() + "/cluster.log", log_dir = dir.path() + "/logs";
+  k3::test::LaunchedCluster cluster = k3::test::launch_cluster(
+      dir.path() + "/spec.json", std::chrono::seconds(300), {"--log-level", "info", "--verbose", "--log-dir", log_dir}, log);
 
   const std::string body = R"({"model":"k3-tiny","messages":[{"role":"user","content":"trace me"}],"max_tokens":4})";
   // The client's own id, streamed.
@@ -76,6 +79,43 @@ TEST_CASE("k3-cluster: one request id through router, prefill and decode logs", 
   CHECK(by["prefill stage 0: request "] >= 2);  // accepted, computed
   CHECK(by["prefill stage 1: request "] >= 2);
   CHECK(by["decode rank 0: request "] >= 2);    // decoding, finished
+
+  // The same path from the nodes' own log files, through `k3-cluster logs`: every node, in time order.
+  {
+    const std::string cmd = std::string(K3_BIN_DIR) + "/k3-cluster logs --log-dir '" + log_dir + "' 'client-7f3a.trace/42'";
+    const auto out = k3::test::run_command(cmd);
+    INFO(cmd << "\n" << out.out);
+    REQUIRE(out.exit_code == 0);
+    std::istringstream in(out.out);
+    std::vector<std::string> nodes, stamps;
+    std::string line_buf;
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream words(line);
+      std::string node;
+      words >> node;
+      nodes.push_back(node);
+      const auto at = line.find('[');
+      stamps.push_back(at == std::string::npos ? "" : line.substr(at, 25));
+    }
+    for (const char* node : {"router", "prefill_p_0", "prefill_p_1", "decode_d"})
+      CHECK(std::count(nodes.begin(), nodes.end(), node) >= 2);
+    CHECK(std::is_sorted(stamps.begin(), stamps.end()));
+    // The router placed it first and finished it last (lines of one millisecond may tie).
+    std::string placed, finished;
+    for (std::istringstream again(out.out); std::getline(again, line_buf);) {
+      const auto at = line_buf.find('[');
+      if (line_buf.rfind("router", 0) != 0 || at == std::string::npos) continue;
+      if (line_buf.find(" placed on ") != std::string::npos && placed.empty()) placed = line_buf.substr(at, 25);
+      if (line_buf.find(" finished") != std::string::npos) finished = line_buf.substr(at, 25);
+    }
+    CHECK(placed == stamps.front());
+    CHECK(finished == stamps.back());
+    // An id that only starts like it names nothing; a missing directory is an error naming the flag.
+    CHECK(k3::test::run_command(std::string(K3_BIN_DIR) + "/k3-cluster logs --log-dir '" + log_dir + "' client-7f3a").exit_code != 0);
+    const auto missing = k3::test::run_command(std::string(K3_BIN_DIR) + "/k3-cluster logs --log-dir /nonexistent/x y 2>&1");
+    CHECK(missing.exit_code != 0);
+    CHECK(missing.out.find("--log-dir") != std::string::npos);
+  }
 
   // No header: the router makes one, returns it and traces it the same way.
   HttpConnection c(cluster.port);

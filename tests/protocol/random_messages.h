@@ -77,7 +77,7 @@ class RandomMessages {
   }
   SamplingParams sampling() {
     return {.temperature = f32(), .top_p = f32(), .top_k = i32(), .seed = u64(), .max_tokens = u32(),
-            .stop_token_ids = i32s(), .logprobs = i32(), .output_format = str()};
+            .stop_token_ids = i32s(), .logprobs = i32(), .output_format = str(), .n = u32()};
   }
   Prefill prefill() {
     return {.request_id = u64(), .token_ids = i32s(), .sampling = sampling(),
@@ -85,7 +85,7 @@ class RandomMessages {
   }
   ComputeDone compute_done() {
     return {.request_id = u64(), .stage = u32(), .prompt_len = u32(), .has_first_token = coin(),
-            .first_token = i32(), .first_logprobs = logprobs(1)};
+            .first_token = i32(), .first_logprobs = logprobs(1), .choice_first_tokens = i32s()};
   }
   Addrs addrs() {
     Addrs m{.request_id = u64()};
@@ -98,7 +98,7 @@ class RandomMessages {
   TransferDone transfer_done() { return {.request_id = u64(), .stage = u32(), .bytes = u64()}; }
   Tokens tokens() {
     return {.request_id = u64(), .token_ids = i32s(), .finish = pick<FinishReason>(kMaxFinishReason),
-            .logprobs = logprobs(3)};
+            .logprobs = logprobs(3), .choice = u32()};
   }
   Abort abort() {
     return {.request_id = u64(), .reason = pick<AbortReason>(kMaxAbortReason), .origin_role = pick<Role>(kMaxRole),

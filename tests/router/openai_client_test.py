@@ -115,10 +115,10 @@ def test_errors():
     except openai.NotFoundError as e:
         check(e.status_code == 404 and e.body["code"] == "model_not_found", "unknown model -> NotFoundError 404")
     try:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=2)
-        check(False, "n=2 raises")
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=17)
+        check(False, "n=17 raises")
     except openai.BadRequestError as e:
-        check(e.status_code == 400 and e.body["param"] == "n", "n=2 -> BadRequestError naming n")
+        check(e.status_code == 400 and e.body["param"] == "n", "n=17 (above the maximum 16) -> BadRequestError naming n")
     try:
         client.chat.completions.create(model=MODEL, messages=[])
         check(False, "empty messages raises")

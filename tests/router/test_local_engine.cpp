@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <random>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "router/request_stream.h"
@@ -199,4 +201,81 @@ TEST_CASE("shutdown fails in-flight streams with an error event, then [DONE]; he
   CHECK(rest.substr(rest.size() - 14) == "data: [DONE]\n\n");
   CHECK(s.get("/health").status == 503);
   CHECK(s.post("/v1/completions", R"({"model":"k3-tiny","prompt":"x","max_tokens":2})").status == 503);
+}
+
+TEST_CASE("n = 3 choices share one prefill: each is the engine's draw under its choice seed; nothing leaks") {
+  const int chunk = 4;
+  test::TinyServer s({.max_running = 4, .max_queue = 8, .prefill_chunk = chunk}, "", 4096);
+  std::mt19937 rng(21);
+  std::vector<int32_t> prompt(19);  // several chunks, ending inside a page
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % s.cfg.vocab_size);
+  const ops::SamplingRow sampling{.temperature = 0.9f, .top_k = 30, .top_p = 0.95f, .seed = 77};
+  const int n = 3, max_tokens = 7;
+  // Reference: each choice as a request of its own with the choice's seed stream.
+  auto backend = make_cpu_backend({.threads = 2});
+  WeightStore w = random_weights(s.cfg, 7, DType::F32);
+  EngineOptions eo;
+  eo.prefill_chunk = chunk;
+  eo.cache.max_seqs = 8;
+  eo.cache.num_pages = 256;
+  auto engine = Engine::create(*backend, s.cfg, w, eo).value();
+  std::vector<GenerateRequest> refs;
+  for (int i = 0; i < n; ++i) {
+    GenerateRequest g{.prompt = prompt, .max_tokens = max_tokens, .sampling = sampling};
+    g.sampling.seed = ops::choice_seed(sampling.seed, static_cast<uint32_t>(i));
+    refs.push_back(g);
+  }
+  const auto expected = engine->generate(refs).value();
+  const ServiceStats idle = s.service->stats();
+
+  GenerationParams p{.prompt = prompt, .max_tokens = max_tokens, .n = n, .sampling = sampling};
+  auto rs = RequestStream::start(*s.service, p).value();
+  std::map<int, std::vector<int32_t>> tokens;
+  std::map<int, std::string> finish;
+  while (auto ev = rs->next(std::chrono::milliseconds(60000))) {
+    REQUIRE(ev->kind != GenerationEvent::Kind::Failed);
+    REQUIRE(ev->choice >= 0);
+    REQUIRE(ev->choice < n);
+    CHECK(finish.count(ev->choice) == 0);  // nothing after a choice's Finished
+    tokens[ev->choice].insert(tokens[ev->choice].end(), ev->token_ids.begin(), ev->token_ids.end());
+    if (ev->kind == GenerationEvent::Kind::Finished) {
+      finish[ev->choice] = ev->finish_reason;
+      CHECK(ev->completion_tokens == max_tokens);
+    }
+  }
+  CHECK(rs->over());
+  for (int i = 0; i < n; ++i) {
+    INFO("choice " << i);
+    CHECK(finish[i] == "length");
+    CHECK(tokens[i] == expected[i].tokens);
+  }
+  CHECK(tokens[0] != tokens[1]);
+  CHECK(s.service->stats().prompts_prefilled == idle.prompts_prefilled + 1);
+  CHECK(wait_idle(*s.service, 4));
+  CHECK(s.service->stats().free_pages == idle.free_pages);
+
+  // Cancelled mid-stream: every choice's sequence goes back.
+  GenerationParams long_run = p;
+  long_run.max_tokens = 3000;
+  long_run.stop_ids.clear();
+  auto cancelled = RequestStream::start(*s.service, long_run).value();
+  std::set<int> seen;
+  while (seen.size() < static_cast<size_t>(n)) {
+    auto ev = cancelled->next(std::chrono::milliseconds(60000));
+    REQUIRE(ev);
+    seen.insert(ev->choice);
+  }
+  // Published at the end of the step that emitted the first tokens.
+  for (int i = 0; i < 500 && s.service->stats().running != n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(s.service->stats().running == n);
+  cancelled.reset();
+  CHECK(wait_idle(*s.service, 4));
+  CHECK(s.service->stats().free_pages == idle.free_pages);
+
+  // More choices than the running batch can hold: refused by name.
+  GenerationParams too_many = p;
+  too_many.n = 5;
+  auto refused = s.service->submit(too_many, [](GenerationEvent&&) {});
+  REQUIRE_FALSE(refused.is_ok());
+  CHECK(refused.status().message().rfind("n: ", 0) == 0);
 }
