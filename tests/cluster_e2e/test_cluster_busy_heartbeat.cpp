@@ -1,15 +1,17 @@
 // A prefill stage busy with one prompt chunk for longer than the heartbeat timeout stays alive: real
-// k3-router (cluster mode), k3-decode and one k3-prefill stage, all with a 25 ms heartbeat and 8 misses
-// (200 ms of silence = dead), and a 1000-token prompt computed as a single chunk that takes over twice
-// that on k3-tiny (about 450 ms on an idle core). The stage sends the heartbeats due inside the chunk's
-// forward, after each layer's attention and FFN (the longest of those, an MLA layer's attention, takes
-// about 75 ms here: the gap between heartbeats is at most that plus an interval), so the request ends with
+// k3-router (cluster mode), k3-decode and one k3-prefill stage, all with a 25 ms heartbeat and 16 misses
+// (400 ms of silence = dead), and a 1000-token prompt computed as a single chunk that takes about three
+// times that on an idle core (k3-tiny's shapes with 24 layers instead of 8, two of them MLA). The stage
+// sends the heartbeats due inside the chunk's forward, after each layer's attention and FFN; the longest
+// of those stretches, an MLA attention, takes about 75 ms here, so the gap between heartbeats stays far
+// inside the window even when the machine is loaded several times over. The request ends with
 // k3-generate's tokens, the router declares no node dead, and the stage, reading its sockets only after
 // the chunk, declares no peer dead either (it drains what queued up before it judges silence).
-// The chunk's compute time comes from the stage's own log and must exceed the 200 ms, or the test
+// The chunk's compute time comes from the stage's own log and must exceed the 400 ms, or the test
 // would prove nothing.
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <random>
 #include <regex>
 #include <string>
@@ -29,8 +31,8 @@ using k3::test::StreamOutcome;
 namespace {
 
 const std::string kBin = K3_BIN_DIR;
-const std::vector<std::string> kHeartbeat{"--heartbeat-ms", "25", "--heartbeat-misses", "8"};
-constexpr long kDeadAfterMs = 25 * 8;
+const std::vector<std::string> kHeartbeat{"--heartbeat-ms", "25", "--heartbeat-misses", "16"};
+constexpr long kDeadAfterMs = 25 * 16;
 
 // The rest of the line after `prefix`, from the first line that starts with it.
 std::string wait_line(ProcessGuard& p, const std::string& prefix) {
@@ -59,7 +61,19 @@ TEST_CASE("cluster: a prefill chunk longer than the heartbeat timeout does not m
           "[cluster_e2e][heartbeat]") {
   k3::testing::ScratchDir dir("busy-heartbeat");
   const std::string model = dir.file("model");
-  REQUIRE(k3::test::run_command(kBin + "/k3-genweights --preset k3-tiny --seed 0 --out '" + model + "'").exit_code == 0);
+  // k3-tiny with 24 layers: a longer forward made of stretches as short as k3-tiny's.
+  const std::string tiny = dir.file("tiny");
+  REQUIRE(k3::test::run_command(kBin + "/k3-genweights --preset k3-tiny --config-only --out '" + tiny + "'").exit_code == 0);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(tiny + "/config.json"));
+  cfg["num_hidden_layers"] = 24;
+  cfg["linear_attn_config"]["full_attn_layers"] = {12, 24};
+  std::vector<int> kda;
+  for (int l = 1; l <= 24; ++l)
+    if (l != 12 && l != 24) kda.push_back(l);
+  cfg["linear_attn_config"]["kda_layers"] = kda;
+  std::ofstream(dir.file("config24.json")) << cfg.dump();
+  REQUIRE(k3::test::run_command(kBin + "/k3-genweights --config '" + dir.file("config24.json") + "' --seed 0 --out '" +
+                                model + "'").exit_code == 0);
   const k3::test::TestControlKeys keys({"router", "decode/d", "prefill/p/0"});
   const auto node_args = [&](std::vector<std::string> args, const std::string& name) {
     args.insert(args.end(), kHeartbeat.begin(), kHeartbeat.end());
