@@ -104,7 +104,7 @@ void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePoo
   const auto report_progress = [&] {
     if (!progress) return;
     // An asynchronous backend would run the callback when the work is queued, not done: wait for it so
-    // the callback keeps pace with the device (two syncs a layer cost little beside a long chunk).
+    // the callback keeps pace with the GPU (two syncs a layer cost little beside a long chunk).
     backend_.synchronize();
     progress();
   };
