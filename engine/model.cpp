@@ -99,7 +99,15 @@ Activations Model::embed(std::span<const int32_t> token_ids) {
   return act;
 }
 
-void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePools& caches) {
+void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePools& caches,
+                    const std::function<void()>& progress) {
+  const auto report_progress = [&] {
+    if (!progress) return;
+    // An asynchronous backend would run the callback when the work is queued, not done: wait for it so
+    // the callback keeps pace with the GPU (two syncs a layer cost little beside a long chunk).
+    backend_.synchronize();
+    progress();
+  };
   int64_t rows = 0;
   for (const BatchItem& it : batch) rows += it.num_new;
   K3_CHECK(rows == act.rows(), "forward: batch has " + std::to_string(rows) + " new tokens but the activations " +
@@ -120,6 +128,7 @@ void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePoo
     if (kda) kda_layer(l, batch, x, y, caches);
     else mla_layer(l, batch, x, y, caches);
     phase(LayerPhase::Rest);
+    report_progress();
     if (new_block) {
       act.partial = y;
     } else {
@@ -132,6 +141,7 @@ void Model::forward(std::span<const BatchItem> batch, Activations& act, CachePoo
     ffn_layer(l, x2, f);
     phase(LayerPhase::Rest);
     backend_.add({.a = act.partial, .b = f, .y = act.partial});
+    report_progress();
   }
 }
 

@@ -77,7 +77,11 @@ class Model {
   // The caches must have room (CachePools::reserve) for num_tokens + num_new tokens.
   // Checkpoints of the items are emitted inside this same pass (no second pass); they need a backend
   // with supports("kda_chunk_checkpoints") (Engine splits the feed otherwise).
-  void forward(std::span<const BatchItem> batch, Activations& act, CachePools& caches);
+  // `progress`, when set, is called on this thread after each layer's attention and after its FFN,
+  // once that work has finished on the backend (it synchronises first): a long forward (a big prompt
+  // chunk) lets its host keep up time-bound duties such as control heartbeats meanwhile.
+  void forward(std::span<const BatchItem> batch, Activations& act, CachePools& caches,
+               const std::function<void()>& progress = {});
   // Last stage only: logits of the given rows (e.g. each item's last row) -> [rows.size(), vocab] F32 host.
   Tensor logits(const Activations& act, std::span<const int32_t> rows);
   // The same logits left on the backend (F32), for sampling there.

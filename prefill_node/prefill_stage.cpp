@@ -321,7 +321,14 @@ Status PrefillStage::compute_chunk(Request& r) {
   if (opts_.stage == 0) sync.evictions_before = std::exchange(r.evicted, 0);
   BatchItem item{.seq = &r.seq, .num_new = n};
   if (prefix_) item.checkpoints = StagePrefixCache::checkpoints_in(r.lease, start, n);
-  model_->forward(std::span(&item, 1), act, *pools_);
+  // A chunk can compute for longer than the heartbeat timeout (a big model, a loaded host): the
+  // heartbeats due go out between its layers so decode and the router do not take the stage for dead.
+  // Only sends: what arrived meanwhile is read by the next step(), after the chunk.
+  const auto chunk_began = std::chrono::steady_clock::now();
+  model_->forward(std::span(&item, 1), act, *pools_, [this] { driver_->heartbeat_if_due(); });
+  spdlog::debug("prefill stage {}: request {} chunk [{}, {}) computed in {} ms", opts_.stage, trace_of(r.id), start,
+                start + n,
+                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - chunk_began).count());
   r.seq.num_tokens += n;
   r.computed += n;
   if (prefix_ && r.computed == r.prompt_len)   // every stage commits at its compute end: the same order

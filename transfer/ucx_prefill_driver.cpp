@@ -168,6 +168,12 @@ Status PrefillDriver::send_to_router(const protocol::Message& m) {
   return router_->send(protocol::encode(m));
 }
 
+void PrefillDriver::heartbeat_if_due() {
+  const auto now = Clock::now();
+  for (DecodeLink& l : decodes_) l.control->heartbeat_if_due(now);
+  if (router_) router_->heartbeat_if_due(now);
+}
+
 Actions PrefillDriver::inject_abort(uint64_t request_id, AbortReason reason) {
   if (in_hook_ && side_->state(request_id) == protocol::RequestState::Transferring) {
     abort_requested_.insert(request_id);  // applied by execute() around the writes

@@ -58,6 +58,9 @@ class PrefillDriver {
   Actions inject_abort(uint64_t request_id, AbortReason reason = AbortReason::ClientCancelled);
   // Sends a message to the router (e.g. FAILED for a request the stage itself could not compute).
   Status send_to_router(const protocol::Message& m);
+  // Sends the heartbeats now due on every control connection and reads nothing (no state changes):
+  // the host calls it while a long compute keeps it from step().
+  void heartbeat_if_due();
 
   // A PREFILL handed over in-process (benches, tests), with the same checks and decode-target
   // bookkeeping as one from the router. Returns true when the request was accepted for compute.

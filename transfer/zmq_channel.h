@@ -71,6 +71,10 @@ class ControlSocket {
   // handshake_failed (no CURVE, or a broken handshake).
   const std::map<std::string, uint64_t>& rejections() const { return rejections_; }
   bool secure() const { return opt_.keys.has_value(); }
+  // Sends this socket's heartbeat(s) when due and reads nothing: for a host computing for longer than
+  // an interval between polls, so its peers do not take it for dead. What arrives meanwhile waits in
+  // ZeroMQ's queue; the next poll reads it all before it judges any peer's silence.
+  void heartbeat_if_due(Clock::time_point now = Clock::now());
 
  protected:
   ControlSocket(zmq::context_t& ctx, zmq::socket_type type, ControlOptions opt);
@@ -92,7 +96,6 @@ class ControlSocket {
   Clock::time_point next_heartbeat_;
 
  private:
-  void heartbeat_if_due(Clock::time_point now);
   Clock::time_point wake_time(Clock::time_point limit) const;
   void collect(std::vector<ControlEvent>& out);
   void drain(std::vector<ControlEvent>& out);

@@ -1,5 +1,6 @@
 // Helper process for the control-plane tests: a ControlServer or ControlClient that echoes every
-// DATA payload back to its sender. Prints "READY <endpoint> <incarnation-hex>" once up.
+// DATA payload back to its sender. Prints "READY <endpoint> <incarnation-hex>" once up and
+// "DOWN <peer> <reason>" whenever it declares a peer dead.
 //   k3-test-peer-control server <endpoint> <name> <interval_ms> <misses>
 //   k3-test-peer-control client <endpoint> <name> <interval_ms> <misses>
 #include <cstdio>
@@ -49,6 +50,10 @@ int main(int argc, char** argv) {
     auto events = sock->poll(std::chrono::milliseconds(1000));
     if (!events.is_ok()) return 1;
     for (auto& e : *events) {
+      if (e.kind == ControlEventKind::PeerDown) {
+        std::printf("DOWN %s %s\n", e.peer.c_str(), peer_down_reason_name(e.reason));
+        std::fflush(stdout);
+      }
       if (e.kind != ControlEventKind::Message) continue;
       if (e.payload.size() == 4 && std::string(e.payload.begin(), e.payload.end()) == "QUIT") return 0;
       k3::Status s = server ? server->send(e.peer, e.payload) : client->send(e.payload);

@@ -219,3 +219,39 @@ TEST_CASE("a client sees its server die and come back at the same endpoint with 
   REQUIRE(echo);
   CHECK(echo->payload == bytes("ping"));
 }
+
+TEST_CASE("a socket busy for longer than the timeout stays alive by sending due heartbeats, and its own stall "
+          "makes it judge no peer dead",
+          "[zmq][process]") {
+  zmq::context_t ctx;
+  const auto exe = k3::test::helper_path("k3-test-peer-control");
+  ProcessGuard srv(exe, std::vector<std::string>{"server", "tcp://127.0.0.1:*", "decode/0", "100", "3"});
+  auto ready = srv.wait_for("READY ", 10s);
+  REQUIRE(ready);
+  auto client = ControlClient::connect(ctx, ready->substr(0, ready->find(' ')), opts("prefill/0")).value();
+  Inbox cin{*client, {}};
+  REQUIRE(poll_for(cin, [](auto& e) { return e.kind == ControlEventKind::PeerUp; }, 5s));
+  // A second of work between two polls, over three times interval × misses (the sleeps stand for compute).
+  const auto busy = [&](bool send_due_heartbeats) {
+    for (const auto until = Clock::now() + 1s; Clock::now() < until;) {
+      std::this_thread::sleep_for(10ms);
+      if (send_due_heartbeats) client->heartbeat_if_due();
+    }
+  };
+  busy(true);
+  // The server's heartbeats queued up unread meanwhile: the next poll reads them before judging.
+  auto events = client->poll(0ms);
+  REQUIRE(events.is_ok());
+  for (const ControlEvent& e : *events) CHECK(e.kind != ControlEventKind::PeerDown);
+  CHECK(client->server_alive());
+  // Nor did the server take us for dead: a DOWN line from the busy second would be in the pipe already
+  // (read briefly, well inside the window after our last heartbeat, as we send none while reading).
+  CHECK_FALSE(srv.wait_for("DOWN ", 20ms));
+  // The same work without the heartbeats: the server does declare us dead, so the second above mattered.
+  busy(false);
+  auto down = srv.wait_for("DOWN ", 2s);
+  REQUIRE(down);
+  CHECK(*down == "prefill/0 heartbeat_timeout");
+  REQUIRE(client->send(bytes("QUIT")).is_ok());
+  CHECK(srv.wait_exit(5s) == 0);
+}
