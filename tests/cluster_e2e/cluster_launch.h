@@ -19,6 +19,21 @@
 
 namespace k3::test {
 
+// The rest of the line after `prefix`, from the first line `p` prints that starts with it; fails the test
+// when `p` exits first or two minutes pass.
+inline std::string wait_line(ProcessGuard& p, const std::string& prefix) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (;;) {
+    REQUIRE(std::chrono::steady_clock::now() < until);
+    auto line = p.read_line(std::chrono::milliseconds(500));
+    if (!line) {
+      REQUIRE(p.running());
+      continue;
+    }
+    if (line->rfind(prefix, 0) == 0) return line->substr(prefix.size());
+  }
+}
+
 // The vocabulary size of a model directory (its config.json), for drawing prompts the model accepts.
 inline int model_vocab(const std::string& model_dir) {
   std::ifstream in(model_dir + "/config.json");

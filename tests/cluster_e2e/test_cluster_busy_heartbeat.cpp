@@ -34,20 +34,6 @@ const std::string kBin = K3_BIN_DIR;
 const std::vector<std::string> kHeartbeat{"--heartbeat-ms", "25", "--heartbeat-misses", "16"};
 constexpr long kDeadAfterMs = 25 * 16;
 
-// The rest of the line after `prefix`, from the first line that starts with it.
-std::string wait_line(ProcessGuard& p, const std::string& prefix) {
-  const auto until = std::chrono::steady_clock::now() + 120s;
-  for (;;) {
-    REQUIRE(std::chrono::steady_clock::now() < until);
-    auto line = p.read_line(500ms);
-    if (!line) {
-      REQUIRE(p.running());
-      continue;
-    }
-    if (line->rfind(prefix, 0) == 0) return line->substr(prefix.size());
-  }
-}
-
 // Every line `p` printed so far (its log goes to stdout too), up to a second of quiet.
 std::string printed_lines(ProcessGuard& p) {
   std::string all;
@@ -83,13 +69,13 @@ TEST_CASE("cluster: a prefill chunk longer than the heartbeat timeout does not m
   ProcessGuard router(kBin + "/k3-router", node_args({"--model", model, "--port", "0", "--served-model-name", "k3-tiny",
                                                       "--cluster-endpoint", "tcp://127.0.0.1:*", "--pair", "p:1:d:0"},
                                                      "router"));
-  const std::string control = wait_line(router, "CLUSTER ");
-  const std::string listening = wait_line(router, "listening on http://");
+  const std::string control = k3::test::wait_line(router, "CLUSTER ");
+  const std::string listening = k3::test::wait_line(router, "listening on http://");
   const int port = std::stoi(listening.substr(listening.rfind(':') + 1));
   ProcessGuard decode(kBin + "/k3-decode", node_args({"--model", model, "--router-endpoint", control, "--instance", "d",
                                                       "--rank", "0", "--threads", "1"},
                                                      "decode/d"));
-  const std::string decode_ep = wait_line(decode, "READY ");
+  const std::string decode_ep = k3::test::wait_line(decode, "READY ");
   // One chunk holds the whole prompt: the stage does not poll its sockets until all of it is computed.
   ProcessGuard prefill(kBin + "/k3-prefill",
                        node_args({"--model", model, "--stage", "0", "--stages", "1", "--instance", "p",

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "tests/cluster_e2e/cluster_launch.h"
 #include "tests/cluster_e2e/stream_load.h"
 #include "tests/support/control_keys.h"
 #include "tests/support/run_command.h"
@@ -25,20 +26,6 @@ using k3::test::StreamOutcome;
 namespace {
 
 const std::string kBin = K3_BIN_DIR;
-
-// The rest of the line after `prefix`, from the first line that starts with it.
-std::string wait_line(ProcessGuard& p, const std::string& prefix) {
-  const auto until = std::chrono::steady_clock::now() + 120s;
-  for (;;) {
-    REQUIRE(std::chrono::steady_clock::now() < until);
-    auto line = p.read_line(500ms);
-    if (!line) {
-      REQUIRE(p.running());
-      continue;
-    }
-    if (line->rfind(prefix, 0) == 0) return line->substr(prefix.size());
-  }
-}
 
 std::vector<int32_t> prompt_of(int len) {
   std::vector<int32_t> p(len);
@@ -62,14 +49,14 @@ TEST_CASE("cluster router: a request beyond one decode rank's capacity gets 400 
                                                   "--cluster-endpoint", "tcp://127.0.0.1:*", "--pair", "p:1:d:0",
                                                   "--heartbeat-ms", "200", "--heartbeat-misses", "10", "--max-queue", "1"},
                                                  "router"));
-  const std::string control = wait_line(router, "CLUSTER ");
-  const std::string listening = wait_line(router, "listening on http://");
+  const std::string control = k3::test::wait_line(router, "CLUSTER ");
+  const std::string listening = k3::test::wait_line(router, "listening on http://");
   const int port = std::stoi(listening.substr(listening.rfind(':') + 1));
   ProcessGuard decode(kBin + "/k3-decode", keyed({"--model", model, "--router-endpoint", control, "--instance", "d",
                                                   "--rank", "0", "--pool-pages", "64", "--cache-pages", "48", "--no-cache-in-pool",
                                                   "--threads", "1", "--heartbeat-ms", "200", "--heartbeat-misses", "10"},
                                                  "decode/d"));
-  const std::string decode_ep = wait_line(decode, "READY ");
+  const std::string decode_ep = k3::test::wait_line(decode, "READY ");
   ProcessGuard prefill(kBin + "/k3-prefill", keyed({"--model", model, "--stage", "0", "--stages", "1", "--instance", "p",
                                                     "--decode-instance", "d", "--decode-endpoint", decode_ep,
                                                     "--router-endpoint", control, "--threads", "1", "--heartbeat-ms", "200",
