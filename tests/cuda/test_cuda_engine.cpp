@@ -141,6 +141,76 @@ TEST_CASE("k3-small on CUDA against the CPU engine, teacher-forced prefill", "[.
   }
 }
 
+// Diagnosis for k3-small (run explicitly: cuda_test_cuda_engine "[diag][small]"): the model as 93
+// one-layer stages on each backend, 2 prompts x K3_DIAG_TOKENS (default 128) tokens in one prefill.
+// After each layer, the norm-relative difference of the residual partial sum P, GPU vs CPU:
+//   chained  each backend feeds its own activations forward (the error the logits see);
+//   local    the GPU layer fed the CPU's activations before it (that layer's own error, so a layer
+//            kind that is wrong stands out instead of being hidden in the accumulated error).
+// K3_DIAG_DENSE=1 routes every token to every expert (no routing flips). Reports only.
+TEST_CASE("k3-small layer by layer, CUDA vs CPU", "[.][diag][small]") {
+  K3_GPU_OR_SKIP(bk);
+  ModelConfig cfg = preset_config("k3-small").value();
+  cfg.vocab_size = 2048;
+  cfg.eos_token_ids.clear();
+  if (const char* d = std::getenv("K3_DIAG_DENSE"); d && std::string(d) == "1") cfg = dense_routing(cfg);
+  const char* tok_env = std::getenv("K3_DIAG_TOKENS");
+  const int tokens = tok_env ? std::atoi(tok_env) : 128;
+  REQUIRE(tokens > 0);
+  const WeightStore w = WeightStore::synthetic({.cfg = cfg, .seed = 11, .matrix_dtype = DType::BF16});
+  const auto prompts = random_prompts(2, tokens, cfg.vocab_size, 5);
+  std::vector<int32_t> ids;
+  for (const auto& p : prompts) ids.insert(ids.end(), p.begin(), p.end());
+  auto rel = [&](const Tensor& got, const Tensor& ref) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+      const double d = got.f32()[i] - ref.f32()[i];
+      num += d * d;
+      den += double(ref.f32()[i]) * ref.f32()[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+  };
+  // One layer [l, l+1) on `be` over fresh caches.
+  auto run_layer = [&](Backend& be, int l, Activations& act) {
+    auto model = Model::create(be, cfg, w, l, l + 1).value();
+    CachePools pools(be, cfg, l, l + 1, {.max_seqs = 2, .page_size = 16, .num_pages = (tokens + 15) / 16 * 2 + 2});
+    std::vector<SeqCache> seqs;
+    std::vector<BatchItem> batch;
+    for (int i = 0; i < 2; ++i) seqs.push_back(pools.open().value());
+    for (int i = 0; i < 2; ++i) {
+      REQUIRE(pools.reserve(seqs[i], tokens).is_ok());
+      batch.push_back({.seq = &seqs[i], .num_new = tokens});
+    }
+    model->forward(batch, act, pools);
+    be.synchronize();
+  };
+  Activations cpu_act, gpu_act;
+  {
+    auto c0 = Model::create(*bk.cpu, cfg, w, 0, 1).value();
+    cpu_act = c0->embed(ids);
+    auto g0 = Model::create(*bk.gpu, cfg, w, 0, 1).value();
+    gpu_act = g0->embed(ids);
+  }
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    // Local: the CPU's activations before layer l, on the GPU in its compute dtype.
+    Activations local{.partial = bk.gpu->from_host(bk.cpu->to_host(cpu_act.partial), bk.gpu->compute_dtype())};
+    for (const Tensor& b : cpu_act.bank) local.bank.push_back(bk.gpu->from_host(bk.cpu->to_host(b), bk.gpu->compute_dtype()));
+    run_layer(*bk.cpu, l, cpu_act);
+    run_layer(*bk.gpu, l, gpu_act);
+    run_layer(*bk.gpu, l, local);
+    const Tensor ref = bk.cpu->to_host(cpu_act.partial);
+    const double chained = rel(bk.gpu->to_host(gpu_act.partial), ref);
+    const double own = rel(bk.gpu->to_host(local.partial), ref);
+    double norm = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) norm += double(ref.f32()[i]) * ref.f32()[i];
+    std::printf("GPU-DIAG k3-small layer %2d %s%s%s: chained %.5f local %.5f |P| %.3g\n", l,
+                cfg.layer_kind(l) == LayerKind::Kda ? "KDA" : "MLA", cfg.is_dense_ffn(l) ? "+dense" : "+MoE",
+                cfg.starts_block(l) ? " (block start)" : "", chained, own, std::sqrt(norm));
+    std::fflush(stdout);
+    REQUIRE(std::isfinite(own));
+  }
+}
+
 // Diagnosis (run explicitly: cuda_test_cuda_engine "[diag]"): the residual stream after each layer
 // prefix [0, l), CUDA vs CPU, norm-relative, for one batched prefill of 2 prompts x 64 tokens.
 TEST_CASE("layer-by-layer residual error, CUDA vs CPU", "[.][diag]") {
