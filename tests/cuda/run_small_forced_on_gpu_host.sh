@@ -8,11 +8,16 @@
 #   small.log  cuda_test_cuda_engine "k3-small on CUDA*": the CPU reference (every core), then the
 #              GPU engine in both modes, the max logit error and the top-1 agreement where decided.
 # The CPU reference holds ~30 GB of fp32 weights (docs/PERF.md); the host has 128 GiB.
-#   tests/cuda/run_small_forced_on_gpu_host.sh OUT_DIR [POSITIONS (default 512)] [LIMIT_S (default 420)]
+# ROUTING "dense" runs the k = E variant instead (every expert routed: no routing flips, ~3.5x the
+# reference's CPU time).
+#   tests/cuda/run_small_forced_on_gpu_host.sh OUT_DIR [POSITIONS (default 512)] [LIMIT_S (default 420)] [topk|dense]
 set -uo pipefail
 OUT=${1:?output dir}
 POS=${2:-512}
 LIMIT=${3:-420}
+ROUTING=${4:-topk}
+FILTER="k3-small on CUDA*"
+[[ $ROUTING == dense ]] && FILTER="k3-small (k = E) on CUDA*"
 # shellcheck source=tests/cuda/gpu_host.sh
 source "$(dirname "$0")/gpu_host.sh"
 gpu_host_setup "$OUT"
@@ -26,4 +31,4 @@ gpu_host_stage rate.log 90 "$pattern" $B/tests/engine_test_cpu_forward_rate "[pe
 TIMEV=()
 [[ -x /usr/bin/time ]] && TIMEV=(/usr/bin/time -v)
 K3_FORCED_POSITIONS=$POS gpu_host_stage small.log "$LIMIT" "$pattern|Maximum resident" \
-  "${TIMEV[@]}" $B/tests/cuda_test_cuda_engine "k3-small on CUDA*"
+  "${TIMEV[@]}" $B/tests/cuda_test_cuda_engine "$FILTER"
