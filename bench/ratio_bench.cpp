@@ -209,11 +209,19 @@ int run_ratio(const RatioOptions& o) {
   }
   json verdict = {{"recommended", {{"prefill", rec->prefill}, {"decode", rec->decode}}}};
   if (rec_measured >= 0) {
-    const double error = rec_measured > 0 ? std::abs(rec_predicted - rec_measured) / rec_measured : 1e9;
+    // Relative to the measurement; with nothing measured within the SLA the error has no bound (null).
     verdict["recommended_is_best_measured"] = rec_measured >= best_measured;
-    verdict["prediction_error"] = error;
-    std::printf("RATIO recommended %d:%d best_measured=%s predicted=%.2f measured=%.2f error=%.0f%%\n", rec->prefill,
-                rec->decode, rec_measured >= best_measured ? "yes" : "no", rec_predicted, rec_measured, error * 100);
+    std::string error_text = "unbounded";
+    if (rec_measured > 0) {
+      const double error = std::abs(rec_predicted - rec_measured) / rec_measured;
+      verdict["prediction_error"] = error;
+      error_text = std::to_string(static_cast<int>(std::lround(error * 100))) + "%";
+    } else {
+      verdict["prediction_error"] = nullptr;
+    }
+    std::printf("RATIO recommended %d:%d best_measured=%s predicted=%.2f measured=%.2f error=%s\n", rec->prefill,
+                rec->decode, rec_measured >= best_measured ? "yes" : "no", rec_predicted, rec_measured,
+                error_text.c_str());
   } else {
     std::printf("RATIO recommended %d:%d was not among --splits\n", rec->prefill, rec->decode);
   }
