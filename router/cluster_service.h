@@ -79,10 +79,10 @@ class ClusterService final : public GenerationService {
   // Control-plane rejections (ownership and socket), for tests and /metrics.
   const ControlAuth& control_auth() const { return *auth_; }
 
-  struct Request;  // cluster_service.cpp
+  struct Request;  // cluster_request.h
 
  private:
-  friend class ClusterWorkerOps;  // the worker's request logic (cluster_service.cpp)
+  friend class ClusterWorkerOps;  // the worker's request logic (cluster_worker_ops.h)
   ClusterService() = default;
   void worker_loop();
   void wake();

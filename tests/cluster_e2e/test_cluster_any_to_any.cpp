@@ -15,6 +15,7 @@
 #include <regex>
 
 #include "tests/cluster_e2e/cluster_launch.h"
+#include "tests/cluster_e2e/plain_completion.h"
 #include "tests/router/http_client.h"
 #include "tests/support/generate_reference.h"
 #include "tests/support/run_command.h"
@@ -23,6 +24,7 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 using k3::test::HttpConnection;
 using k3::test::HttpReply;
+using k3::test::token_ids_of;
 
 namespace {
 
@@ -56,17 +58,8 @@ struct Cluster {
   }
 };
 
-HttpReply post(int port, const json& body) {
-  HttpConnection h(port);
-  h.send_request("POST", "/v1/completions", body.dump());
-  return h.read_reply(180s);
-}
-
-std::vector<int32_t> token_ids_of(const HttpReply& r) {
-  INFO(r.body);
-  REQUIRE(r.status == 200);
-  return json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
-}
+// Any thread (no Catch macro); the main thread checks the reply with token_ids_of.
+HttpReply post(int port, const json& body) { return k3::test::post_json(port, "/v1/completions", body, 180s); }
 
 // k3_cluster_pair_finished_total by (prefill instance, decode node), from the router's /metrics.
 std::map<std::pair<std::string, std::string>, long> finished_by_pair(int port) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "tests/cluster_e2e/cluster_launch.h"
+#include "tests/cluster_e2e/plain_completion.h"
 #include "tests/cluster_e2e/stream_load.h"
 #include "tests/router/http_client.h"
 #include "tests/support/generate_reference.h"
@@ -29,13 +30,9 @@ json body_of(const std::vector<int32_t>& prompt, int max_tokens, bool stream) {
           {"ignore_eos", true}, {"return_token_ids", true}, {"stream", stream}};
 }
 
-std::vector<int32_t> complete(int port, const std::vector<int32_t>& prompt, int max_tokens) {
-  k3::test::HttpConnection c(port);
-  c.send_request("POST", "/v1/completions", body_of(prompt, max_tokens, false).dump());
-  const k3::test::HttpReply r = c.read_reply(180s);
-  INFO(r.body);
-  REQUIRE(r.status == 200);
-  return json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
+// Also runs on std::async threads: no Catch macro here; the main thread checks the reply with token_ids_of.
+k3::test::HttpReply complete(int port, const std::vector<int32_t>& prompt, int max_tokens) {
+  return k3::test::post_json(port, "/v1/completions", body_of(prompt, max_tokens, false));
 }
 
 double lookups(const std::map<std::string, double>& m, const std::string& instance) {
@@ -87,8 +84,8 @@ TEST_CASE("the router sends a prompt to the prefill instance whose cache holds i
   {
     auto a = std::async(std::launch::async, [&] { return complete(cluster.port, firsts[0], 24); });
     auto b = std::async(std::launch::async, [&] { return complete(cluster.port, firsts[1], 24); });
-    a.get();
-    b.get();
+    k3::test::token_ids_of(a.get());
+    k3::test::token_ids_of(b.get());
   }
   auto m = settled(double(firsts[0].size() + firsts[1].size()));
   // Which instance holds which prefix: its lookups are that prompt's length.
@@ -108,7 +105,7 @@ TEST_CASE("the router sends a prompt to the prefill instance whose cache holds i
   //    instance order alone would pick pa), with the tokens of a cold prefill.
   const auto shared = join(systems[on_b], tokens(12));
   const double a_before = lookups(m, "pa"), b_hits = k3::test::metric_or(m, "k3_prefill_prefix_cache_hit_tokens_total{node=\"prefill/pb/0\"}");
-  const auto got = complete(cluster.port, shared, 4);
+  const auto got = k3::test::token_ids_of(complete(cluster.port, shared, 4));
   m = settled(lookups(m, "pa") + lookups(m, "pb") + double(shared.size()));
   CHECK(lookups(m, "pa") == a_before);
   CHECK(k3::test::metric_or(m, "k3_prefill_prefix_cache_hit_tokens_total{node=\"prefill/pb/0\"}") == b_hits + 128);
@@ -116,12 +113,12 @@ TEST_CASE("the router sends a prompt to the prefill instance whose cache holds i
   // 4. The control: an unrelated prompt, both idle, goes to pa (the first instance).
   const double b_before = lookups(m, "pb");
   const auto unrelated = tokens(30);
-  complete(cluster.port, unrelated, 2);
+  k3::test::token_ids_of(complete(cluster.port, unrelated, 2));
   m = settled(lookups(m, "pa") + lookups(m, "pb") + double(unrelated.size()));
   CHECK(lookups(m, "pb") == b_before);
   // 5. And a prompt sharing pa's prefix goes to pa.
   const auto shared_a = join(systems[1 - on_b], tokens(5));
-  complete(cluster.port, shared_a, 2);
+  k3::test::token_ids_of(complete(cluster.port, shared_a, 2));
   m = settled(lookups(m, "pa") + lookups(m, "pb") + double(shared_a.size()));
   CHECK(lookups(m, "pb") == b_before);
   CHECK(k3::test::metric_or(m, "k3_prefill_prefix_cache_hit_tokens_total{node=\"prefill/pa/0\"}") == 128);

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "tests/cluster_e2e/cluster_launch.h"
+#include "tests/cluster_e2e/plain_completion.h"
 #include "tests/router/http_client.h"
 #include "tests/support/generate_reference.h"
 #include "tests/support/run_command.h"
@@ -29,6 +30,7 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 using k3::test::HttpConnection;
 using k3::test::HttpReply;
+using k3::test::token_ids_of;
 using k3::test::ProcessGuard;
 
 namespace {
@@ -90,16 +92,9 @@ json completion_body(const std::vector<int32_t>& prompt, int max_tokens, bool st
           {"ignore_eos", true}, {"return_token_ids", true}, {"stream", stream}};
 }
 
+// Any thread (no Catch macro); the main thread checks the reply with token_ids_of.
 HttpReply post(int port, const json& body, std::chrono::milliseconds timeout = 120s) {
-  HttpConnection c(port);
-  c.send_request("POST", "/v1/completions", body.dump());
-  return c.read_reply(timeout);
-}
-
-std::vector<int32_t> token_ids_of(const HttpReply& r) {
-  INFO(r.body);
-  REQUIRE(r.status == 200);
-  return json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
+  return k3::test::post_json(port, "/v1/completions", body, timeout);
 }
 
 // The token ids of every data chunk of an SSE body; `done` tells whether it ended with [DONE].

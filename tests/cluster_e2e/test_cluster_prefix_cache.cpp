@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "tests/cluster_e2e/cluster_launch.h"
+#include "tests/cluster_e2e/plain_completion.h"
 #include "tests/cluster_e2e/stream_load.h"
 #include "tests/router/http_client.h"
 #include "tests/support/generate_reference.h"
@@ -52,13 +53,9 @@ json body_of(const std::vector<int32_t>& prompt, int max_tokens, int seed) {
   return b;
 }
 
+// Main thread only (it asserts): requests sent at once go through k3::test::post_json on their threads.
 std::vector<int32_t> complete(int port, const json& body) {
-  k3::test::HttpConnection c(port);
-  c.send_request("POST", "/v1/completions", body.dump());
-  const k3::test::HttpReply r = c.read_reply(180s);
-  INFO(r.body);
-  REQUIRE(r.status == 200);
-  return json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
+  return k3::test::token_ids_of(k3::test::post_json(port, "/v1/completions", body));
 }
 
 // Served tokens, or empty while the cluster refuses (a node restarting).
@@ -133,12 +130,14 @@ TEST_CASE("prefill stages with the prefix cache serve the same tokens as without
   // Several at once over the same prefix: stages interleave chunks of different requests.
   std::vector<Case> together;
   for (int i = 0; i < 5; ++i) together.push_back({join(system, tokens(5 + 37 * i)), i % 2 ? 20 + i : -1});
-  std::vector<std::future<std::vector<int32_t>>> replies;
+  std::vector<std::future<k3::test::HttpReply>> replies;
   for (const Case& c : together)
-    replies.push_back(std::async(std::launch::async, [&cluster, c] { return complete(cluster.port, body_of(c.prompt, kMax, c.seed)); }));
+    replies.push_back(std::async(std::launch::async, [&cluster, c] {
+      return k3::test::post_json(cluster.port, "/v1/completions", body_of(c.prompt, kMax, c.seed));
+    }));
   for (size_t i = 0; i < together.size(); ++i) {
     INFO("concurrent request " << i << " (seed " << together[i].seed << ")");
-    CHECK(replies[i].get() == reference(model, together[i].prompt, kMax, together[i].seed));
+    CHECK(k3::test::token_ids_of(replies[i].get()) == reference(model, together[i].prompt, kMax, together[i].seed));
   }
   // The prefill node's cache metrics (its stages report them with their heartbeats).
   double hit = 0, lookup = 0, stored = 0;

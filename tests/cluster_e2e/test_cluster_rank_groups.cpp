@@ -24,6 +24,7 @@
 #include "engine/rank_layout.h"
 #include "kernels/backend.h"
 #include "tests/cluster_e2e/cluster_launch.h"
+#include "tests/cluster_e2e/plain_completion.h"
 #include "tests/cluster_e2e/stream_load.h"
 #include "tests/router/http_client.h"
 #include "tests/router/router_process.h"
@@ -52,17 +53,12 @@ std::string write_spec(const std::string& file, const std::string& dir, int dcp)
   return dir + "/spec.json";
 }
 
-std::vector<int32_t> complete(int port, const std::vector<int32_t>& prompt, int max_tokens, float temperature,
-                              uint64_t seed) {
-  HttpConnection c(port);
-  c.send_request("POST", "/v1/completions",
-                 json({{"model", "k3-tiny"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", temperature},
-                       {"seed", seed}, {"ignore_eos", true}, {"return_token_ids", true}})
-                     .dump());
-  const HttpReply r = c.read_reply(180s);
-  INFO(r.body);
-  REQUIRE(r.status == 200);
-  return json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
+// Runs on std::async threads: no Catch macro here; the main thread checks the reply with token_ids_of.
+HttpReply complete(int port, const std::vector<int32_t>& prompt, int max_tokens, float temperature, uint64_t seed) {
+  return k3::test::post_json(port, "/v1/completions",
+                             {{"model", "k3-tiny"}, {"prompt", prompt}, {"max_tokens", max_tokens},
+                              {"temperature", temperature}, {"seed", seed}, {"ignore_eos", true},
+                              {"return_token_ids", true}});
 }
 
 // Prompts of 9..37 tokens: longer than any group here, so every DCP rank holds some of each prompt.
@@ -87,9 +83,7 @@ void check_group_features(int port, const std::string& model) {
                      {"max_tokens", 5},      {"temperature", 0},
                      {"logprobs", 2},        {"ignore_eos", true}};
   const auto post = [](int to, const std::string& path, const json& body) {
-    HttpConnection c(to);
-    c.send_request("POST", path, body.dump());
-    const HttpReply r = c.read_reply(180s);
+    const HttpReply r = k3::test::post_json(to, path, body);
     INFO(path << " " << body.dump() << " -> " << r.status << " " << r.body);
     REQUIRE(r.status == 200);
     return json::parse(r.body).at("choices").at(0);
@@ -151,7 +145,7 @@ void check_tokens(const k3::test::LaunchedCluster& c, const std::string& model) 
   std::vector<Case> cases;
   for (size_t i = 0; i < prompts.size(); ++i) cases.push_back({i, 0.f, 0});
   for (size_t i = 0; i < prompts.size(); ++i) cases.push_back({i, 0.75f, 11 + i});
-  std::vector<std::future<std::vector<int32_t>>> replies;
+  std::vector<std::future<HttpReply>> replies;
   const int port = c.port;
   for (const Case& k : cases)
     replies.push_back(std::async(std::launch::async, [port, &prompts, k] {
@@ -160,8 +154,8 @@ void check_tokens(const k3::test::LaunchedCluster& c, const std::string& model) 
   for (size_t i = 0; i < cases.size(); ++i) {
     INFO("prompt " << cases[i].prompt << " (" << prompts[cases[i].prompt].size() << " tokens), temperature "
                    << cases[i].temperature << ", seed " << cases[i].seed);
-    CHECK(replies[i].get() == k3::test::k3_generate_tokens(model, prompts[cases[i].prompt], kMax, cases[i].temperature,
-                                                           cases[i].seed));
+    CHECK(k3::test::token_ids_of(replies[i].get()) ==
+          k3::test::k3_generate_tokens(model, prompts[cases[i].prompt], kMax, cases[i].temperature, cases[i].seed));
   }
   const auto m = k3::test::read_metrics(c.port);
   for (const char* node : {"decode/d-0", "decode/d-1"})
@@ -240,7 +234,7 @@ void check_rank_death(k3::test::LaunchedCluster& c, const std::string& model, in
   // The other group still serves new requests.
   const auto m = k3::test::read_metrics(port);
   CHECK(k3::test::metric_or(m, "k3_cluster_node_up{node=\"decode/d-1\"}", 1) == 1);
-  CHECK(complete(port, prompts[1], 4, 0.f, 0) == k3::test::k3_generate_tokens(model, prompts[1], 4));
+  CHECK(k3::test::token_ids_of(complete(port, prompts[1], 4, 0.f, 0)) == k3::test::k3_generate_tokens(model, prompts[1], 4));
 
   // The group forms again: k3-cluster restarts its processes (the leader binds the same group endpoint, the
   // members find it, the prefill stages register the new regions), and requests placed on it are served
@@ -252,10 +246,13 @@ void check_rank_death(k3::test::LaunchedCluster& c, const std::string& model, in
   const auto reformed_until = Clock::now() + 120s;
   for (;;) {
     REQUIRE(Clock::now() < reformed_until);
-    std::vector<std::future<std::vector<int32_t>>> again;
+    std::vector<std::future<HttpReply>> again;
     for (const auto& p : prompts)
       again.push_back(std::async(std::launch::async, [port, p] { return complete(port, p, 4, 0.f, 0); }));
-    for (size_t i = 0; i < again.size(); ++i) CHECK(again[i].get() == want[i]);
+    for (size_t i = 0; i < again.size(); ++i) {
+      INFO("prompt " << i << " after the group's restart");
+      CHECK(k3::test::token_ids_of(again[i].get()) == want[i]);
+    }
     const auto now = k3::test::read_metrics(port);
     // Served there, not retried elsewhere after a failed attempt on it.
     CHECK(k3::test::metric_or(now, "k3_cluster_retries_total") == k3::test::metric_or(before, "k3_cluster_retries_total"));

@@ -4,6 +4,9 @@
 #include <catch2/catch.hpp>
 
 #include <random>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "router/request_stream.h"
 #include "router_fixture.h"
@@ -13,17 +16,35 @@ using namespace k3::router;
 
 namespace {
 
-std::vector<int32_t> run(GenerationService& svc, const GenerateRequest& g) {
+// One request's stream: its tokens, or why it did not finish. Runs on the test's threads too, so it uses
+// no Catch macro (Catch2 v2 is not thread-safe); the main thread checks `error` with finished_tokens.
+struct Served {
+  std::vector<int32_t> tokens;
+  std::string error;  // empty: the stream finished
+};
+
+Served run(GenerationService& svc, const GenerateRequest& g) {
   GenerationParams p{.prompt = g.prompt, .max_tokens = g.max_tokens, .sampling = g.sampling};
-  auto rs = RequestStream::start(svc, p).value();
-  std::vector<int32_t> toks;
+  auto rs = RequestStream::start(svc, p);
+  if (!rs.is_ok()) return {.error = "start: " + rs.status().to_string()};
+  Served out;
   for (;;) {
-    auto ev = rs->next(std::chrono::milliseconds(60000));
-    REQUIRE(ev);
-    toks.insert(toks.end(), ev->token_ids.begin(), ev->token_ids.end());
-    REQUIRE(ev->kind != GenerationEvent::Kind::Failed);
-    if (ev->kind == GenerationEvent::Kind::Finished) return toks;
+    auto ev = (*rs)->next(std::chrono::milliseconds(60000));
+    if (!ev) {
+      out.error = "no event within 60 s";
+      return out;
+    }
+    out.tokens.insert(out.tokens.end(), ev->token_ids.begin(), ev->token_ids.end());
+    if (ev->kind == GenerationEvent::Kind::Failed) out.error = "failed: " + ev->error.to_string();
+    if (ev->kind != GenerationEvent::Kind::Tokens) return out;
   }
+}
+
+// Main thread only: the tokens of a stream that must have finished.
+std::vector<int32_t> finished_tokens(const Served& s) {
+  INFO(s.error);
+  REQUIRE(s.error.empty());
+  return s.tokens;
 }
 
 uint64_t metric(const std::string& text, const std::string& name) {
@@ -61,14 +82,14 @@ TEST_CASE("local engine with the prefix cache gives the cache-off tokens and cou
   auto expected = engine->generate(reqs).value();
 
   // The first request fills the cache; the rest run concurrently and resume from it.
-  CHECK(run(*s.service, reqs[0]) == expected[0].tokens);
+  CHECK(finished_tokens(run(*s.service, reqs[0])) == expected[0].tokens);
   std::vector<std::thread> threads;
-  std::vector<std::vector<int32_t>> got(reqs.size());
+  std::vector<Served> got(reqs.size());
   for (size_t i = 1; i < reqs.size(); ++i) threads.emplace_back([&, i] { got[i] = run(*s.service, reqs[i]); });
   for (auto& t : threads) t.join();
   for (size_t i = 1; i < reqs.size(); ++i) {
     INFO("request " << i);
-    CHECK(got[i] == expected[i].tokens);
+    CHECK(finished_tokens(got[i]) == expected[i].tokens);
   }
   // Counters reach /metrics once the worker publishes them (after its next step).
   std::string text;
