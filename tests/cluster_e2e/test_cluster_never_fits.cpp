@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "tests/cluster_e2e/cluster_launch.h"
+#include "tests/cluster_e2e/paired_nodes.h"
 #include "tests/cluster_e2e/stream_load.h"
-#include "tests/support/control_keys.h"
 #include "tests/support/run_command.h"
 #include "tests/support/scratch_dir.h"
 #include "tests/transfer/process_guard.h"
@@ -39,36 +39,13 @@ TEST_CASE("cluster router: a request beyond one decode rank's capacity gets 400 
   k3::testing::ScratchDir dir("never-fits");
   const std::string model = dir.file("model");
   REQUIRE(k3::test::run_command(kBin + "/k3-genweights --preset k3-tiny --seed 0 --out '" + model + "'").exit_code == 0);
-  const k3::test::TestControlKeys keys({"router", "decode/d", "prefill/p/0"});
-  // A node's arguments plus its control-plane key flags.
-  const auto keyed = [&](std::vector<std::string> args, const std::string& name) {
-    for (auto& f : keys.flags(name)) args.push_back(std::move(f));
-    return args;
-  };
-  ProcessGuard router(kBin + "/k3-router", keyed({"--model", model, "--port", "0", "--served-model-name", "k3-tiny",
-                                                  "--cluster-endpoint", "tcp://127.0.0.1:*", "--pair", "p:1:d:0",
-                                                  "--heartbeat-ms", "200", "--heartbeat-misses", "10", "--max-queue", "1"},
-                                                 "router"));
-  const std::string control = k3::test::wait_line(router, "CLUSTER ");
-  const std::string listening = k3::test::wait_line(router, "listening on http://");
-  const int port = std::stoi(listening.substr(listening.rfind(':') + 1));
-  ProcessGuard decode(kBin + "/k3-decode", keyed({"--model", model, "--router-endpoint", control, "--instance", "d",
-                                                  "--rank", "0", "--pool-pages", "64", "--cache-pages", "48", "--no-cache-in-pool",
-                                                  "--threads", "1", "--heartbeat-ms", "200", "--heartbeat-misses", "10"},
-                                                 "decode/d"));
-  const std::string decode_ep = k3::test::wait_line(decode, "READY ");
-  ProcessGuard prefill(kBin + "/k3-prefill", keyed({"--model", model, "--stage", "0", "--stages", "1", "--instance", "p",
-                                                    "--decode-instance", "d", "--decode-endpoint", decode_ep,
-                                                    "--router-endpoint", control, "--threads", "1", "--heartbeat-ms", "200",
-                                                    "--heartbeat-misses", "10"},
-                                                   "prefill/p/0"));
-  // Ready once every node registered and decode told its capacity.
-  for (auto t0 = std::chrono::steady_clock::now();; std::this_thread::sleep_for(100ms)) {
-    REQUIRE(std::chrono::steady_clock::now() - t0 < 60s);
-    k3::test::HttpConnection h(port);
-    h.send_request("GET", "/health");
-    if (h.read_reply(10s).status == 200) break;
-  }
+  k3::test::PairedNodes nodes(model, {"--heartbeat-ms", "200", "--heartbeat-misses", "10"});
+  nodes.start_router({"--max-queue", "1"});
+  ProcessGuard& decode =
+      nodes.start_decode({"--pool-pages", "64", "--cache-pages", "48", "--no-cache-in-pool"});
+  nodes.start_prefill(k3::test::wait_line(decode, "READY "));
+  nodes.wait_healthy();
+  const int port = nodes.port();
 
   // 1100 prompt tokens need 69 transfer pages; the rank has 64 (1024 tokens).
   StreamOutcome r = k3::test::stream_completion(port, prompt_of(1100), 8, 60s);
