@@ -15,11 +15,10 @@
 #include <random>
 #include <regex>
 #include <string>
-#include <thread>
 
 #include "tests/cluster_e2e/cluster_launch.h"
+#include "tests/cluster_e2e/paired_nodes.h"
 #include "tests/cluster_e2e/stream_load.h"
-#include "tests/support/control_keys.h"
 #include "tests/support/generate_reference.h"
 #include "tests/support/run_command.h"
 #include "tests/support/scratch_dir.h"
@@ -60,34 +59,14 @@ TEST_CASE("cluster: a prefill chunk longer than the heartbeat timeout does not m
   std::ofstream(dir.file("config24.json")) << cfg.dump();
   REQUIRE(k3::test::run_command(kBin + "/k3-genweights --config '" + dir.file("config24.json") + "' --seed 0 --out '" +
                                 model + "'").exit_code == 0);
-  const k3::test::TestControlKeys keys({"router", "decode/d", "prefill/p/0"});
-  const auto node_args = [&](std::vector<std::string> args, const std::string& name) {
-    args.insert(args.end(), kHeartbeat.begin(), kHeartbeat.end());
-    for (auto& f : keys.flags(name)) args.push_back(std::move(f));
-    return args;
-  };
-  ProcessGuard router(kBin + "/k3-router", node_args({"--model", model, "--port", "0", "--served-model-name", "k3-tiny",
-                                                      "--cluster-endpoint", "tcp://127.0.0.1:*", "--pair", "p:1:d:0"},
-                                                     "router"));
-  const std::string control = k3::test::wait_line(router, "CLUSTER ");
-  const std::string listening = k3::test::wait_line(router, "listening on http://");
-  const int port = std::stoi(listening.substr(listening.rfind(':') + 1));
-  ProcessGuard decode(kBin + "/k3-decode", node_args({"--model", model, "--router-endpoint", control, "--instance", "d",
-                                                      "--rank", "0", "--threads", "1"},
-                                                     "decode/d"));
-  const std::string decode_ep = k3::test::wait_line(decode, "READY ");
+  k3::test::PairedNodes nodes(model, kHeartbeat);
+  nodes.start_router();
+  ProcessGuard& decode = nodes.start_decode();
   // One chunk holds the whole prompt: the stage does not poll its sockets until all of it is computed.
-  ProcessGuard prefill(kBin + "/k3-prefill",
-                       node_args({"--model", model, "--stage", "0", "--stages", "1", "--instance", "p",
-                                  "--decode-instance", "d", "--decode-endpoint", decode_ep, "--router-endpoint", control,
-                                  "--threads", "1", "--chunk-size", "1024", "--log-level", "debug"},
-                                 "prefill/p/0"));
-  for (auto t0 = std::chrono::steady_clock::now();; std::this_thread::sleep_for(100ms)) {
-    REQUIRE(std::chrono::steady_clock::now() - t0 < 60s);
-    k3::test::HttpConnection h(port);
-    h.send_request("GET", "/health");
-    if (h.read_reply(10s).status == 200) break;
-  }
+  ProcessGuard& prefill = nodes.start_prefill(k3::test::wait_line(decode, "READY "),
+                                              {"--chunk-size", "1024", "--log-level", "debug"});
+  nodes.wait_healthy();
+  const int port = nodes.port();
 
   std::mt19937 rng(7);
   const std::vector<int32_t> prompt = k3::test::random_tokens(rng, k3::test::model_vocab(model), 1000);

@@ -13,6 +13,7 @@
 #include <regex>
 
 #include "tests/cluster_e2e/cluster_launch.h"
+#include "tests/cluster_e2e/plain_completion.h"
 #include "tests/router/http_client.h"
 #include "tests/support/generate_reference.h"
 #include "tests/support/hf_kimi_linear.h"
@@ -22,19 +23,6 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 using k3::test::HttpConnection;
 using k3::test::HttpReply;
-
-namespace {
-
-HttpReply complete(int port, const std::vector<int32_t>& prompt, int max_tokens) {
-  HttpConnection c(port);
-  c.send_request("POST", "/v1/completions",
-                 json({{"model", "kimi-linear"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
-                       {"ignore_eos", true}, {"return_token_ids", true}})
-                     .dump());
-  return c.read_reply(180s);
-}
-
-}  // namespace
 
 TEST_CASE("k3-cluster on a transformers-saved Kimi Linear model (PP2 + DP2) == k3-generate == transformers",
           "[cluster_e2e][kimi_linear]") {
@@ -65,13 +53,18 @@ TEST_CASE("k3-cluster on a transformers-saved Kimi Linear model (PP2 + DP2) == k
   prompts.push_back({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
   constexpr int kMax = 32;
   std::vector<std::future<HttpReply>> replies;
-  for (const auto& p : prompts)
-    replies.push_back(std::async(std::launch::async, [port = cluster.port, p] { return complete(port, p, kMax); }));
+  for (const auto& p : prompts) {
+    const json body = {{"model", "kimi-linear"}, {"prompt", p},          {"max_tokens", kMax},
+                       {"temperature", 0},       {"ignore_eos", true}, {"return_token_ids", true}};
+    // post_json, no Catch macro, on the request threads; the reply is checked here on the main thread.
+    replies.push_back(std::async(std::launch::async, [port = cluster.port, body] {
+      return k3::test::post_json(port, "/v1/completions", body, 180s);
+    }));
+  }
   for (size_t i = 0; i < prompts.size(); ++i) {
     const HttpReply r = replies[i].get();
     INFO("request " << i << ": " << r.body);
-    REQUIRE(r.status == 200);
-    const auto got = json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>();
+    const std::vector<int32_t> got = k3::test::token_ids_of(r);
     CHECK(got == k3::test::k3_generate_tokens(m.dir, prompts[i], kMax));
     if (i < m.oracle.at("greedy").size()) CHECK(got == m.oracle.at("greedy").at(i).get<std::vector<int32_t>>());
   }

@@ -3,7 +3,8 @@
 // a 64-page transfer pool and a 48-page decode cache (16 tokens a page) under k3-tiny's 4096-token
 // context. The refusal comes before any response byte, names the limit and the numbers; a request that
 // fits is served; the router counts the refusal. With --max-queue 1, of three requests that each need
-// most of the pool, one runs, one waits, and the third gets 429 (before any response byte).
+// most of the pool, one runs, one waits, and the third gets 429 (before any response byte); the prefill
+// stage is frozen meanwhile so that the one running cannot finish before the 429.
 #include <catch2/catch.hpp>
 
 #include <future>
@@ -13,8 +14,8 @@
 #include <thread>
 
 #include "tests/cluster_e2e/cluster_launch.h"
+#include "tests/cluster_e2e/paired_nodes.h"
 #include "tests/cluster_e2e/stream_load.h"
-#include "tests/support/control_keys.h"
 #include "tests/support/run_command.h"
 #include "tests/support/scratch_dir.h"
 #include "tests/transfer/process_guard.h"
@@ -39,36 +40,14 @@ TEST_CASE("cluster router: a request beyond one decode rank's capacity gets 400 
   k3::testing::ScratchDir dir("never-fits");
   const std::string model = dir.file("model");
   REQUIRE(k3::test::run_command(kBin + "/k3-genweights --preset k3-tiny --seed 0 --out '" + model + "'").exit_code == 0);
-  const k3::test::TestControlKeys keys({"router", "decode/d", "prefill/p/0"});
-  // A node's arguments plus its control-plane key flags.
-  const auto keyed = [&](std::vector<std::string> args, const std::string& name) {
-    for (auto& f : keys.flags(name)) args.push_back(std::move(f));
-    return args;
-  };
-  ProcessGuard router(kBin + "/k3-router", keyed({"--model", model, "--port", "0", "--served-model-name", "k3-tiny",
-                                                  "--cluster-endpoint", "tcp://127.0.0.1:*", "--pair", "p:1:d:0",
-                                                  "--heartbeat-ms", "200", "--heartbeat-misses", "10", "--max-queue", "1"},
-                                                 "router"));
-  const std::string control = k3::test::wait_line(router, "CLUSTER ");
-  const std::string listening = k3::test::wait_line(router, "listening on http://");
-  const int port = std::stoi(listening.substr(listening.rfind(':') + 1));
-  ProcessGuard decode(kBin + "/k3-decode", keyed({"--model", model, "--router-endpoint", control, "--instance", "d",
-                                                  "--rank", "0", "--pool-pages", "64", "--cache-pages", "48", "--no-cache-in-pool",
-                                                  "--threads", "1", "--heartbeat-ms", "200", "--heartbeat-misses", "10"},
-                                                 "decode/d"));
-  const std::string decode_ep = k3::test::wait_line(decode, "READY ");
-  ProcessGuard prefill(kBin + "/k3-prefill", keyed({"--model", model, "--stage", "0", "--stages", "1", "--instance", "p",
-                                                    "--decode-instance", "d", "--decode-endpoint", decode_ep,
-                                                    "--router-endpoint", control, "--threads", "1", "--heartbeat-ms", "200",
-                                                    "--heartbeat-misses", "10"},
-                                                   "prefill/p/0"));
-  // Ready once every node registered and decode told its capacity.
-  for (auto t0 = std::chrono::steady_clock::now();; std::this_thread::sleep_for(100ms)) {
-    REQUIRE(std::chrono::steady_clock::now() - t0 < 60s);
-    k3::test::HttpConnection h(port);
-    h.send_request("GET", "/health");
-    if (h.read_reply(10s).status == 200) break;
-  }
+  // 20 s of silence before a node counts as dead: the prefill stage is frozen for a moment below.
+  k3::test::PairedNodes nodes(model, {"--heartbeat-ms", "200", "--heartbeat-misses", "100"});
+  nodes.start_router({"--max-queue", "1"});
+  ProcessGuard& decode =
+      nodes.start_decode({"--pool-pages", "64", "--cache-pages", "48", "--no-cache-in-pool"});
+  ProcessGuard& prefill = nodes.start_prefill(k3::test::wait_line(decode, "READY "));
+  nodes.wait_healthy();
+  const int port = nodes.port();
 
   // 1100 prompt tokens need 69 transfer pages; the rank has 64 (1024 tokens).
   StreamOutcome r = k3::test::stream_completion(port, prompt_of(1100), 8, 60s);
@@ -85,37 +64,69 @@ TEST_CASE("cluster router: a request beyond one decode rank's capacity gets 400 
   INFO(k3::test::outcome_name(r.kind) << " " << r.error);
   CHECK(r.kind == StreamOutcome::Kind::Done);
   CHECK(r.tokens == 60);
-  // 600 prompt tokens take 38 of the 64 pool pages: one at a time (and 160 tokens to generate keep it
-  // there a while). The first is placed, the second waits (the queue holds one), the third is refused
-  // with 429 at once. (A request counts as queued from submit until the router places it.)
+  // 600 prompt tokens take 38 of the 64 pool pages: one at a time. The first is placed, the second
+  // waits (the queue holds one), the third is refused with 429 at once. (A request counts as queued
+  // from submit until the router places it.) The prefill stage is frozen meanwhile, so the first holds
+  // its room until the 429 is seen: unfrozen, it is done in a fraction of a second, sometimes before
+  // the third is even sent.
   auto send = [&] {
     return std::async(std::launch::async, [&] { return k3::test::stream_completion(port, prompt_of(600), 160, 120s); });
   };
-  auto wait_metrics = [&](double in_flight, double queued) {
-    for (auto t0 = std::chrono::steady_clock::now();; std::this_thread::sleep_for(5ms)) {
-      const auto g = k3::test::read_metrics(port);
-      if (k3::test::metric_or(g, "k3_cluster_requests_in_flight") == in_flight &&
-          k3::test::metric_or(g, "k3_cluster_queue_length") == queued)
-        return;
+  // Metrics are read until `holds` is true of them (10 s at most). The in-flight gauge alone cannot say
+  // "the new request is placed": the router publishes it after each worker turn, so just after the
+  // previous request's [DONE] it may still count that one. The placements counter only grows.
+  using Metrics = std::map<std::string, double>;
+  auto wait_metrics = [&](auto holds) {
+    for (auto t0 = std::chrono::steady_clock::now();; std::this_thread::sleep_for(10ms)) {
+      const Metrics g = k3::test::read_metrics(port);
+      if (holds(g)) return g;
       REQUIRE(std::chrono::steady_clock::now() - t0 < 10s);
     }
   };
+  auto gauge = [](const Metrics& g, const std::string& series) { return k3::test::metric_or(g, series); };
+  auto placed = [](const Metrics& g) { return k3::test::metric_sum(g, "k3_cluster_placements_total"); };
+  const double placed_before = placed(k3::test::read_metrics(port));
   std::vector<std::future<StreamOutcome>> three;
-  three.push_back(send());
-  wait_metrics(1, 0);
-  three.push_back(send());
-  wait_metrics(1, 1);
-  three.push_back(send());
-  std::map<int, int> by_status;
-  int done = 0;
-  for (auto& f : three) {
-    const StreamOutcome o = f.get();
-    ++by_status[o.status];
-    done += o.kind == StreamOutcome::Kind::Done && o.tokens == 160;
+  {
+    k3::test::FrozenProcess frozen(prefill);
+    REQUIRE(frozen.frozen());
+    three.push_back(send());
+    // Placed: no longer queued, the router reserved its room on the decode rank, and (published at the
+    // end of the worker's turn) counted in flight.
+    auto first_placed = [&](const Metrics& m) {
+      return placed(m) == placed_before + 1 && gauge(m, "k3_cluster_queue_length") == 0 &&
+             gauge(m, "k3_cluster_node_reserved_requests{node=\"decode/d\"}") == 1 &&
+             gauge(m, "k3_cluster_requests_in_flight") == 1;
+    };
+    wait_metrics(first_placed);
+    three.push_back(send());
+    // Queued: the second waits for room; the first still holds it and nothing else was placed.
+    const Metrics g = wait_metrics([&](const Metrics& m) { return gauge(m, "k3_cluster_queue_length") == 1; });
+    CHECK(placed(g) == placed_before + 1);
+    CHECK(gauge(g, "k3_cluster_node_reserved_requests{node=\"decode/d\"}") == 1);
+    three.push_back(send());
+    // A 429 comes at once; a third queued by mistake would wait for the frozen stage.
+    CHECK(three.back().wait_for(10s) == std::future_status::ready);
+    // Refused while the first still held the pool and the second still waited.
+    const Metrics after = k3::test::read_metrics(port);
+    CHECK(placed(after) == placed_before + 1);
+    CHECK(gauge(after, "k3_cluster_queue_length") == 1);
   }
-  CHECK(by_status[429] == 1);
-  CHECK(by_status[200] == 2);
-  CHECK(done == 2);
+  {
+    const StreamOutcome third = three.back().get();
+    INFO(k3::test::outcome_name(third.kind) << " " << third.error);
+    CHECK(third.status == 429);
+    CHECK_THAT(third.error, Catch::Contains("queue_full") && Catch::Contains("--max-queue 1"));
+    CHECK(third.tokens == 0);
+  }
+  // Thawed, the first finishes, then the second is placed and finishes too.
+  for (size_t i = 0; i < 2; ++i) {
+    const StreamOutcome o = three[i].get();
+    INFO("request " << i << ": " << k3::test::outcome_name(o.kind) << " " << o.status << " " << o.error);
+    CHECK(o.status == 200);
+    CHECK(o.kind == StreamOutcome::Kind::Done);
+    CHECK(o.tokens == 160);
+  }
   const auto m = k3::test::read_metrics(port);
   CHECK(k3::test::metric_or(m, "k3_cluster_rejected_total{reason=\"queue_full\"}") == 1);
   CHECK(k3::test::metric_or(m, "k3_cluster_rejected_total{reason=\"never_fits\"}") == 2);

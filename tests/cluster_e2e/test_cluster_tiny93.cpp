@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "tests/cluster_e2e/cluster_launch.h"
+#include "tests/cluster_e2e/plain_completion.h"
 #include "tests/router/http_client.h"
 #include "tests/support/generate_reference.h"
 #include "tests/support/run_command.h"
@@ -26,15 +27,6 @@ using k3::test::ProcessGuard;
 namespace {
 
 const std::string kBin = K3_BIN_DIR;
-
-HttpReply complete(int port, const std::vector<int32_t>& prompt, int max_tokens) {
-  HttpConnection c(port);
-  c.send_request("POST", "/v1/completions",
-                 json({{"model", "k3-tiny-93"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
-                       {"ignore_eos", true}, {"return_token_ids", true}})
-                     .dump());
-  return c.read_reply(180s);
-}
 
 }  // namespace
 
@@ -66,13 +58,18 @@ TEST_CASE("k3-cluster: k3-tiny-93, 16 prefill stages on the production partition
                                                      {300, 7}, {42, 43, 44, 45, 46, 47, 48, 49, 50}};
   constexpr int kMax = 4;
   std::vector<std::future<HttpReply>> replies;
-  for (const auto& p : prompts) replies.push_back(std::async(std::launch::async, [port, p] { return complete(port, p, kMax); }));
+  for (const auto& p : prompts) {
+    const json body = {{"model", "k3-tiny-93"}, {"prompt", p},          {"max_tokens", kMax},
+                       {"temperature", 0},      {"ignore_eos", true}, {"return_token_ids", true}};
+    // post_json, no Catch macro, on the request threads; the reply is checked here on the main thread.
+    replies.push_back(std::async(std::launch::async, [port, body] {
+      return k3::test::post_json(port, "/v1/completions", body, 180s);
+    }));
+  }
   for (size_t i = 0; i < prompts.size(); ++i) {
     const HttpReply r = replies[i].get();
     INFO("request " << i << ": " << r.body);
-    REQUIRE(r.status == 200);
-    CHECK(json::parse(r.body).at("choices").at(0).at("token_ids").get<std::vector<int32_t>>() ==
-          k3::test::k3_generate_tokens(model, prompts[i], kMax));
+    CHECK(k3::test::token_ids_of(r) == k3::test::k3_generate_tokens(model, prompts[i], kMax));
   }
   // Both decode ranks served requests.
   HttpConnection m(port);

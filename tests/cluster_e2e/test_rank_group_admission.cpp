@@ -12,10 +12,9 @@
 #include <future>
 #include <regex>
 #include <string>
-#include <thread>
 
+#include "tests/cluster_e2e/paired_nodes.h"
 #include "tests/cluster_e2e/stream_load.h"
-#include "tests/support/control_keys.h"
 #include "tests/support/generate_reference.h"
 #include "tests/support/run_command.h"
 #include "tests/support/scratch_dir.h"
@@ -59,44 +58,21 @@ TEST_CASE("decode rank group: admission checks every rank's own pages; a request
   k3::testing::ScratchDir dir("group-admission");
   const std::string model = dir.file("model");
   REQUIRE(k3::test::run_command(kBin + "/k3-genweights --preset k3-tiny --seed 0 --out '" + model + "'").exit_code == 0);
-  const k3::test::TestControlKeys keys({"router", "decode/d", "prefill/p/0"});
-  const auto keyed = [&](std::vector<std::string> args, const std::string& name) {
-    for (auto& f : keys.flags(name)) args.push_back(std::move(f));
-    return args;
-  };
+  k3::test::PairedNodes nodes(model, {"--heartbeat-ms", "200", "--heartbeat-misses", "10"});
   // --generation-reserve 0: the router counts prompts only, so it places all three requests at once.
-  ProcessGuard router(kBin + "/k3-router", keyed({"--model", model, "--port", "0", "--served-model-name", "k3-tiny",
-                                                  "--cluster-endpoint", "tcp://127.0.0.1:*", "--pair", "p:1:d:0",
-                                                  "--heartbeat-ms", "200", "--heartbeat-misses", "10",
-                                                  "--generation-reserve", "0", "--max-attempts", "1"},
-                                                 "router"));
-  std::vector<std::string> seen;
-  const std::string control = wait_match(router, std::regex("CLUSTER (.*)"), seen)[1];
-  const std::string listening = wait_match(router, std::regex("listening on http://(.*)"), seen)[1];
-  const int port = std::stoi(listening.substr(listening.rfind(':') + 1));
-  const std::vector<std::string> rank_flags = {"--cache-pages", "16", "--threads", "1", "--group-ep", "2",
-                                               "--group-step-deadline-ms", "10000"};
-  std::vector<std::string> leader_args = {"--model", model, "--router-endpoint", control, "--instance", "d", "--rank", "0",
-                                          "--heartbeat-ms", "200", "--heartbeat-misses", "10"};
-  leader_args.insert(leader_args.end(), rank_flags.begin(), rank_flags.end());
-  ProcessGuard leader(kBin + "/k3-decode", keyed(leader_args, "decode/d"));
+  nodes.start_router({"--generation-reserve", "0", "--max-attempts", "1"});
+  const std::vector<std::string> rank_flags = {"--cache-pages", "16", "--group-ep", "2", "--group-step-deadline-ms",
+                                               "10000"};
+  ProcessGuard& leader = nodes.start_decode(rank_flags);
   std::vector<std::string> lines;
   const std::string group_ep = wait_match(leader, std::regex("GROUP (.*)"), lines)[1];
-  std::vector<std::string> member_args = {"--model", model, "--instance", "d", "--group-rank", "1", "--group-endpoint", group_ep};
+  std::vector<std::string> member_args = {"--model", model, "--instance", "d", "--group-rank", "1",
+                                          "--group-endpoint", group_ep, "--threads", "1"};
   member_args.insert(member_args.end(), rank_flags.begin(), rank_flags.end());
-  ProcessGuard member(kBin + "/k3-decode", keyed(member_args, "decode/d"));
-  const std::string decode_ep = wait_match(leader, std::regex("READY (.*)"), lines)[1];
-  ProcessGuard prefill(kBin + "/k3-prefill", keyed({"--model", model, "--stage", "0", "--stages", "1", "--instance", "p",
-                                                    "--decode-instance", "d", "--decode-endpoint", decode_ep,
-                                                    "--router-endpoint", control, "--threads", "1", "--heartbeat-ms", "200",
-                                                    "--heartbeat-misses", "10"},
-                                                   "prefill/p/0"));
-  for (auto t0 = std::chrono::steady_clock::now();; std::this_thread::sleep_for(100ms)) {
-    REQUIRE(std::chrono::steady_clock::now() - t0 < 60s);
-    k3::test::HttpConnection h(port);
-    h.send_request("GET", "/health");
-    if (h.read_reply(10s).status == 200) break;
-  }
+  nodes.start("k3-decode", member_args, "decode/d");
+  nodes.start_prefill(wait_match(leader, std::regex("READY (.*)"), lines)[1]);
+  nodes.wait_healthy();
+  const int port = nodes.port();
   // The group's room is the sum of its ranks' (EP): 2 x 16 pages.
   CHECK(k3::test::metric_or(k3::test::read_metrics(port), "k3_cluster_node_cache_free_pages{node=\"decode/d\"}") == 32);
 

@@ -8,31 +8,19 @@ errors as openai exceptions, and the equivalence contract: greedy tokens through
 import json
 import os
 import subprocess
-import sys
 
 import urllib.request
 
 import openai
+
+from openai_checks import CheckLog, extra
 
 BASE = os.environ["K3_BASE_URL"]
 MODEL_DIR = os.environ["K3_MODEL_DIR"]
 BIN = os.environ["K3_BIN_DIR"]
 MODEL = "k3-tiny"
 client = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=120)
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def extra(obj, name):
-    v = getattr(obj, name, None)
-    if v is None and getattr(obj, "model_extra", None):
-        v = obj.model_extra.get(name)
-    return v
+check = CheckLog()
 
 
 def k3_generate(args, max_tokens):
@@ -213,5 +201,4 @@ for t in (test_models, test_chat, test_completions, test_sse_framing, test_error
         t()
     except Exception as e:  # noqa: BLE001 - report and continue with the other checks
         check(False, f"{t.__name__} raised {type(e).__name__}: {e}")
-print(f"{len(failures)} failure(s)")
-sys.exit(1 if failures else 0)
+check.exit("all openai client checks passed")

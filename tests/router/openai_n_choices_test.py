@@ -17,28 +17,17 @@ import urllib.request
 
 import openai
 
+from openai_checks import CheckLog, extra
+
 BASE = os.environ["K3_BASE_URL"]
 LOCAL = os.environ.get("K3_LOCAL_BASE_URL")
 MODEL = "k3-tiny"
 N = 3
 client = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=120)
 local = openai.OpenAI(base_url=LOCAL, api_key="unused", max_retries=0, timeout=120) if LOCAL else None
-failures = []
+check = CheckLog()
 MSGS = [{"role": "user", "content": "Tell me three things"}]
 SAMPLED = dict(max_tokens=8, temperature=1.0, seed=1234, extra_body={"ignore_eos": True, "return_token_ids": True})
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def extra(obj, name):
-    v = getattr(obj, name, None)
-    if v is None and getattr(obj, "model_extra", None):
-        v = obj.model_extra.get(name)
-    return v
 
 
 def prompts_prefilled():
@@ -155,10 +144,7 @@ def main():
     test_completions()
     test_bad_n()
     test_equals_local()
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        sys.exit(1)
-    print("all n-choice checks passed")
+    check.exit("all n-choice checks passed")
 
 
 if __name__ == "__main__":

@@ -14,15 +14,16 @@ constrained output equals local mode's token for token.
 import json
 import os
 import random
-import sys
 
 import jsonschema
 import openai
 
+from openai_checks import CheckLog
+
 BASE = os.environ["K3_BASE_URL"]
 MODEL = "k3-tiny"
 client = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=300)
-failures = []
+check = CheckLog()
 
 SCHEMA = {
     "type": "object",
@@ -41,12 +42,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 WORDS = "alpha beta gamma delta cat dog tree river stone cloud apple seven blue quick jump over lazy".split()
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
 
 
 def schema_format(schema, name="record"):
@@ -174,10 +169,7 @@ def main():
     for t in (test_cluster_equals_local, test_json_schema_random_prompts, test_json_schema_streamed, test_parse_with_pydantic, test_json_object,
               test_length_mid_document, test_unsupported):
         t()
-    if failures:
-        print(f"{len(failures)} failure(s)")
-        sys.exit(1)
-    print("all structured-output checks passed")
+    check.exit("all structured-output checks passed")
 
 
 if __name__ == "__main__":

@@ -17,15 +17,16 @@ local mode's.
 import json
 import os
 import random
-import sys
 
 import jsonschema
 import openai
 
+from openai_checks import CheckLog
+
 BASE = os.environ["K3_BASE_URL"]
 MODEL = "k3-tiny"
 client = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=300)
-failures = []
+check = CheckLog()
 
 WEATHER = {
     "type": "object",
@@ -51,12 +52,6 @@ TOOLS = [
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 WORDS = "alpha beta gamma delta weather paris time zone rain sun seven blue quick".split()
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
 
 
 def call_ok(call, index=None, name=None):
@@ -295,10 +290,7 @@ def main():
     for t in (test_cluster_equals_local, test_required_random_prompts, test_parallel_calls, test_named, test_streamed,
               test_round_trip, test_auto_and_none, test_stop_in_content, test_length_mid_call, test_bad_tools):
         t()
-    if failures:
-        print(f"{len(failures)} failure(s)")
-        sys.exit(1)
-    print("all tool-call checks passed")
+    check.exit("all tool-call checks passed")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // RAII guard of one child process for multi-process tests: starts it with its stdout on a pipe,
 // reads its lines under a deadline, and always stops it: the destructor sends SIGKILL and reaps it,
-// so a failing test never leaves a process behind.
+// so a failing test never leaves a process behind. A test can also freeze it for a while (SIGSTOP) to
+// hold a node in one state.
 #pragma once
 #include <fcntl.h>
 #include <poll.h>
@@ -8,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <optional>
 #include <stdexcept>
@@ -63,6 +65,24 @@ class ProcessGuard {
     return exit_code_;
   }
   bool running() { return !reaped_ && !try_reap(); }
+  // Stops the child (SIGSTOP) and returns once it is stopped (waitpid reports it, no polling); false
+  // when it had exited instead. A frozen node keeps what it holds and sends nothing, heartbeats
+  // included, until thaw(). FrozenProcess below does both for a scope.
+  bool freeze() {
+    if (reaped_ || ::kill(pid_, SIGSTOP) != 0) return false;
+    int st = 0;
+    pid_t got;
+    while ((got = ::waitpid(pid_, &st, WUNTRACED)) < 0 && errno == EINTR) {
+    }
+    if (got == pid_ && WIFSTOPPED(st)) return true;
+    reaped_ = true;  // it exited (or was killed) before it could stop
+    exit_code_ = got == pid_ && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return false;
+  }
+  // Lets a frozen child go on (SIGCONT).
+  void thaw() {
+    if (!reaped_) ::kill(pid_, SIGCONT);
+  }
 
   // Next line of the child's stdout (without '\n'), or nullopt on timeout / EOF.
   std::optional<std::string> read_line(std::chrono::milliseconds timeout) {
@@ -118,6 +138,20 @@ class ProcessGuard {
   bool reaped_ = false;
   int exit_code_ = -1;
   std::string buf_;
+};
+
+// Freezes a child for a scope and thaws it when the scope ends, also when an assertion throws inside.
+class FrozenProcess {
+ public:
+  explicit FrozenProcess(ProcessGuard& p) : p_(p), frozen_(p.freeze()) {}
+  ~FrozenProcess() { p_.thaw(); }
+  FrozenProcess(const FrozenProcess&) = delete;
+  FrozenProcess& operator=(const FrozenProcess&) = delete;
+  bool frozen() const { return frozen_; }  // false: the child had exited
+
+ private:
+  ProcessGuard& p_;
+  bool frozen_;
 };
 
 inline std::string helper_path(const std::string& name) { return std::string(K3_BIN_DIR) + "/" + name; }
