@@ -211,8 +211,10 @@ Ceilings measure_ceilings(CudaBackend& be, bool quick, std::vector<Line>& lines)
 }
 
 // N sequences of `len` tokens each; `ckpt` > 0 also writes the state every `ckpt` tokens into slots
-// (the prefix-cache checkpoints), counted as extra bytes written.
-void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt, bool quick, std::vector<Line>& lines) {
+// (the prefix-cache checkpoints), counted as extra bytes written. `softplus`: gates without K3's lower
+// bound (Kimi Linear's form, down to -100 here), which take the run-sum variant of the prep launch.
+void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt, bool softplus, bool quick,
+                    std::vector<Line>& lines) {
   const int64_t D = 128, T = N * len;
   Tensor q = be.alloc({T, H, D}, DType::BF16), k = be.alloc({T, H, D}, DType::BF16), v = be.alloc({T, H, D}, DType::BF16);
   Tensor g = be.alloc({T, H, D}, DType::F32), beta = be.alloc({T, H}, DType::F32);
@@ -220,7 +222,8 @@ void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt
   fill(be, q, -1.f, 1.f, 10);
   fill(be, k, -1.f, 1.f, 11);
   fill(be, v, -1.f, 1.f, 12);
-  fill(be, g, -5.f, -0.01f, 13);
+  if (softplus) fill(be, g, -100.f, -0.001f, 13);
+  else fill(be, g, -5.f, -0.01f, 13);
   fill(be, beta, 0.f, 1.f, 14);
   fill(be, state, -0.1f, 0.1f, 15);
   Tensor q2 = q.reshape({T * H, D}), k2 = k.reshape({T * H, D});
@@ -230,7 +233,8 @@ void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt
   std::iota(slot_ids.begin(), slot_ids.end(), 0);
   for (int64_t n = 0; n <= N; ++n) cu_h[n] = int32_t(n * len);
   Tensor slots = dev_ints(be, slot_ids), cu = dev_ints(be, cu_h);
-  ops::KdaParams p{.q = q, .k = k, .v = v, .g = g, .beta = beta, .state = state, .slots = slots, .cu_seqlens = cu, .o = o};
+  ops::KdaParams p{.q = q, .k = k, .v = v, .g = g, .beta = beta, .state = state, .slots = slots, .cu_seqlens = cu, .o = o,
+                   .bounded_gate = !softplus};
   const int64_t per_seq = ckpt > 0 ? len / ckpt : 0, num_ckpt = N * per_seq;
   Tensor ckpts;
   if (ckpt > 0) {
@@ -246,11 +250,12 @@ void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt
   std::string name = N == 1 ? "kda_chunk_T" + std::to_string(T) + "_H" + std::to_string(H)
                             : "kda_chunk_N" + std::to_string(N) + "x" + std::to_string(len) + "_H" + std::to_string(H);
   if (ckpt > 0) name += "_ckpt" + std::to_string(ckpt);
+  if (softplus) name += "_softplus";
   Line l{.name = name, .us = us};
   l.bytes = double(T) * H * D * (2 + 2 + 2 + 4 + 2) + double(T) * H * 4 + 2.0 * N * H * D * D * 4 +
             double(num_ckpt) * H * D * D * 4;
   l.flops = chunks * H * 2.0 * (5 * C * C * D + 3 * C * D * D);
-  if (ckpt == 0) l.refs = {{"fla chunk_kda", l.name}};
+  if (ckpt == 0 && !softplus) l.refs = {{"fla chunk_kda", l.name}};
   lines.push_back(l);
 }
 
@@ -403,13 +408,16 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     return list.find("," + family + ",") != std::string::npos;
   };
   if (wanted("kda_chunk"))
-    for (auto [N, len, H, ckpt] : std::vector<std::array<int64_t, 4>>{{1, 8192, 96, 0},
-                                                                      {1, 8192, 96, 64},
-                                                                      {1, 8192, 96, 256},
-                                                                      {1, 32768, 32, 0},
-                                                                      {1, 65536, 4, 0},
-                                                                      {256, 100, 96, 0}})
-      kda_chunk_case(be, N, len, H, int(ckpt), opts.quick, lines);
+    for (auto [N, len, H, ckpt, softplus] : std::vector<std::array<int64_t, 5>>{{1, 8192, 96, 0, 0},
+                                                                                {1, 8192, 96, 64, 0},
+                                                                                {1, 8192, 96, 256, 0},
+                                                                                {1, 32768, 32, 0, 0},
+                                                                                {1, 65536, 4, 0, 0},
+                                                                                {256, 100, 96, 0, 0},
+                                                                                {1, 8192, 96, 0, 1},
+                                                                                {1, 32768, 32, 0, 1},
+                                                                                {256, 100, 96, 0, 1}})
+      kda_chunk_case(be, N, len, H, int(ckpt), softplus != 0, opts.quick, lines);
   if (wanted("kda_decode"))
     for (int B : opts.decode_batches) {
       kda_decode_case(be, B, 96, opts.quick, lines);

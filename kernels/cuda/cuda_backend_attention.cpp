@@ -118,12 +118,14 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   K3_CHECK(p.checkpoint_interval == 0 || (p.checkpoint_interval > 0 && p.checkpoint_interval % p.chunk_size == 0),
            "kda_chunk: checkpoint_interval must be a positive multiple of " + std::to_string(p.chunk_size) +
                ", got " + std::to_string(p.checkpoint_interval));
-  // Same function, token by token, where the chunked kernel's assumptions fail: its head shape, or a
-  // gate without K3's lower bound (its factored decays need every per-token g >= g_min).
-  if (a.K != 128 || a.V != 128 || p.chunk_size != 64 || !p.bounded_gate) {
+  // Same function, token by token, where the chunked kernel's head shape does not fit. A gate without
+  // K3's lower bound (Kimi Linear's softplus) takes the chunked kernel's run-sum variant, whose
+  // exponents stay exact and finite for any g <= 0 (docs/MODEL.md §2.4).
+  if (a.K != 128 || a.V != 128 || p.chunk_size != 64) {
     kda_recurrent(p);
     return;
   }
+  a.unbounded_gate = !p.bounded_gate;
   check_kda_checkpoints("kda_chunk", p, a, 64, stream_);
   const std::vector<int32_t> cu = host_ints(p.cu_seqlens, stream_);
   K3_CHECK(!cu.empty() && cu.front() == 0 && cu.back() == c.T, "kda_chunk: cu_seqlens must run from 0 to T");

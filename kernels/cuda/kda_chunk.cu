@@ -11,6 +11,10 @@
 //    W = Tβ (K⊙e^Γ), U = Tβ V (tensor cores); Q⊙e^Γ, K⊙e^{Γ_C−Γ}, M_qk (bf16), e^{Γ_C} (fp32)
 //    -> workspace (kda_chunk_layout.cuh). e^Γ, e^{Γ_C−Γ} ≤ 1 (g ≤ 0); tiny ones underflow to 0,
 //    which is their limit. The kernel is in kda_chunk_prep.cu.
+//    Unbounded gate (Kimi Linear's softplus, KdaArgs::unbounded_gate): a variant of the same launch
+//    takes every exponent as a sum of gates over a run from its fixed end (kda_chunk_runs.cuh): the
+//    tiles left of the diagonal factor at n with both factors ≤ 1, the diagonal tiles go pair by
+//    pair in fp32; 178 KB of shared memory, one block per SM. It writes the same workspace.
 //  scan (one block per (sequence, head, VT rows of V), chunks in order): the state tile
 //    S [VT v][128 k] lives in fp32 mma accumulators for the whole sequence; a bf16 copy in shared
 //    memory ([v][k] is the [n][k] B layout) feeds V' = U − W Sᵀ and O = (Q⊙e^Γ) Sᵀ + M_qk V';

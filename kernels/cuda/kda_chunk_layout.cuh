@@ -18,6 +18,9 @@ constexpr int kD = 128;    // K = V
 constexpr int kLdB = 136;  // padded bf16 pitch of [*, 128] tiles: 272 B rows, ldmatrix conflict-free
 constexpr int kLdM = 72;   // padded bf16 pitch of [*, 64] tiles
 constexpr int kLdT = 68;   // padded fp32 pitch of [*, 64]
+constexpr int kLdG = 136;  // fp32 pitch of the prep's [64][128] gate sums: 8 banks per row, so a
+                           // fragment-shaped float2 read (rows g = 0..3 of a half warp, columns
+                           // 2t..2t+1) hits 32 distinct banks
 
 // Workspace per (chunk, head): bf16 W, U, Q⊙e^Γ, K⊙e^{Γ_C−Γ} [64][128], M_qk [64][64], then fp32 e^{Γ_C} [128].
 constexpr int64_t kOffW = 0, kOffU = kOffW + kC * kD, kOffQg = kOffU + kC * kD, kOffKd = kOffQg + kC * kD,

@@ -3,6 +3,7 @@
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"
+#include "kernels/cuda/kda_chunk_runs.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace k3::cuda {
@@ -49,8 +50,6 @@ constexpr int kLdX = 52;  // fp32 pitch of the [16][48] block-row scratch of the
 //  * W and U are split so that every warp does 5 k-tile steps (row tiles mt and 3 − mt).
 // 102 KB of shared memory: still two blocks per SM.
 // ---------------------------------------------------------------------------------------------
-constexpr int kLdG = 136;  // fp32 pitch of Γ: 8 banks per row, so a fragment-shaped float2 read
-                           // (rows g = 0..3 of a half warp, columns 2t..2t+1) hits 32 distinct banks
 constexpr int kPrepOffG = 0;                                  // fp32 Γ [64][136]; later bf16 Tβ and fp32 X
 constexpr int kPrepOffK = kPrepOffG + kC * kLdG * 4;            // bf16 K [64][136]; later K⊙e^Γ
 constexpr int kPrepOffQ = kPrepOffK + kC * kLdB * 2;            // bf16 Q [64][136]; later fp32 T [64][68]
@@ -64,6 +63,14 @@ static_assert(kC * kLdB * 2 <= kC * kLdT * 4, "the W / U staging tiles [64][136]
 static_assert(kPrepOffX % 16 == 0 && kPrepOffX + 16 * kLdX * 4 <= kC * kLdG * 4, "Tβ and X must fit over Γ");
 static_assert(kPrepOffK % 16 == 0 && kPrepOffQ % 16 == 0 && kPrepOffV % 16 == 0 && kPrepOffMk % 16 == 0);
 static_assert(2 * (kPrepSmem + 1024) <= 228 * 1024, "two blocks per SM");
+// Unbounded gate (kda_chunk_runs.cuh): G keeps the raw gates; the run sums Pe, Se [64][136] and the
+// per-column runs [15][128] follow, fp32. 178 KB: one block per SM.
+constexpr int kPrepOffPe = kPrepSmem;
+constexpr int kPrepOffSe = kPrepOffPe + kC * kLdG * 4;
+constexpr int kPrepOffRuns = kPrepOffSe + kC * kLdG * 4;
+constexpr int kPrepSmemUnbounded = kPrepOffRuns + kRuns * kD * 4;
+static_assert(kPrepOffPe % 16 == 0 && kPrepOffRuns % 16 == 0);
+static_assert(kPrepSmemUnbounded + 1024 <= 228 * 1024, "one block per SM");
 
 // Tiles (R, ct0 .. ct0+NT−1), all ≤ R, of M_kk (strict lower, times β_r, fp32 smem) and M_qk
 // (lower incl. the diagonal, bf16 workspace) by the calling warp. Rows r = n + (0..15), n = 16R:
@@ -71,11 +78,15 @@ static_assert(2 * (kPrepSmem + 1024) <= 228 * 1024, "two blocks per SM");
 // tiles; columns s = 16ct + (0..15): B operand K_s times e^{Γ_n−Γ_s}, ≤ 1 for s ≤ n and ≤ e^{75}
 // for n < s ≤ n+15 (diagonal tile only): at most 15 gates of g ≥ −5 between them. So every
 // operand, and every product (≤ 128·|k|·|q|·e^{75}), stays inside the fp32 = bf16 exponent range;
+// kUnbounded (tiles left of the diagonal only, ct0 + NT − 1 < R): the same two factors from the run
+// sums of kda_chunk_runs.cuh instead of differences of Γ = G, e^{Pe[r]} and e^{Se[s] + bridge},
+// both ≤ 1 for any g ≤ 0.
 // Fragment element (mma.cuh): A reg 2·kh + hf = (row g + 8hf, cols 16kk + 8kh + 2t, +1);
 // B reg 2·hf + kh = (n-row g + 8hf, k-cols 16kk + 8kh + 2t, +1): regs 0,1 the first n8 tile.
-template <int NT>
+template <int NT, bool kUnbounded>
 __device__ __forceinline__ void prep_m_tiles(int R, int ct0, const float* G, const bf16* Ks, const bf16* Qs,
-                                             float* Mk, const float* beta, bf16* mq_out) {
+                                             float* Mk, const float* beta, bf16* mq_out, const float* Pe,
+                                             const float* Se, const float* runs) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n = 16 * R;
   float acc[NT][2][2][4] = {};  // [tile][M_kk, M_qk][n8 tile]
@@ -85,12 +96,18 @@ __device__ __forceinline__ void prep_m_tiles(int R, int ct0, const float* G, con
 #pragma unroll
     for (int kh = 0; kh < 2; ++kh) {
       const int c = 16 * kk + 8 * kh + 2 * t;
-      const float2 gn = *reinterpret_cast<const float2*>(G + n * kLdG + c);
+      const float2 gn = kUnbounded ? make_float2(0.f, 0.f) : *reinterpret_cast<const float2*>(G + n * kLdG + c);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int r = n + g + 8 * hf;
-        const float2 gr = *reinterpret_cast<const float2*>(G + r * kLdG + c);
-        const float f0 = __expf(gr.x - gn.x), f1 = __expf(gr.y - gn.y);
+        float f0, f1;  // e^{Γ_r − Γ_n}
+        if constexpr (kUnbounded) {
+          const float2 pe = *reinterpret_cast<const float2*>(Pe + r * kLdG + c);
+          f0 = __expf(pe.x), f1 = __expf(pe.y);
+        } else {
+          const float2 gr = *reinterpret_cast<const float2*>(G + r * kLdG + c);
+          f0 = __expf(gr.x - gn.x), f1 = __expf(gr.y - gn.y);
+        }
         const float2 k2 = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Ks + r * kLdB + c));
         const float2 q2 = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Qs + r * kLdB + c));
         ak[2 * kh + hf] = pack_bf16(k2.x * f0, k2.y * f1);
@@ -98,8 +115,15 @@ __device__ __forceinline__ void prep_m_tiles(int R, int ct0, const float* G, con
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
           const int s = 16 * (ct0 + i) + g + 8 * hf;
-          const float2 gs = *reinterpret_cast<const float2*>(G + s * kLdG + c);
-          const float e0 = __expf(gn.x - gs.x), e1 = __expf(gn.y - gs.y);
+          float e0, e1;  // e^{Γ_n − Γ_s}
+          if constexpr (kUnbounded) {
+            const float2 se = *reinterpret_cast<const float2*>(Se + s * kLdG + c);
+            const float2 br = *reinterpret_cast<const float2*>(runs + run_bridge(ct0 + i, R) * kD + c);
+            e0 = __expf(se.x + br.x), e1 = __expf(se.y + br.y);
+          } else {
+            const float2 gs = *reinterpret_cast<const float2*>(G + s * kLdG + c);
+            e0 = __expf(gn.x - gs.x), e1 = __expf(gn.y - gs.y);
+          }
           const float2 ks = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Ks + s * kLdB + c));
           b[i][2 * hf + kh] = pack_bf16(ks.x * e0, ks.y * e1);
         }
@@ -193,7 +217,9 @@ __device__ __forceinline__ void solve_block_rows(const float* Mk, float* Tm, flo
   }
 }
 
-__global__ void __launch_bounds__(kPrepThreads, 2)
+// kUnbounded: the gate may fall below K3's −5 (kda_chunk_runs.cuh); otherwise the bounded scheme.
+template <bool kUnbounded>
+__global__ void __launch_bounds__(kPrepThreads, kUnbounded ? 1 : 2)
     kda_chunk_prep_kernel(KdaArgs a, const int32_t* chunk_table, void* work) {
   extern __shared__ __align__(128) unsigned char smraw[];
   float* G = reinterpret_cast<float*>(smraw + kPrepOffG);
@@ -205,6 +231,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   bf16* Vs = reinterpret_cast<bf16*>(smraw + kPrepOffV);
   float* Mk = reinterpret_cast<float*>(smraw + kPrepOffMk);
   float* beta = reinterpret_cast<float*>(smraw + kPrepOffBeta);
+  float* Pe = kUnbounded ? reinterpret_cast<float*>(smraw + kPrepOffPe) : nullptr;
+  float* Se = kUnbounded ? reinterpret_cast<float*>(smraw + kPrepOffSe) : nullptr;
+  float* runs = kUnbounded ? reinterpret_cast<float*>(smraw + kPrepOffRuns) : nullptr;
   const int c = blockIdx.x, h = blockIdx.y, H = a.H, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int t0 = chunk_table[4 * c], len = chunk_table[4 * c + 1];
   bf16* wk = work_tiles(work, c, H, h);
@@ -229,7 +258,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   }
   cp_async_wait<1>();
   __syncthreads();
-  {  // Γ = cumsum(g) down each column: two halves of 32 rows, the upper half adds the lower total.
+  if constexpr (kUnbounded) {  // G keeps the raw gates; the run sums beside it
+    gate_run_sums(G, Pe, Se, runs);
+    __syncthreads();
+  } else {  // Γ = cumsum(g) down each column: two halves of 32 rows, the upper half adds the lower total.
     const int col = tid & (kD - 1), r0 = (tid >> 7) * 32;
     float run[32];
     float acc = 0.f;
@@ -250,14 +282,24 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     }
     __syncthreads();
   }
-  // The 10 tiles (R, ct ≤ R): warps 0 and 1 take (3, 0..1) and (3, 2..3), sharing their A side
-  // (24 instead of 32 exponentials per lane and k step); warps 2..7 one each of (0,0), (1,0),
-  // (1,1), (2,0), (2,1), (2,2).
-  if (warp < 2) {
-    prep_m_tiles<2>(3, 2 * warp, G, Ks, Qs, Mk, beta, wk + kOffMq);
+  if constexpr (kUnbounded) {
+    // The 6 tiles left of the diagonal, one per warp 0..5: (3,0), (3,1), (3,2), (2,0), (2,1), (1,0);
+    // then the 4 diagonal tiles pair by pair, by all warps (6 and 7 start on them at once).
+    if (warp < 6) {
+      const int R = warp < 3 ? 3 : warp < 5 ? 2 : 1, ct = warp < 3 ? warp : warp < 5 ? warp - 3 : 0;
+      prep_m_tiles<1, true>(R, ct, G, Ks, Qs, Mk, beta, wk + kOffMq, Pe, Se, runs);
+    }
+    diag_tiles_by_pairs(G, Ks, Qs, Mk, beta, wk + kOffMq);
   } else {
-    const int tile = warp - 2, R = tile < 1 ? 0 : tile < 3 ? 1 : 2, ct = tile - R * (R + 1) / 2;
-    prep_m_tiles<1>(R, ct, G, Ks, Qs, Mk, beta, wk + kOffMq);
+    // The 10 tiles (R, ct ≤ R): warps 0 and 1 take (3, 0..1) and (3, 2..3), sharing their A side
+    // (24 instead of 32 exponentials per lane and k step); warps 2..7 one each of (0,0), (1,0),
+    // (1,1), (2,0), (2,1), (2,2).
+    if (warp < 2) {
+      prep_m_tiles<2, false>(3, 2 * warp, G, Ks, Qs, Mk, beta, wk + kOffMq, nullptr, nullptr, nullptr);
+    } else {
+      const int tile = warp - 2, R = tile < 1 ? 0 : tile < 3 ? 1 : 2, ct = tile - R * (R + 1) / 2;
+      prep_m_tiles<1, false>(R, ct, G, Ks, Qs, Mk, beta, wk + kOffMq, nullptr, nullptr, nullptr);
+    }
   }
   __syncthreads();  // M_kk complete; K, Q are no longer read raw
 
@@ -267,17 +309,32 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   } else {
     // Q⊙e^Γ and K⊙e^{Γ_C−Γ} to the workspace (Γ_C = Γ_63: rows past len have g = 0, so
     // Γ_63 = Γ_{len-1}); K becomes K⊙e^Γ in place (each element read and written by one thread),
-    // reusing e^Γ.
+    // reusing e^Γ. Exponents xe = Γ_r, xd = Γ_C − Γ_r: from Γ = G, or (unbounded) from the runs.
     for (int idx = tid - 64; idx < kC * (kD / 8); idx += kPrepThreads - 64) {
       const int r = idx / (kD / 8), c8 = (idx % (kD / 8)) * 8;
       const uint4 q8 = *reinterpret_cast<const uint4*>(Qs + r * kLdB + c8);
       uint4* kp = reinterpret_cast<uint4*>(Ks + r * kLdB + c8);
       const uint4 k8 = *kp;
-      float gr[8], gl[8];
-      *reinterpret_cast<float4*>(gr) = *reinterpret_cast<const float4*>(G + r * kLdG + c8);
-      *reinterpret_cast<float4*>(gr + 4) = *reinterpret_cast<const float4*>(G + r * kLdG + c8 + 4);
-      *reinterpret_cast<float4*>(gl) = *reinterpret_cast<const float4*>(G + (kC - 1) * kLdG + c8);
-      *reinterpret_cast<float4*>(gl + 4) = *reinterpret_cast<const float4*>(G + (kC - 1) * kLdG + c8 + 4);
+      float xe[8], xd[8];
+      if constexpr (kUnbounded) {
+        const float* head = runs + (kRunHead + r / 16) * kD + c8;
+        const float* tail = runs + (kRunTail + r / 16) * kD + c8;
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {  // 16-byte aligned: pitches and c8 are multiples of 4 floats
+          const float4 hd = *reinterpret_cast<const float4*>(head + e), pe = *reinterpret_cast<const float4*>(Pe + r * kLdG + c8 + e);
+          const float4 tl = *reinterpret_cast<const float4*>(tail + e), se = *reinterpret_cast<const float4*>(Se + r * kLdG + c8 + e);
+          xe[e] = hd.x + pe.x, xe[e + 1] = hd.y + pe.y, xe[e + 2] = hd.z + pe.z, xe[e + 3] = hd.w + pe.w;
+          xd[e] = se.x + tl.x, xd[e + 1] = se.y + tl.y, xd[e + 2] = se.z + tl.z, xd[e + 3] = se.w + tl.w;
+        }
+      } else {
+        float gl[8];
+        *reinterpret_cast<float4*>(xe) = *reinterpret_cast<const float4*>(G + r * kLdG + c8);
+        *reinterpret_cast<float4*>(xe + 4) = *reinterpret_cast<const float4*>(G + r * kLdG + c8 + 4);
+        *reinterpret_cast<float4*>(gl) = *reinterpret_cast<const float4*>(G + (kC - 1) * kLdG + c8);
+        *reinterpret_cast<float4*>(gl + 4) = *reinterpret_cast<const float4*>(G + (kC - 1) * kLdG + c8 + 4);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) xd[e] = gl[e] - xe[e];
+      }
       const uint32_t* qw = &q8.x;
       const uint32_t* kw = &k8.x;
       uint4 qo, ko, kg;
@@ -286,8 +343,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
       uint32_t* kgw = &kg.x;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float e0 = __expf(gr[2 * e]), e1 = __expf(gr[2 * e + 1]);
-        const float d0 = __expf(gl[2 * e] - gr[2 * e]), d1 = __expf(gl[2 * e + 1] - gr[2 * e + 1]);
+        const float e0 = __expf(xe[2 * e]), e1 = __expf(xe[2 * e + 1]);
+        const float d0 = __expf(xd[2 * e]), d1 = __expf(xd[2 * e + 1]);
         const float2 q2 = bf2_to_f2(qw[e]), k2 = bf2_to_f2(kw[e]);
         qow[e] = pack_bf16(q2.x * e0, q2.y * e1);
         kow[e] = pack_bf16(k2.x * d0, k2.y * d1);
@@ -297,7 +354,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
       *reinterpret_cast<uint4*>(wk + kOffKd + r * kD + c8) = ko;
       *kp = kg;
     }
-    if (tid - 64 < kD) gc_out[tid - 64] = __expf(G[(kC - 1) * kLdG + tid - 64]);
+    if (tid - 64 < kD)
+      gc_out[tid - 64] = __expf(kUnbounded ? runs[kRunAll * kD + tid - 64] : G[(kC - 1) * kLdG + tid - 64]);
   }
   __syncthreads();  // Q and Γ are dead: T goes over Q, Tβ and X over Γ
   if (warp < 2) {
@@ -364,8 +422,15 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
 }  // namespace
 
 void launch_kda_chunk_prep(const KdaArgs& a, const int32_t* chunk_table, int num_chunks, void* work, cudaStream_t s) {
-  K3_CUDA_OK(cudaFuncSetAttribute(kda_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrepSmem));
-  kda_chunk_prep_kernel<<<dim3(num_chunks, a.H), kPrepThreads, kPrepSmem, s>>>(a, chunk_table, work);
+  if (a.unbounded_gate) {
+    K3_CUDA_OK(cudaFuncSetAttribute(kda_chunk_prep_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kPrepSmemUnbounded));
+    kda_chunk_prep_kernel<true><<<dim3(num_chunks, a.H), kPrepThreads, kPrepSmemUnbounded, s>>>(a, chunk_table, work);
+    K3_CUDA_LAUNCHED("kda_chunk_prep_kernel (unbounded gate)");
+    return;
+  }
+  K3_CUDA_OK(cudaFuncSetAttribute(kda_chunk_prep_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrepSmem));
+  kda_chunk_prep_kernel<false><<<dim3(num_chunks, a.H), kPrepThreads, kPrepSmem, s>>>(a, chunk_table, work);
   K3_CUDA_LAUNCHED("kda_chunk_prep_kernel");
 }
 

@@ -74,6 +74,9 @@ struct KdaArgs {
   const int32_t* cu_seqlens = nullptr;  // [N+1] device
   FOut o;                        // [T, H, V]
   int N = 0, H = 0, K = 0, V = 0;
+  // Chunked form only: some g may be below K3's bound of -5 (Kimi Linear's softplus gate), so the
+  // prep launch forms every exponent as a sum of gates over a run (docs/MODEL.md §2.4).
+  bool unbounded_gate = false;
   // Optional checkpoints (ops::KdaParams): after (j+1)·ckpt_interval tokens of sequence n the state
   // goes to ckpt + slot·H·V·K, slot = ckpt_slots[n·ckpt_m + j] when j < ckpt_m and slot >= 0.
   float* ckpt = nullptr;                 // [ckpt slots, H, V, K]; null: none

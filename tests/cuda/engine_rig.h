@@ -34,6 +34,25 @@ inline ModelConfig tiny_with_k3_heads() {
   return c;
 }
 
+// kimi-linear-tiny with Kimi-Linear-48B's head shapes (KDA D = 128, MLA latent 512 + rope 64): its
+// softplus-gated KDA prefill takes the CUDA chunked kernel's unbounded-gate variant (D = 16 would
+// take the token recurrence).
+inline ModelConfig kimi_linear_tiny_with_48b_heads() {
+  ModelConfig c = preset_config("kimi-linear-tiny").value();
+  c.hidden_size = 256;
+  c.kda.num_heads = 2;
+  c.kda.head_dim = 128;
+  c.num_attention_heads = c.num_key_value_heads = 16;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.moe_intermediate_size = 128;
+  c.intermediate_size = 512;
+  REQUIRE(validate(c).is_ok());
+  return c;
+}
+
 struct ForcedLogits {
   int64_t prompts = 0, positions = 0, vocab = 0;
   std::vector<float> v;  // [prompts, positions, vocab]

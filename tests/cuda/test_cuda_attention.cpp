@@ -1,6 +1,7 @@
-// CUDA backend vs the CPU reference: short conv, KDA (gate, recurrence, chunked prefill, decode
-// step), MLA decode and prefill, LSE merge. Edge sizes: T = 1, T not a multiple of 64, sequences
-// of length 0, requests with no cached tokens, empty partitions. Unused cache pages hold NaN.
+// CUDA backend vs the CPU reference: short conv, KDA (gate, recurrence, chunked prefill for the
+// bounded and the unbounded gate, decode step), MLA decode and prefill, LSE merge. Edge sizes:
+// T = 1, T not a multiple of 64, sequences of length 0, requests with no cached tokens, empty
+// partitions. Unused cache pages hold NaN.
 #include <algorithm>
 #include <array>
 #include <numeric>
@@ -8,6 +9,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/tolerances.h"
+#include "tests/kernels/softplus_gates.h"
 
 using namespace k3;
 using namespace k3::cudatest;
@@ -109,22 +111,81 @@ TEST_CASE("cuda kda chunked and recurrent match the cpu recurrence", "[cuda]") {
   }
 }
 
+TEST_CASE("cuda kda_chunk with the unbounded softplus gate matches the cpu recurrence (gates down to -1e5)",
+          "[cuda][kda_unbounded]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(26);
+  // bounded_gate = false selects the run-sum variant of the chunked kernel's prep launch. Lengths at
+  // and around the 16-row tiles and the 64-token chunk, varlen batches with empty and one-token
+  // sequences; H = 40 and (2 x H = 36) also take the other two scan shapes (see the test above).
+  // Gates: softplus-like over many magnitudes (Mixed), with a -1e4 spike every 23 tokens followed
+  // by tiny gates (Spikes), a whole chunk at -1e4 then tiny ones (Wall), and K3's range (-5, 0)
+  // through the same variant (Bounded).
+  enum class Gates { Mixed, Spikes, Wall, Bounded };
+  struct Case { std::vector<int32_t> lens; int64_t H; Gates gates; };
+  const std::vector<Case> cases = {
+      {{1}, 2, Gates::Mixed},        {{15}, 2, Gates::Spikes},    {{16}, 2, Gates::Mixed},
+      {{17}, 2, Gates::Spikes},      {{63}, 2, Gates::Mixed},     {{64}, 2, Gates::Spikes},
+      {{65}, 2, Gates::Mixed},       {{300}, 2, Gates::Spikes},   {{300}, 2, Gates::Mixed},
+      {{192}, 2, Gates::Wall},       {{300}, 2, Gates::Bounded},  {{100, 0, 129, 1, 17, 64}, 2, Gates::Spikes},
+      {{200}, 40, Gates::Mixed},     {{130, 70}, 36, Gates::Spikes}};
+  double worst_o = 0, worst_s = 0;
+  for (const auto& [lens, H, gates] : cases) {
+    const int64_t T = std::accumulate(lens.begin(), lens.end(), 0), D = 128;
+    const int64_t N = int64_t(lens.size()), num_slots = N + 1;
+    std::string tag = "H=" + std::to_string(H) + " gates=" + std::to_string(int(gates)) + " lens=";
+    for (int32_t l : lens) tag += std::to_string(l) + ",";
+    Tensor q = randn({T, H, D}, rng), k = randn({T, H, D}, rng), v = randn({T, H, D}, rng);
+    normalise_heads(q, 1.f / std::sqrt(float(D)));
+    normalise_heads(k, 1.f);
+    Tensor gate = uniform({T, H, D}, rng, -5.f, -0.001f, false);
+    if (gates == Gates::Mixed || gates == Gates::Spikes)
+      k3::test::softplus_like_gates(gate, rng, T, H * D, gates == Gates::Spikes);
+    if (gates == Gates::Wall)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < H * D; ++j) gate.f32()[t * H * D + j] = t >= 64 && t < 128 ? -1e4f : -0.01f;
+    Tensor beta = uniform({T, H}, rng, 0.05f, 0.95f, false);
+    Tensor state0 = randn({num_slots, H, D, D}, rng, 0.1f, false);
+    std::vector<int32_t> slot_of(N);
+    for (int64_t n = 0; n < N; ++n) slot_of[n] = int32_t(num_slots - 1 - n);
+    Tensor slots = ints(slot_of), cu = cu_of(lens);
+    Tensor ref_state = state0.clone(), ref_o = Tensor::zeros({T, H, D});
+    bk.cpu->kda_recurrent({.q = q, .k = k, .v = v, .g = gate, .beta = beta, .state = ref_state, .slots = slots,
+                           .cu_seqlens = cu, .o = ref_o});
+    Tensor gstate = g.from_host(state0, DType::F32), go = poisoned(g, {T, H, D}, DType::BF16);
+    g.kda_chunk({.q = g.from_host(q, DType::BF16), .k = g.from_host(k, DType::BF16), .v = g.from_host(v, DType::BF16),
+                 .g = g.from_host(gate, DType::F32), .beta = g.from_host(beta, DType::F32), .state = gstate,
+                 .slots = g.from_host(slots, DType::I32), .cu_seqlens = g.from_host(cu, DType::I32), .o = go,
+                 .bounded_gate = false});
+    expect_close(g, go, ref_o, tol("kda_out"), "kda_chunk unbounded " + tag + " o");
+    expect_close(g, gstate, ref_state, tol("kda_state"), "kda_chunk unbounded " + tag + " state");
+    worst_o = std::max(worst_o, compare(g.to_host(go), ref_o).rel);
+    worst_s = std::max(worst_s, compare(g.to_host(gstate), ref_state).rel);
+  }
+  WARN("kda_chunk, unbounded gate, vs the cpu recurrence, worst rel err: o " << worst_o << ", state " << worst_s);
+}
+
 TEST_CASE("cuda kda checkpoints match the cpu recurrence's (chunked kernel and token fallback)", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
   std::mt19937 rng(25);
   // D = 128 takes the chunked kernel (interval 64: every chunk; 256: every 4th); D = 32 the token
   // kernel behind kda_chunk. Lengths: past one and several intervals, empty, exactly one chunk.
-  struct Case { int64_t D, H; int interval; bool chunked; };
+  // `softplus`: Kimi Linear's unbounded gates (with -1e4 spikes), through the chunked kernel's variant.
+  struct Case { int64_t D, H; int interval; bool chunked; bool softplus = false; };
   const std::vector<int32_t> lens = {300, 0, 64, 129, 520};
-  for (const Case cs : {Case{128, 3, 64, true}, Case{128, 40, 256, true}, Case{128, 3, 64, false}, Case{32, 2, 64, true}}) {
+  for (const Case cs : {Case{128, 3, 64, true}, Case{128, 40, 256, true}, Case{128, 3, 64, false}, Case{32, 2, 64, true},
+                        Case{128, 3, 64, true, true}}) {
     const int64_t D = cs.D, H = cs.H, T = std::accumulate(lens.begin(), lens.end(), 0), N = int64_t(lens.size());
     const std::string tag = "D=" + std::to_string(D) + " H=" + std::to_string(H) + " interval=" +
-                            std::to_string(cs.interval) + (cs.chunked ? " kda_chunk" : " kda_recurrent");
+                            std::to_string(cs.interval) + (cs.chunked ? " kda_chunk" : " kda_recurrent") +
+                            (cs.softplus ? " softplus" : "");
     Tensor q = randn({T, H, D}, rng), k = randn({T, H, D}, rng), v = randn({T, H, D}, rng);
     normalise_heads(q, 1.f / std::sqrt(float(D)));
     normalise_heads(k, 1.f);
     Tensor gate = uniform({T, H, D}, rng, -5.f, -0.001f, false);
+    if (cs.softplus) k3::test::softplus_like_gates(gate, rng, T, H * D, /*spikes=*/true);
     Tensor beta = uniform({T, H}, rng, 0.05f, 0.95f, false);
     Tensor state0 = randn({N, H, D, D}, rng, 0.1f, false);
     // Every reachable checkpoint gets a slot (shuffled), so the poisoned tensor must be fully written;
@@ -150,7 +211,7 @@ TEST_CASE("cuda kda checkpoints match the cpu recurrence's (chunked kernel and t
                      .g = g.from_host(gate, DType::F32), .beta = g.from_host(beta, DType::F32), .state = gstate,
                      .slots = g.from_host(slots, DType::I32), .cu_seqlens = g.from_host(cu, DType::I32), .o = go,
                      .checkpoints = gck, .checkpoint_slots = g.from_host(tbl, DType::I32),
-                     .checkpoint_interval = cs.interval};
+                     .checkpoint_interval = cs.interval, .bounded_gate = !cs.softplus};
     if (cs.chunked) g.kda_chunk(p);
     else g.kda_recurrent(p);
     const bool fast = cs.chunked && D == 128;

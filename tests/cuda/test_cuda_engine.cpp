@@ -84,6 +84,13 @@ TEST_CASE("k3-tiny on CUDA equals the CPU engine, teacher-forced over 512 positi
   check_strict("k3-tiny/K3-heads (k = E)", dense_routing(tiny_with_k3_heads()), bk);
 }
 
+// Kimi Linear's unbounded softplus gate through the whole model: the batched prefill of 256 positions
+// runs the chunked KDA kernel's unbounded-gate variant, strict as above.
+TEST_CASE("kimi-linear-tiny (48B head shapes) on CUDA equals the CPU engine, teacher-forced", "[cuda][engine]") {
+  K3_GPU_OR_SKIP(bk);
+  check_strict("kimi-linear-tiny/48B-heads (k = E)", dense_routing(kimi_linear_tiny_with_48b_heads()), bk);
+}
+
 TEST_CASE("k3-tiny with top-k routing on CUDA: error and agreement reported", "[cuda][engine]") {
   K3_GPU_OR_SKIP(bk);
   for (const auto& [label, cfg] : {std::pair{"k3-tiny", preset_config("k3-tiny").value()},

@@ -9,39 +9,10 @@
 #include <random>
 
 #include "tests/kernels/kda_test_util.h"
+#include "tests/kernels/softplus_gates.h"
 
 using namespace k3;
 using namespace k3::test;
-
-namespace {
-
-// Gates as the softplus form produces them over a wide range of A_log and logits, plus extremes.
-void softplus_like_gates(Tensor& g, std::mt19937& rng, int64_t T, int64_t HK, bool spikes) {
-  std::normal_distribution<float> logit(0.f, 3.f);
-  std::uniform_real_distribution<float> u(0.f, 1.f);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < HK; ++j) {
-      const float p = u(rng);
-      float v;
-      if (p < 0.6f) {
-        const float a_log = std::uniform_real_distribution<float>(-2.f, 3.f)(rng);
-        const float x = logit(rng);
-        v = -std::exp(a_log) * (x > 20.f ? x : std::log1p(std::exp(x)));
-      } else if (p < 0.8f) {
-        v = -1e-3f * u(rng);
-      } else if (p < 0.95f) {
-        v = -(20.f + 40.f * u(rng));
-      } else {
-        v = -std::pow(10.f, 3.f + 2.f * u(rng));
-      }
-      // A spike: one very negative gate, then the tiny gates after it carry the information.
-      if (spikes && t % 23 == 5) v = -1e4f;
-      if (spikes && t % 23 > 5) v = -1e-3f * u(rng);
-      g.f32()[t * HK + j] = v;
-    }
-}
-
-}  // namespace
 
 TEST_CASE("kda_chunk equals kda_recurrent with unbounded softplus gates, very negative ones included") {
   auto be = cpu_backend(2);
