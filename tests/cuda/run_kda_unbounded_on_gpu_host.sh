@@ -8,7 +8,7 @@
 #   engine.log   cuda_test_cuda_engine "kimi-linear-tiny*": the whole model with the softplus gate and
 #                the 48B's head shapes, its 256-token prefill through that variant, against the CPU engine;
 #   bench.log    k3-bench kernels --only kda_chunk: the bounded rows and the _softplus rows;
-#   prefill.log  k3-bench engine --preset kimi-linear-48b, prefill of 1024 and 4096 tokens (the chunked
+#   prefill.log  k3-bench engine --preset kimi-linear-48b, decode at batch 1 and 64, prefill of 1024 and 4096 tokens (the chunked
 #                kernel now serves Kimi Linear's prefill; the token recurrence did before).
 #   tests/cuda/run_kda_unbounded_on_gpu_host.sh OUT_DIR [BUDGET (default 420)]
 set -uo pipefail
@@ -30,5 +30,5 @@ stage engine.log 60 $B/tests/cuda_test_cuda_engine "kimi-linear-tiny*"
 lim=$(( $(left) - 60 )); [ "$lim" -gt 60 ] && lim=60
 [ "$lim" -gt 5 ] && stage bench.log "$lim" $B/bin/k3-bench kernels --only kda_chunk
 lim=$(( $(left) )); [ "$lim" -gt 5 ] &&
-  stage prefill.log "$lim" $B/bin/k3-bench engine --preset kimi-linear-48b --batches 1 --contexts 1024 \
-    --prefill 1024 4096 --steps 3 --no-profile
+  stage prefill.log "$lim" $B/bin/k3-bench engine --preset kimi-linear-48b --batches 1 64 --contexts 1024 \
+    --prefill 1024 4096 --steps 5 --no-profile
