@@ -10,7 +10,9 @@
 //    stage's compute end, which is when it holds the first token.
 // From the stages' TIMING lines (steady clock = CLOCK_MONOTONIC, shared by the processes of one host):
 // hidden share = write time of all stages that lies before the last stage's compute end / all write time
-// (the writes after it are on the critical path to the first token).
+// (the writes after it are on the critical path to the first token). Write time is the stages' write
+// batches (puts + flush: one per chunk when the stages stream, one per request with --no-stream), so idle
+// time between a streaming stage's batches does not count as transfer time.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -45,6 +47,8 @@ struct OverlapOptions {
   int runs = 3;            // rounds after one warm-up round (each round: with and without transfer)
   int threads = 0;         // per node process (0: the node's default)
   int timeout_s = 600;     // per request
+  bool no_stream = false;  // k3-prefill --no-stream: write after the whole prompt (the design before streaming)
+  int max_inflight_chunks = 0;   // k3-prefill --max-inflight-chunks (0: its default)
   std::string node_log_level = "warn";
 };
 
@@ -60,7 +64,8 @@ struct Span {
 // One request's spans, by stage, from the TIMING lines.
 struct RequestSpans {
   int64_t sent_us = 0;   // the PREFILLs went out
-  std::map<int, Span> compute, writes;
+  std::map<int, Span> compute, writes_done;
+  std::map<int, std::vector<Span>> writes;   // each stage's write batches
 };
 
 class OverlapRig {
@@ -129,6 +134,8 @@ std::unique_ptr<OverlapRig> OverlapRig::start(const OverlapOptions& o) {
                              "--cache-pages", pages});
     if (s > 0) args.insert(args.end(), {"--listen", "tcp://127.0.0.1:*"});
     if (!next.empty()) args.insert(args.end(), {"--next-endpoint", next});
+    if (o.no_stream) args.push_back("--no-stream");
+    if (o.max_inflight_chunks > 0) args.insert(args.end(), {"--max-inflight-chunks", std::to_string(o.max_inflight_chunks)});
     auto p = deploy::ChildProcess::start("prefill/p/" + std::to_string(s), (bin / "k3-prefill").string(), args);
     rig->expect(p.is_ok(), "k3-prefill: " + p.status().to_string());
     rig->stages_[s] = std::move(p).value();
@@ -184,7 +191,9 @@ void OverlapRig::pump(std::chrono::milliseconds wait) {
       Span sp;
       if (line.rfind("HELD ", 0) == 0) held_[s] = line.substr(5);
       if (!(in >> word >> id >> span >> sp.begin >> sp.end) || word != "TIMING") continue;
-      (span == "compute" ? spans_[id].compute : spans_[id].writes)[s] = sp;
+      if (span == "compute") spans_[id].compute[s] = sp;
+      else if (span == "writes") spans_[id].writes[s].push_back(sp);
+      else if (span == "writes_done") spans_[id].writes_done[s] = sp;
     }
   (void)decode_->drain();
 }
@@ -215,7 +224,7 @@ int64_t OverlapRig::run(uint64_t id, const std::vector<int32_t>& prompt, bool tr
   auto done = [&] {
     const RequestSpans& r = spans_[id];
     if (static_cast<int>(r.compute.size()) != o_.stages) return false;
-    return !transfer || (first_token_us_.count(id) && static_cast<int>(r.writes.size()) == o_.stages);
+    return !transfer || (first_token_us_.count(id) && static_cast<int>(r.writes_done.size()) == o_.stages);
   };
   while (!done()) {
     expect(Clock::now() < give_up, what + ": not finished within " + std::to_string(o_.timeout_s) + " s");
@@ -270,8 +279,8 @@ int run_overlap(const OverlapOptions& o) {
   for (int32_t& t : prompt) t = tok(rng);
   try {
     auto rig = OverlapRig::start(o);
-    std::printf("overlap: %s, %d-token prompt, %d stage(s), chunk %d, backend %s\n", o.model.c_str(), o.prompt, o.stages,
-                o.chunk, o.backend.c_str());
+    std::printf("overlap: %s, %d-token prompt, %d stage(s), chunk %d, backend %s, %s\n", o.model.c_str(), o.prompt, o.stages,
+                o.chunk, o.backend.c_str(), o.no_stream ? "writes after the whole prompt (--no-stream)" : "streaming");
     // tail: TTFT minus the time to the last stage's compute end (cache export, ADDRS round trip, writes,
     // TRANSFER_DONE, decode's import and the first TOKENS); it is what the transfer adds to the first token.
     std::printf("%-5s %-9s %10s %12s %10s %12s %12s %8s\n", "round", "transfer", "TTFT ms", "compute ms", "tail ms",
@@ -286,10 +295,11 @@ int run_overlap(const OverlapOptions& o) {
         int64_t first_begin = sp.compute.begin()->second.begin;
         for (auto& [s, c] : sp.compute) first_begin = std::min(first_begin, c.begin);
         int64_t writes = 0, hid = 0;
-        for (auto& [s, w] : sp.writes) {
-          writes += w.length();
-          hid += before(w, compute_end);
-        }
+        for (auto& [s, batches] : sp.writes)
+          for (const Span& w : batches) {
+            writes += w.length();
+            hid += before(w, compute_end);
+          }
         const double share = writes > 0 ? static_cast<double>(hid) / static_cast<double>(writes) : 0;
         const int64_t tail = ttft - (compute_end - sp.sent_us);
         std::printf("%-5s %-9s %10.1f %12.1f %10.2f %12.2f %12.2f %8s\n", round == 0 ? "warm" : std::to_string(round).c_str(),
@@ -333,6 +343,9 @@ void add_overlap_command(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "CPU threads per node (default: the node's)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--node-log-level", o->node_log_level, "the nodes' --log-level (default warn; their stderr is ours)");
   cmd->add_option("--timeout-s", o->timeout_s, "per-request limit (default 600)")->check(CLI::PositiveNumber);
+  cmd->add_flag("--no-stream", o->no_stream, "stages write after the whole prompt (k3-prefill --no-stream)");
+  cmd->add_option("--max-inflight-chunks", o->max_inflight_chunks, "the stages' --max-inflight-chunks (default: theirs)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([o] {
     const int rc = run_overlap(*o);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -112,7 +112,8 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
     const std::string at = "prefill[" + std::to_string(i) + "].";
     const json& p = j.at("prefill")[i];
     if (!p.is_object()) return bad("prefill[" + std::to_string(i) + "]", "must be an object");
-    K3_TRY(known_keys(p, at, {"id", "stages", "partition", "chunk_size", "max_requests", "prefix_cache"}));
+    K3_TRY(known_keys(p, at, {"id", "stages", "partition", "chunk_size", "max_requests", "stream", "max_inflight_chunks",
+                              "prefix_cache"}));
     PrefillSpec ps;
     ps.id = "p" + std::to_string(i);
     K3_TRY(get_string(p, at, "id", ps.id));
@@ -121,6 +122,11 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
     K3_TRY(get_int(p, at, "stages", ps.stages, 1, 256));
     K3_TRY(get_int(p, at, "chunk_size", ps.chunk_size, 1, 1 << 20));
     K3_TRY(get_int(p, at, "max_requests", ps.max_requests, 1, 4096));
+    if (p.contains("stream")) {
+      if (!p.at("stream").is_boolean()) return bad(at + "stream", "must be true or false");
+      ps.stream = p.at("stream").get<bool>();
+    }
+    K3_TRY(get_int(p, at, "max_inflight_chunks", ps.max_inflight_chunks, 1, 4096));
     if (p.contains("prefix_cache")) {
       const json& pc = p.at("prefix_cache");
       const std::string pat = at + "prefix_cache.";
@@ -259,6 +265,11 @@ std::vector<std::string> prefix_cache_args(const PrefillSpec& p) {
   return {"--prefix-cache-slots", std::to_string(p.prefix_slots), "--prefix-block", std::to_string(p.prefix_block_tokens),
           "--prefix-checkpoint-every", std::to_string(p.prefix_checkpoint_every), "--prefix-budget-mb",
           std::to_string(p.prefix_budget_mb)};
+}
+
+std::vector<std::string> stream_args(const PrefillSpec& p) {
+  if (!p.stream) return {"--no-stream"};
+  return {"--max-inflight-chunks", std::to_string(p.max_inflight_chunks)};
 }
 
 }  // namespace k3::deploy

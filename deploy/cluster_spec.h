@@ -6,6 +6,7 @@
 //   "router": {"host": "127.0.0.1", "port": 8000, "placement": "round-robin", "affinity_tokens": 16, "served_model_name": "",
 //              "api_key": "..."},        optional; see resolve_api_key for --api-key / K3_API_KEY
 //   "prefill": [{"id": "p", "stages": 2, "partition": [2, 2], "chunk_size": 256, "max_requests": 8,
+//                "stream": true, "max_inflight_chunks": 4,     k3-prefill --no-stream / --max-inflight-chunks
 //                "prefix_cache": {"slots": 8, "block_tokens": 64, "checkpoint_every": 1, "budget_mb": 0}}],
 //                                        prefix_cache: optional, off without it (k3-prefill --prefix-* flags)
 //   "decode": [{"id": "d", "ranks": 1, "max_requests": 8}],
@@ -45,6 +46,8 @@ struct PrefillSpec {
   std::vector<int> partition;  // empty: the even split (k3-prefill's default)
   int chunk_size = 256;
   int max_requests = 8;
+  bool stream = true;              // write each chunk's KV while the next computes (false: --no-stream)
+  int max_inflight_chunks = 4;     // streaming: write batches in flight before compute waits
   int prefix_slots = 0;            // prefix cache checkpoint slots (0: off)
   int prefix_block_tokens = 64;
   int prefix_checkpoint_every = 1;
@@ -52,6 +55,8 @@ struct PrefillSpec {
 };
 // The k3-prefill flags of an instance's prefix cache (none when it is off); every stage gets the same.
 std::vector<std::string> prefix_cache_args(const PrefillSpec& p);
+// The k3-prefill flags of an instance's transfer streaming (--no-stream or --max-inflight-chunks N).
+std::vector<std::string> stream_args(const PrefillSpec& p);
 
 struct DecodeSpec {
   std::string id;

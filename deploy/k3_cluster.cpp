@@ -288,7 +288,9 @@ Status Launcher::start() {
                                 "--heartbeat-misses", misses, "--log-level", log_level_});
       if (!partition.empty()) args.insert(args.end(), {"--partition", partition});
       const std::vector<std::string> prefix = prefix_cache_args(p);
+      const std::vector<std::string> stream = stream_args(p);
       args.insert(args.end(), prefix.begin(), prefix.end());
+      args.insert(args.end(), stream.begin(), stream.end());
       args.insert(args.end(), {"--interface", spec_.reachable_host()});
       args.insert(args.end(), advertise.begin(), advertise.end());
       if (st > 0) args.insert(args.end(), {"--listen", "tcp://" + spec_.bind_host + ":*"});

@@ -53,11 +53,19 @@ uint64_t packed_cache_bytes(const ModelConfig& cfg, const CachePools& pools, int
 }
 
 void export_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end, std::vector<uint8_t>& out) {
+  out.resize(packed_cache_bytes(pools.config(), pools, begin, end, seq.num_tokens));
+  export_cache_part(backend, pools, seq, begin, end, seq.num_tokens, 0, seq.num_tokens, true, out.data());
+}
+
+void export_cache_part(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end,
+                       int64_t image_tokens, int64_t row_begin, int64_t row_end, bool states, uint8_t* image) {
+  K3_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= image_tokens && row_end <= seq.num_tokens,
+           "cache export: rows [" + std::to_string(row_begin) + ", " + std::to_string(row_end) + ") outside the image or sequence");
   const CacheLayout& layout = pools.layout();
   const int ps = pools.options().page_size;
-  out.resize(packed_cache_bytes(pools.config(), pools, begin, end, seq.num_tokens));
-  const auto ids = rows_of(seq, seq.num_tokens, ps);
-  walk(pools, begin, end, seq.num_tokens,
+  std::vector<int32_t> ids;
+  for (int64_t p = row_begin; p < row_end; ++p) ids.push_back(static_cast<int32_t>(CacheLayout::paged_row(seq.pages, ps, p)));
+  walk(pools, begin, end, image_tokens,
        [&](int, Tensor& pool, uint64_t off) {
          const int64_t w = pool.dim(2), n = static_cast<int64_t>(ids.size());
          if (n == 0) return;
@@ -65,13 +73,15 @@ void export_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int
          backend.embedding({.table = pool.reshape({pool.dim(0) * pool.dim(1), w}),
                             .ids = backend.from_host(Tensor::from_i32({n}, ids), DType::I32), .y = rows});
          Tensor host = raw_host(backend, rows);
-         std::memcpy(out.data() + off, host.data(), host.nbytes());
+         const uint64_t row_bytes = host.nbytes() / static_cast<uint64_t>(n);
+         std::memcpy(image + off + static_cast<uint64_t>(row_begin) * row_bytes, host.data(), host.nbytes());
        },
        [&](int, Tensor& conv, Tensor& state, const PackedEntry& e) {
+         if (!states) return;
          Tensor c = raw_host(backend, conv.slice_rows(seq.slot, seq.slot + 1));
          Tensor s = raw_host(backend, state.slice_rows(seq.slot, seq.slot + 1));
-         std::memcpy(out.data() + e.conv, c.data(), layout.kda_conv_bytes());
-         std::memcpy(out.data() + e.state, s.data(), layout.kda_state_bytes());
+         std::memcpy(image + e.conv, c.data(), layout.kda_conv_bytes());
+         std::memcpy(image + e.state, s.data(), layout.kda_state_bytes());
        });
 }
 

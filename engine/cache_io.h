@@ -15,6 +15,12 @@ uint64_t packed_cache_bytes(const ModelConfig& cfg, const CachePools& pools, int
 
 // Copies the sequence's caches of layers [begin, end) (all of its num_tokens tokens) into `out`.
 void export_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end, std::vector<uint8_t>& out);
+// Part of the same image, for a prefill stage that streams it while it computes: into `image` (the packed
+// image of `image_tokens` tokens, packed_cache_bytes long) the MLA/draft rows of tokens [row_begin,
+// row_end) (the sequence holds them), and when `states` the KDA conv and state entries. The parts of
+// one image over a partition of [0, image_tokens) plus the states are export_caches' bytes.
+void export_cache_part(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end,
+                       int64_t image_tokens, int64_t row_begin, int64_t row_end, bool states, uint8_t* image);
 // Writes a packed image into the sequence's slot and pages (the caller reserved room for num_tokens).
 Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end,
                      int64_t num_tokens, const uint8_t* data, uint64_t size);

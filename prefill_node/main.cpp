@@ -4,7 +4,8 @@
 //   READY <control name>     the stage is up (model loaded, driver connected)
 //   DECODE_READY             every decode instance's registration (worker address, rkeys) arrived
 //   HELD <sources> <computing>  whenever the driver's held sources or the requests in compute change
-//   TIMING <id> compute|writes <begin_us> <end_us>  with --timing: a request's spans on this stage
+//   TIMING <id> compute|writes|writes_done <begin_us> <end_us>  with --timing: a request's spans on this stage
+//                            (writes: one per write batch, writes_done: the whole transfer)
 #include <CLI/CLI.hpp>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -49,6 +50,12 @@ int main(int argc, char** argv) {
   app.add_option("--partition", partition_text,
                  "layers per stage, e.g. 4,4 (length = stages, sum = model layers; default: even split)");
   app.add_option("--chunk-size", o.chunk_size, "prompt tokens per pipeline chunk (default 256)")->check(CLI::PositiveNumber);
+  bool no_stream = false;
+  app.add_flag("--no-stream", no_stream,
+               "write a request's KV/state only after its whole prompt is computed (default: each chunk's rows "
+               "while the next chunk computes, the KDA state after the last)");
+  app.add_option("--max-inflight-chunks", o.max_inflight_chunks,
+                 "streaming: write batches (one per chunk) in flight on this stage before compute waits (default 4)");
   app.add_option("--max-requests", o.cache.max_seqs, "requests computing at once on this stage (cache slots, default 8)")
       ->check(CLI::PositiveNumber);
   app.add_option("--cache-pages", o.cache.num_pages, "local MLA cache pages per layer (default 256)")->check(CLI::PositiveNumber);
@@ -111,6 +118,7 @@ int main(int argc, char** argv) {
                "print TIMING lines: each request's compute and write spans on this stage (steady-clock us; "
                "k3-bench overlap reads them)");
   CLI11_PARSE(app, argc, argv);
+  o.stream = !no_stream;
   if (timing)
     o.on_timing = [](const prefill::StageTiming& t) {
       say("TIMING " + std::to_string(t.request_id) + " " + prefill::span_name(t.span) + " " + std::to_string(t.begin_us) +

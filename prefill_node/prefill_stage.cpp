@@ -38,7 +38,14 @@ Activations on_backend(Backend& be, Activations a) {
 
 }  // namespace
 
-const char* span_name(StageTiming::Span s) { return s == StageTiming::Span::Compute ? "compute" : "writes"; }
+const char* span_name(StageTiming::Span s) {
+  switch (s) {
+    case StageTiming::Span::Compute: return "compute";
+    case StageTiming::Span::Writes: return "writes";
+    case StageTiming::Span::WritesDone: return "writes_done";
+  }
+  return "?";
+}
 
 int64_t steady_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -59,6 +66,8 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   if (opts.stage < 0 || opts.stage >= stages)
     return invalid_argument("--stage " + std::to_string(opts.stage) + " is outside 0.." + std::to_string(stages - 1));
   if (opts.chunk_size <= 0) return invalid_argument("--chunk-size must be > 0");
+  if (opts.max_inflight_chunks < 1)
+    return invalid_argument("--max-inflight-chunks must be >= 1 (got " + std::to_string(opts.max_inflight_chunks) + ")");
   if (opts.decodes.empty()) return invalid_argument("--decode-endpoint is required");
   const bool last = opts.stage + 1 == stages;
   if (!last && opts.next_endpoint.empty())
@@ -97,6 +106,10 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
     if (self->opts_.on_timing) self->note_writes_timing(id, st);
     if (protocol::is_terminal(st)) self->pending_end_.push_back(id);
   };
+  if (opts.on_timing)
+    dc.on_write_span = [self](uint64_t id, int64_t begin_us, int64_t end_us) {
+      self->opts_.on_timing({.request_id = id, .span = StageTiming::Span::Writes, .begin_us = begin_us, .end_us = end_us});
+    };
   K3_ASSIGN_OR_RETURN(s->driver_, transfer::PrefillDriver::create(std::move(dc), zctx, &s->metrics_));
   // The neighbours' control names: each link accepts / trusts only the adjacent stage's key.
   auto stage_name = [](const std::string& instance, int stage) {
@@ -184,7 +197,9 @@ void PrefillStage::on_accepted(const protocol::Prefill& p) {
   r.prompt_len = len;
   r.prefill = p;
   spdlog::info("prefill stage {}: request {} accepted (wire id {:016x}, {} prompt tokens)", opts_.stage, trace_of(r.id), r.id, len);
-  maybe_report(r);  // stages > 0 may have computed every chunk before their PREFILL arrived
+  const uint64_t id = r.id;
+  stream_rows(r);   // stages > 0 may have computed chunks before their PREFILL arrived
+  if (auto again = requests_.find(id); again != requests_.end()) maybe_report(again->second);  // or all of them
 }
 
 void PrefillStage::on_chunk(ActivationChunk c) {
@@ -221,6 +236,8 @@ void PrefillStage::on_chunk(ActivationChunk c) {
 PrefillStage::Request* PrefillStage::next_work() {
   // A request takes a cache slot at its first chunk; while none is free, only requests holding one
   // progress (the others wait, their chunks queued).
+  // Streaming: while max_inflight_chunks write batches are unflushed, compute waits (step() wakes on a flush).
+  if (opts_.stream && driver_->write_jobs_in_flight() >= static_cast<size_t>(opts_.max_inflight_chunks)) return nullptr;
   const bool slot_free = open_requests_ < opts_.cache.max_seqs;   // the pool's other slots are the cache's
   if (prefix_ && opts_.stage > 0) {
     // The cache replicas must make stage 0's lookups and commits in stage 0's order, which is the
@@ -286,19 +303,6 @@ bool PrefillStage::reserve(Request& r, int64_t n, uint32_t evictions) {
   return st.is_ok();
 }
 
-void PrefillStage::note_writes_timing(uint64_t id, protocol::RequestState st) {
-  // The driver reports TRANSFERRING before it posts the first put and the end after the flush.
-  if (st == protocol::RequestState::Transferring) {
-    writes_begin_us_[id] = steady_us();
-  } else if (protocol::is_terminal(st)) {
-    auto it = writes_begin_us_.find(id);
-    if (it == writes_begin_us_.end()) return;
-    const StageTiming t{.request_id = id, .span = StageTiming::Span::Writes, .begin_us = it->second, .end_us = steady_us()};
-    writes_begin_us_.erase(it);
-    opts_.on_timing(t);
-  }
-}
-
 Status PrefillStage::compute_chunk(Request& r) {
   ChunkCacheSync sync;   // stage 0's prefix-cache moves, sent with the chunk (later stages pass theirs on)
   if (!r.open && !open_request(r, sync)) return Status::ok();
@@ -341,7 +345,9 @@ Status PrefillStage::compute_chunk(Request& r) {
     const int32_t row = static_cast<int32_t>(n - 1);
     r.last_logits = model_->backend_logits(act, std::span(&row, 1));
   }
-  maybe_report(r);
+  const uint64_t id = r.id;
+  stream_rows(r);   // may end the request (its driver record ended meanwhile): look it up again
+  if (auto it = requests_.find(id); it != requests_.end()) maybe_report(it->second);
   return Status::ok();
 }
 
@@ -351,12 +357,20 @@ void PrefillStage::maybe_report(Request& r) {
   if (opts_.on_timing)
     opts_.on_timing({.request_id = r.id, .span = StageTiming::Span::Compute, .begin_us = r.compute_begin_us, .end_us = steady_us()});
   std::vector<uint8_t> bytes;
-  export_caches(backend_, *pools_, r.seq, begin_, end_, bytes);
   transfer::StageSource src =
       transfer::pack_stage_source(layout_, prefill_layout_, static_cast<uint32_t>(opts_.stage), r.prompt_len);
-  if (src.total_bytes != bytes.size())
-    return fail_request(r.id, "cache image is " + std::to_string(bytes.size()) + " bytes, the transfer layout expects " +
-                                  std::to_string(src.total_bytes));
+  if (!r.streaming) {
+    export_caches(backend_, *pools_, r.seq, begin_, end_, bytes);
+    if (src.total_bytes != bytes.size())
+      return fail_request(r.id, "cache image is " + std::to_string(bytes.size()) + " bytes, the transfer layout expects " +
+                                    std::to_string(src.total_bytes));
+  } else if (uint8_t* image = driver_->stream_buffer(r.id)) {
+    // The rows went chunk by chunk; the KDA states are final only now.
+    export_cache_part(backend_, *pools_, r.seq, begin_, end_, r.prompt_len, r.rows_exported, r.prompt_len, true, image);
+    r.rows_exported = r.prompt_len;
+  } else {
+    return end_request(r.id);   // the driver ended its part (abort, failure): nothing to report
+  }
   std::optional<int32_t> first_token;
   std::vector<protocol::TokenLogprobs> first_logprobs;
   std::vector<int32_t> choice_first_tokens;
@@ -391,10 +405,14 @@ void PrefillStage::maybe_report(Request& r) {
   spdlog::info("prefill stage {}: request {} computed ({} tokens{})", opts_.stage, trace_of(id), r.prompt_len,
                first_token ? ", first token " + std::to_string(*first_token) : std::string());
   if (prefix_) remember_reported(*r.prefill, r.epoch);   // a later stage may ask for a recompute
+  const bool streamed = r.streaming;
   end_request(id);  // local caches go now: the driver holds the packed copy until the request ends
   ++prompts_prefilled_;
-  absorb(driver_->stage_computed(id, std::move(src), std::move(bytes), first_token, std::move(first_logprobs),
-                                 std::move(choice_first_tokens)));
+  if (streamed)
+    absorb(driver_->stream_computed(id, std::move(src), first_token, std::move(first_logprobs), std::move(choice_first_tokens)));
+  else
+    absorb(driver_->stage_computed(id, std::move(src), std::move(bytes), first_token, std::move(first_logprobs),
+                                   std::move(choice_first_tokens)));
 }
 
 Status PrefillStage::run_once(std::chrono::milliseconds idle_wait) {

@@ -11,7 +11,16 @@
 //    (oldest first, one chunk per loop iteration, so heartbeats and new messages are served between).
 //    A request takes a local cache slot at its first chunk; with every slot busy, new requests wait
 //    (back-pressure, not failure) until one is freed.
-//  - When a stage has all prompt tokens: export_caches of its own layers (the packed StageSource
+//  - Streaming (the default without the prefix cache): once a stage has the request's PREFILL and its
+//    first chunk computed, it asks decode for addresses (PrefillDriver::stream_started) and, after every
+//    chunk, copies that chunk's rows of its MLA layers into the request's image and hands them to the
+//    driver (rows_computed), whose writer thread puts them into decode memory while the next chunk
+//    computes. After the last chunk the KDA conv/state go the same way (stream_computed); TRANSFER_DONE
+//    follows the last flush. Granularity is the chunk, not the layer: a chunk's rows of all the stage's
+//    layers go as one batch after its forward. `max_inflight_chunks` bounds the batches in flight on the
+//    stage: compute waits while that many are unflushed.
+//  - Without streaming (--no-stream, or with the prefix cache: a recompute would rewrite rows already
+//    sent), when a stage has all prompt tokens: export_caches of its own layers (the packed StageSource
 //    layout) -> PrefillDriver::stage_computed, which plans, puts and flushes them to decode itself (no
 //    funnel through another stage). The last stage samples the first token (step 0 of the request's
 //    sampling params and seed). The stage's local cache slot is freed right after the export (the
@@ -49,11 +58,13 @@
 namespace k3::prefill {
 
 // When one request's work ran on this stage (k3-prefill --timing, read by `k3-bench overlap`): its compute
-// (first chunk start to the last chunk's end, before the cache export) and its writes to decode (the
-// driver's TRANSFERRING to the request's end, i.e. puts and flush). Microseconds of the steady clock,
+// (first chunk start to the last chunk's end, before the cache export) and its writes to decode (each
+// batch's puts and flush, and the whole transfer: TRANSFERRING to the request's end). Microseconds of the steady clock,
 // which on Linux is CLOCK_MONOTONIC and so comparable between the processes of one host.
 struct StageTiming {
-  enum class Span { Compute, Writes };
+  // Writes: one batch of puts and its flush (streaming: one per chunk, else one per request);
+  // WritesDone: the driver's TRANSFERRING to the request's end (the last batch's flush).
+  enum class Span { Compute, Writes, WritesDone };
   uint64_t request_id = 0;
   Span span = Span::Compute;
   int64_t begin_us = 0;
@@ -70,6 +81,8 @@ struct PrefillStageOptions {
   int stage = 0;
   std::vector<int> partition;          // layers per stage (validated by parse_partition)
   int chunk_size = 256;                // prompt tokens per pipeline chunk
+  bool stream = true;                  // write each chunk's rows while the next computes (off: at the end)
+  int max_inflight_chunks = 4;         // streaming: write batches in flight before compute waits (>= 1)
   CacheOptions cache;                  // local caches of the stage's layers (max_seqs = requests in flight;
                                        // checkpoint_slots: the prefix cache's)
   PrefixCacheOptions prefix;           // the prefix cache (off unless enabled; the same on every stage)
@@ -123,6 +136,8 @@ class PrefillStage {
     bool reported = false;                      // handed to the driver before: a recompute only feeds the
                                                 // next stages and the caches
     int64_t computed = 0;                       // tokens through this stage's layers
+    bool streaming = false;                     // the driver holds its image and writes it chunk by chunk
+    int64_t rows_exported = 0;                  // streaming: rows copied into the driver's image
     int64_t compute_begin_us = -1;              // steady_us() at the first chunk (on_timing)
     Tensor last_logits;                         // last stage: logits of the prompt's final row (on the backend)
   };
@@ -138,6 +153,9 @@ class PrefillStage {
   bool open_request(Request& r, ChunkCacheSync& sync);
   bool reserve(Request& r, int64_t n, uint32_t evictions);
   void maybe_report(Request& r);
+  // Streaming: starts the request's stream once it can, then hands the driver the newly computed rows.
+  void stream_rows(Request& r);
+  bool may_stream(const Request& r) const;
   // on_timing: the writes' span from the driver's state hook (TRANSFERRING .. terminal).
   void note_writes_timing(uint64_t id, protocol::RequestState st);
   void end_request(uint64_t id);

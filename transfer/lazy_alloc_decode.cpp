@@ -15,6 +15,7 @@ struct DecodeSide::Record {
   std::vector<RankAllocation> alloc;        // empty until the first COMPUTE_DONE
   protocol::Addrs addrs;                    // built once at allocation, sent to each stage
   std::vector<uint8_t> addrs_sent, done, safe;  // per stage; safe = promised no write in flight
+  std::vector<uint8_t> streaming;           // per stage: it asked for ADDRS at its first chunk
   bool have_first_token = false;
   int32_t first_token = 0;
   std::vector<protocol::TokenLogprobs> first_logprobs;  // the last stage's, when the sampling params ask
@@ -90,6 +91,7 @@ Actions DecodeSide::on_claim(const protocol::Claim& m, Millis now) {
   }
   const uint32_t n = m.num_prefill_stages;
   r->addrs_sent.assign(n, 0);
+  r->streaming.assign(n, 0);
   r->done.assign(n, 0);
   r->safe.assign(n, 0);
   r->deadline = now + (m.timeout_ms ? Millis(m.timeout_ms) : cfg_.timeouts.compute_wait);
@@ -105,6 +107,18 @@ Actions DecodeSide::on_compute_done(const protocol::ComputeDone& m, Millis now) 
   if (!r) return out;
   if (r->ended) {
     out.push_back(IgnoredAction{m.request_id, "COMPUTE_DONE: request already ended"});
+    return out;
+  }
+  // A streaming stage's final COMPUTE_DONE: it already has its ADDRS; the last stage's brings the first token.
+  if (m.stage < r->addrs_sent.size() && r->addrs_sent[m.stage] && r->streaming[m.stage] && !m.streaming &&
+      m.prompt_len == r->claim.prompt_len) {
+    r->streaming[m.stage] = 0;   // a second final one is a duplicate
+    if (m.has_first_token) {
+      r->have_first_token = true;
+      r->first_token = m.first_token;
+      r->first_logprobs = m.first_logprobs;
+      r->choice_first_tokens = m.choice_first_tokens;
+    }
     return out;
   }
   if (m.stage >= r->addrs_sent.size() || r->addrs_sent[m.stage]) {
@@ -149,6 +163,7 @@ Actions DecodeSide::on_compute_done(const protocol::ComputeDone& m, Millis now) 
     r->deadline = now + cfg_.timeouts.transfer_wait;
   }
   r->addrs_sent[m.stage] = 1;
+  r->streaming[m.stage] = m.streaming ? 1 : 0;
   out.push_back(SendAction{Peer{.role = Role::Prefill, .instance = r->claim.prefill_instance, .stage = m.stage},
                            r->addrs});
   if (r->state == RequestState::Allocated) set_state(*r, RequestState::Transferring);

@@ -6,6 +6,8 @@
 //                       KDA slot), state ALLOCATED, deadline transfer_wait; every one: send ADDRS (all
 //                       entries of all ranks) to stage s, state TRANSFERRING. The first token is taken
 //                       from the COMPUTE_DONE that has it (the last stage).
+//                       A streaming COMPUTE_DONE (sent at stage s's first chunk) is treated the same; the
+//                       stage's later final COMPUTE_DONE only brings the first token (last stage).
 //   TRANSFER_DONE(s) -> stage s done; when all num_prefill_stages stages are done -> DECODING + Ready.
 //   on_finished      -> FINISHED, memory released.
 //   ABORT / deadline / peer death / allocation failure -> ABORTED / EXPIRED / FAILED at once. ABORT goes

@@ -11,7 +11,12 @@ struct PrefillSide::Record {
   Millis deadline = Millis::max();   // ADDRS wait, once COMPUTE_DONE is sent
   std::optional<StageSource> source;
   bool compute_done_sent = false;
-  bool writes_posted = false;        // posted and not yet reported flushed
+  uint32_t batches = 0;              // StartWrites posted and not yet reported flushed
+  // Streaming: decode's addresses once ADDRS came, rows computed / already planned, states final.
+  bool streaming = false;
+  std::optional<DecodeDestinations> dest;
+  uint32_t rows_ready = 0, rows_planned = 0;
+  bool computed = false, states_planned = false;
   uint64_t planned_bytes = 0;
   bool ended = false;
   bool decode_dead = false;
@@ -82,6 +87,9 @@ Actions PrefillSide::on_stage_computed(uint64_t request_id, StageSource source, 
   Actions out;
   Record* r = find(request_id, "stage computed", out);
   if (!r) return out;
+  if (r->streaming && !r->ended && !r->computed)
+    return stream_computed(*r, std::move(source), first_token, now, std::move(first_logprobs),
+                           std::move(choice_first_tokens));
   if (r->ended || r->state != RequestState::Prefilling) {
     out.push_back(IgnoredAction{request_id, std::string("stage computed: request is ") +
                                                 protocol::state_name(r->state)});
@@ -103,10 +111,103 @@ Actions PrefillSide::on_stage_computed(uint64_t request_id, StageSource source, 
   return out;
 }
 
+Actions PrefillSide::on_stream_started(uint64_t request_id, StageSource source, Millis now) {
+  Actions out;
+  Record* r = find(request_id, "stream started", out);
+  if (!r) return out;
+  if (r->ended || r->state != RequestState::Prefilling || r->streaming) {
+    out.push_back(IgnoredAction{request_id, std::string("stream started: request is ") + protocol::state_name(r->state) +
+                                                (r->streaming ? " and already streaming" : "")});
+    return out;
+  }
+  if (source.stage != cfg_.stage || source.num_tokens != r->prefill.token_ids.size())
+    return end_request(*r, RequestState::Failed, AbortReason::Internal, true, true, now);
+  r->streaming = true;
+  r->source = std::move(source);
+  out.push_back(SendAction{decode_peer(*r), protocol::ComputeDone{.request_id = r->id, .stage = cfg_.stage,
+                                                                  .prompt_len = r->source->num_tokens,
+                                                                  .streaming = true}});
+  r->compute_done_sent = true;
+  r->deadline = now + (r->prefill.timeout_ms ? Millis(r->prefill.timeout_ms) : cfg_.timeouts.addrs_wait);
+  return out;
+}
+
+Actions PrefillSide::on_rows_computed(uint64_t request_id, uint32_t rows, Millis now) {
+  Actions out;
+  Record* r = find(request_id, "rows computed", out);
+  if (!r) return out;
+  if (r->ended || !r->streaming || r->computed || rows < r->rows_ready || rows > r->source->num_tokens) {
+    out.push_back(IgnoredAction{request_id, "rows computed: not streaming, already computed, or " +
+                                                std::to_string(rows) + " rows out of order"});
+    return out;
+  }
+  r->rows_ready = rows;
+  return write_ready_part(*r, now);
+}
+
+Actions PrefillSide::stream_computed(Record& r, StageSource source, std::optional<int32_t> first_token, Millis now,
+                                     std::vector<protocol::TokenLogprobs> first_logprobs,
+                                     std::vector<int32_t> choice_first_tokens) {
+  const bool last = cfg_.stage + 1 == cfg_.prefill.num_stages();
+  if (source.stage != cfg_.stage || source.num_tokens != r.source->num_tokens || (last && !first_token))
+    return end_request(r, RequestState::Failed, AbortReason::Internal, true, true, now);
+  Actions out;
+  r.computed = true;
+  r.rows_ready = r.source->num_tokens;
+  // Decode takes the first token from the last stage's final COMPUTE_DONE, sent before its TRANSFER_DONE.
+  if (last)
+    out.push_back(SendAction{decode_peer(r), protocol::ComputeDone{.request_id = r.id, .stage = cfg_.stage,
+                                                                   .prompt_len = r.source->num_tokens,
+                                                                   .has_first_token = true,
+                                                                   .first_token = *first_token,
+                                                                   .first_logprobs = std::move(first_logprobs),
+                                                                   .choice_first_tokens = std::move(choice_first_tokens)}});
+  Actions w = write_ready_part(r, now);
+  out.insert(out.end(), w.begin(), w.end());
+  return out;
+}
+
+Actions PrefillSide::write_ready_part(Record& r, Millis now) {
+  Actions out;
+  if (!r.dest) return out;   // before ADDRS: on_addrs writes everything computed by then
+  const bool states = r.computed && !r.states_planned;
+  if (r.rows_ready > r.rows_planned || states) {
+    const DecodeLayout layout{r.prefill.decode_ranks, cfg_.decode_kda_head_sliced};
+    auto ops = plan_stage_writes(cfg_.model, cfg_.prefill, layout, *r.source, *r.dest,
+                                 PlanPart{.row_begin = r.rows_planned, .row_end = r.rows_ready, .states = states});
+    if (!ops.is_ok()) {
+      Actions a = end_request(r, RequestState::Failed, AbortReason::PlanFailed, true, true, now);
+      a.insert(a.begin(), IgnoredAction{r.id, "ADDRS rejected: " + ops.status().message()});
+      return a;
+    }
+    r.rows_planned = r.rows_ready;
+    r.states_planned = r.states_planned || states;
+    if (!ops->empty()) {
+      r.planned_bytes += total_bytes(ops.value());
+      ++r.batches;
+      out.push_back(StartWritesAction{r.id, std::move(ops).value()});
+    }
+  }
+  if (r.computed && r.states_planned && r.batches == 0) finish_transfer(r, now, out);
+  return out;
+}
+
 Actions PrefillSide::on_addrs(const protocol::Addrs& m, Millis now) {
   Actions out;
   Record* r = find(m.request_id, "ADDRS", out);
   if (!r) return out;
+  if (r->streaming && !r->ended && !r->dest) {
+    auto dest = DecodeDestinations::from_addrs(m);
+    if (!dest.is_ok()) {
+      Actions a = end_request(*r, RequestState::Failed, AbortReason::PlanFailed, true, true, now);
+      a.insert(a.begin(), IgnoredAction{m.request_id, "ADDRS rejected: " + dest.status().message()});
+      return a;
+    }
+    r->dest = std::move(dest).value();
+    r->deadline = Millis::max();  // writes finish or fail; peer death covers a silent decode
+    set_state(*r, RequestState::Transferring);
+    return write_ready_part(*r, now);
+  }
   if (r->ended || r->state != RequestState::ComputeDone) {
     out.push_back(IgnoredAction{m.request_id, std::string("ADDRS: request is ") + protocol::state_name(r->state)});
     return out;
@@ -122,7 +223,7 @@ Actions PrefillSide::on_addrs(const protocol::Addrs& m, Millis now) {
     return a;
   }
   r->planned_bytes = total_bytes(ops.value());
-  r->writes_posted = true;
+  r->batches = 1;
   r->deadline = Millis::max();  // writes finish or fail; peer death covers a silent decode
   set_state(*r, RequestState::Allocated);
   set_state(*r, RequestState::Transferring);
@@ -174,26 +275,30 @@ Actions PrefillSide::on_writes_flushed(uint64_t request_id, const Status& result
   Actions out;
   Record* r = find(request_id, "writes flushed", out);
   if (!r) return out;
-  if (!r->writes_posted) {
+  if (r->batches == 0) {
     out.push_back(IgnoredAction{request_id, "writes flushed: no writes were posted"});
     return out;
   }
-  r->writes_posted = false;
-  if (r->ended) {  // aborted while writing: now decode may release
-    finish_release(*r, out);
+  --r->batches;
+  if (r->ended) {  // aborted while writing: once nothing is in flight decode may release
+    if (r->batches == 0) finish_release(*r, out);
     return out;
   }
   if (!result.is_ok())
     return end_request(*r, RequestState::Failed, AbortReason::TransferFailed, true, true, now);
-  protocol::metric::count_transfer(metrics_);
-  protocol::metric::count_bytes(metrics_, r->planned_bytes);
-  out.push_back(SendAction{decode_peer(*r), protocol::TransferDone{r->id, cfg_.stage, r->planned_bytes}});
-  set_state(*r, RequestState::Finished);
-  r->ended = true;
-  tombstones_[r->id] = {RequestState::Finished, now + cfg_.timeouts.tombstone_ttl};
-  out.push_back(RequestEndedAction{r->id, RequestState::Finished, AbortReason::Internal});
-  finish_release(*r, out);
+  if (r->batches == 0 && (!r->streaming || (r->computed && r->states_planned))) finish_transfer(*r, now, out);
   return out;
+}
+
+void PrefillSide::finish_transfer(Record& r, Millis now, Actions& out) {
+  protocol::metric::count_transfer(metrics_);
+  protocol::metric::count_bytes(metrics_, r.planned_bytes);
+  out.push_back(SendAction{decode_peer(r), protocol::TransferDone{r.id, cfg_.stage, r.planned_bytes}});
+  set_state(r, RequestState::Finished);
+  r.ended = true;
+  tombstones_[r.id] = {RequestState::Finished, now + cfg_.timeouts.tombstone_ttl};
+  out.push_back(RequestEndedAction{r.id, RequestState::Finished, AbortReason::Internal});
+  finish_release(r, out);
 }
 
 Actions PrefillSide::on_peer_dead(const Peer& peer, Millis now) {
@@ -244,7 +349,7 @@ Actions PrefillSide::end_request(Record& r, RequestState terminal, AbortReason c
   else if (tell_decode_abort) r.tell = Record::Tell::Abort;
   else r.tell = r.compute_done_sent ? Record::Tell::Ack : Record::Tell::Nothing;
   tombstones_[r.id] = {terminal, now + cfg_.timeouts.tombstone_ttl};
-  if (r.writes_posted) {
+  if (r.batches > 0) {
     out.push_back(CancelWritesAction{r.id});  // on_writes_flushed finishes the job
     return out;
   }
@@ -275,7 +380,12 @@ std::optional<RequestState> PrefillSide::state(uint64_t request_id) const {
 
 bool PrefillSide::writes_in_flight(uint64_t request_id) const {
   auto it = records_.find(request_id);
-  return it != records_.end() && it->second->writes_posted;
+  return it != records_.end() && it->second->batches > 0;
+}
+
+uint32_t PrefillSide::write_batches_in_flight(uint64_t request_id) const {
+  auto it = records_.find(request_id);
+  return it == records_.end() ? 0 : it->second->batches;
 }
 
 size_t PrefillSide::num_live() const { return records_.size(); }

@@ -1,5 +1,6 @@
 #include "transfer/plan.h"
 
+#include <algorithm>
 #include <string>
 
 namespace k3::transfer {
@@ -49,7 +50,7 @@ Status emit(OpSink& ops, uint32_t stage, uint64_t src, uint32_t rank, const Dest
 
 // MLA / draft rows: token p -> rank index p % N, local row p / N, paged.
 Status plan_rows(const CacheLayout& model, const DecodeLayout& decode, const StageSource& src,
-                 const DecodeDestinations& dest, uint32_t layer, OpSink& ops) {
+                 const DecodeDestinations& dest, uint32_t layer, const PlanPart& part, OpSink& ops) {
   const LayerCache cache = model.layers[layer];
   const EntryKind kind = cache == LayerCache::Draft ? EntryKind::DraftKv : EntryKind::MlaKv;
   const uint64_t row = model.row_bytes(cache);
@@ -69,8 +70,11 @@ Status plan_rows(const CacheLayout& model, const DecodeLayout& decode, const Sta
       return {Code::OutOfRange, "transfer plan: page table of rank " + std::to_string(rank) + " has " +
                                     std::to_string(pt->second.page_ids.size()) + " pages, " +
                                     std::to_string(rows) + " rows need " + std::to_string(pages_needed)};
-    for (uint32_t q = 0; q < rows; ++q) {
-      const uint64_t p = uint64_t(q) * n + i;
+    // Local rows q of this rank whose token q*n+i lies in [row_begin, row_end).
+    const auto first_q = [&](uint64_t token) { return token <= i ? uint64_t(0) : (token - i + n - 1) / n; };
+    const uint64_t q_end = std::min<uint64_t>(rows, first_q(part.row_end));
+    for (uint64_t q = first_q(part.row_begin); q < q_end; ++q) {
+      const uint64_t p = q * n + i;
       const uint64_t dst_row = CacheLayout::paged_row(pt->second.page_ids, ps, q);
       K3_TRY(emit(ops, src.stage, base + p * row, rank, d, dst_row * row, row, layer, kind));
     }
@@ -135,10 +139,13 @@ namespace {
 
 Result<std::vector<WriteOp>> build_plan(const CacheLayout& model, const PrefillLayout& prefill,
                                         const DecodeLayout& decode, const StageSource& source,
-                                        const DecodeDestinations& dest, bool merge) {
+                                        const DecodeDestinations& dest, const PlanPart& part, bool merge) {
   K3_TRY(model.validate());
   K3_TRY(prefill.validate(model));
   K3_TRY(decode.validate(model));
+  if (part.row_begin > part.row_end)
+    return invalid_argument("transfer plan: rows [" + std::to_string(part.row_begin) + ", " +
+                            std::to_string(part.row_end) + ") are reversed");
   if (source.stage >= prefill.num_stages())
     return invalid_argument("transfer plan: source stage " + std::to_string(source.stage) + " >= " +
                             std::to_string(prefill.num_stages()) + " stages");
@@ -153,8 +160,11 @@ Result<std::vector<WriteOp>> build_plan(const CacheLayout& model, const PrefillL
   std::vector<WriteOp> ops;
   OpSink sink{ops, merge};
   for (uint32_t l : layers) {
-    if (model.layers[l] == LayerCache::Kda) K3_TRY(plan_kda(model, decode, source, dest, l, sink));
-    else K3_TRY(plan_rows(model, decode, source, dest, l, sink));
+    if (model.layers[l] == LayerCache::Kda) {
+      if (part.states) K3_TRY(plan_kda(model, decode, source, dest, l, sink));
+    } else {
+      K3_TRY(plan_rows(model, decode, source, dest, l, part, sink));
+    }
   }
   return ops;
 }
@@ -164,14 +174,14 @@ Result<std::vector<WriteOp>> build_plan(const CacheLayout& model, const PrefillL
 Result<std::vector<WriteOp>> plan_stage_writes_uncoalesced(const CacheLayout& model,
                                                            const PrefillLayout& prefill,
                                                            const DecodeLayout& decode, const StageSource& source,
-                                                           const DecodeDestinations& dest) {
-  return build_plan(model, prefill, decode, source, dest, false);
+                                                           const DecodeDestinations& dest, PlanPart part) {
+  return build_plan(model, prefill, decode, source, dest, part, false);
 }
 
 Result<std::vector<WriteOp>> plan_stage_writes(const CacheLayout& model, const PrefillLayout& prefill,
                                                const DecodeLayout& decode, const StageSource& source,
-                                               const DecodeDestinations& dest) {
-  return build_plan(model, prefill, decode, source, dest, true);
+                                               const DecodeDestinations& dest, PlanPart part) {
+  return build_plan(model, prefill, decode, source, dest, part, true);
 }
 
 std::vector<WriteOp> coalesce(const std::vector<WriteOp>& ops) {

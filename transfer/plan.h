@@ -46,14 +46,23 @@ struct DecodeDestinations {
   static Result<DecodeDestinations> from_addrs(const protocol::Addrs& addrs);
 };
 
-// The writes one prefill stage must issue for one request. Errors (NotFound / OutOfRange /
+// Which part of a stage's source a plan covers: the MLA/draft rows of tokens [row_begin, row_end) and,
+// when `states`, the KDA conv and state entries. A streaming stage plans each chunk's rows as they are
+// computed and the states after its last chunk; the parts of one request partition its whole plan.
+struct PlanPart {
+  uint32_t row_begin = 0;
+  uint32_t row_end = UINT32_MAX;
+  bool states = true;
+};
+
+// The writes one prefill stage must issue for one request (or the `part` of them). Errors (NotFound / OutOfRange /
 // InvalidArgument) name the layer, kind and rank: a missing destination or page table, a page table too
 // short for the rank's rows, a KDA destination whose length is not the layout's, or a write past the
 // destination's length. A rank that holds no row of a short prompt needs no MLA entry.
 Result<std::vector<WriteOp>> plan_stage_writes(const CacheLayout& model,
                                                const PrefillLayout& prefill, const DecodeLayout& decode,
                                                const StageSource& source,
-                                               const DecodeDestinations& dest);
+                                               const DecodeDestinations& dest, PlanPart part = {});
 
 // Same, without coalescing: the finest-grained ops (one MLA row / one conv q|k|v head range / one state
 // slice each). The reference the coalesced plan is tested against.
@@ -61,7 +70,7 @@ Result<std::vector<WriteOp>> plan_stage_writes_uncoalesced(const CacheLayout& mo
                                                            const PrefillLayout& prefill,
                                                            const DecodeLayout& decode,
                                                            const StageSource& source,
-                                                           const DecodeDestinations& dest);
+                                                           const DecodeDestinations& dest, PlanPart part = {});
 
 // Merges contiguous neighbours (see top). Total bytes and every (src byte -> dst byte) pair are preserved.
 std::vector<WriteOp> coalesce(const std::vector<WriteOp>& ops);

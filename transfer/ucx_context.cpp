@@ -67,10 +67,10 @@ bool UcxContext::supports(MemoryType t) const {
 }
 
 // ---------------------------------------------------------------------------------------------
-Result<std::shared_ptr<UcxWorker>> UcxWorker::create(std::shared_ptr<UcxContext> ctx) {
+Result<std::shared_ptr<UcxWorker>> UcxWorker::create(std::shared_ptr<UcxContext> ctx, bool serialized) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  params.thread_mode = serialized ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE;
   ucp_worker_h w = nullptr;
   K3_TRY(ucx_status(ucp_worker_create(ctx->get(), &params, &w), "ucp_worker_create"));
   int efd = -1;

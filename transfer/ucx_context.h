@@ -55,7 +55,9 @@ class UcxEndpoint;
 
 class UcxWorker : public std::enable_shared_from_this<UcxWorker> {
  public:
-  static Result<std::shared_ptr<UcxWorker>> create(std::shared_ptr<UcxContext> ctx);
+  // serialized: more than one thread uses the worker, never at once (the caller holds a mutex around
+  // every use: a prefill stage's writer thread and its control loop); else one thread drives it.
+  static Result<std::shared_ptr<UcxWorker>> create(std::shared_ptr<UcxContext> ctx, bool serialized = false);
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;

@@ -25,8 +25,9 @@ Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig
   // tcp at ~1/20 of the bandwidth (docs/PERF.md). Liveness of decode comes from the control plane's
   // heartbeats; writes are bounded by WriterOptions.timeout. The worker sleeps on its event fd.
   K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, c.ucx_net_devices));
-  K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_));
+  K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_, /*serialized=*/true));
   K3_ASSIGN_OR_RETURN(d->writer_, UcxWriter::create(d->worker_, std::make_shared<HostSourceReader>(), c.writer));
+  K3_ASSIGN_OR_RETURN(d->writes_, AsyncWrites::create(*d->writer_, d->ucx_mutex_));
   d->side_ = std::make_unique<PrefillSide>(c.side, metrics);
 
   ControlOptions opt;
@@ -51,6 +52,8 @@ Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig
 }
 
 PrefillDriver::~PrefillDriver() {
+  writes_.reset();  // its thread ends (the running job's puts flushed) before what it uses goes
+  retired_.clear();
   for (DecodeLink& l : decodes_) l.rkeys.clear();  // rkeys (and through them the endpoints) go before the worker
 }
 
@@ -109,7 +112,7 @@ void PrefillDriver::note_request(uint64_t request_id) {
   in_hook_ = false;
 }
 
-Status PrefillDriver::run_writes(const StartWritesAction& w) {
+Status PrefillDriver::post_writes(const StartWritesAction& w) {
   auto src = sources_.find(w.request_id);
   if (src == sources_.end()) return internal_error("no source bytes held for request " + std::to_string(w.request_id));
   auto target = decode_of_.find(w.request_id);
@@ -119,20 +122,44 @@ Status PrefillDriver::run_writes(const StartWritesAction& w) {
                                    (target == decode_of_.end() ? std::string("?") : target->second) +
                                    "', which this stage is not connected to"};
   // One write list per destination region, in plan order (the plan already coalesced runs).
+  const std::vector<uint8_t>& bytes = *src->second;
   std::map<uint32_t, std::vector<RemoteWrite>> by_region;
   for (const WriteOp& op : w.ops) {
-    if (op.src_offset > src->second.size() || op.length > src->second.size() - op.src_offset)
+    if (op.src_offset > bytes.size() || op.length > bytes.size() - op.src_offset)
       return {Code::OutOfRange, "write op source [" + std::to_string(op.src_offset) + ", +" +
                                     std::to_string(op.length) + ") is outside the stage's source bytes"};
-    by_region[op.region_id].push_back({src->second.data() + op.src_offset, op.dst_addr, op.length});
+    by_region[op.region_id].push_back({bytes.data() + op.src_offset, op.dst_addr, op.length});
   }
+  WriteJob job{.request_id = w.request_id, .runs = {}, .source = src->second};
   for (auto& [region, runs] : by_region) {
     auto rk = link->rkeys.find(region);
     if (rk == link->rkeys.end())
       return {Code::Unavailable, "no rkey for region " + std::to_string(region) + " of decode/" + link->instance};
-    K3_TRY(writer_->write(*rk->second, runs, [&] { return abort_requested_.count(w.request_id) != 0; }));
+    job.runs.push_back({rk->second, std::move(runs)});
   }
+  writes_->post(std::move(job));
+  ++jobs_in_flight_;
   return Status::ok();
+}
+
+void PrefillDriver::take_write_completions(Actions& all) {
+  for (WriteDone& d : writes_->take_done()) {
+    --jobs_in_flight_;
+    if (cfg_.on_write_span) cfg_.on_write_span(d.request_id, d.begin_us, d.end_us);
+    execute(side_->on_writes_flushed(d.request_id, d.status, steady_now()), all);
+    note_request(d.request_id);
+  }
+}
+
+void PrefillDriver::apply_injected_aborts(Actions& all) {
+  while (!abort_requested_.empty()) {
+    const uint64_t id = *abort_requested_.begin();
+    abort_requested_.erase(abort_requested_.begin());
+    execute(side_->on_abort(protocol::Abort{.request_id = id, .reason = AbortReason::ClientCancelled,
+                                            .origin_role = Role::Router},
+                            steady_now()),
+            all);
+  }
 }
 
 void PrefillDriver::execute(const Actions& actions, Actions& all) {
@@ -143,20 +170,23 @@ void PrefillDriver::execute(const Actions& actions, Actions& all) {
       send_to(s->to, s->message);
     } else if (auto* w = std::get_if<StartWritesAction>(&a)) {
       // The host may inject an abort at TRANSFERRING: then no write is posted at all.
-      Status st = abort_requested_.count(w->request_id) ? Status(Code::Aborted, "aborted before the first write")
-                                                        : run_writes(*w);
       if (abort_requested_.count(w->request_id)) {
         abort_requested_.erase(w->request_id);
         execute(side_->on_abort(protocol::Abort{.request_id = w->request_id, .reason = AbortReason::ClientCancelled,
                                                 .origin_role = Role::Router},
                                 steady_now()),
                 all);
-        st = Status::ok();  // whatever was posted is flushed: nothing is in flight
+        execute(side_->on_writes_flushed(w->request_id, Status::ok(), steady_now()), all);  // nothing was posted
+        continue;
       }
-      execute(side_->on_writes_flushed(w->request_id, st, steady_now()), all);
+      // Posted: AsyncWrites reports its end through step(). Refused here: it ends now.
+      if (Status st = post_writes(*w); !st.is_ok()) execute(side_->on_writes_flushed(w->request_id, st, steady_now()), all);
+    } else if (auto* c = std::get_if<CancelWritesAction>(&a)) {
+      writes_->cancel(c->request_id);
     } else if (auto* r = std::get_if<ReleasedAction>(&a)) {
       sources_.erase(r->request_id);
       decode_of_.erase(r->request_id);
+      writes_->forget(r->request_id);   // nothing of it is in flight any more
     } else if (auto* i = std::get_if<IgnoredAction>(&a)) {
       spdlog::debug("prefill: request {} input ignored: {}", i->request_id, i->reason);
     }
@@ -186,21 +216,62 @@ Actions PrefillDriver::inject_abort(uint64_t request_id, AbortReason reason) {
   return all;
 }
 
+Actions PrefillDriver::stream_started(uint64_t request_id, StageSource source) {
+  Actions all;
+  // The whole image's buffer exists from the first chunk on and is never resized: jobs point into it.
+  if (side_->state(request_id) == protocol::RequestState::Prefilling && !sources_.count(request_id))
+    sources_[request_id] = std::make_shared<std::vector<uint8_t>>(source.total_bytes);
+  execute(side_->on_stream_started(request_id, std::move(source), steady_now()), all);
+  note_request(request_id);
+  apply_injected_aborts(all);
+  return all;
+}
+
+uint8_t* PrefillDriver::stream_buffer(uint64_t request_id) {
+  auto it = sources_.find(request_id);
+  return it == sources_.end() ? nullptr : it->second->data();
+}
+
+Actions PrefillDriver::rows_computed(uint64_t request_id, uint32_t rows) {
+  Actions all;
+  execute(side_->on_rows_computed(request_id, rows, steady_now()), all);
+  note_request(request_id);
+  apply_injected_aborts(all);
+  return all;
+}
+
+Actions PrefillDriver::stream_computed(uint64_t request_id, StageSource source, std::optional<int32_t> first_token,
+                                       std::vector<protocol::TokenLogprobs> first_logprobs,
+                                       std::vector<int32_t> choice_first_tokens) {
+  Actions all;
+  execute(side_->on_stage_computed(request_id, std::move(source), first_token, steady_now(), std::move(first_logprobs),
+                                   std::move(choice_first_tokens)),
+          all);
+  note_request(request_id);
+  apply_injected_aborts(all);
+  return all;
+}
+
 Actions PrefillDriver::stage_computed(uint64_t request_id, StageSource source, std::vector<uint8_t> bytes,
                                       std::optional<int32_t> first_token,
                                       std::vector<protocol::TokenLogprobs> first_logprobs,
                                       std::vector<int32_t> choice_first_tokens) {
   Actions all;
   // Hold the bytes only for a request still waiting for them (an aborted one would leak them).
-  if (side_->state(request_id) == protocol::RequestState::Prefilling) sources_[request_id] = std::move(bytes);
+  if (side_->state(request_id) == protocol::RequestState::Prefilling)
+    sources_[request_id] = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
   execute(side_->on_stage_computed(request_id, std::move(source), first_token, steady_now(), std::move(first_logprobs),
                                    std::move(choice_first_tokens)),
           all);
   note_request(request_id);
+  apply_injected_aborts(all);
   return all;
 }
 
 void PrefillDriver::on_decode_register(DecodeLink& link, const protocol::Register& reg) {
+  // Endpoints and rkeys are made on the worker the writer thread uses: wait for its current job (rare:
+  // a decode (re)registering).
+  std::lock_guard ucx(ucx_mutex_);
   Status ok = protocol::check_registration(cfg_.compat, reg, protocol::CompatScope::Cluster);
   if (!ok.is_ok()) {
     spdlog::error("prefill {}: decode/{} registration refused: {}", cfg_.side.stage, link.instance, ok.message());
@@ -317,16 +388,25 @@ bool PrefillDriver::submit(const protocol::Prefill& p, Actions& actions) {
 }
 
 Result<PrefillDriver::StepResult> PrefillDriver::step(Millis max_wait) {
-  // The writer's operations complete inside write(), so between requests only the control sockets
-  // need to wake us (the worker's event fd is not polled here).
-  worker_->progress();
+  // The writer thread's operations complete inside its write(), so only the control sockets and its
+  // completion fd need to wake us (the worker's event fd is not polled here). The worker is progressed
+  // here only while the writer thread is not using it (never wait for a write on the control loop).
+  const auto progress_if_free = [this] {
+    std::unique_lock ucx(ucx_mutex_, std::try_to_lock);
+    if (!ucx.owns_lock()) return;
+    retired_.clear();
+    worker_->progress();
+  };
+  progress_if_free();
   // Sockets: every decode link in order, then the router.
   std::vector<ControlSocket*> socks;
   for (DecodeLink& l : decodes_) socks.push_back(l.control.get());
   if (router_) socks.push_back(router_.get());
-  K3_ASSIGN_OR_RETURN(auto events, ControlSocket::poll_all(socks, max_wait));
-  worker_->progress();
+  const int done_fd = writes_->fd();
+  K3_ASSIGN_OR_RETURN(auto events, ControlSocket::poll_all(socks, max_wait, std::span<const int>(&done_fd, 1)));
+  progress_if_free();
   StepResult out;
+  take_write_completions(out.actions);
   for (size_t i = 0; i < events.size(); ++i) {
     DecodeLink* link = i < decodes_.size() ? &decodes_[i] : nullptr;  // null: the router
     for (const ControlEvent& e : events[i]) {
@@ -337,12 +417,16 @@ Result<PrefillDriver::StepResult> PrefillDriver::step(Millis max_wait) {
       } else if (e.kind == ControlEventKind::PeerDown) {
         const Peer peer = link ? Peer{.role = Role::Decode, .instance = link->instance} : Peer{.role = Role::Router};
         spdlog::info("prefill {}: peer {} down ({})", cfg_.side.stage, e.peer, peer_down_reason_name(e.reason));
-        if (link) link->rkeys.clear();
+        if (link) {   // a job may still hold them; else they go when the worker is free (step)
+          for (auto& [region, rk] : link->rkeys) retired_.push_back(std::move(rk));
+          link->rkeys.clear();
+        }
         execute(side_->on_peer_dead(peer, steady_now()), out.actions);
       }
     }
   }
   execute(side_->tick(steady_now()), out.actions);
+  apply_injected_aborts(out.actions);
   return out;
 }
 

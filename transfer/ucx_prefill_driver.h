@@ -5,15 +5,22 @@
 // router chooses the decode target per request: any prefill instance can feed any decode instance.
 //
 // The host computes: step() hands back each PREFILL the side accepted; the host fills the stage's
-// source bytes and calls stage_computed(). Writes run inside step(): every StartWrites is planned
-// into per-region runs, put with UcxWriter (direct or staged) and flushed before TRANSFER_DONE.
+// source bytes and calls stage_computed(). Or it streams: stream_started() at the request's first chunk
+// (the driver holds a source buffer of the whole image, stream_buffer(), that the host fills as chunks
+// compute), rows_computed() after each chunk, stream_computed() after the last. Every StartWrites becomes
+// one job of per-region runs for AsyncWrites, which puts them with UcxWriter (direct or staged) and
+// flushes them on its own thread; step() polls its completion fd with the control sockets and reports
+// each finished job to the side, which sends TRANSFER_DONE once the last one has flushed.
 #pragma once
+#include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "transfer/async_writes.h"
 #include "transfer/lazy_alloc_prefill.h"
 #include "transfer/ucx_driver_common.h"
 #include "transfer/ucx_writer.h"
@@ -37,6 +44,8 @@ struct PrefillDriverConfig {
   std::string ucx_net_devices;       // UCX_NET_DEVICES for the data plane (e.g. "lo"); empty = UCX's choice
   WriterOptions writer;
   StateHook on_state;                // may be empty; may call inject_abort() for the request
+  // May be empty: when one StartWrites' puts ran (steady clock, microseconds), called from step().
+  std::function<void(uint64_t request_id, int64_t begin_us, int64_t end_us)> on_write_span;
 };
 
 class PrefillDriver {
@@ -54,6 +63,16 @@ class PrefillDriver {
   Actions stage_computed(uint64_t request_id, StageSource source, std::vector<uint8_t> bytes,
                          std::optional<int32_t> first_token, std::vector<protocol::TokenLogprobs> first_logprobs = {},
                          std::vector<int32_t> choice_first_tokens = {});
+  // Streaming (see the top): the request's image is laid out as `source`; returns false when the side did
+  // not take the request (then nothing is held). stream_buffer(): the held image (nullptr when none).
+  Actions stream_started(uint64_t request_id, StageSource source);
+  uint8_t* stream_buffer(uint64_t request_id);
+  Actions rows_computed(uint64_t request_id, uint32_t rows);
+  Actions stream_computed(uint64_t request_id, StageSource source, std::optional<int32_t> first_token,
+                          std::vector<protocol::TokenLogprobs> first_logprobs = {},
+                          std::vector<int32_t> choice_first_tokens = {});
+  uint32_t write_batches_in_flight(uint64_t request_id) const { return side_->write_batches_in_flight(request_id); }
+  size_t write_jobs_in_flight() const { return jobs_in_flight_; }   // every request's, posted and not yet done
   // Acts as if the router's ABORT for the request arrived now (failure injection and local cancel).
   Actions inject_abort(uint64_t request_id, AbortReason reason = AbortReason::ClientCancelled);
   // Sends a message to the router (e.g. FAILED for a request the stage itself could not compute).
@@ -80,7 +99,10 @@ class PrefillDriver {
  private:
   PrefillDriver(PrefillDriverConfig cfg, protocol::MetricsRegistry* m) : cfg_(std::move(cfg)), metrics_(m) {}
   void execute(const Actions& actions, Actions& all);
-  Status run_writes(const StartWritesAction& w);
+  Status post_writes(const StartWritesAction& w);
+  // Aborts injected from the state hook for requests that had no StartWrites to apply them to.
+  void apply_injected_aborts(Actions& all);
+  void take_write_completions(Actions& all);
   void note_states(const Actions& actions);
   void note_request(uint64_t request_id);
   void send_to(const Peer& p, const protocol::Message& m);
@@ -95,20 +117,24 @@ class PrefillDriver {
   protocol::MetricsRegistry* metrics_;
   std::shared_ptr<UcxContext> ctx_;
   std::shared_ptr<UcxWorker> worker_;
+  std::mutex ucx_mutex_;                  // every use of worker_ (control loop and the writer thread)
   std::unique_ptr<UcxWriter> writer_;
+  std::unique_ptr<AsyncWrites> writes_;   // reset first in the destructor: its thread uses the rest
+  std::vector<std::shared_ptr<RemoteKey>> retired_;   // rkeys of a lost decode, dropped under ucx_mutex_
   std::unique_ptr<PrefillSide> side_;
   // One control connection and one set of rkeys per decode instance (region ids are decode global
   // ranks, unique per instance only, so rkeys are kept per link).
   struct DecodeLink {
     std::string instance;
     std::unique_ptr<ControlClient> control;
-    std::map<uint32_t, std::unique_ptr<RemoteKey>> rkeys;  // by region id (= decode global rank)
+    std::map<uint32_t, std::shared_ptr<RemoteKey>> rkeys;  // by region id (= decode global rank); jobs share them
     std::string registered_endpoint;  // the control endpoint its REGISTER announced
   };
   std::vector<DecodeLink> decodes_;
   std::unique_ptr<ControlClient> router_;
-  std::map<uint64_t, std::vector<uint8_t>> sources_;      // held source bytes by request
+  std::map<uint64_t, std::shared_ptr<std::vector<uint8_t>>> sources_;  // held source bytes by request
   std::map<uint64_t, std::string> decode_of_;             // accepted request -> the decode instance it names
+  size_t jobs_in_flight_ = 0;
   std::set<uint64_t> abort_requested_;                    // set by inject_abort from a state hook
   std::map<uint64_t, protocol::RequestState> seen_;
   bool in_hook_ = false;

@@ -51,7 +51,7 @@ K3_FIELDS(Prefill, v("request_id", m.request_id); v("token_ids", m.token_ids);
 K3_FIELDS(ComputeDone, v("request_id", m.request_id); v("stage", m.stage);
           v("prompt_len", m.prompt_len); v("has_first_token", m.has_first_token);
           v("first_token", m.first_token); v("first_logprobs", m.first_logprobs);
-          v("choice_first_tokens", m.choice_first_tokens))
+          v("choice_first_tokens", m.choice_first_tokens); v("streaming", m.streaming))
 K3_FIELDS(AddrEntry, v("layer_id", m.layer_id); v("kind", m.kind); v("dest_rank", m.dest_rank);
           v("remote_addr", m.remote_addr); v("length", m.length); v("region_id", m.region_id))
 K3_FIELDS(PageTable, v("rank", m.rank); v("page_size", m.page_size); v("page_ids", m.page_ids))

@@ -231,6 +231,11 @@ struct ComputeDone {
   // The first token's logprobs when the sampling params ask: one entry per choice (choice 0 first), else none.
   std::vector<TokenLogprobs> first_logprobs;
   std::vector<int32_t> choice_first_tokens;   // n > 1: the first tokens of choices 1..n-1 (last stage only)
+  // A streaming stage asks for its addresses at its first chunk: this COMPUTE_DONE only says the stage
+  // has begun (decode allocates and answers ADDRS as usual). The stage's writes follow chunk by chunk;
+  // the last stage's first token comes in a second, final COMPUTE_DONE (streaming false) before its
+  // TRANSFER_DONE.
+  bool streaming = false;
   bool operator==(const ComputeDone&) const = default;
 };
 

@@ -61,6 +61,16 @@ TEST_CASE("k3-bench overlap: transfer runs have write spans and a hidden share, 
   CHECK(std::regex_search(r.out, std::regex(R"(median hidden share of the write time [0-9.]+)")));
 }
 
+TEST_CASE("k3-bench overlap --no-stream measures the stages that write after the whole prompt") {
+  TinyModel model;
+  const auto r = k3::test::run_command(kBin + "/k3-bench overlap --model '" + model.path() +
+                                       "' --prompt 64 --stages 2 --chunk 16 --runs 1 --threads 1 --timeout-s 120 --no-stream 2>&1");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("writes after the whole prompt (--no-stream)") != std::string::npos);
+  CHECK(std::regex_search(r.out, std::regex(R"(median hidden share of the write time [0-9.]+)")));
+}
+
 TEST_CASE("k3-bench overlap refuses a prompt the model has no positions for") {
   TinyModel model;
   const auto r = k3::test::run_command(kBin + "/k3-bench overlap --model '" + model.path() + "' --prompt 100000 2>&1");

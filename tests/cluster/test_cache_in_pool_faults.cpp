@@ -1,6 +1,7 @@
 // The lazy-alloc fault cases with the decode pools' ids shared with real engine cache pools
 // (decode_node/cache_in_pool.h: RankPool::share_ids + CachePoolIds), as k3-decode --cache-in-pool runs
-// them: an ABORT at every state of the protocol, and a prefill peer dying at every state, leave both the
+// them: an ABORT at every state of the protocol, and a prefill peer dying at every state (with the stages
+// writing after the whole prompt, and streaming chunk by chunk), leave both the
 // transfer pools and the engine's pools exactly as they started, also when the engine had adopted the
 // request (it was decoding) and lets go after the transfer did.
 #include <catch2/catch.hpp>
@@ -59,10 +60,12 @@ TEST_CASE("shared engine cache ids: ABORT at every state leaves pools and caches
   const int k_stop = GENERATE(range(1, Harness::kSteps));  // up to DECODING (step 9 would finish it)
   const int where = GENERATE(0, 1, 2);
   // 0: router ABORT reaches decode first, then every stage; 1: stages first, then decode; 2: only decode.
+  const bool streaming = GENERATE(false, true);   // the stages write after the whole prompt, or chunk by chunk
   EngineCaches engine;
   Harness h(engine.share());
+  h.streaming = streaming;
   for (int k = 0; k < k_stop; ++k) h.step(k);
-  INFO("abort after step " << k_stop - 1 << ", delivery " << where);
+  INFO("abort after step " << k_stop - 1 << ", delivery " << where << (streaming ? ", streaming" : ""));
   const bool decoding = h.ready == 1;
   if (decoding) engine.adopt(h);
   const Abort abort{.request_id = kId, .reason = AbortReason::ClientCancelled, .origin_role = Role::Router};
@@ -86,10 +89,12 @@ TEST_CASE("shared engine cache ids: ABORT at every state leaves pools and caches
 TEST_CASE("shared engine cache ids: a prefill peer dying at every state leaves pools and caches as they started",
           "[cluster][lazy_alloc][peer]") {
   const int k_stop = GENERATE(range(1, Harness::kSteps));
+  const bool streaming = GENERATE(false, true);
   EngineCaches engine;
   Harness h(engine.share());
+  h.streaming = streaming;
   for (int k = 0; k < k_stop; ++k) h.step(k);
-  INFO("peer death after step " << k_stop - 1);
+  INFO("peer death after step " << k_stop - 1 << (streaming ? ", streaming" : ""));
   const bool decoding = h.ready == 1;
   if (decoding) engine.adopt(h);
   h.take(h.decode->on_peer_dead(Peer{Role::Prefill, "prefill-a", 0}, h.now), true);

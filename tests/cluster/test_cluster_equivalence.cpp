@@ -126,6 +126,7 @@ struct ClusterSpec {
   int decode_cache_pages = 0;   // decode --cache-pages (0: its default)
   // CLAIMs carry `sampling` (with max_tokens set: decode then follows it, not its flags), e.g. for n > 1.
   bool claim_sampling = false;
+  std::vector<std::string> prefill_flags;   // more k3-prefill flags (e.g. --no-stream, --max-inflight-chunks)
 };
 
 // Control-plane keys of every process a test starts, as k3-cluster writes them.
@@ -143,6 +144,7 @@ struct Cluster {
   std::vector<std::unique_ptr<ProcessGuard>> stages;  // by stage index
   std::set<uint64_t> claimed;
   std::vector<std::string> held;                      // each stage's last HELD line
+  std::vector<std::map<uint64_t, int>> write_batches; // per stage: TIMING writes lines per request (--timing)
   std::vector<std::string> decode_said;               // decode's stdout (shown when a wait fails)
 
   explicit Cluster(ClusterSpec s) : keys(cluster_keys(s.stages)), spec(std::move(s)) {
@@ -165,6 +167,7 @@ struct Cluster {
     // Last stage first: each stage needs the LISTEN endpoint of the next.
     stages.resize(spec.stages);
     held.assign(spec.stages, "");
+    write_batches.assign(spec.stages, {});
     std::string next;
     for (int st = spec.stages - 1; st >= 0; --st) {
       std::vector<std::string> args = {"--model", model, "--stage", std::to_string(st), "--stages",
@@ -175,6 +178,7 @@ struct Cluster {
       const auto key_flags = keys.flags("prefill/p/" + std::to_string(st));
       args.insert(args.end(), key_flags.begin(), key_flags.end());
       if (!spec.partition.empty()) args.insert(args.end(), {"--partition", spec.partition});
+      args.insert(args.end(), spec.prefill_flags.begin(), spec.prefill_flags.end());
       if (st > 0) args.insert(args.end(), {"--listen", "tcp://127.0.0.1:*"});
       if (!next.empty()) args.insert(args.end(), {"--next-endpoint", next});
       stages[st] = std::make_unique<ProcessGuard>(kBin + "/k3-prefill", args);
@@ -207,8 +211,14 @@ struct Cluster {
           claimed.insert(std::stoull(line->substr(6)));
       }
     for (int st = 0; st < spec.stages; ++st)
-      while (auto line = stages[st]->read_line(2ms))
+      while (auto line = stages[st]->read_line(2ms)) {
         if (line->rfind("HELD ", 0) == 0) held[st] = line->substr(5);
+        if (std::istringstream in(*line); line->rfind("TIMING ", 0) == 0) {
+          std::string word, span;
+          uint64_t id = 0;
+          if (in >> word >> id >> span && span == "writes") ++write_batches[st][id];
+        }
+      }
   }
   void wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout, const std::string& what) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -305,6 +315,27 @@ void check_equivalence(const ClusterSpec& spec, uint64_t first_id) {
 
 TEST_CASE("cluster PP=2 (even split), chunk 7: tokens equal the monolithic engine", "[cluster]") {
   check_equivalence({.stages = 2, .partition = "", .chunk = 7}, 100);
+}
+
+TEST_CASE("cluster PP=2 streaming a prompt of several chunks: one write batch per chunk, k3-generate's tokens", "[cluster][stream]") {
+  // Batches: a stage writes each chunk's rows once ADDRS is back, the rows computed before it in one go, and
+  // the KDA state after the last chunk; with --max-inflight-chunks 1 compute waits for every flush.
+  for (const std::vector<std::string> flags : {std::vector<std::string>{"--timing"},
+                                               {"--timing", "--max-inflight-chunks", "1"}, {"--timing", "--no-stream"}}) {
+    Cluster c({.stages = 2, .partition = "", .chunk = 4, .prefill_flags = flags});
+    std::mt19937 rng(61);
+    const auto prompt = random_prompt(rng, 16 * 4 + 3, tiny_model().cfg.vocab_size);   // 17 chunks
+    c.submit({{1200, prompt}});
+    c.wait_finished({1200});
+    c.wait_until([&] { return c.held[0] == "0 0" && c.held[1] == "0 0"; }, 10s, "every stage holds nothing");
+    INFO("k3-prefill " << flags.back());
+    CHECK(c.router.tokens[1200] == generate_cli_tokens(prompt));
+    if (flags.back() == "--no-stream") {
+      for (int st = 0; st < 2; ++st) CHECK(c.write_batches[st][1200] == 1);
+    } else {   // rows in several batches, then the state (unless ADDRS came after nearly every chunk: load)
+      CHECK(std::max(c.write_batches[0][1200], c.write_batches[1][1200]) >= 3);
+    }
+  }
 }
 
 TEST_CASE("cluster PP=1, chunk 5: tokens equal the monolithic engine", "[cluster]") {

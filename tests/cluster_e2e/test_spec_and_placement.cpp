@@ -95,6 +95,8 @@ TEST_CASE("cluster spec: every bad field is named", "[cluster_e2e]") {
       {[](json& j) { j["prefill"][0]["partition"] = {1, 2, 3}; }, "prefill[0].partition"},
       {[](json& j) { j["prefill"][0]["partition"] = {1, -2}; }, "prefill[0].partition"},
       {[](json& j) { j["prefill"][0]["chunk_size"] = 0; }, "prefill[0].chunk_size"},
+      {[](json& j) { j["prefill"][0]["max_inflight_chunks"] = 0; }, "prefill[0].max_inflight_chunks"},
+      {[](json& j) { j["prefill"][0]["stream"] = "yes"; }, "prefill[0].stream"},
       {[](json& j) { j["prefill"][0]["id"] = "a/b"; }, "prefill[0].id"},
       {[](json& j) { j["prefill"][0]["colour"] = 1; }, "prefill[0].colour"},
       {[](json& j) { j["decode"][0]["ranks"] = 0; }, "decode[0].ranks"},
@@ -173,4 +175,21 @@ TEST_CASE("placement: round-robin cycles, least-loaded picks the idlest, prefix-
   const int moved = pa.pick(without, idle, {7, 8, 9});
   CHECK(moved != first);
   CHECK(std::find(without.begin(), without.end(), moved) != without.end());
+}
+
+TEST_CASE("cluster spec: prefill streaming fields become k3-prefill flags", "[cluster_e2e]") {
+  json j = minimal();
+  auto s = deploy::parse_cluster_spec(j);
+  REQUIRE(s.is_ok());
+  CHECK(deploy::stream_args(s->prefill[0]) == std::vector<std::string>{"--max-inflight-chunks", "4"});
+  j["prefill"][0]["max_inflight_chunks"] = 2;
+  s = deploy::parse_cluster_spec(j);
+  REQUIRE(s.is_ok());
+  CHECK(deploy::stream_args(s->prefill[0]) == std::vector<std::string>{"--max-inflight-chunks", "2"});
+  j["prefill"][0]["stream"] = false;
+  s = deploy::parse_cluster_spec(j);
+  REQUIRE(s.is_ok());
+  CHECK(deploy::stream_args(s->prefill[0]) == std::vector<std::string>{"--no-stream"});
+  j["prefill"][0]["max_inflight_chunks"] = 5000;
+  CHECK(error_of(j).find("prefill[0].max_inflight_chunks: 5000 outside [1, 4096]") != std::string::npos);
 }

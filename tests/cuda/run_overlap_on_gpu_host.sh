@@ -5,9 +5,11 @@
 # k3-decode on the one H200), logs under OUT_DIR:
 #   build.log     GPU, compiler, configure + build time
 #   genweights.log  k3-genweights --preset k3-small
-#   small-pp2.log k3-small, 8192-token prompt, 2 stages, chunk CHUNK: hidden share of the write time and
-#                 TTFT with transfer vs transfer skipped (the acceptance figures: >= 0.9, <= 1.05x)
-#   small-pp1.log the same on one stage (nothing can hide a lone stage's transfer before streaming)
+#   small-pp2.log k3-small, 8192-token prompt, 2 stages, chunk CHUNK, streaming (each chunk's rows written
+#                 while the next computes): hidden share of the write time and TTFT with transfer vs
+#                 transfer skipped (the acceptance figures: >= 0.9, <= 1.05x)
+#   small-pp2-nostream.log  the same with --no-stream (writes after the whole prompt): the "before"
+#   small-pp1.log the same as small-pp2 on one stage (streamed)
 #   tests/cuda/run_overlap_on_gpu_host.sh OUT_DIR [CHUNK (default 1024)] [RUNS (default 2)]
 # The stage limits keep the whole call under ten minutes; genweights.log says how long the model took.
 # Needs .kit/k3-offline-kit.tar.gz (deploy/offline-kit.sh pack).
@@ -31,5 +33,6 @@ stage() {  # log, time limit, k3-bench overlap flags...
   gpu_host_stage "$1" "$2" "^overlap|^round|^warm|^[0-9]|median|error|FAILED" \
     $B/bin/k3-bench overlap --model $M --backend cuda --prompt 8192 --chunk "$CHUNK" "${@:3}"
 }
-stage small-pp2.log 300 --stages 2 --runs "$RUNS"
+stage small-pp2.log 240 --stages 2 --runs "$RUNS"
+stage small-pp2-nostream.log 120 --stages 2 --runs 1 --no-stream
 stage small-pp1.log 120 --stages 1 --runs 1

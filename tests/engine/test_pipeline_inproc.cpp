@@ -18,7 +18,10 @@ std::vector<int32_t> pipeline_generate(const ModelConfig& cfg, const WeightStore
                                        const std::vector<int>& partition, int chunk,
                                        const std::vector<int32_t>& prompt, int max_tokens) {
   const CacheOptions co{.max_seqs = 2, .page_size = 16, .num_pages = 64};
-  struct Stage { std::unique_ptr<Model> model; std::unique_ptr<CachePools> pools; SeqCache seq; int begin, end; };
+  // streamed: the image a streaming prefill stage builds, each chunk's rows after its forward, the KDA
+  // states after the last; it must equal the whole export (the reference).
+  struct Stage { std::unique_ptr<Model> model; std::unique_ptr<CachePools> pools; SeqCache seq; int begin, end;
+                 std::vector<uint8_t> streamed; };
   std::vector<Stage> stages;
   int at = 0;
   for (int n : partition) {
@@ -28,6 +31,7 @@ std::vector<int32_t> pipeline_generate(const ModelConfig& cfg, const WeightStore
     s.model = Model::create(be, cfg, w, s.begin, s.end).value();
     s.pools = std::make_unique<CachePools>(be, cfg, s.begin, s.end, co);
     s.seq = s.pools->open().value();
+    s.streamed.assign(packed_cache_bytes(cfg, *s.pools, s.begin, s.end, prompt.size()), 0xA5);
     stages.push_back(std::move(s));
     at += n;
   }
@@ -40,6 +44,9 @@ std::vector<int32_t> pipeline_generate(const ModelConfig& cfg, const WeightStore
       BatchItem item{.seq = &s.seq, .num_new = n};
       s.model->forward(std::span(&item, 1), act, *s.pools);
       s.seq.num_tokens += n;
+      const int64_t end = static_cast<int64_t>(c0) + n;
+      export_cache_part(be, *s.pools, s.seq, s.begin, s.end, prompt.size(), c0, end, end == int64_t(prompt.size()),
+                        s.streamed.data());
     }
     const int32_t last = static_cast<int32_t>(n - 1);
     logits = stages.back().model->logits(act, std::span(&last, 1));
@@ -53,6 +60,7 @@ std::vector<int32_t> pipeline_generate(const ModelConfig& cfg, const WeightStore
     std::vector<uint8_t> image;
     export_caches(be, *s.pools, s.seq, s.begin, s.end, image);
     REQUIRE(image.size() == packed_cache_bytes(cfg, *s.pools, s.begin, s.end, prompt.size()));
+    CHECK(s.streamed == image);
     REQUIRE(import_caches(be, dpools, dseq, s.begin, s.end, prompt.size(), image.data(), image.size()).is_ok());
     s.pools->close(s.seq);
   }

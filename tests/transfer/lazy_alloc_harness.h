@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <deque>
+#include <utility>
 #include <functional>
 #include <map>
 #include <random>
@@ -54,6 +55,8 @@ struct Harness {
   std::vector<std::pair<Peer, Message>> sent_log;   // everything ever sent (for duplicate replays)
   std::vector<Message> router_inbox;
   std::map<uint32_t, std::vector<WriteOp>> posted;  // stage -> writes in flight
+  std::map<uint32_t, int> batches;                  // stage -> StartWrites in flight (several when streaming)
+  bool streaming = false;                           // step() runs the streaming schedule
   std::map<uint32_t, bool> cancelled;
   int decode_released = 0, prefill_released = 0, decode_ended = 0, prefill_ended = 0, ready = 0;
   std::vector<RequestState> decode_end_states;
@@ -97,7 +100,9 @@ struct Harness {
         REQUIRE_FALSE(from_decode);
         REQUIRE(decode->holds_memory(w->request_id));
         const uint32_t stage = w->ops.empty() ? 0 : w->ops.front().src_stage;
-        posted[stage] = w->ops;
+        auto& p = posted[stage];
+        p.insert(p.end(), w->ops.begin(), w->ops.end());
+        ++batches[stage];
       } else if (std::get_if<CancelWritesAction>(&a)) {
         REQUIRE_FALSE(from_decode);
       } else if (std::get_if<ReadyAction>(&a)) {
@@ -142,7 +147,8 @@ struct Harness {
     if (it == posted.end()) return;
     CHECK(decode->holds_memory(kId));  // the deferred-release guarantee
     posted.erase(it);
-    take(stages[stage]->on_writes_flushed(kId, result, now), false);
+    const int n = std::exchange(batches[stage], 0);
+    for (int b = 0; b < n; ++b) take(stages[stage]->on_writes_flushed(kId, result, now), false);
   }
 
   void flush_all() {
@@ -163,9 +169,17 @@ struct Harness {
          false);
   }
 
-  // The happy path as numbered steps, so faults can be injected after any prefix.
+  // Streaming: stage s begins (asks for ADDRS) / has its first `rows` rows computed.
+  void stream_started(uint32_t s) {
+    take(stages[s]->on_stream_started(kId, pack_stage_source(model(), PrefillLayout{{2, 2, 2}}, s, kTokens), now), false);
+  }
+  void rows_computed(uint32_t s, uint32_t rows) { take(stages[s]->on_rows_computed(kId, rows, now), false); }
+
+  // The happy path as numbered steps, so faults can be injected after any prefix. Both schedules
+  // allocate at step 3 and are ready after step 8.
   static constexpr int kSteps = 10;
   void step(int k) {
+    if (streaming) return stream_step(k);
     switch (k) {
       case 0: take(decode->on_claim(claim(), now), true); break;
       case 1: for (auto& st : stages) take(st->on_prefill(prefill(), now), false); break;
@@ -173,6 +187,24 @@ struct Harness {
       case 3: deliver_all(); break;                 // decode allocates, ADDRS -> stage 0 posts writes
       case 4: stage_computed(1); deliver_all(); break;
       case 5: stage_computed(2); deliver_all(); break;
+      case 6: flush(0); deliver_all(); break;
+      case 7: flush(1); deliver_all(); break;
+      case 8: flush(2); deliver_all(); break;       // all TRANSFER_DONE -> DECODING
+      case 9: take(decode->on_finished(kId, now), true); break;
+    }
+  }
+
+  void stream_step(int k) {
+    switch (k) {
+      case 0: take(decode->on_claim(claim(), now), true); break;
+      case 1: for (auto& st : stages) take(st->on_prefill(prefill(), now), false); break;
+      case 2: stream_started(0); rows_computed(0, 4); break;
+      case 3: deliver_all(); break;                 // decode allocates, ADDRS -> stage 0 writes rows [0, 4)
+      case 4: stream_started(1); rows_computed(1, 4); rows_computed(0, 8); deliver_all(); break;
+      case 5:                                       // stage 2 computes everything before its ADDRS arrives
+        stage_computed(0); stream_started(2); stage_computed(1); rows_computed(2, 4); stage_computed(2);
+        deliver_all();
+        break;
       case 6: flush(0); deliver_all(); break;
       case 7: flush(1); deliver_all(); break;
       case 8: flush(2); deliver_all(); break;       // all TRANSFER_DONE -> DECODING

@@ -106,7 +106,23 @@ TEST_CASE("random interleavings keep the release guarantees", "[lazy_alloc][chao
         std::vector<RankPool*>{h.pools[0].get(), h.pools[1].get()}, &h.decode_metrics);
     h.step(0);
     h.step(1);
+    // Odd runs stream: a stage asks for ADDRS at its first chunk and reports rows chunk by chunk.
+    const bool streaming = run % 2 == 1;
     std::vector<bool> computed(Harness::kStages, false);
+    std::vector<int> rows(Harness::kStages, -1);   // streaming: -1 not started, else rows reported
+    const auto progress = [&](uint32_t s) {
+      if (computed[s]) return;
+      if (streaming && rows[s] < 0) {
+        h.stream_started(s);
+        rows[s] = 0;
+      } else if (streaming && rows[s] < int(kTokens)) {
+        rows[s] = std::min<int>(int(kTokens), rows[s] + 1 + int(rng() % 5));
+        h.rows_computed(s, uint32_t(rows[s]));
+      } else {
+        computed[s] = true;
+        h.stage_computed(s);
+      }
+    };
     for (int t = 0; t < 60; ++t) {
       const int what = int(rng() % 100);
       if (what < 45 && !h.queue.empty()) {
@@ -115,11 +131,7 @@ TEST_CASE("random interleavings keep the release guarantees", "[lazy_alloc][chao
         h.queue.erase(h.queue.begin() + long(k));
         h.deliver(to, m);
       } else if (what < 60) {
-        const uint32_t s = uint32_t(rng() % Harness::kStages);
-        if (!computed[s]) {
-          computed[s] = true;
-          h.stage_computed(s);
-        }
+        progress(uint32_t(rng() % Harness::kStages));
       } else if (what < 75 && !h.posted.empty()) {
         auto it = h.posted.begin();
         std::advance(it, long(rng() % h.posted.size()));
@@ -144,10 +156,7 @@ TEST_CASE("random interleavings keep the release guarantees", "[lazy_alloc][chao
       h.flush_all();
       h.deliver_all();
       for (uint32_t s = 0; s < Harness::kStages; ++s)
-        if (!computed[s]) {
-          computed[s] = true;
-          h.stage_computed(s);
-        }
+        while (!computed[s]) progress(s);
     }
     h.deliver_all();
     if (h.decode->state(kId) == RequestState::Decoding) h.take(h.decode->on_finished(kId, h.now), true);

@@ -413,3 +413,56 @@ TEST_CASE("plans relayout every byte for the Kimi Linear 48B schedule (27 layers
       check_pair(model, prefill, dl.layout, T, rng);
     }
 }
+
+TEST_CASE("a stage's plan parts (chunk rows, then states) partition its whole plan", "[plan][stream]") {
+  // A streaming stage plans each chunk's rows as it is computed and the KDA states after the last chunk:
+  // the union of those parts must be exactly the whole-prompt plan (the reference), every op once.
+  const auto layouts = decode_layouts();
+  const size_t which = GENERATE(range<size_t>(0, 6));
+  std::mt19937_64 rng(77 + which);
+  const CacheLayout model = test_model(16, 1);
+  const PrefillLayout prefill{random_partition(16, 3, rng)};
+  for (int trial = 0; trial < 4; ++trial) {
+    const uint32_t T = 1 + uint32_t(rng() % 40);
+    SimDecode d = make_decode(model, layouts[which].layout, T, 1 + uint32_t(rng() % 5), rng);
+    auto dest = DecodeDestinations::from_addrs(d.addrs);
+    REQUIRE(dest.is_ok());
+    for (uint32_t s = 0; s < prefill.num_stages(); ++s) {
+      const StageSource src = pack_stage_source(model, prefill, s, T);
+      auto whole = plan_stage_writes_uncoalesced(model, prefill, layouts[which].layout, src, dest.value());
+      REQUIRE(whole.is_ok());
+      std::vector<WriteOp> parts, coalesced_parts;
+      for (uint32_t at = 0; at < T;) {
+        const uint32_t next = std::min<uint32_t>(T, at + 1 + uint32_t(rng() % 9));
+        const PlanPart rows{.row_begin = at, .row_end = next, .states = false};
+        auto fine = plan_stage_writes_uncoalesced(model, prefill, layouts[which].layout, src, dest.value(), rows);
+        auto coarse = plan_stage_writes(model, prefill, layouts[which].layout, src, dest.value(), rows);
+        REQUIRE(fine.is_ok());
+        REQUIRE(coarse.is_ok());
+        CHECK(total_bytes(coarse.value()) == total_bytes(fine.value()));
+        parts.insert(parts.end(), fine->begin(), fine->end());
+        coalesced_parts.insert(coalesced_parts.end(), coarse->begin(), coarse->end());
+        at = next;
+      }
+      const PlanPart states{.row_begin = T, .row_end = T, .states = true};
+      auto last = plan_stage_writes_uncoalesced(model, prefill, layouts[which].layout, src, dest.value(), states);
+      REQUIRE(last.is_ok());
+      parts.insert(parts.end(), last->begin(), last->end());
+      const auto key = [](const WriteOp& a, const WriteOp& b) {
+        return std::tie(a.dst_rank, a.dst_addr, a.src_offset, a.length) < std::tie(b.dst_rank, b.dst_addr, b.src_offset, b.length);
+      };
+      std::vector<WriteOp> want = whole.value();
+      std::sort(want.begin(), want.end(), key);
+      std::sort(parts.begin(), parts.end(), key);
+      INFO(layouts[which].name << " T=" << T << " stage " << s);
+      CHECK(parts == want);
+      CHECK(total_bytes(coalesced_parts) + total_bytes(last.value()) == total_bytes(want));
+    }
+  }
+  const StageSource src = pack_stage_source(model, prefill, 0, 4);
+  SimDecode d = make_decode(model, layouts[0].layout, 4, 2, rng);
+  auto dest = DecodeDestinations::from_addrs(d.addrs);
+  auto reversed = plan_stage_writes(model, prefill, layouts[0].layout, src, dest.value(), {.row_begin = 3, .row_end = 1});
+  REQUIRE_FALSE(reversed.is_ok());
+  CHECK_THAT(reversed.status().message(), Catch::Contains("rows [3, 1) are reversed"));
+}
