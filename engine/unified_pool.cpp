@@ -35,6 +35,32 @@ uint64_t UnifiedPool::hole_bytes() const {
 
 uint64_t UnifiedPool::free_bytes() const { return gap_bytes() + hole_bytes(); }
 
+UnifiedPool::Fragmentation UnifiedPool::fragmentation() const {
+  std::lock_guard lk(mu_);
+  Fragmentation f;
+  auto extent = [&f](uint64_t bytes) {
+    if (bytes == 0) return;
+    ++f.extents;
+    f.free_bytes += bytes;
+    f.largest_extent_bytes = std::max(f.largest_extent_bytes, bytes);
+  };
+  // Ends are trimmed, so no hole touches the gap: each run of holes is an extent of its own.
+  for (const End* e : {&slots_, &pages_}) {
+    uint64_t run = 0;
+    for (int64_t id : e->at) {
+      if (id < 0) {
+        ++run;
+        continue;
+      }
+      extent(run * e->unit);
+      run = 0;
+    }
+    extent(run * e->unit);
+  }
+  extent(opts_.region_bytes - slots_.at.size() * slots_.unit - pages_.at.size() * pages_.unit);
+  return f;
+}
+
 int UnifiedPool::live(Kind kind) const {
   std::lock_guard lk(mu_);
   const End& e = end(kind);
@@ -95,7 +121,7 @@ void UnifiedPool::free(Handle h) {
   e.at[e.pos_of[h.id]] = -1;
   e.pos_of[h.id] = -1;
   e.free_ids.push_back(h.id);
-  compact_end(h.kind);
+  trim(e);
 }
 
 int UnifiedPool::compact() {
