@@ -108,8 +108,8 @@ std::optional<UnifiedPool::Handle> UnifiedPool::take(Kind k) {
 std::optional<UnifiedPool::Handle> UnifiedPool::alloc(Kind kind) {
   std::lock_guard lk(mu_);
   if (auto h = take(kind)) return h;
-  // The other end's holes hold the bytes: pack it and try the gap again.
-  compact_end(kind == Kind::Slot ? Kind::Page : Kind::Slot);
+  if (kind == Kind::Slot) return std::nullopt;   // pages never move (see the header)
+  compact_end(Kind::Slot);                        // the slot holes hold the bytes: pack them, try the gap again
   return take(kind);
 }
 
@@ -126,7 +126,7 @@ void UnifiedPool::free(Handle h) {
 
 int UnifiedPool::compact() {
   std::lock_guard lk(mu_);
-  return compact_end(Kind::Slot) + compact_end(Kind::Page);
+  return compact_end(Kind::Slot);
 }
 
 // Moves the end's last block into its lowest hole until no hole is left or the last block is pinned.

@@ -2,11 +2,12 @@
 // KDA slots (state + conv of every KDA layer: large, fixed) are taken from the low end, MLA pages (small)
 // from the high end, and the bytes between them are one free gap that either kind can use, so the split
 // follows the load instead of a start-up guess. Freeing a block inside an end leaves a hole; a new block
-// of that kind fills the lowest hole first. Blocks move only when the holes block an allocation: when the
-// gap is too small for the block asked for, the other end's last blocks are moved into its holes
-// (compaction) and the gap grows by what they free. Moving on every free would copy a whole KDA slot (the
-// state of every KDA layer) each time a request ends, though a later request of the same kind reuses the
-// hole without any copy.
+// of that kind fills the lowest hole first. Only slots ever move, and only when their holes block an
+// allocation: when the gap is too small for a page, the last slots are moved into the slot holes
+// (compaction) and the gap grows by what they free. Pages stay where they were put, so a page id in a
+// request's page table or the prefix tree never changes (their holes are refilled by pages); and moving on
+// every free would copy a whole KDA slot (the state of every KDA layer) each time a request ends, though
+// the next request reuses the hole without a copy.
 //
 // Handles stay valid across moves; offsets do not. Whoever reads or writes a block's bytes outside the
 // pool (a kernel, a transfer) holds a Pin for the duration: a pinned block is never moved (its hole
@@ -42,8 +43,8 @@ class UnifiedPool {
   // Throws k3::Error naming a bad option.
   UnifiedPool(const UnifiedPoolOptions& opts, Mover mover);
 
-  // Takes a block: the lowest hole of its end, else the gap, else the gap after compacting the other end;
-  // nullopt when none has room.
+  // Takes a block: the lowest hole of its end, else the gap, else (a page) the gap after compacting the
+  // slots; nullopt when none has room.
   std::optional<Handle> alloc(Kind kind);
   // Leaves a hole (no bytes move); a hole at the end's edge of the gap joins the gap.
   void free(Handle h);
@@ -64,7 +65,7 @@ class UnifiedPool {
     uint64_t offset_;
   };
 
-  // Closes every hole whose end block is not pinned; returns the blocks moved.
+  // Closes the slot holes while the last slot is not pinned; returns the slots moved.
   int compact();
 
   uint64_t free_bytes() const;      // the gap plus the holes

@@ -120,9 +120,9 @@ TEST_CASE("fragmentation counts the free extents and the share outside the large
   REQUIRE(f.free_bytes == gap + 3 * kSlot + kPage);
   REQUIRE(f.largest_extent_bytes == std::max<uint64_t>(gap, 2 * kSlot));
   REQUIRE(f.ratio() == Approx(1.0 - double(f.largest_extent_bytes) / double(f.free_bytes)));
-  REQUIRE(p.compact() == 3);                     // s[5] and s[3] close the slot holes, page 7 the page hole
+  REQUIRE(p.compact() == 2);                     // s[5] and s[3] close the slot holes
   auto g = p.fragmentation();
-  REQUIRE(g.extents == 1);                       // all of it the gap again
+  REQUIRE(g.extents == 2);                       // the page hole stays (pages never move), and the gap
   REQUIRE(g.free_bytes == f.free_bytes);
 }
 
@@ -180,8 +180,10 @@ TEST_CASE("compaction while a writer pins and writes blocks: no write lands in a
   });
   std::mt19937 rng(2);
   uint8_t next_tag = 1;
+  uint64_t page_bytes_live = 0;
   for (int step = 0; step < 20000; ++step) {
-    const Kind k = rng() % 3 == 0 ? Kind::Slot : Kind::Page;
+    // Pages never move, so (as CachePools does) they are capped to leave the slots room.
+    const Kind k = rng() % 3 == 0 || page_bytes_live >= region / 2 ? Kind::Slot : Kind::Page;
     std::unique_lock lk(mu);
     // Every 50 steps let the writer in: wait until it has written again (interleaves the two).
     if (step % 50 == 0 && !live.empty()) {
@@ -195,6 +197,7 @@ TEST_CASE("compaction while a writer pins and writes blocks: no write lands in a
         next_tag = next_tag == 255 ? 1 : next_tag + 1;
         r.fill(p.offset(*h), size_of(k), tag);
         live.emplace_back(*h, tag);
+        if (k == Kind::Page) page_bytes_live += 32;
         changed.notify_all();
         took = true;
       }
@@ -203,6 +206,7 @@ TEST_CASE("compaction while a writer pins and writes blocks: no write lands in a
       const size_t i = rng() % live.size();
       if (writing && live[i].first == *writing) continue;   // a transfer is writing it: not ours to free
       p.free(live[i].first);
+      if (live[i].first.kind == Kind::Page) page_bytes_live -= 32;
       live.erase(live.begin() + static_cast<long>(i));
     }
   }
@@ -214,7 +218,7 @@ TEST_CASE("compaction while a writer pins and writes blocks: no write lands in a
   writer.join();
   INFO("writes " << writes << ", moves " << p.moves());
   p.compact();
-  REQUIRE(p.moves() > 100);
+  REQUIRE(p.moves() > 20);
   REQUIRE(writes >= 300);
   for (const auto& [h, tag] : live) REQUIRE(r.all(p.offset(h), size_of(h.kind), tag));
   for (const auto& [h, tag] : live) p.free(h);
