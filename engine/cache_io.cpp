@@ -57,6 +57,7 @@ void export_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int
   const int ps = pools.options().page_size;
   out.resize(packed_cache_bytes(pools.config(), pools, begin, end, seq.num_tokens));
   const auto ids = rows_of(seq, seq.num_tokens, ps);
+  const auto held = pools.has_kda() && seq.slot >= 0 ? pools.hold_rows(seq.slot) : CachePools::HeldRows{};
   walk(pools, begin, end, seq.num_tokens,
        [&](int, Tensor& pool, uint64_t off) {
          const int64_t w = pool.dim(2), n = static_cast<int64_t>(ids.size());
@@ -68,8 +69,9 @@ void export_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int
          std::memcpy(out.data() + off, host.data(), host.nbytes());
        },
        [&](int, Tensor& conv, Tensor& state, const PackedEntry& e) {
-         Tensor c = raw_host(backend, conv.slice_rows(seq.slot, seq.slot + 1));
-         Tensor s = raw_host(backend, state.slice_rows(seq.slot, seq.slot + 1));
+         const int32_t cr = held.conv, sr = held.state;
+         Tensor c = raw_host(backend, conv.slice_rows(cr, cr + 1));
+         Tensor s = raw_host(backend, state.slice_rows(sr, sr + 1));
          std::memcpy(out.data() + e.conv, c.data(), layout.kda_conv_bytes());
          std::memcpy(out.data() + e.state, s.data(), layout.kda_state_bytes());
        });
@@ -83,6 +85,9 @@ Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, i
   const int ps = pools.options().page_size;
   if (static_cast<int64_t>(seq.pages.size()) * ps < num_tokens) return invalid_argument("sequence has too few pages");
   const auto ids = rows_of(seq, num_tokens, ps);
+  // The slot stays where it is while its bytes land (a caller may import on another thread than the
+  // steps whose page reservations move slots).
+  const auto held = pools.has_kda() && seq.slot >= 0 ? pools.hold_rows(seq.slot) : CachePools::HeldRows{};
   walk(pools, begin, end, num_tokens,
        [&](int, Tensor& pool, uint64_t off) {
          const int64_t w = pool.dim(2);
@@ -92,7 +97,8 @@ Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, i
          backend.scatter_rows({.src = dev_rows, .ids = backend.from_host(Tensor::from_i32({num_tokens}, ids), DType::I32), .dst = flat});
        },
        [&](int, Tensor& conv, Tensor& state, const PackedEntry& e) {
-         Tensor c_dst = conv.slice_rows(seq.slot, seq.slot + 1), s_dst = state.slice_rows(seq.slot, seq.slot + 1);
+         const int32_t cr = held.conv, sr = held.state;
+         Tensor c_dst = conv.slice_rows(cr, cr + 1), s_dst = state.slice_rows(sr, sr + 1);
          Tensor c = Tensor::view(const_cast<uint8_t*>(data + e.conv), c_dst.shape(), c_dst.dtype());
          Tensor s = Tensor::view(const_cast<uint8_t*>(data + e.state), s_dst.shape(), s_dst.dtype());
          backend.copy(backend.from_host(c, c.dtype()), c_dst);

@@ -1,4 +1,4 @@
-// One unified cache region on a backend (docs/ARCHITECTURE.md, "Unified cache region"): a single
+// One unified cache region on a backend (docs/PREFIX_CACHE.md, "Unified cache region"): a single
 // allocation of the backend's memory (host on the CPU, device memory on CUDA) holding the KDA slots and
 // MLA pages of a range of layers, laid out by UnifiedRegionLayout and kept by UnifiedPool (slots from
 // the low end, pages from the high end, the boundary following demand). Compaction copies slot blocks
@@ -9,8 +9,9 @@
 // moves; rows do not. Writers outside the step (a transfer landing a request's cache) hold a Pin for the
 // write, so the block cannot move under them.
 //
-// Status: tested on the CPU backend (tests/engine/test_cache_region.cpp), kernels included; CachePools
-// does not use it yet (docs/ARCHITECTURE.md says what is missing).
+// CachePools (engine/kv_cache.h) keeps its pools in one of these unless another owner provides the memory.
+// Tested on the CPU backend (tests/engine/test_cache_region.cpp, test_cache_pools_region.cpp), kernels
+// and the whole engine included.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -66,6 +67,7 @@ class CacheRegion {
 
   UnifiedPool::Fragmentation fragmentation() const { return pool_.fragmentation(); }
   uint64_t free_bytes() const { return pool_.free_bytes(); }
+  uint64_t room(UnifiedPool::Kind kind) const { return pool_.room(kind); }   // blocks alloc could take now
   uint64_t moves() const { return pool_.moves(); }
   int compact() { return pool_.compact(); }
 

@@ -35,6 +35,15 @@ uint64_t UnifiedPool::hole_bytes() const {
 
 uint64_t UnifiedPool::free_bytes() const { return gap_bytes() + hole_bytes(); }
 
+uint64_t UnifiedPool::room(Kind kind) const {
+  std::lock_guard lk(mu_);
+  auto holes = [](const End& e) { return uint64_t(std::count(e.at.begin(), e.at.end(), -1)); };
+  uint64_t gap = opts_.region_bytes - slots_.at.size() * slots_.unit - pages_.at.size() * pages_.unit;
+  if (kind == Kind::Slot) return holes(slots_) + gap / slots_.unit;
+  gap += holes(slots_) * slots_.unit;
+  return holes(pages_) + gap / pages_.unit;
+}
+
 UnifiedPool::Fragmentation UnifiedPool::fragmentation() const {
   std::lock_guard lk(mu_);
   Fragmentation f;

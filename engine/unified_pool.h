@@ -1,4 +1,4 @@
-// One memory region for both kinds of per-request cache memory (docs/PREFIX_CACHE.md, "Unified pool"):
+// One memory region for both kinds of per-request cache memory (docs/PREFIX_CACHE.md, "Unified cache region"):
 // KDA slots (state + conv of every KDA layer: large, fixed) are taken from the low end, MLA pages (small)
 // from the high end, and the bytes between them are one free gap that either kind can use, so the split
 // follows the load instead of a start-up guess. Freeing a block inside an end leaves a hole; a new block
@@ -71,6 +71,9 @@ class UnifiedPool {
   uint64_t free_bytes() const;      // the gap plus the holes
   uint64_t gap_bytes() const;       // the contiguous free middle
   uint64_t hole_bytes() const;      // free bytes inside the ends
+  // Blocks of `kind` that alloc could take now: its holes, then the gap; a page also the bytes of the
+  // slot holes (a compaction frees them, unless a pin stops it).
+  uint64_t room(Kind kind) const;
   // Fragmentation as the metrics report it: the free bytes split into maximal runs of adjacent free bytes
   // (extents). One extent (or none) is no fragmentation.
   struct Fragmentation {

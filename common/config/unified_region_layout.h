@@ -1,4 +1,4 @@
-// Byte offsets of one unified cache region (docs/ARCHITECTURE.md, "Unified cache region"): the memory of
+// Byte offsets of one unified cache region (docs/PREFIX_CACHE.md, "Unified cache region"): the memory of
 // a range of layers' KDA slots and MLA pages in one allocation. A slot block holds one slot of every KDA
 // layer of the range (each layer's state, then each layer's conv window); a page block holds one page of
 // every MLA layer. Slot blocks are taken from byte 0 upwards and page blocks from the top downwards
