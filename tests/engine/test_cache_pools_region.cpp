@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "model_fixture.h"
+#include "separate_pools.h"
 
 using namespace k3;
 using namespace k3::test;
@@ -201,29 +202,6 @@ TEST_CASE("a transfer writing pinned slots of the engine's pools while pages com
 }
 
 namespace {
-
-// Separate per-layer pools as before the region: arrays this test owns, handed to the engine as another
-// owner's memory (CacheOptions::memory), so nothing in them ever moves.
-struct SeparatePools {
-  std::vector<std::vector<float>> arrays;
-  std::shared_ptr<CacheMemory> memory = std::make_shared<CacheMemory>();
-  SeparatePools(const ModelConfig& cfg, const Backend& backend, const CacheOptions& o) {
-    const CacheLayout c = cache_layout(cfg, backend).value();
-    auto take = [&](uint64_t bytes) {
-      arrays.emplace_back((bytes + sizeof(float) - 1) / sizeof(float), 0.f);
-      return static_cast<void*>(arrays.back().data());
-    };
-    const uint64_t slots = uint64_t(o.max_seqs + o.checkpoint_slots);
-    for (int l = 0; l < cfg.num_hidden_layers; ++l) {
-      if (cfg.layer_kind(l) == LayerKind::Kda) {
-        memory->kda_conv[l] = take(slots * c.kda_conv_bytes());
-        memory->kda_state[l] = take(slots * c.kda_state_bytes());
-      } else {
-        memory->mla_kv[l] = take(uint64_t(o.num_pages) * o.page_size * c.mla_row_bytes);
-      }
-    }
-  }
-};
 
 std::vector<std::vector<int32_t>> greedy_tokens(Engine& e, const std::vector<GenerateRequest>& reqs) {
   const auto results = e.generate(reqs).value();
