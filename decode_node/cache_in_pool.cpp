@@ -46,6 +46,9 @@ CacheOptions cache_options_for(const transfer::RankPoolGeometry& geo, std::share
 }
 
 std::optional<std::vector<uint32_t>> CachePoolIds::take_pages(uint32_t n) {
+  // A unified region's page ids are rows of its page views, not the transfer pool's 0..num_pages-1.
+  K3_CHECK(pools_.region() == nullptr || !pools_.has_mla(),
+           "CachePoolIds: the engine's pools must be the transfer's arrays (CacheOptions::memory), not a unified region");
   auto pages = pools_.alloc_pages(static_cast<int>(n));
   if (!pages) return std::nullopt;
   return std::vector<uint32_t>(pages->begin(), pages->end());

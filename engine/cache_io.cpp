@@ -65,6 +65,9 @@ void export_cache_part(Backend& backend, CachePools& pools, const SeqCache& seq,
   const int ps = pools.options().page_size;
   std::vector<int32_t> ids;
   for (int64_t p = row_begin; p < row_end; ++p) ids.push_back(static_cast<int32_t>(CacheLayout::paged_row(seq.pages, ps, p)));
+  // The slot stays where it is while its state is read (a page reservation on another thread may
+  // compact the region).
+  const auto held = states && pools.has_kda() && seq.slot >= 0 ? pools.hold_rows(seq.slot) : CachePools::HeldRows{};
   walk(pools, begin, end, image_tokens,
        [&](int, Tensor& pool, uint64_t off) {
          const int64_t w = pool.dim(2), n = static_cast<int64_t>(ids.size());
@@ -78,8 +81,9 @@ void export_cache_part(Backend& backend, CachePools& pools, const SeqCache& seq,
        },
        [&](int, Tensor& conv, Tensor& state, const PackedEntry& e) {
          if (!states) return;
-         Tensor c = raw_host(backend, conv.slice_rows(seq.slot, seq.slot + 1));
-         Tensor s = raw_host(backend, state.slice_rows(seq.slot, seq.slot + 1));
+         const int32_t cr = held.conv, sr = held.state;
+         Tensor c = raw_host(backend, conv.slice_rows(cr, cr + 1));
+         Tensor s = raw_host(backend, state.slice_rows(sr, sr + 1));
          std::memcpy(image + e.conv, c.data(), layout.kda_conv_bytes());
          std::memcpy(image + e.state, s.data(), layout.kda_state_bytes());
        });
@@ -93,6 +97,9 @@ Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, i
   const int ps = pools.options().page_size;
   if (static_cast<int64_t>(seq.pages.size()) * ps < num_tokens) return invalid_argument("sequence has too few pages");
   const auto ids = rows_of(seq, num_tokens, ps);
+  // The slot stays where it is while its bytes land (a caller may import on another thread than the
+  // steps whose page reservations move slots).
+  const auto held = pools.has_kda() && seq.slot >= 0 ? pools.hold_rows(seq.slot) : CachePools::HeldRows{};
   walk(pools, begin, end, num_tokens,
        [&](int, Tensor& pool, uint64_t off) {
          const int64_t w = pool.dim(2);
@@ -102,7 +109,8 @@ Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, i
          backend.scatter_rows({.src = dev_rows, .ids = backend.from_host(Tensor::from_i32({num_tokens}, ids), DType::I32), .dst = flat});
        },
        [&](int, Tensor& conv, Tensor& state, const PackedEntry& e) {
-         Tensor c_dst = conv.slice_rows(seq.slot, seq.slot + 1), s_dst = state.slice_rows(seq.slot, seq.slot + 1);
+         const int32_t cr = held.conv, sr = held.state;
+         Tensor c_dst = conv.slice_rows(cr, cr + 1), s_dst = state.slice_rows(sr, sr + 1);
          Tensor c = Tensor::view(const_cast<uint8_t*>(data + e.conv), c_dst.shape(), c_dst.dtype());
          Tensor s = Tensor::view(const_cast<uint8_t*>(data + e.state), s_dst.shape(), s_dst.dtype());
          backend.copy(backend.from_host(c, c.dtype()), c_dst);

@@ -39,11 +39,13 @@ Tensor DecodeStep::run(std::span<const BatchItem> batch, std::span<const int32_t
   for (const BatchItem& it : batch) pages = std::max(pages, it.seq->pages.size());
   const int W = width_bucket(static_cast<int64_t>(pages));
 
-  // The step's indices, packed: tokens | slots | cu_seqlens | new_rows | seq_lens | last_rows | table.
+  // The step's indices, packed: tokens | state rows | conv rows | cu_seqlens | new_rows | seq_lens |
+  // last_rows | table. Slot rows are read here, after the step's pages were reserved (which may move slots).
   std::vector<int32_t> packed;
-  packed.reserve(size_t(5 * B + 1) + size_t(B) * W);
+  packed.reserve(size_t(6 * B + 1) + size_t(B) * W);
   packed.insert(packed.end(), tokens.begin(), tokens.end());
-  for (const BatchItem& it : batch) packed.push_back(it.seq->slot);
+  for (const BatchItem& it : batch) packed.push_back(caches_.state_row(it.seq->slot));
+  for (const BatchItem& it : batch) packed.push_back(caches_.conv_row(it.seq->slot));
   for (int b = 0; b <= B; ++b) packed.push_back(b);
   for (const BatchItem& it : batch) {
     const int64_t pos = it.seq->num_tokens;
@@ -72,6 +74,7 @@ Tensor DecodeStep::run(std::span<const BatchItem> batch, std::span<const int32_t
     };
     index_.token_ids = next(B);
     index_.slots = next(B);
+    index_.conv_slots = next(B);
     index_.cu_seqlens = next(B + 1);
     index_.new_rows = next(B);
     index_.seq_lens = next(B);

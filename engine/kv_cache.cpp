@@ -27,31 +27,93 @@ Result<CacheLayout> cache_layout(const ModelConfig& cfg, const Backend& backend)
   return CacheLayout::from_config(cfg, {.kv = backend.compute_dtype(), .conv = backend.compute_dtype(), .state = DType::F32});
 }
 
+namespace {
+
+// Room for `slots` slots and `pages` pages at once, rounded up to the layout's page granularity.
+uint64_t full_region_bytes(const CacheLayout& c, int begin, int end, int page_size, int slots, int pages) {
+  auto u = UnifiedRegionLayout::make(c, begin, end, page_size, UINT64_MAX / 2);
+  K3_CHECK(u.is_ok(), u.status().message());
+  const uint64_t bytes = uint64_t(std::max(slots, 1)) * u->slot_block_bytes + uint64_t(std::max(pages, 1)) * u->page_block_bytes;
+  const uint64_t unit = u->has_mla() ? u->page_bytes : 1;
+  return (bytes + unit - 1) / unit * unit;
+}
+
+}  // namespace
+
 CachePools::CachePools(Backend& backend, const ModelConfig& cfg, int layer_begin, int layer_end, const CacheOptions& opts)
     : backend_(backend), cfg_(cfg), layout_(cache_layout(cfg, backend).value()), opts_(opts),
-      slots_(opts.max_seqs + opts.checkpoint_slots), pages_(opts.num_pages), page_refs_(opts.num_pages, 0),
+      slots_(opts.max_seqs + opts.checkpoint_slots), pages_(opts.num_pages),
       slot_refs_(opts.max_seqs + opts.checkpoint_slots, 0) {
   K3_CHECK(opts.checkpoint_slots >= 0, "CacheOptions.checkpoint_slots must be >= 0");
+  K3_CHECK(opts.num_pages >= 0, "CacheOptions.num_pages must be >= 0");
   const int total_slots = opts.max_seqs + opts.checkpoint_slots;
   const CacheLayout& c = layout_;
-  const int64_t rows = c.kda_conv_rows, p = c.kda_proj_dim(), h = c.kda_heads, d = c.kda_head_dim;
   const CacheMemory* mem = opts.memory.get();
-  // A pool in the owner's memory when given (checked: every layer has its array), else the backend's.
-  auto place = [&](const std::map<int, void*>* arrays, int layer, Shape shape, DType dtype, const char* what) {
-    if (!mem) return backend.alloc(shape, dtype);
-    auto it = arrays->find(layer);
-    K3_CHECK(it != arrays->end() && it->second != nullptr,
+  if (!mem) {
+    const uint64_t bytes = opts.region_bytes ? opts.region_bytes
+                                             : full_region_bytes(c, layer_begin, layer_end, opts.page_size, total_slots, opts.num_pages);
+    region_ = std::make_unique<CacheRegion>(backend, c, layer_begin, layer_end, opts.page_size, bytes);
+    const UnifiedRegionLayout& u = region_->layout();
+    for (const auto& [l, off] : u.state_offset) kda_state_[int(l)] = region_->state(l), kda_conv_[int(l)] = region_->conv(l);
+    for (const auto& [l, off] : u.page_offset) mla_kv_[int(l)] = region_->pages(l);
+    page_refs_.assign(u.has_mla() ? u.region_bytes / u.page_bytes : opts.num_pages, 0);
+    page_block_.assign(page_refs_.size(), -1);
+    slot_block_.resize(total_slots);
+    return;
+  }
+  page_refs_.assign(opts.num_pages, 0);
+  const int64_t rows = c.kda_conv_rows, p = c.kda_proj_dim(), h = c.kda_heads, d = c.kda_head_dim;
+  // The owner's arrays, checked: every layer has its array.
+  auto place = [&](const std::map<int, void*>& arrays, int layer, Shape shape, DType dtype, const char* what) {
+    auto it = arrays.find(layer);
+    K3_CHECK(it != arrays.end() && it->second != nullptr,
              std::string("CacheOptions.memory has no ") + what + " array for layer " + std::to_string(layer));
     return Tensor::view(it->second, std::move(shape), dtype, mem->device);
   };
   for (int l = layer_begin; l < layer_end; ++l) {
     if (c.layers.at(l) == LayerCache::Kda) {
-      kda_conv_[l] = place(mem ? &mem->kda_conv : nullptr, l, {total_slots, rows, 3 * p}, c.dtypes.conv, "KDA conv");
-      kda_state_[l] = place(mem ? &mem->kda_state : nullptr, l, {total_slots, h, d, d}, c.dtypes.state, "KDA state");
+      kda_conv_[l] = place(mem->kda_conv, l, {total_slots, rows, 3 * p}, c.dtypes.conv, "KDA conv");
+      kda_state_[l] = place(mem->kda_state, l, {total_slots, h, d, d}, c.dtypes.state, "KDA state");
     } else {
-      mla_kv_[l] = place(mem ? &mem->mla_kv : nullptr, l, {opts.num_pages, opts.page_size, c.mla_row_width}, c.dtypes.kv, "MLA");
+      mla_kv_[l] = place(mem->mla_kv, l, {opts.num_pages, opts.page_size, c.mla_row_width}, c.dtypes.kv, "MLA");
     }
   }
+}
+
+int32_t CachePools::state_row(int slot) const {
+  return region_ ? region_->state_row(slot_block_.at(size_t(slot))) : slot;
+}
+
+int32_t CachePools::conv_row(int slot) const {
+  return region_ ? region_->conv_row(slot_block_.at(size_t(slot))) : slot;
+}
+
+int CachePools::free_slots() const {
+  if (!region_ || !has_kda()) return slots_.free_count();
+  return static_cast<int>(std::min<uint64_t>(slots_.free_count(), region_->room(UnifiedPool::Kind::Slot)));
+}
+
+int CachePools::free_pages() const {
+  if (!region_pages()) return pages_.free_count();
+  return static_cast<int>(std::min<uint64_t>(opts_.num_pages - pages_live_, region_->room(UnifiedPool::Kind::Page)));
+}
+
+std::unique_ptr<CacheRegion::Pin> CachePools::pin_slot(int slot) {
+  K3_CHECK(region_ && has_kda(), "CachePools::pin_slot needs a unified region with KDA layers");
+  K3_CHECK(slot >= 0 && slot < slots_.capacity() && slot_refs_[slot] > 0, "pin_slot " + std::to_string(slot) + ": slot has no owner");
+  return std::make_unique<CacheRegion::Pin>(*region_, slot_block_[size_t(slot)]);
+}
+
+CachePools::HeldRows CachePools::hold_rows(int slot) {
+  if (!region_ || !has_kda()) return {.state = slot, .conv = slot};
+  auto pin = pin_slot(slot);
+  const int32_t state = pin->state_row(), conv = pin->conv_row();
+  return {.state = state, .conv = conv, .pin = std::move(pin)};
+}
+
+std::optional<UnifiedPool::Fragmentation> CachePools::fragmentation() const {
+  if (!region_) return std::nullopt;
+  return region_->fragmentation();
 }
 
 Tensor& CachePools::kda_conv(int layer) {
@@ -78,7 +140,8 @@ Result<SeqCache> CachePools::open() {
   // A reused slot must start from zeros: state and conv cache of every KDA layer.
   for (auto* pools : {&kda_conv_, &kda_state_})
     for (auto& [layer, t] : *pools) {
-      Tensor row = t.slice_rows(seq.slot, seq.slot + 1);
+      const int32_t r = pools == &kda_conv_ ? conv_row(seq.slot) : state_row(seq.slot);
+      Tensor row = t.slice_rows(r, r + 1);
       Tensor zero = backend_.alloc(row.shape(), row.dtype());
       backend_.copy(zero, row);
     }
@@ -90,10 +153,10 @@ Status CachePools::reserve(SeqCache& seq, int64_t extra) {
   const int64_t need_pages = (need_tokens + opts_.page_size - 1) / opts_.page_size;
   const int64_t more = need_pages - static_cast<int64_t>(seq.pages.size());
   if (more <= 0) return Status::ok();
-  if (more > pages_.free_count())
-    return Status(Code::ResourceExhausted, "out of MLA pages: need " + std::to_string(more) + ", free " +
-                                               std::to_string(pages_.free_count()));
   auto pages = alloc_pages(static_cast<int>(more));
+  if (!pages)
+    return Status(Code::ResourceExhausted, "out of MLA pages: need " + std::to_string(more) + ", free " +
+                                               std::to_string(free_pages()));
   seq.pages.insert(seq.pages.end(), pages->begin(), pages->end());
   return Status::ok();
 }
@@ -109,7 +172,7 @@ Result<SeqCache> CachePools::adopt(int slot, const std::vector<int32_t>& pages, 
     return invalid_argument("adopt: slot " + std::to_string(slot) + " is not allocated");
   if (!has_kda() && slot >= 0) return invalid_argument("adopt: a slot for a range without KDA layers");
   for (int32_t page : pages)
-    if (page < 0 || page >= opts_.num_pages || page_refs_[page] == 0)
+    if (!valid_page(page) || page_refs_[page] == 0)
       return invalid_argument("adopt: page " + std::to_string(page) + " is not allocated");
   if (num_tokens < 0 || num_tokens > static_cast<int64_t>(pages.size()) * opts_.page_size)
     return invalid_argument("adopt: " + std::to_string(num_tokens) + " tokens do not fit " + std::to_string(pages.size()) +
@@ -130,7 +193,7 @@ Result<SeqCache> CachePools::fork(const SeqCache& src) {
   const int64_t used = (src.num_tokens + ps - 1) / ps;   // pages that hold its tokens
   K3_CHECK(used <= static_cast<int64_t>(src.pages.size()), "fork: the source sequence's tokens exceed its pages");
   const bool partial = src.num_tokens % ps != 0;
-  if (partial && pages_.free_count() == 0)
+  if (partial && free_pages() == 0)
     return Status(Code::ResourceExhausted, "fork: out of MLA pages for the copy of the last partial page");
   auto slot = alloc_slot();
   if (!slot) return Status(Code::ResourceExhausted, "fork: no free sequence slot (max_seqs=" + std::to_string(opts_.max_seqs) + ")");
@@ -138,12 +201,17 @@ Result<SeqCache> CachePools::fork(const SeqCache& src) {
   seq.slot = *slot;
   copy_slot(src.slot, seq.slot);
   const int64_t shared = partial ? used - 1 : used;
+  auto last = partial ? alloc_pages(1) : std::optional<std::vector<int32_t>>(std::vector<int32_t>{});
+  if (!last) {
+    free_slot(seq.slot);
+    return Status(Code::ResourceExhausted, "fork: out of MLA pages for the copy of the last partial page");
+  }
   for (int64_t i = 0; i < shared; ++i) {
     retain_page(src.pages[i]);
     seq.pages.push_back(src.pages[i]);
   }
   if (partial) {
-    const int32_t page = alloc_pages(1)->at(0);
+    const int32_t page = last->at(0);
     copy_page(src.pages[used - 1], page);
     seq.pages.push_back(page);
   }
@@ -152,22 +220,41 @@ Result<SeqCache> CachePools::fork(const SeqCache& src) {
 }
 
 std::optional<int> CachePools::alloc_slot() {
+  if (free_slots() == 0) return std::nullopt;
+  std::optional<UnifiedPool::Handle> block;
+  if (region_ && has_kda() && !(block = region_->alloc_slot())) return std::nullopt;
   auto slot = slots_.alloc();
-  if (slot) slot_refs_[*slot] = 1;
+  K3_CHECK(slot.has_value(), "CachePools: a free slot count with no free slot id");
+  if (block) slot_block_[size_t(*slot)] = *block;
+  slot_refs_[*slot] = 1;
   return slot;
 }
 
 void CachePools::free_slot(int slot) {
   K3_CHECK(slot >= 0 && slot < slots_.capacity() && slot_refs_[slot] > 0,
            "free_slot " + std::to_string(slot) + ": slot has no owner");
-  if (--slot_refs_[slot] == 0) slots_.free(slot);
+  if (--slot_refs_[slot] > 0) return;
+  slots_.free(slot);
+  if (region_ && has_kda()) region_->free(slot_block_[size_t(slot)]);
 }
 
 std::optional<std::vector<int32_t>> CachePools::alloc_pages(int n) {
-  if (n < 0 || n > pages_.free_count()) return std::nullopt;
+  if (n < 0 || n > free_pages()) return std::nullopt;
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
-    const int page = *pages_.alloc();
+    int32_t page;
+    if (region_pages()) {
+      auto block = region_->alloc_page();   // may move slots (their rows change, their ids do not)
+      if (!block) {                          // a pinned slot kept a hole: all or nothing
+        for (int32_t p : out) release_page(p);
+        return std::nullopt;
+      }
+      page = region_->page_id(*block);
+      page_block_[size_t(page)] = block->id;
+      ++pages_live_;
+    } else {
+      page = *pages_.alloc();
+    }
     page_refs_[page] = 1;
     out.push_back(page);
   }
@@ -177,15 +264,18 @@ std::optional<std::vector<int32_t>> CachePools::alloc_pages(int n) {
 void CachePools::copy_slot(int src, int dst) {
   K3_CHECK(src >= 0 && dst >= 0 && src < slots_.capacity() && dst < slots_.capacity() && src != dst,
            "copy_slot " + std::to_string(src) + " -> " + std::to_string(dst) + ": bad slot ids");
-  for (auto* pools : {&kda_conv_, &kda_state_})
+  for (auto* pools : {&kda_conv_, &kda_state_}) {
+    const bool conv = pools == &kda_conv_;
+    const int32_t s = conv ? conv_row(src) : state_row(src), d = conv ? conv_row(dst) : state_row(dst);
     for (auto& [layer, t] : *pools) {
-      Tensor d = t.slice_rows(dst, dst + 1);
-      backend_.copy(t.slice_rows(src, src + 1), d);
+      Tensor to = t.slice_rows(d, d + 1);
+      backend_.copy(t.slice_rows(s, s + 1), to);
     }
+  }
 }
 
 void CachePools::copy_page(int32_t src, int32_t dst) {
-  K3_CHECK(src >= 0 && dst >= 0 && src < opts_.num_pages && dst < opts_.num_pages && src != dst,
+  K3_CHECK(valid_page(src) && valid_page(dst) && src != dst,
            "copy_page " + std::to_string(src) + " -> " + std::to_string(dst) + ": bad page ids");
   for (auto& [layer, t] : mla_kv_) {
     Tensor d = t.slice_rows(dst, dst + 1);
@@ -194,15 +284,19 @@ void CachePools::copy_page(int32_t src, int32_t dst) {
 }
 
 void CachePools::retain_page(int32_t page) {
-  K3_CHECK(page >= 0 && page < opts_.num_pages && page_refs_[page] > 0,
+  K3_CHECK(valid_page(page) && page_refs_[page] > 0,
            "retain_page " + std::to_string(page) + ": page is not allocated");
   ++page_refs_[page];
 }
 
 void CachePools::release_page(int32_t page) {
-  K3_CHECK(page >= 0 && page < opts_.num_pages && page_refs_[page] > 0,
+  K3_CHECK(valid_page(page) && page_refs_[page] > 0,
            "release_page " + std::to_string(page) + ": page has no owner");
-  if (--page_refs_[page] == 0) pages_.free(page);
+  if (--page_refs_[page] > 0) return;
+  if (!region_pages()) return pages_.free(page);
+  region_->free({UnifiedPool::Kind::Page, static_cast<uint32_t>(page_block_[size_t(page)])});
+  page_block_[size_t(page)] = -1;
+  --pages_live_;
 }
 
 uint64_t CachePools::slot_bytes() const {

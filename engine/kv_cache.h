@@ -2,6 +2,13 @@
 // MLA latent cache. One slot id indexes every KDA layer's pools; one page table indexes every MLA
 // layer's pool (all MLA layers hold the same tokens). Shapes and dtypes come from the one CacheLayout
 // (common/config/cache_layout.h) that the cache images and the transfer use too.
+//
+// Unless another owner provides the memory (CacheOptions::memory), all of it is one unified region of the
+// backend's memory (engine/cache_region.h): KDA slots from one end, MLA pages from the other. A slot id
+// is then a stable name; the rows the kernels index (state_row, conv_row) follow the slot when a page
+// allocation compacts the region, so every holder of a slot id (a sequence, a prefix-cache checkpoint)
+// sees the new place. Rows are read when a step's index tensors are built, after its pages are reserved.
+// Page ids are rows of the page views and never change.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -12,6 +19,7 @@
 #include "common/core/tensor.h"
 #include "common/config/cache_layout.h"
 #include "common/config/config.h"
+#include "engine/cache_region.h"
 #include "kernels/backend.h"
 
 namespace k3 {
@@ -33,7 +41,11 @@ struct CacheOptions {
   int page_size = 16;       // tokens per MLA page
   int num_pages = 256;      // per MLA layer
   int checkpoint_slots = 0; // extra KDA slots the prefix cache keeps its checkpoints in (same pools)
-  std::shared_ptr<const CacheMemory> memory;  // null: the backend allocates the pools
+  std::shared_ptr<const CacheMemory> memory;  // null: the backend allocates one unified region
+  // Bytes of the unified region. 0: room for max_seqs + checkpoint_slots slots and num_pages pages at once
+  // (each kind its full count, as separate pools). Less: the two kinds share the bytes, the boundary
+  // follows demand (the counts stay caps), and a page that needs bytes slot holes hold moves slots.
+  uint64_t region_bytes = 0;
 };
 
 // Hands out small integer ids (slots, pages) from a fixed range; double free is a bug (checked).
@@ -103,9 +115,33 @@ class CachePools {
   uint64_t slot_bytes() const;       // KDA state + conv of every KDA layer of this range, one slot
   uint64_t page_bytes() const;       // one page of every MLA layer of this range
 
-  int free_pages() const { return pages_.free_count(); }
-  int free_slots() const { return slots_.free_count(); }
+  // The rows of slot `slot` in the kda_state / kda_conv pools now (the slot id itself without a region).
+  int32_t state_row(int slot) const;
+  int32_t conv_row(int slot) const;
+
+  // What can be taken now: each kind's cap less what is held, and in a unified region no more than its
+  // bytes allow (a page may count the bytes slot holes hold: taking it moves slots).
+  int free_pages() const;
+  int free_slots() const;
   int total_slots() const { return slots_.capacity(); }
+  // The unified region's free-byte fragmentation and slot moves; nullopt when another owner provides the
+  // memory.
+  std::optional<UnifiedPool::Fragmentation> fragmentation() const;
+  uint64_t slot_moves() const { return region_ ? region_->moves() : 0; }
+  // The unified region (null when another owner provides the memory): what a transfer registers.
+  const CacheRegion* region() const { return region_.get(); }
+  // Holds slot `slot` in place for a write from outside the engine's step (a transfer landing a request's
+  // state, possibly on another thread): no compaction moves it, so the rows the pin gives stay the slot's,
+  // while the pin lives. The slot must be held (by the writer's request) for the pin's life. Needs a
+  // unified region (otherwise nothing moves: the rows are the slot id).
+  std::unique_ptr<CacheRegion::Pin> pin_slot(int slot);
+  // A held slot's rows for a write (or read) of its bytes outside the step: pinned in a unified region
+  // with KDA layers, the slot id itself otherwise (nothing moves). The rows stay the slot's while this lives.
+  struct HeldRows {
+    int32_t state = -1, conv = -1;
+    std::unique_ptr<CacheRegion::Pin> pin;   // null where nothing can move
+  };
+  HeldRows hold_rows(int slot);
   bool has_kda() const { return !kda_conv_.empty(); }
   bool has_mla() const { return !mla_kv_.empty(); }
 
@@ -114,9 +150,17 @@ class CachePools {
   ModelConfig cfg_;
   CacheLayout layout_;
   CacheOptions opts_;
+  bool valid_page(int32_t page) const { return page >= 0 && page < static_cast<int32_t>(page_refs_.size()); }
+  // Page ids from the region's page views (a range with MLA layers), else from pages_ (ids only).
+  bool region_pages() const { return region_ && has_mla(); }
+
   IdAllocator slots_;
-  IdAllocator pages_;
-  std::vector<uint16_t> page_refs_;   // owners of each page (requests, the prefix cache, the transfer)
+  IdAllocator pages_;                 // page ids unless region_pages()
+  std::unique_ptr<CacheRegion> region_;
+  std::vector<UnifiedPool::Handle> slot_block_;   // region: slot id -> its block
+  std::vector<int64_t> page_block_;   // region: page id -> its block's handle id (-1: free)
+  int pages_live_ = 0;                // region: pages held
+  std::vector<uint16_t> page_refs_;   // owners of each page id (requests, the prefix cache, the transfer)
   std::vector<uint16_t> slot_refs_;   // owners of each slot (a request, the prefix cache, the transfer)
   std::map<int, Tensor> kda_conv_, kda_state_, mla_kv_;
 };

@@ -153,9 +153,14 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   Tensor f = gemm(gemm(x, lw.w_fa), lw.w_fb);        // [R, P]
   Tensor blog = gemm(x, lw.w_b);                     // [R, H]
   Tensor o = alloc({R, H, D});
-  std::vector<int32_t> slot_ids;
-  for (const BatchItem& it : batch) slot_ids.push_back(it.seq->slot);
-  Tensor slots = index_ ? index_->slots : backend_.from_host(Tensor::from_i32({n}, slot_ids), DType::I32);
+  // The slots' rows now: the state and conv pools lay a slot out at different strides in a unified region.
+  std::vector<int32_t> state_rows, conv_rows;
+  for (const BatchItem& it : batch) {
+    state_rows.push_back(caches.state_row(it.seq->slot));
+    conv_rows.push_back(caches.conv_row(it.seq->slot));
+  }
+  Tensor slots = index_ ? index_->slots : backend_.from_host(Tensor::from_i32({n}, state_rows), DType::I32);
+  Tensor conv_slots = index_ ? index_->conv_slots : backend_.from_host(Tensor::from_i32({n}, conv_rows), DType::I32);
 
   // The fused decode kernel where the backend has one for this head shape (CUDA: D in {64, 128});
   // otherwise the general path below, which handles one-token items as well. A chunk-invariant
@@ -165,14 +170,15 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   if (all_single_token_decode(batch) && fused) {
     backend_.kda_decode({.qkv = qkv, .conv_w = lw.conv_w, .conv_cache = caches.kda_conv(l), .f = f,
                          .a_log = lw.a_log, .dt_bias = lw.dt_bias, .b = blog, .state = caches.kda_state(l),
-                         .slots = slots, .o = o, .heads = static_cast<int>(H), .g_min = cfg_.kda.gate_lower_bound,
+                         .slots = slots, .conv_slots = conv_slots, .o = o, .heads = static_cast<int>(H),
+                         .g_min = cfg_.kda.gate_lower_bound,
                          .form = gate_form(cfg_)});
   } else {
     auto cu_host = cu_seqlens(batch);
     Tensor cu = index_ ? index_->cu_seqlens : backend_.from_host(Tensor::from_i32({n + 1}, cu_host), DType::I32);
     Tensor conv = alloc({R, 3 * P});
     kda_conv_checkpoints(l, batch, qkv, caches);   // before short_conv overwrites the conv caches
-    backend_.short_conv({.x = qkv, .w = lw.conv_w, .cache = caches.kda_conv(l), .slots = slots, .cu_seqlens = cu, .y = conv});
+    backend_.short_conv({.x = qkv, .w = lw.conv_w, .cache = caches.kda_conv(l), .slots = conv_slots, .cu_seqlens = cu, .y = conv});
     Tensor q = alloc({R, P}), k = alloc({R, P}), v = alloc({R, P});
     backend_.copy_cols({.src = conv, .dst = q, .src_col = 0, .ncols = P});
     backend_.copy_cols({.src = conv, .dst = k, .src_col = P, .ncols = P});
@@ -198,7 +204,7 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
         for (const KdaCheckpoint& c : batch[i].checkpoints) {
           const int64_t o = c.pos - batch[i].seq->num_tokens;
           K3_CHECK(o > 0 && o % kKdaChunkTokens == 0, "KDA checkpoint at " + std::to_string(c.pos) + " is not a chunk end of this step");
-          table[static_cast<size_t>(i * width + o / kKdaChunkTokens - 1)] = c.slot;
+          table[static_cast<size_t>(i * width + o / kKdaChunkTokens - 1)] = caches.state_row(c.slot);
         }
       ckpt_table = backend_.from_host(Tensor::from_i32({n, width}, table), DType::I32);
     }
@@ -227,12 +233,14 @@ void Model::kda_conv_checkpoints(int l, std::span<const BatchItem> batch, const 
   for (const BatchItem& it : batch) {
     if (!it.checkpoints.empty())
       K3_CHECK(!all_single_token_decode(batch), "KDA checkpoints requested in a decode step");
-    Tensor own = pool.slice_rows(it.seq->slot, it.seq->slot + 1).reshape({rows, width});
+    const int32_t own_row = caches.conv_row(it.seq->slot);
+    Tensor own = pool.slice_rows(own_row, own_row + 1).reshape({rows, width});
     for (const KdaCheckpoint& c : it.checkpoints) {
       const int64_t o = c.pos - it.seq->num_tokens;
       K3_CHECK(o > 0 && o <= it.num_new && c.slot >= 0 && c.slot != it.seq->slot,
                "KDA checkpoint at " + std::to_string(c.pos) + " is outside this step's new tokens or has a bad slot");
-      Tensor dst = pool.slice_rows(c.slot, c.slot + 1).reshape({rows, width});
+      const int32_t dst_row = caches.conv_row(c.slot);
+      Tensor dst = pool.slice_rows(dst_row, dst_row + 1).reshape({rows, width});
       const int64_t from_cache = std::max<int64_t>(0, rows - o);
       if (from_cache > 0) {
         Tensor d0 = dst.slice_rows(0, from_cache);

@@ -47,7 +47,8 @@ struct BatchItem {
 // a graph (engine/decode_step.h).
 struct DecodeIndex {
   Tensor token_ids;    // [B] I32 the new tokens
-  Tensor slots;        // [B] I32 KDA state/conv slot
+  Tensor slots;        // [B] I32 KDA state row (CachePools::state_row)
+  Tensor conv_slots;   // [B] I32 KDA conv row (CachePools::conv_row)
   Tensor cu_seqlens;   // [B+1] I32 0, 1, ..., B
   Tensor new_rows;     // [B] I32 flat MLA cache row (page * page_size + offset) of the new token
   Tensor block_table;  // [B, W] I32 page ids, padded with page 0 (W: the step's width bucket)

@@ -48,11 +48,16 @@ Result<Tensor> kda_heads(Step& s, int l, const LayerWeights& lw, std::span<const
   Tensor f = s.gemm(s.gemm(x, lw.w_fa), lw.w_fb);    // [R, Pl]
   Tensor blog = s.gemm(x, lw.w_b);                   // [R, Hl]
   Tensor o = s.alloc({R, Hl, D});
-  std::vector<int32_t> slot_ids;
-  for (const RankItem& it : batch) slot_ids.push_back(it.seq->slot);
-  Tensor slots = s.be.from_host(Tensor::from_i32({n}, slot_ids), DType::I32);
+  std::vector<int32_t> state_rows, conv_rows;   // a unified region lays the two out at different strides
+  for (const RankItem& it : batch) {
+    state_rows.push_back(caches.state_row(it.seq->slot));
+    conv_rows.push_back(caches.conv_row(it.seq->slot));
+  }
+  Tensor slots = s.be.from_host(Tensor::from_i32({n}, state_rows), DType::I32);
+  Tensor conv_slots = s.be.from_host(Tensor::from_i32({n}, conv_rows), DType::I32);
   s.be.kda_decode({.qkv = qkv, .conv_w = lw.conv_w, .conv_cache = caches.kda_conv(l), .f = f, .a_log = lw.a_log,
-                   .dt_bias = lw.dt_bias, .b = blog, .state = caches.kda_state(l), .slots = slots, .o = o,
+                   .dt_bias = lw.dt_bias, .b = blog, .state = caches.kda_state(l), .slots = slots,
+                   .conv_slots = conv_slots, .o = o,
                    .heads = static_cast<int>(Hl), .g_min = s.cfg.kda.gate_lower_bound});
   Tensor on = s.rmsnorm(o.reshape({R * Hl, D}), lw.o_norm, s.cfg.rms_norm_eps).reshape({R, Pl});
   Tensor z = s.gemm(x, lw.w_g);

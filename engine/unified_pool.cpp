@@ -35,6 +35,41 @@ uint64_t UnifiedPool::hole_bytes() const {
 
 uint64_t UnifiedPool::free_bytes() const { return gap_bytes() + hole_bytes(); }
 
+uint64_t UnifiedPool::room(Kind kind) const {
+  std::lock_guard lk(mu_);
+  auto holes = [](const End& e) { return uint64_t(std::count(e.at.begin(), e.at.end(), -1)); };
+  uint64_t gap = opts_.region_bytes - slots_.at.size() * slots_.unit - pages_.at.size() * pages_.unit;
+  if (kind == Kind::Slot) return holes(slots_) + gap / slots_.unit;
+  gap += holes(slots_) * slots_.unit;
+  return holes(pages_) + gap / pages_.unit;
+}
+
+UnifiedPool::Fragmentation UnifiedPool::fragmentation() const {
+  std::lock_guard lk(mu_);
+  Fragmentation f;
+  auto extent = [&f](uint64_t bytes) {
+    if (bytes == 0) return;
+    ++f.extents;
+    f.free_bytes += bytes;
+    f.largest_extent_bytes = std::max(f.largest_extent_bytes, bytes);
+  };
+  // Ends are trimmed, so no hole touches the gap: each run of holes is an extent of its own.
+  for (const End* e : {&slots_, &pages_}) {
+    uint64_t run = 0;
+    for (int64_t id : e->at) {
+      if (id < 0) {
+        ++run;
+        continue;
+      }
+      extent(run * e->unit);
+      run = 0;
+    }
+    extent(run * e->unit);
+  }
+  extent(opts_.region_bytes - slots_.at.size() * slots_.unit - pages_.at.size() * pages_.unit);
+  return f;
+}
+
 int UnifiedPool::live(Kind kind) const {
   std::lock_guard lk(mu_);
   const End& e = end(kind);
@@ -82,8 +117,8 @@ std::optional<UnifiedPool::Handle> UnifiedPool::take(Kind k) {
 std::optional<UnifiedPool::Handle> UnifiedPool::alloc(Kind kind) {
   std::lock_guard lk(mu_);
   if (auto h = take(kind)) return h;
-  // The other end's holes hold the bytes: pack it and try the gap again.
-  compact_end(kind == Kind::Slot ? Kind::Page : Kind::Slot);
+  if (kind == Kind::Slot) return std::nullopt;   // pages never move (see the header)
+  compact_end(Kind::Slot);                        // the slot holes hold the bytes: pack them, try the gap again
   return take(kind);
 }
 
@@ -95,12 +130,12 @@ void UnifiedPool::free(Handle h) {
   e.at[e.pos_of[h.id]] = -1;
   e.pos_of[h.id] = -1;
   e.free_ids.push_back(h.id);
-  compact_end(h.kind);
+  trim(e);
 }
 
 int UnifiedPool::compact() {
   std::lock_guard lk(mu_);
-  return compact_end(Kind::Slot) + compact_end(Kind::Page);
+  return compact_end(Kind::Slot);
 }
 
 // Moves the end's last block into its lowest hole until no hole is left or the last block is pinned.

@@ -105,7 +105,10 @@ struct KdaDecodeParams {
   Tensor dt_bias;     // [H*D] F32
   Tensor b;           // [B, H] beta logits (sigmoid applied inside)
   Tensor state;       // [num_slots, H, D, D] F32 in/out ([V][K])
-  Tensor slots;       // [B] I32 (same slot indexes conv_cache and state)
+  Tensor slots;       // [B] I32 state row of each request (and its conv_cache row unless conv_slots is set)
+  // [B] I32 conv_cache row of each request, when it differs from its state row (a unified cache region
+  // lays conv windows and states out at different strides: engine/cache_region.h). Empty: slots.
+  Tensor conv_slots;
   Tensor o;           // [B, H, D] output (before gated norm)
   int heads = 0;
   float g_min = -5.f;

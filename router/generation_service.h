@@ -80,6 +80,11 @@ struct ServiceStats {
   // Prompts prefilled (a request for n choices counts once: its choices share the prefill). Cluster mode:
   // the sum over prefill instances, as their heartbeats last reported it.
   uint64_t prompts_prefilled = 0;
+  // The engine's unified cache region (all 0 where the engine has none, as in cluster mode): its free
+  // bytes, the largest run of adjacent free bytes and the number of runs, and the KDA slots compaction
+  // moved so far (each a copy of a whole slot, paid by the page allocation that needed the bytes).
+  uint64_t cache_free_bytes = 0, cache_largest_free_extent_bytes = 0, cache_free_extents = 0;
+  uint64_t cache_slot_moves = 0;
 };
 
 // The checks every service makes at submit(), in this order, each error naming its field: a non-empty

@@ -81,6 +81,7 @@ Result<std::unique_ptr<LocalEngineService>> LocalEngineService::create(const Mod
   K3_ASSIGN_OR_RETURN(s->engine_, Engine::create(*s->backend_, s->cfg_, s->weights_, eo));
   s->free_slots_ = s->engine_->caches().free_slots();
   s->free_pages_ = s->engine_->caches().free_pages();
+  s->publish_cache_region();
   s->worker_ = std::thread([p = s.get()] { p->worker_loop(); });
   return s;
 }
@@ -132,7 +133,9 @@ ServiceStats LocalEngineService::stats() const {
           .free_slots = free_slots_.load(), .free_pages = free_pages_.load(),
           .prefix_lookup_tokens = prefix_lookup_.load(), .prefix_hit_tokens = prefix_hit_.load(),
           .prefix_checkpoints_stored = prefix_stored_.load(), .prefix_checkpoints_evicted = prefix_evicted_.load(),
-          .prefix_cache_bytes = prefix_bytes_.load(), .prompts_prefilled = prompts_prefilled_.load()};
+          .prefix_cache_bytes = prefix_bytes_.load(), .prompts_prefilled = prompts_prefilled_.load(),
+          .cache_free_bytes = cache_free_bytes_.load(), .cache_largest_free_extent_bytes = cache_largest_free_.load(),
+          .cache_free_extents = cache_free_extents_.load(), .cache_slot_moves = cache_slot_moves_.load()};
 }
 
 void LocalEngineService::shutdown() {
@@ -284,11 +287,21 @@ void LocalEngineService::close_request(Running& r) {
   engine_->close(r.seq);
 }
 
+void LocalEngineService::publish_cache_region() {
+  if (auto f = engine_->caches().fragmentation()) {
+    cache_free_bytes_ = f->free_bytes;
+    cache_largest_free_ = f->largest_extent_bytes;
+    cache_free_extents_ = f->extents;
+  }
+  cache_slot_moves_ = engine_->caches().slot_moves();
+}
+
 void LocalEngineService::publish_stats(const std::vector<std::unique_ptr<Running>>& running) {
   running_count_ = static_cast<int64_t>(running.size());
   // Checkpoint slots share the allocator: report only what requests can still take.
   free_slots_ = std::min<int64_t>(engine_->caches().free_slots(), opts_.max_running - static_cast<int64_t>(running.size()));
   free_pages_ = engine_->caches().free_pages();
+  publish_cache_region();
   if (const PrefixCache* pc = engine_->prefix_cache()) {
     prefix_lookup_ = pc->stats().lookup_tokens;
     prefix_hit_ = pc->stats().hit_tokens;

@@ -74,6 +74,7 @@ class LocalEngineService final : public GenerationService {
   void finish(Running& r, GenerationEvent&& ev);
   void emit_token(Running& r, const float* logits_row);
   void publish_stats(const std::vector<std::unique_ptr<Running>>& running);
+  void publish_cache_region();       // the unified cache region's free bytes, fragmentation and slot moves
   void close_request(Running& r);   // prefix-cache lease and engine caches
   void start_output(Running& r);    // its grammar state and text stream, from its params
   // Choices 1..n-1 of a request whose prefill just ended, forked from its caches (all or none).
@@ -100,6 +101,7 @@ class LocalEngineService final : public GenerationService {
   std::atomic<uint64_t> prefix_lookup_{0}, prefix_hit_{0}, prefix_stored_{0}, prefix_evicted_{0}, prefix_bytes_{0};
   std::atomic<int64_t> running_count_{0}, free_slots_{0}, free_pages_{0};
   std::atomic<uint64_t> prompts_prefilled_{0};
+  std::atomic<uint64_t> cache_free_bytes_{0}, cache_largest_free_{0}, cache_free_extents_{0}, cache_slot_moves_{0};
   std::thread worker_;
 };
 

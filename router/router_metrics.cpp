@@ -110,6 +110,17 @@ std::string RouterMetrics::prometheus_text(const ServiceStats& s, bool ready) co
   out += "k3_prefix_cache_checkpoints_evicted_total " + std::to_string(s.prefix_checkpoints_evicted) + "\n";
   family("k3_prefix_cache_bytes", "gauge", "bytes the prefix cache holds (checkpoints + MLA pages)");
   out += "k3_prefix_cache_bytes " + std::to_string(s.prefix_cache_bytes) + "\n";
+  // Fragmentation of the unified cache region: 1 - largest free run / free bytes (0: one run).
+  const double frag = s.cache_free_bytes == 0 ? 0.0
+                                               : 1.0 - double(s.cache_largest_free_extent_bytes) / double(s.cache_free_bytes);
+  family("k3_cache_pool_fragmentation", "gauge", "1 - largest free extent / free bytes of the engine's unified cache region (0: one free run)");
+  out += "k3_cache_pool_fragmentation " + std::to_string(frag) + "\n";
+  family("k3_cache_pool_free_bytes", "gauge", "free bytes of the engine's unified cache region (KDA slots and MLA pages share them)");
+  out += "k3_cache_pool_free_bytes " + std::to_string(s.cache_free_bytes) + "\n";
+  family("k3_cache_pool_free_extents", "gauge", "runs of adjacent free bytes in the engine's unified cache region");
+  out += "k3_cache_pool_free_extents " + std::to_string(s.cache_free_extents) + "\n";
+  family("k3_cache_pool_slot_moves_total", "counter", "KDA slots compaction moved to make room for MLA pages");
+  out += "k3_cache_pool_slot_moves_total " + std::to_string(s.cache_slot_moves) + "\n";
   family("k3_prompts_prefilled_total", "counter", "prompts prefilled (n choices of one prompt share one prefill)");
   out += "k3_prompts_prefilled_total " + std::to_string(s.prompts_prefilled) + "\n";
   family("k3_router_ready", "gauge", "1 when the generation service accepts requests");

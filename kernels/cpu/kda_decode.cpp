@@ -25,8 +25,16 @@ void kda_decode(ThreadPool& pool, const ops::KdaDecodeParams& p) {
   check_tensor(op, "conv_cache", p.conv_cache, DType::F32, {kAny, W - 1, C});
   check_tensor(op, "f", p.f, DType::F32, {B, P});
   check_tensor(op, "b", p.b, DType::F32, {B, H});
-  check_tensor(op, "state", p.state, DType::F32, {p.conv_cache.dim(0), H, D, D});
+  const bool own_conv_rows = p.conv_slots.defined();
+  check_tensor(op, "state", p.state, DType::F32, {own_conv_rows ? kAny : p.conv_cache.dim(0), H, D, D});
   check_tensor(op, "slots", p.slots, DType::I32, {B});
+  if (own_conv_rows) {
+    check_tensor(op, "conv_slots", p.conv_slots, DType::I32, {B});
+    for (int64_t b = 0; b < B; ++b)   // short_conv checks the conv rows; the state rows are checked here
+      check_arg(p.slots.i32()[b] >= 0 && p.slots.i32()[b] < p.state.dim(0), op,
+                "slots[" + std::to_string(b) + "] = " + std::to_string(p.slots.i32()[b]) + " is outside the state's " +
+                    std::to_string(p.state.dim(0)) + " rows");
+  }
   check_tensor(op, "o", p.o, DType::F32, {B, H, D});
 
   // K2: conv update, one token per request (cu_seqlens = 0, 1, ..., B).
@@ -34,7 +42,8 @@ void kda_decode(ThreadPool& pool, const ops::KdaDecodeParams& p) {
   std::iota(cu.begin(), cu.end(), 0);
   Tensor cu_t = Tensor::view(cu.data(), {B + 1}, DType::I32);
   Tensor conv_out = Tensor::zeros({B, C});
-  short_conv(pool, {.x = p.qkv, .w = p.conv_w, .cache = p.conv_cache, .slots = p.slots, .cu_seqlens = cu_t,
+  short_conv(pool, {.x = p.qkv, .w = p.conv_w, .cache = p.conv_cache, .slots = own_conv_rows ? p.conv_slots : p.slots,
+                    .cu_seqlens = cu_t,
                     .y = conv_out});
 
   // K4: gate (validates a_log and dt_bias).

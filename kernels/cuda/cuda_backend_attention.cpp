@@ -176,16 +176,20 @@ void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {
   a.b = fin(op, "b", p.b);
   need_shape(op, "b", p.b, {a.B, a.H});
   a.state = f32(op, "state", p.state);
-  K3_CHECK(p.state.ndim() == 4 && p.state.dim(0) == p.conv_cache.dim(0) && p.state.dim(1) == a.H &&
+  const bool own_conv_rows = p.conv_slots.defined();   // a unified region: conv rows apart from state rows
+  K3_CHECK(p.state.ndim() == 4 && (own_conv_rows || p.state.dim(0) == p.conv_cache.dim(0)) && p.state.dim(1) == a.H &&
                p.state.dim(2) == a.D && p.state.dim(3) == a.D,
            "kda_decode: state: expected [slots, H, D, D] with the conv cache's slots, got " + shape_str(p.state.shape()));
   need_i32(op, "slots", p.slots, a.B);
+  if (own_conv_rows) need_i32(op, "conv_slots", p.conv_slots, a.B);
   a.o = fout(op, "o", p.o);
   need_shape(op, "o", p.o, {a.B, a.H, a.D});
   a.g_min = p.g_min;
   a.softplus = p.form == ops::GateForm::Softplus;
   a.ring_ahead = kda_ring_;
-  a.slots = device_ints({&p.slots})[0];
+  const auto rows = device_ints({&p.slots, own_conv_rows ? &p.conv_slots : &p.slots});
+  a.slots = rows[0];
+  a.conv_slots = rows[1];
   launch_kda_decode(a, stream_);
 }
 

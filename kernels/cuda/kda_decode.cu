@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
     cp_async_commit();
   }
   float q[NV], k[NV], alpha[NV];
-  prep_item<D>(a, b, h, slot, sc, q, k, alpha);
+  prep_item<D>(a, b, h, a.conv_slots[b], sc, q, k, alpha);
   if constexpr (kBulk) bulk_wait(&bar);  // the barrier's init is ordered by prep_item's __syncthreads
   else cp_async_wait<0>();
   update_rows<D, kBulk>(a, b, h, st, kBulk ? st : S, sc, q, k, alpha);
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(D * 2, 1) kda_decode_ring_kernel(KdaDecodeArgs
     }
     const int b = item / a.H, h = item % a.H;
     float q[NV], k[NV], alpha[NV];
-    prep_item<D>(a, b, h, a.slots[b], sc, q, k, alpha);  // its barrier also orders the mbarrier inits
+    prep_item<D>(a, b, h, a.conv_slots[b], sc, q, k, alpha);  // its barrier also orders the mbarrier inits
     mbar_wait(smem_u32(&bars[buf]), uint32_t(n / kRing) & 1u);
     update_rows<D, true>(a, b, h, st, st, sc, q, k, alpha);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our stores -> the copy engine

@@ -108,7 +108,8 @@ struct KdaDecodeArgs {
   const float* dt_bias = nullptr;  // [H*D]
   FIn b;                         // [B, H]
   float* state = nullptr;        // [slots, H, D, D] in/out
-  const int32_t* slots = nullptr;  // [B]
+  const int32_t* slots = nullptr;  // [B] state rows
+  const int32_t* conv_slots = nullptr;  // [B] conv_cache rows (the state rows unless given apart)
   FOut o;                        // [B, H, D]
   int B = 0, H = 0, D = 0, W = 0;
   float g_min = -5.f;

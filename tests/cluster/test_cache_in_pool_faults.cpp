@@ -8,6 +8,7 @@
 
 #include "decode_node/cache_in_pool.h"
 #include "tests/engine/model_fixture.h"
+#include "tests/engine/separate_pools.h"
 #include "tests/transfer/lazy_alloc_harness.h"
 
 using namespace k3;
@@ -16,16 +17,21 @@ using namespace k3::transfer::lazy_alloc_test;
 
 namespace {
 
-// One engine cache per decode rank of the harness, with its id space (8 pages of 4 tokens, 2 slots).
+// One engine cache per decode rank of the harness, with its id space (8 pages of 4 tokens, 2 slots). As
+// under --cache-in-pool, the pools are another owner's arrays (no unified region), so page ids are the
+// transfer pool's 0..7.
 struct EngineCaches {
   std::unique_ptr<Backend> be = make_cpu_backend({.threads = 1});
   ModelConfig cfg = test::tiny_config("k3-tiny", 512);
+  CacheOptions opts{.max_seqs = 2, .page_size = 4, .num_pages = 8};
+  std::vector<std::unique_ptr<test::SeparatePools>> memory;
   std::vector<std::unique_ptr<CachePools>> caches;
   std::vector<SeqCache> adopted;
   EngineCaches() {
-    for (int i = 0; i < 2; ++i)
-      caches.push_back(std::make_unique<CachePools>(*be, cfg, 0, cfg.num_hidden_layers,
-                                                    CacheOptions{.max_seqs = 2, .page_size = 4, .num_pages = 8}));
+    for (int i = 0; i < 2; ++i) {
+      memory.push_back(std::make_unique<test::SeparatePools>(cfg, *be, opts));
+      caches.push_back(std::make_unique<CachePools>(*be, cfg, 0, cfg.num_hidden_layers, test::SeparatePools::on(opts, *memory.back())));
+    }
   }
   std::function<std::shared_ptr<PoolIds>(uint32_t)> share() {
     return [this](uint32_t i) { return std::make_shared<decode::CachePoolIds>(*caches.at(i)); };

@@ -273,6 +273,51 @@ TEST_CASE("cuda kda_decode matches cpu (conv + gate + delta rule, per-request sl
   cb->set_kda_decode_ring(0);
 }
 
+// A unified cache region (engine/cache_region.h) gives a request a conv row apart from its state row, in
+// pools of different row counts: the kernel must read and write the conv window at conv_slots[b].
+TEST_CASE("cuda kda_decode with conv rows apart from state rows matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(25);
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  for (int ring : {0, 1})
+  for (auto [B, H, D] : std::vector<std::array<int64_t, 3>>{{3, 2, 64}, {40, 32, 128}}) {
+    cb->set_kda_decode_ring(ring);
+    const int64_t W = 4, P = H * D, state_rows = B + 2, conv_rows = 2 * B + 3;
+    Tensor qkv = randn({B, 3 * P}, rng), conv_w = randn({3 * P, W}, rng, 0.5f, false);
+    Tensor conv_cache = randn({conv_rows, W - 1, 3 * P}, rng);
+    Tensor f = randn({B, P}, rng), a_log = randn({H}, rng, 0.3f, false), dt = randn({P}, rng, 0.3f, false);
+    Tensor b = randn({B, H}, rng);
+    Tensor state = randn({state_rows, H, D, D}, rng, 0.1f, false);
+    std::vector<int32_t> state_ids(state_rows), conv_ids(conv_rows);
+    std::iota(state_ids.begin(), state_ids.end(), 0);
+    std::iota(conv_ids.begin(), conv_ids.end(), 0);
+    std::shuffle(state_ids.begin(), state_ids.end(), rng);
+    std::shuffle(conv_ids.begin(), conv_ids.end(), rng);
+    state_ids.resize(B);
+    conv_ids.resize(B);
+    Tensor slots = ints(state_ids), conv_slots = ints(conv_ids);
+    Tensor gcache = g.from_host(conv_cache, DType::BF16), gstate = g.from_host(state, DType::F32);
+    Tensor o = Tensor::zeros({B, H, D});
+    bk.cpu->kda_decode({.qkv = qkv, .conv_w = conv_w, .conv_cache = conv_cache, .f = f, .a_log = a_log,
+                        .dt_bias = dt, .b = b, .state = state, .slots = slots, .conv_slots = conv_slots, .o = o,
+                        .heads = int(H)});
+    Tensor go = poisoned(g, {B, H, D}, DType::BF16);
+    g.kda_decode({.qkv = g.from_host(qkv, DType::BF16), .conv_w = g.from_host(conv_w, DType::F32),
+                  .conv_cache = gcache, .f = g.from_host(f, DType::BF16), .a_log = g.from_host(a_log, DType::F32),
+                  .dt_bias = g.from_host(dt, DType::F32), .b = g.from_host(b, DType::BF16), .state = gstate,
+                  .slots = g.from_host(slots, DType::I32), .conv_slots = g.from_host(conv_slots, DType::I32), .o = go,
+                  .heads = int(H)});
+    const std::string tag = " B=" + std::to_string(B) + " H=" + std::to_string(H) + " D=" + std::to_string(D) +
+                            (ring ? " ring ahead " + std::to_string(ring) : "");
+    expect_close(g, go, o, tol("kda_decode"), "kda_decode conv_slots o" + tag);
+    expect_close(g, gstate, state, tol("kda_decode"), "kda_decode conv_slots state" + tag);
+    expect_close(g, gcache, conv_cache, tol("kda_decode"), "kda_decode conv_slots conv cache" + tag);
+  }
+  cb->set_kda_decode_ring(0);
+}
+
 namespace {
 
 struct MlaCase {

@@ -35,7 +35,8 @@ struct Rig {
     for (int l = 0; l < cfg.num_hidden_layers; ++l) {
       if (cfg.layer_kind(l) != LayerKind::Kda) continue;
       for (Tensor* t : {&pools().kda_state(l), &pools().kda_conv(l)}) {
-        Tensor row = t->slice_rows(s, s + 1);
+        const int32_t r = t == &pools().kda_state(l) ? pools().state_row(s) : pools().conv_row(s);
+        Tensor row = t->slice_rows(r, r + 1);
         const auto* p = static_cast<const uint8_t*>(row.data());
         out.insert(out.end(), p, p + row.nbytes());
       }

@@ -210,6 +210,62 @@ TEST_CASE("kda_decode equals conv + l2norm + gate + sigmoid + one recurrence ste
   }
 }
 
+// A unified cache region lays conv windows and states out at different strides, so a request's conv row
+// and state row differ (ops.h KdaDecodeParams::conv_slots). The same requests at other rows must give the
+// bits of the call with one slot per request (conv_slots empty), and leave the other rows alone.
+TEST_CASE("kda_decode with conv_slots apart from the state rows equals the call with one slot per request") {
+  auto be = cpu_backend(2);
+  std::mt19937 rng(17);
+  const int64_t B = 3, H = 2, D = 8, W = 4, P = H * D, C = 3 * P, slots_n = 4, conv_n = 6;
+  const std::vector<int32_t> slot_ids{2, 0, 3}, state_ids{1, 3, 0}, conv_ids{5, 1, 4};
+  Tensor conv_w = randn({C, W}, rng, 0.5f), a_log = randn({H}, rng, 0.3f), dt = randn({P}, rng);
+  Tensor cache_a = randn({slots_n, W - 1, C}, rng), state_a = randn({slots_n, H, D, D}, rng, 0.3f);
+  // The same requests' windows and states at their own rows of differently sized pools.
+  Tensor cache_b = randn({conv_n, W - 1, C}, rng), state_b = randn({slots_n, H, D, D}, rng, 0.3f);
+  for (int64_t i = 0; i < B; ++i) {
+    Tensor cb = cache_b.slice_rows(conv_ids[i], conv_ids[i] + 1), sb = state_b.slice_rows(state_ids[i], state_ids[i] + 1);
+    be->copy(cache_a.slice_rows(slot_ids[i], slot_ids[i] + 1), cb);
+    be->copy(state_a.slice_rows(slot_ids[i], slot_ids[i] + 1), sb);
+  }
+  const Tensor cache_b0 = cache_b.clone();
+  Tensor cache_c = cache_a.clone(), state_c = state_a.clone();   // conv_slots given equal to slots
+  Tensor slots = i32({B}, slot_ids);
+  for (int step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    Tensor qkv = randn({B, C}, rng), f = randn({B, P}, rng), b = randn({B, H}, rng);
+    Tensor o_a = Tensor::zeros({B, H, D}), o_b = Tensor::zeros({B, H, D}), o_c = Tensor::zeros({B, H, D});
+    be->kda_decode({.qkv = qkv, .conv_w = conv_w, .conv_cache = cache_a, .f = f, .a_log = a_log, .dt_bias = dt,
+                    .b = b, .state = state_a, .slots = slots, .o = o_a, .heads = H, .g_min = -5.f});
+    be->kda_decode({.qkv = qkv, .conv_w = conv_w, .conv_cache = cache_b, .f = f, .a_log = a_log, .dt_bias = dt,
+                    .b = b, .state = state_b, .slots = i32({B}, state_ids), .conv_slots = i32({B}, conv_ids), .o = o_b,
+                    .heads = H, .g_min = -5.f});
+    be->kda_decode({.qkv = qkv, .conv_w = conv_w, .conv_cache = cache_c, .f = f, .a_log = a_log, .dt_bias = dt,
+                    .b = b, .state = state_c, .slots = slots, .conv_slots = slots, .o = o_c, .heads = H, .g_min = -5.f});
+    CHECK(bitwise_equal(o_a, o_b));
+    CHECK(bitwise_equal(o_a, o_c));
+    CHECK(bitwise_equal(cache_a, cache_c));
+    CHECK(bitwise_equal(state_a, state_c));
+    for (int64_t i = 0; i < B; ++i) {
+      CHECK(bitwise_equal(cache_a.slice_rows(slot_ids[i], slot_ids[i] + 1), cache_b.slice_rows(conv_ids[i], conv_ids[i] + 1)));
+      CHECK(bitwise_equal(state_a.slice_rows(slot_ids[i], slot_ids[i] + 1), state_b.slice_rows(state_ids[i], state_ids[i] + 1)));
+    }
+  }
+  for (int64_t r : {0, 2, 3})   // conv rows no request names are untouched
+    CHECK(bitwise_equal(cache_b.slice_rows(r, r + 1), cache_b0.slice_rows(r, r + 1)));
+}
+
+TEST_CASE("kda_decode rejects a state row outside the state pool when conv_slots are given apart") {
+  auto be = cpu_backend(1);
+  std::mt19937 rng(18);
+  const int64_t B = 1, H = 1, D = 4, W = 4, P = H * D, C = 3 * P;
+  Tensor cache = randn({6, W - 1, C}, rng), state = randn({2, H, D, D}, rng);
+  Tensor o = Tensor::zeros({B, H, D});
+  CHECK_THROWS(be->kda_decode({.qkv = randn({B, C}, rng), .conv_w = randn({C, W}, rng), .conv_cache = cache,
+                               .f = randn({B, P}, rng), .a_log = randn({H}, rng), .dt_bias = randn({P}, rng),
+                               .b = randn({B, H}, rng), .state = state, .slots = i32({B}, {5}),
+                               .conv_slots = i32({B}, {5}), .o = o, .heads = H, .g_min = -5.f}));
+}
+
 namespace {
 
 // The unfused KDA prefill path of docs/MODEL.md §8.1 (K2-K6) for one sequence in `slot`:

@@ -253,6 +253,8 @@ TEST_CASE("n = 3 choices share one prefill: each is the engine's draw under its 
   CHECK(s.service->stats().prompts_prefilled == idle.prompts_prefilled + 1);
   CHECK(wait_idle(*s.service, 4));
   CHECK(s.service->stats().free_pages == idle.free_pages);
+  CHECK(idle.cache_free_bytes > 0);   // the engine's unified region: its free bytes all come back
+  CHECK(s.service->stats().cache_free_bytes == idle.cache_free_bytes);
 
   // Cancelled mid-stream: every choice's sequence goes back.
   GenerationParams long_run = p;

@@ -31,7 +31,10 @@ TEST_CASE("prometheus text: every sample line is well formed, families are decla
   m.count_finish("length");
   m.add_tokens(10, 5);
   m.ttft().observe(0.02);
-  const std::string text = m.prometheus_text({.waiting = 3, .running = 2, .free_slots = 6, .free_pages = 100}, true);
+  const std::string text = m.prometheus_text({.waiting = 3, .running = 2, .free_slots = 6, .free_pages = 100,
+                                              .cache_free_bytes = 400, .cache_largest_free_extent_bytes = 300,
+                                              .cache_free_extents = 2, .cache_slot_moves = 7},
+                                             true);
   CHECK(m.request_count("chat", 200) == 2);
   CHECK(text.find("k3_router_requests_total{endpoint=\"chat\",code=\"200\"} 2\n") != std::string::npos);
   CHECK(text.find("k3_router_requests_total{endpoint=\"chat\",code=\"400\"} 1\n") != std::string::npos);
@@ -40,6 +43,10 @@ TEST_CASE("prometheus text: every sample line is well formed, families are decla
   CHECK(text.find("k3_router_running_requests 2\n") != std::string::npos);
   CHECK(text.find("k3_engine_free_slots 6\n") != std::string::npos);
   CHECK(text.find("k3_router_generation_tokens_total 5\n") != std::string::npos);
+  CHECK(text.find("k3_cache_pool_fragmentation 0.250000\n") != std::string::npos);   // 1 - 300 / 400
+  CHECK(text.find("k3_cache_pool_free_bytes 400\n") != std::string::npos);
+  CHECK(text.find("k3_cache_pool_free_extents 2\n") != std::string::npos);
+  CHECK(text.find("k3_cache_pool_slot_moves_total 7\n") != std::string::npos);
   const std::regex sample(R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? -?[0-9.e+-]+$)");
   const std::regex meta(R"(^# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* .+$)");
   std::istringstream in(text);
