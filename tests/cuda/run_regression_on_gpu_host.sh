@@ -3,9 +3,11 @@
 # the decode graph, the prefix cache and a cluster of separate processes on the one GPU), without the
 # long benches: unpack the offline kit, configure + build, then (each stage time-limited; logs under
 # OUT_DIR)
-#   tests.log    cuda_test_cuda_decode_graph, cuda_test_cuda_engine (k3-tiny and K3 head shapes
-#                against the CPU engine), cuda_test_cuda_prefix_cache, and
-#                cuda_test_cuda_batch_invariance "CUDA batch invariance: alone*";
+#   kda.log, engine.log, decode_graph.log, prefix.log, invariance.log:
+#                cuda_test_cuda_attention "cuda kda_decode*" (state and conv rows apart, as a unified
+#                cache region lays them out), cuda_test_cuda_engine (k3-tiny and K3 head shapes against
+#                the CPU engine, on a unified region), cuda_test_cuda_decode_graph,
+#                cuda_test_cuda_prefix_cache, and cuda_test_cuda_batch_invariance "CUDA batch invariance: alone*";
 #   cluster.log  K3_TEST_BACKEND=cuda cluster_e2e_test_cluster_launcher: k3-router, two k3-prefill
 #                stages (streaming their writes) and one k3-decode, all --backend cuda, against
 #                k3-generate --backend cuda, 16 concurrent requests among them.
@@ -15,15 +17,17 @@ OUT=${1:?output dir}
 # shellcheck source=tests/cuda/gpu_host.sh
 source "$(dirname "$0")/gpu_host.sh"
 gpu_host_setup "$OUT"
-TESTS="cuda_test_cuda_decode_graph cuda_test_cuda_engine cuda_test_cuda_prefix_cache cuda_test_cuda_batch_invariance"
+TESTS="cuda_test_cuda_attention cuda_test_cuda_decode_graph cuda_test_cuda_engine cuda_test_cuda_prefix_cache cuda_test_cuda_batch_invariance"
 # shellcheck disable=SC2086
 timeout 240 ninja -C $B -j16 $TESTS k3-generate k3-genweights k3-router k3-cluster k3-prefill k3-decode \
   cluster_e2e_test_cluster_launcher >> "$OUT/build.log" 2>&1 ||
   { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "configure+build: $(( $(date +%s) - T0 )) s" | tee -a "$OUT/build.log"
 PATTERN="GPU-ENGINE|BATCH-INV|DECODE-GRAPH|FAILED|passed|failed|SKIPPED|with expansion"
-gpu_host_stage decode_graph.log 60 "$PATTERN" $B/tests/cuda_test_cuda_decode_graph
+# Most telling first: a call cut short by its time limit still says the most.
+gpu_host_stage kda.log 40 "$PATTERN" $B/tests/cuda_test_cuda_attention "cuda kda_decode*"
 gpu_host_stage engine.log 90 "$PATTERN" $B/tests/cuda_test_cuda_engine
+gpu_host_stage decode_graph.log 60 "$PATTERN" $B/tests/cuda_test_cuda_decode_graph
 gpu_host_stage prefix.log 90 "$PATTERN" $B/tests/cuda_test_cuda_prefix_cache
 gpu_host_stage invariance.log 60 "$PATTERN" $B/tests/cuda_test_cuda_batch_invariance "CUDA batch invariance: alone*"
 # Catch test names: no comma in a filter (Catch splits filters there).
