@@ -256,16 +256,12 @@ Actions PrefillDriver::stage_computed(uint64_t request_id, StageSource source, s
                                       std::optional<int32_t> first_token,
                                       std::vector<protocol::TokenLogprobs> first_logprobs,
                                       std::vector<int32_t> choice_first_tokens) {
-  Actions all;
-  // Hold the bytes only for a request still waiting for them (an aborted one would leak them).
+  // Hold the bytes only for a request still waiting for them (an aborted one would leak them); the rest
+  // is what a streaming stage does.
   if (side_->state(request_id) == protocol::RequestState::Prefilling)
     sources_[request_id] = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
-  execute(side_->on_stage_computed(request_id, std::move(source), first_token, steady_now(), std::move(first_logprobs),
-                                   std::move(choice_first_tokens)),
-          all);
-  note_request(request_id);
-  apply_injected_aborts(all);
-  return all;
+  return stream_computed(request_id, std::move(source), first_token, std::move(first_logprobs),
+                         std::move(choice_first_tokens));
 }
 
 void PrefillDriver::on_decode_register(DecodeLink& link, const protocol::Register& reg) {
