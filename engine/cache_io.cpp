@@ -27,9 +27,10 @@ void walk(CachePools& pools, int begin, int end, int64_t num_tokens, MlaFn mla, 
   }
 }
 
-std::vector<int32_t> rows_of(const SeqCache& seq, int64_t n, int page_size) {
+// The pool rows of a sequence's token positions [begin, end).
+std::vector<int32_t> rows_of(const SeqCache& seq, int64_t begin, int64_t end, int page_size) {
   std::vector<int32_t> ids;
-  for (int64_t p = 0; p < n; ++p) ids.push_back(static_cast<int32_t>(CacheLayout::paged_row(seq.pages, page_size, p)));
+  for (int64_t p = begin; p < end; ++p) ids.push_back(static_cast<int32_t>(CacheLayout::paged_row(seq.pages, page_size, p)));
   return ids;
 }
 
@@ -63,8 +64,7 @@ void export_cache_part(Backend& backend, CachePools& pools, const SeqCache& seq,
            "cache export: rows [" + std::to_string(row_begin) + ", " + std::to_string(row_end) + ") outside the image or sequence");
   const CacheLayout& layout = pools.layout();
   const int ps = pools.options().page_size;
-  std::vector<int32_t> ids;
-  for (int64_t p = row_begin; p < row_end; ++p) ids.push_back(static_cast<int32_t>(CacheLayout::paged_row(seq.pages, ps, p)));
+  const auto ids = rows_of(seq, row_begin, row_end, ps);
   // The slot stays where it is while its state is read (a page reservation on another thread may
   // compact the region).
   const auto held = states && pools.has_kda() && seq.slot >= 0 ? pools.hold_rows(seq.slot) : CachePools::HeldRows{};
@@ -96,7 +96,7 @@ Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, i
     return invalid_argument("cache image has " + std::to_string(size) + " bytes, expected " + std::to_string(need));
   const int ps = pools.options().page_size;
   if (static_cast<int64_t>(seq.pages.size()) * ps < num_tokens) return invalid_argument("sequence has too few pages");
-  const auto ids = rows_of(seq, num_tokens, ps);
+  const auto ids = rows_of(seq, 0, num_tokens, ps);
   // The slot stays where it is while its bytes land (a caller may import on another thread than the
   // steps whose page reservations move slots).
   const auto held = pools.has_kda() && seq.slot >= 0 ? pools.hold_rows(seq.slot) : CachePools::HeldRows{};
