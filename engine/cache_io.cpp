@@ -34,17 +34,12 @@ std::vector<int32_t> rows_of(const SeqCache& seq, int64_t begin, int64_t end, in
   return ids;
 }
 
-// The backend's bytes of a device tensor, unconverted (to_host widens BF16 to F32; BF16 -> F32 -> BF16
-// is exact, so narrowing back restores the stored bytes).
-Tensor raw_host(Backend& backend, const Tensor& t) {
-  Tensor h = backend.to_host(t);
-  if (h.dtype() == t.dtype()) return h;
-  K3_CHECK(t.dtype() == DType::BF16 && h.dtype() == DType::F32, "cache export: cannot restore dtype " + std::string(dtype_name(t.dtype())));
-  Tensor b = Tensor::zeros(t.shape(), DType::BF16);
-  const float* s = h.f32();
-  uint16_t* d = b.ptr<uint16_t>();
-  for (int64_t i = 0; i < h.numel(); ++i) d[i] = f32_to_bf16(s[i]);
-  return b;
+// Copies a backend tensor's bytes, unconverted, into `n` bytes at `dst` (host memory): straight from the
+// device, with no widening to F32 and back (that round trip cost a chunk's export tens of ms on a GPU).
+void copy_out(Backend& backend, const Tensor& t, uint8_t* dst, uint64_t n) {
+  K3_CHECK(t.nbytes() == n, "cache export: " + std::to_string(t.nbytes()) + " bytes where the layout has " + std::to_string(n));
+  Tensor view = Tensor::view(dst, t.shape(), t.dtype());
+  backend.copy(t, view);
 }
 
 }  // namespace
@@ -75,18 +70,17 @@ void export_cache_part(Backend& backend, CachePools& pools, const SeqCache& seq,
          Tensor rows = backend.alloc({n, w}, pool.dtype());
          backend.embedding({.table = pool.reshape({pool.dim(0) * pool.dim(1), w}),
                             .ids = backend.from_host(Tensor::from_i32({n}, ids), DType::I32), .y = rows});
-         Tensor host = raw_host(backend, rows);
-         const uint64_t row_bytes = host.nbytes() / static_cast<uint64_t>(n);
-         std::memcpy(image + off + static_cast<uint64_t>(row_begin) * row_bytes, host.data(), host.nbytes());
+         const uint64_t row_bytes = rows.nbytes() / static_cast<uint64_t>(n);
+         copy_out(backend, rows, image + off + static_cast<uint64_t>(row_begin) * row_bytes, rows.nbytes());
        },
        [&](int, Tensor& conv, Tensor& state, const PackedEntry& e) {
          if (!states) return;
          const int32_t cr = held.conv, sr = held.state;
-         Tensor c = raw_host(backend, conv.slice_rows(cr, cr + 1));
-         Tensor s = raw_host(backend, state.slice_rows(sr, sr + 1));
-         std::memcpy(image + e.conv, c.data(), layout.kda_conv_bytes());
-         std::memcpy(image + e.state, s.data(), layout.kda_state_bytes());
+         copy_out(backend, conv.slice_rows(cr, cr + 1), image + e.conv, layout.kda_conv_bytes());
+         copy_out(backend, state.slice_rows(sr, sr + 1), image + e.state, layout.kda_state_bytes());
        });
+  // The copies above are asynchronous on a device backend; the image is read once this returns.
+  backend.synchronize();
 }
 
 Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end,
