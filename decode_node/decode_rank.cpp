@@ -47,9 +47,6 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
                                                        zmq::context_t& zctx) {
   if (opts.max_tokens < 1) return invalid_argument("--max-tokens must be >= 1");
   // A request holds its transfer slot until it finishes, so the running batch never exceeds num_slots.
-  if (opts.cache_in_pool && backend.name() != std::string("cpu"))
-    return invalid_argument(std::string("--cache-in-pool: the transfer region is host memory; backend ") + backend.name() +
-                            " needs its caches on the device (not supported yet)");
   if (!opts.cache_in_pool && opts.cache.max_seqs < static_cast<int>(opts.num_slots))
     return invalid_argument("--max-requests (" + std::to_string(opts.cache.max_seqs) + ") must be >= --pool-slots (" +
                             std::to_string(opts.num_slots) + ")");
@@ -65,6 +62,12 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
   }
 
   transfer::DecodeDriverConfig dc = decode_driver_config(opts, cfg, d->layout_);
+  // With the cache in the pool the region is where the engine's caches live: device memory on a GPU.
+  const bool on_gpu = backend.kind() == BackendKind::Cuda;
+  if (opts.cache_in_pool && on_gpu) {
+    dc.pool_memory = transfer::MemoryType::Cuda;
+    dc.cuda_device = opts.cuda_device;
+  }
   DecodeRank* self = d.get();
   dc.on_state = [self](uint64_t id, protocol::RequestState st) {
     // Called inside driver calls: note it; the rank reacts after the call returns.
@@ -76,7 +79,7 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
     // The engine's pools are views of the registered region; the pool's ids are the engine's (counted).
     transfer::RankPool& pool = d->driver_->pool(opts.rank);
     K3_ASSIGN_OR_RETURN(auto memory, cache_memory_in_region(d->layout_, pool.geometry(), d->driver_->memory(opts.rank),
-                                                            Device::Cpu));
+                                                            on_gpu ? Device::Cuda : Device::Cpu));
     eo.cache = cache_options_for(pool.geometry(), std::move(memory));
     K3_ASSIGN_OR_RETURN(d->engine_, Engine::create(backend, cfg, weights, eo));
     d->batch_ = std::make_unique<DecodeBatch>(*d->engine_, backend);

@@ -5,7 +5,8 @@
 //    the region (its page table and slot, region_image.h) into the Engine's CachePools (import_caches);
 //    its first token (sampled by the last prefill stage) is emitted and it joins the running batch.
 //    With cache_in_pool the Engine's CachePools live in the region itself: the request's pages and slot
-//    are adopted where the transfer wrote them (no copy) and it joins the batch at once.
+//    are adopted where the transfer wrote them (no copy) and it joins the batch at once. On the cuda
+//    backend that region is device memory (the driver's pool_memory Cuda), so the puts land on the GPU.
 //  - Its transfer pool entries stay held until decoding ends (on_finished releases them exactly once):
 //    the DecodeSide keeps the request in DECODING, so a router ABORT or a router death during decoding
 //    ends it through the state machine, which is how the rank learns to drop it. The pool is the

@@ -23,8 +23,10 @@ struct DecodeRankOptions {
   CacheOptions cache;                  // the Engine's caches (decode working set); unused with cache_in_pool
   // The Engine's caches ARE the transfer pool (decode_node/cache_in_pool.h): the transfer writes where
   // the engine reads, a transferred request is held once, and its pages and slot are the pool's
-  // (num_pages / num_slots / page_size size both). CPU backend only for now (the region is host memory).
+  // (num_pages / num_slots / page_size size both). On the cuda backend the region is device memory of
+  // cuda_device, registered with UCX once, so prefill's puts land in the GPU cache the engine decodes from.
   bool cache_in_pool = false;
+  int cuda_device = 0;                 // the cuda backend's device (where a cache_in_pool region lives)
   std::string bind_endpoint = "tcp://127.0.0.1:*";
   std::string advertise_host;  // host peers dial (REGISTER's control_endpoint); empty: the bound host
   std::string router_endpoint;         // empty: tokens are only reported through finished()

@@ -188,9 +188,9 @@ int main(int argc, char** argv) {
   bool cache_in_pool = false, no_cache_in_pool = false;
   app.add_flag("--cache-in-pool", cache_in_pool,
                "place the decode cache in the transfer pool: decode from the pages the transfer wrote (one copy per "
-               "request); --pool-pages / --pool-slots / --page-size then size it and --max-requests / --cache-pages / "
-               "--cache-page-size are unused. The default on the cpu backend for a single rank; the cuda backend and "
-               "rank groups keep a separate decode cache");
+               "request; on --backend cuda the pool is device memory, written over cuda_ipc); --pool-pages / "
+               "--pool-slots / --page-size then size it and --max-requests / --cache-pages / --cache-page-size are "
+               "unused. The default for a single rank; rank groups keep a separate decode cache");
   app.add_flag("--no-cache-in-pool", no_cache_in_pool,
                "keep a separate decode cache (sized by --max-requests / --cache-pages / --cache-page-size) and copy each "
                "transferred request into it");
@@ -271,8 +271,10 @@ int main(int argc, char** argv) {
   if (!backend.is_ok()) return fail(backend.status());
   if (cache_in_pool && no_cache_in_pool) return fail(invalid_argument("--cache-in-pool and --no-cache-in-pool: give one"));
   const bool grouped = gf.size() > 1 || gf.rank > 0;
-  // One copy of a transferred request where the region can hold the engine's caches: host memory, one rank.
-  o.cache_in_pool = cache_in_pool || (!no_cache_in_pool && !grouped && (*backend)->name() == std::string("cpu"));
+  // One copy of a transferred request wherever the region can hold the engine's caches: one rank, its
+  // region in the backend's memory (host, or device memory of --device).
+  o.cache_in_pool = cache_in_pool || (!no_cache_in_pool && !grouped);
+  o.cuda_device = bc.device;
   if (grouped) {
     if (o.cache_in_pool)
       return fail(invalid_argument("--cache-in-pool: decode rank groups (--group-dcp / --group-ep) keep separate caches"));

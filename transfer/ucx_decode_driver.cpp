@@ -8,14 +8,54 @@
 #include "common/protocol/compat.h"
 #include "transfer/advertise_endpoint.h"
 #include "transfer/partner_auth.h"
+#ifdef K3_TRANSFER_HAVE_CUDA
+#include "transfer/cuda/cuda_memory.h"
+#endif
 
 namespace k3::transfer {
+namespace {
+
+// Makes the CUDA device current before the UCX context exists (UCX finds cuda_ipc only then, docs/PERF.md).
+Status prepare_memory(const DecodeDriverConfig& c) {
+  if (c.pool_memory == MemoryType::Host) return Status::ok();
+#ifdef K3_TRANSFER_HAVE_CUDA
+  return cuda_make_current(c.cuda_device);
+#else
+  return unsupported("decode pools in device memory need a CUDA build (-DK3_CUDA=ON)");
+#endif
+}
+
+// A region this process owns, registered once and filled with the poison byte.
+Status allocate_region(const std::shared_ptr<UcxContext>& ctx, const DecodeDriverConfig& c, size_t bytes,
+                       std::shared_ptr<void>& device, std::unique_ptr<UcxMemory>& mem) {
+  if (c.pool_memory == MemoryType::Host) {
+    K3_ASSIGN_OR_RETURN(mem, UcxMemory::allocate(ctx, bytes));
+    std::memset(mem->base(), c.poison, mem->length());
+    return Status::ok();
+  }
+#ifdef K3_TRANSFER_HAVE_CUDA
+  if (!ctx->supports(MemoryType::Cuda))
+    return unsupported("decode pools in device memory: this UCX has no CUDA transport loaded (UCX_TLS, or a UCX "
+                       "built without CUDA)");
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<CudaBuffer> buf, CudaBuffer::create(bytes));
+  K3_TRY(buf->fill(c.poison));
+  K3_ASSIGN_OR_RETURN(mem, UcxMemory::map(ctx, buf->data(), bytes, MemoryType::Cuda));
+  device = std::shared_ptr<CudaBuffer>(std::move(buf));
+  return Status::ok();
+#else
+  (void)device;
+  return unsupported("decode pools in device memory need a CUDA build (-DK3_CUDA=ON)");
+#endif
+}
+
+}  // namespace
 
 Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cfg, zmq::context_t& zctx,
                                                            protocol::MetricsRegistry* metrics) {
   if (cfg.ranks.empty()) return invalid_argument("DecodeDriverConfig.ranks is empty");
   std::unique_ptr<DecodeDriver> d(new DecodeDriver(std::move(cfg), metrics));
   auto& c = d->cfg_;
+  K3_TRY(prepare_memory(c));
   K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, c.ucx_net_devices));
   K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_));
   const DecodeLayout layout{.ranks = c.ranks, .kda_head_sliced = c.side.kda_head_sliced};
@@ -52,8 +92,8 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
                                 std::to_string(probe.region_bytes()) + " bytes, an rkey and a worker address");
       published = *elsewhere;
     } else {
-      K3_ASSIGN_OR_RETURN(region.mem, UcxMemory::allocate(d->ctx_, probe.region_bytes()));
-      std::memset(region.mem->base(), c.poison, region.mem->length());
+      K3_TRY(allocate_region(d->ctx_, c, probe.region_bytes(), region.device, region.mem));
+      protocol::metric::set_region_bytes(metrics, id, memory_type_name(c.pool_memory), region.mem->length());
       K3_ASSIGN_OR_RETURN(auto rkey, region.mem->packed_rkey());
       published = {.region_id = id, .base = reinterpret_cast<uint64_t>(region.mem->base()),
                    .length = region.mem->length(), .packed_rkey = std::move(rkey), .worker_address = {}};

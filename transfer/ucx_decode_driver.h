@@ -7,8 +7,9 @@
 // rank maps it with its own UCX worker and hands this driver a MemoryRegion (base, length, packed rkey,
 // its worker's address); the driver keeps only that rank's RankPool (the bookkeeping of pages and slots)
 // and lists the region, with its worker, in the REGISTER, so prefill writes straight into that process.
-// Pools are allocated by UCX (UcxMemory::allocate) so that writers on the same host reach them
-// through shared memory.
+// Host pools are allocated by UCX (UcxMemory::allocate) so that writers on the same host reach them
+// through shared memory. Device pools (pool_memory Cuda: the decode engine's caches on a GPU) are one
+// cudaMalloc per region, registered once; writers on the same host reach them over cuda_ipc.
 #pragma once
 #include <memory>
 #include <set>
@@ -36,6 +37,11 @@ struct DecodeDriverConfig {
   uint32_t num_pages = 64;               // per rank
   uint32_t num_slots = 4;                // per rank
   uint8_t poison = 0xEE;                 // fill of fresh pool memory (tests detect unwritten bytes)
+  // Where the regions this process allocates live. Cuda: device memory of cuda_device (CUDA builds with a
+  // CUDA-aware UCX only; refused otherwise, naming why). memory() then spans device memory, which only the
+  // engine's kernels may touch.
+  MemoryType pool_memory = MemoryType::Host;
+  int cuda_device = 0;
   protocol::CompatInfo compat;
   std::string bind_endpoint = "tcp://127.0.0.1:*";
   // The host peers dial this process at, announced in its REGISTER (control_endpoint) with the bound
@@ -76,8 +82,8 @@ class DecodeDriver {
   DecodeSide& side() { return *side_; }
   // By region id: a rank's own region has the rank's id.
   RankPool& pool(uint32_t region) { return *pools_.at(region).pool; }
-  // The region's registered pool bytes (allocated by UCX: a shared-memory segment on one host); empty for
-  // a region another process owns (hosted_elsewhere).
+  // The region's registered pool bytes (host: allocated by UCX, a shared-memory segment on one host;
+  // device memory when pool_memory is Cuda); empty for a region another process owns (hosted_elsewhere).
   std::span<uint8_t> memory(uint32_t region) {
     auto& m = pools_.at(region).mem;
     if (!m) return {};
@@ -90,6 +96,7 @@ class DecodeDriver {
 
  private:
   struct RankRegion {
+    std::shared_ptr<void> device;     // the device allocation under mem (pool_memory Cuda); freed after mem
     std::unique_ptr<UcxMemory> mem;   // null when another process owns the region
     std::unique_ptr<RankPool> pool;
   };

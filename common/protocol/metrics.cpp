@@ -139,6 +139,14 @@ void count_rejected_frame(MetricsRegistry* m) {
 void set_active_requests(MetricsRegistry* m, int64_t n) {
   if (m) m->gauge(kActiveRequests, {}, "Requests this process holds state for").set(n);
 }
+void set_region_bytes(MetricsRegistry* m, uint32_t region, const std::string& memory, uint64_t bytes) {
+  if (m)
+    m->gauge(kRegionBytes, {{"memory", memory}, {"region", std::to_string(region)}},
+             "Bytes of a registered region the transfer writes into, by where it lives").set(int64_t(bytes));
+}
+void count_source_bytes(MetricsRegistry* m, const std::string& memory, uint64_t bytes) {
+  if (m) m->counter(kSourceBytes, {{"memory", memory}}, "Bytes a prefill stage posted for writing, by where the source lives").add(bytes);
+}
 void set_pool_free_bytes(MetricsRegistry* m, uint32_t rank, uint64_t bytes) {
   if (m) m->gauge(kPoolFreeBytes, {{"rank", std::to_string(rank)}}, "Free bytes of a decode rank's pool").set(int64_t(bytes));
 }

@@ -73,6 +73,8 @@ inline constexpr const char* kTransitions = "k3_request_transitions_total"; // l
 inline constexpr const char* kRejectedFrames = "k3_rejected_frames_total";
 inline constexpr const char* kActiveRequests = "k3_active_requests";        // gauge
 inline constexpr const char* kPoolFreeBytes = "k3_pool_free_bytes";         // gauge, label rank
+inline constexpr const char* kRegionBytes = "k3_transfer_region_bytes";     // gauge, labels region,memory
+inline constexpr const char* kSourceBytes = "k3_transfer_source_bytes_total"; // label memory
 
 void count_bytes(MetricsRegistry* m, uint64_t bytes);
 void count_transfer(MetricsRegistry* m);
@@ -81,6 +83,10 @@ void count_transition(MetricsRegistry* m, RequestState from, RequestState to);
 void count_rejected_frame(MetricsRegistry* m);
 void set_active_requests(MetricsRegistry* m, int64_t n);
 void set_pool_free_bytes(MetricsRegistry* m, uint32_t rank, uint64_t bytes);
+// A registered region peers write into, with where it lives (memory "host" or "cuda").
+void set_region_bytes(MetricsRegistry* m, uint32_t region, const std::string& memory, uint64_t bytes);
+// Bytes a prefill stage posted for writing, by where their source lives (memory "host" or "cuda").
+void count_source_bytes(MetricsRegistry* m, const std::string& memory, uint64_t bytes);
 }  // namespace metric
 
 }  // namespace k3::protocol
