@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
   auto weights = load_weights(model_dir, *cfg, begin, begin + o.partition[o.stage]);
   if (!weights.is_ok()) return fail(weights.status());
   bc.threads = threads;
+  o.cuda_device = bc.device;
   auto backend = make_backend(bc);
   if (!backend.is_ok()) return fail(backend.status());
   zmq::context_t zctx;

@@ -100,6 +100,12 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   dc.heartbeat = opts.heartbeat;
   dc.control_keys = opts.control_keys;
   dc.ucx_net_devices = opts.ucx_net_devices;
+  // On a GPU the images the puts read are device memory: rows go cache -> image on the device, and the
+  // puts read the GPU (cuda_ipc into a decode rank's GPU region on one host); nothing is staged on the host.
+  if (backend.kind() == BackendKind::Cuda) {
+    dc.source_memory = transfer::MemoryType::Cuda;
+    dc.cuda_device = opts.cuda_device;
+  }
   PrefillStage* self = s.get();
   dc.on_state = [self](uint64_t id, protocol::RequestState st) {
     // Called inside driver calls: only note it; the loop frees the request after the call returns.

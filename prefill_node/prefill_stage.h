@@ -83,6 +83,7 @@ struct PrefillStageOptions {
   int chunk_size = 256;                // prompt tokens per pipeline chunk
   bool stream = true;                  // write each chunk's rows while the next computes (off: at the end)
   int max_inflight_chunks = 4;         // streaming: write batches in flight before compute waits (>= 1)
+  int cuda_device = 0;                 // the cuda backend's device: where the transfer's source images live
   CacheOptions cache;                  // local caches of the stage's layers (max_seqs = requests in flight;
                                        // checkpoint_slots: the prefix cache's)
   PrefixCacheOptions prefix;           // the prefix cache (off unless enabled; the same on every stage)

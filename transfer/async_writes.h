@@ -45,7 +45,7 @@ struct WriteJob {
     std::vector<RemoteWrite> writes;
   };
   std::vector<Runs> runs;                            // one per destination region
-  std::shared_ptr<const std::vector<uint8_t>> source;  // keeps the source bytes alive while writing
+  std::shared_ptr<const void> source;               // keeps the source bytes alive while writing
 };
 
 struct WriteDone {

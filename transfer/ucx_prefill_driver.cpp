@@ -1,5 +1,9 @@
 #include "transfer/ucx_prefill_driver.h"
 
+#ifdef K3_TRANSFER_HAVE_CUDA
+#include "transfer/cuda/cuda_memory.h"
+#endif
+
 #include <spdlog/spdlog.h>
 
 #include "common/protocol/compat.h"
@@ -24,9 +28,19 @@ Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig
   // No peer error mode on the writer's endpoints: with it UCX drops shared-memory RMA and puts go over
   // tcp at ~1/20 of the bandwidth (docs/PERF.md). Liveness of decode comes from the control plane's
   // heartbeats; writes are bounded by WriterOptions.timeout. The worker sleeps on its event fd.
+  std::shared_ptr<const SourceReader> reader = std::make_shared<HostSourceReader>();
+  if (c.source_memory == MemoryType::Cuda) {
+#ifdef K3_TRANSFER_HAVE_CUDA
+    // The CUDA context exists before the UCX context, or UCX does not find cuda_ipc (docs/PERF.md).
+    K3_TRY(cuda_make_current(c.cuda_device));
+    reader = std::make_shared<CudaSourceReader>();
+#else
+    return unsupported("prefill source images in device memory need a CUDA build (-DK3_CUDA=ON)");
+#endif
+  }
   K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, c.ucx_net_devices));
   K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_, /*serialized=*/true));
-  K3_ASSIGN_OR_RETURN(d->writer_, UcxWriter::create(d->worker_, std::make_shared<HostSourceReader>(), c.writer));
+  K3_ASSIGN_OR_RETURN(d->writer_, UcxWriter::create(d->worker_, std::move(reader), c.writer));
   K3_ASSIGN_OR_RETURN(d->writes_, AsyncWrites::create(*d->writer_, d->ucx_mutex_));
   d->side_ = std::make_unique<PrefillSide>(c.side, metrics);
 
@@ -122,7 +136,7 @@ Status PrefillDriver::post_writes(const StartWritesAction& w) {
                                    (target == decode_of_.end() ? std::string("?") : target->second) +
                                    "', which this stage is not connected to"};
   // One write list per destination region, in plan order (the plan already coalesced runs).
-  const std::vector<uint8_t>& bytes = *src->second;
+  const SourceImage& bytes = *src->second;
   std::map<uint32_t, std::vector<RemoteWrite>> by_region;
   for (const WriteOp& op : w.ops) {
     if (op.src_offset > bytes.size() || op.length > bytes.size() - op.src_offset)
@@ -130,6 +144,12 @@ Status PrefillDriver::post_writes(const StartWritesAction& w) {
                                     std::to_string(op.length) + ") is outside the stage's source bytes"};
     by_region[op.region_id].push_back({bytes.data() + op.src_offset, op.dst_addr, op.length});
   }
+  // "host-staged": the source is device memory that this UCX cannot read, copied through pinned host memory.
+  protocol::metric::count_source_bytes(metrics_, writer_->staging() ? "host-staged" : memory_type_name(bytes.type()), [&] {
+    uint64_t n = 0;
+    for (const WriteOp& op : w.ops) n += op.length;
+    return n;
+  }());
   WriteJob job{.request_id = w.request_id, .runs = {}, .source = src->second};
   for (auto& [region, runs] : by_region) {
     auto rk = link->rkeys.find(region);
@@ -219,8 +239,10 @@ Actions PrefillDriver::inject_abort(uint64_t request_id, AbortReason reason) {
 Actions PrefillDriver::stream_started(uint64_t request_id, StageSource source) {
   Actions all;
   // The whole image's buffer exists from the first chunk on and is never resized: jobs point into it.
-  if (side_->state(request_id) == protocol::RequestState::Prefilling && !sources_.count(request_id))
-    sources_[request_id] = std::make_shared<std::vector<uint8_t>>(source.total_bytes);
+  if (side_->state(request_id) == protocol::RequestState::Prefilling && !sources_.count(request_id)) {
+    hold_source(request_id, SourceImage::create(cfg_.source_memory, source.total_bytes), all);
+    if (!sources_.count(request_id)) return all;  // could not be held: aborted, naming why
+  }
   execute(side_->on_stream_started(request_id, std::move(source), steady_now()), all);
   note_request(request_id);
   apply_injected_aborts(all);
@@ -230,6 +252,16 @@ Actions PrefillDriver::stream_started(uint64_t request_id, StageSource source) {
 uint8_t* PrefillDriver::stream_buffer(uint64_t request_id) {
   auto it = sources_.find(request_id);
   return it == sources_.end() ? nullptr : it->second->data();
+}
+
+void PrefillDriver::hold_source(uint64_t request_id, Result<std::shared_ptr<SourceImage>> image, Actions& all) {
+  if (image.is_ok()) {
+    sources_[request_id] = std::move(image).value();
+    return;
+  }
+  spdlog::error("prefill {}: request {:016x}: no source image: {}", cfg_.side.instance_id, request_id,
+                image.status().to_string());
+  for (auto& a : inject_abort(request_id, AbortReason::Internal)) all.push_back(std::move(a));
 }
 
 Actions PrefillDriver::rows_computed(uint64_t request_id, uint32_t rows) {
@@ -258,10 +290,15 @@ Actions PrefillDriver::stage_computed(uint64_t request_id, StageSource source, s
                                       std::vector<int32_t> choice_first_tokens) {
   // Hold the bytes only for a request still waiting for them (an aborted one would leak them); the rest
   // is what a streaming stage does.
-  if (side_->state(request_id) == protocol::RequestState::Prefilling)
-    sources_[request_id] = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
-  return stream_computed(request_id, std::move(source), first_token, std::move(first_logprobs),
-                         std::move(choice_first_tokens));
+  Actions all;
+  if (side_->state(request_id) == protocol::RequestState::Prefilling) {
+    hold_source(request_id, SourceImage::copy_of(cfg_.source_memory, std::move(bytes)), all);
+    if (!sources_.count(request_id)) return all;  // could not be held: aborted, naming why
+  }
+  for (auto& a : stream_computed(request_id, std::move(source), first_token, std::move(first_logprobs),
+                                 std::move(choice_first_tokens)))
+    all.push_back(std::move(a));
+  return all;
 }
 
 void PrefillDriver::on_decode_register(DecodeLink& link, const protocol::Register& reg) {

@@ -22,6 +22,7 @@
 
 #include "transfer/async_writes.h"
 #include "transfer/lazy_alloc_prefill.h"
+#include "transfer/source_image.h"
 #include "transfer/ucx_driver_common.h"
 #include "transfer/ucx_writer.h"
 #include "transfer/zmq_channel.h"
@@ -43,6 +44,10 @@ struct PrefillDriverConfig {
   std::optional<ControlKeys> control_keys;  // CURVE on both connections; nullopt = plaintext (opt-out)
   std::string ucx_net_devices;       // UCX_NET_DEVICES for the data plane (e.g. "lo"); empty = UCX's choice
   WriterOptions writer;
+  // Where the stage's source images live. Cuda: device memory of cuda_device (a stage computing on a GPU
+  // copies its cache rows there and the puts read the GPU); stage_computed's host bytes are copied in.
+  MemoryType source_memory = MemoryType::Host;
+  int cuda_device = 0;
   StateHook on_state;                // may be empty; may call inject_abort() for the request
   // May be empty: when one StartWrites' puts ran (steady clock, microseconds), called from step().
   std::function<void(uint64_t request_id, int64_t begin_us, int64_t end_us)> on_write_span;
@@ -64,7 +69,8 @@ class PrefillDriver {
                          std::optional<int32_t> first_token, std::vector<protocol::TokenLogprobs> first_logprobs = {},
                          std::vector<int32_t> choice_first_tokens = {});
   // Streaming (see the top): the request's image is laid out as `source`; returns false when the side did
-  // not take the request (then nothing is held). stream_buffer(): the held image (nullptr when none).
+  // not take the request (then nothing is held). stream_buffer(): the held image (nullptr when none), in
+  // source_memory (device memory for Cuda: fill it with device copies).
   Actions stream_started(uint64_t request_id, StageSource source);
   uint8_t* stream_buffer(uint64_t request_id);
   Actions rows_computed(uint64_t request_id, uint32_t rows);
@@ -102,6 +108,8 @@ class PrefillDriver {
   Status post_writes(const StartWritesAction& w);
   // Aborts injected from the state hook for requests that had no StartWrites to apply them to.
   void apply_injected_aborts(Actions& all);
+  // Holds `image` as the request's source, or, when it could not be made, aborts the request naming why.
+  void hold_source(uint64_t request_id, Result<std::shared_ptr<SourceImage>> image, Actions& all);
   void take_write_completions(Actions& all);
   void note_states(const Actions& actions);
   void note_request(uint64_t request_id);
@@ -132,7 +140,7 @@ class PrefillDriver {
   };
   std::vector<DecodeLink> decodes_;
   std::unique_ptr<ControlClient> router_;
-  std::map<uint64_t, std::shared_ptr<std::vector<uint8_t>>> sources_;  // held source bytes by request
+  std::map<uint64_t, std::shared_ptr<SourceImage>> sources_;  // held source bytes by request
   std::map<uint64_t, std::string> decode_of_;             // accepted request -> the decode instance it names
   size_t jobs_in_flight_ = 0;
   std::set<uint64_t> abort_requested_;                    // set by inject_abort from a state hook

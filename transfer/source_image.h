@@ -1,0 +1,37 @@
+// One request's source bytes on a prefill stage: the packed image of the stage's layers that its puts
+// read. In host memory, or in device memory when the stage computes on a GPU: the stage then copies its
+// cache rows into the image on the device and the puts read the GPU, so no byte is staged through the
+// host (with a CUDA-aware UCX; without one the writer's CudaSourceReader stages, ucx_writer.h).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "transfer/ucx_context.h"
+
+namespace k3::transfer {
+
+class SourceImage {
+ public:
+  // `bytes` of uninitialised memory of `type` (device memory on the current CUDA device).
+  static Result<std::shared_ptr<SourceImage>> create(MemoryType type, size_t bytes);
+  // Host bytes, taken over without a copy.
+  static std::shared_ptr<SourceImage> adopt(std::vector<uint8_t> bytes);
+  // `bytes` in memory of `type`: taken over for host memory, copied into device memory (a stage that
+  // exported its image on the host).
+  static Result<std::shared_ptr<SourceImage>> copy_of(MemoryType type, std::vector<uint8_t> bytes);
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  MemoryType type() const { return type_; }
+
+ private:
+  SourceImage() = default;
+  MemoryType type_ = MemoryType::Host;
+  std::vector<uint8_t> host_;
+  std::shared_ptr<void> device_;   // owns the device allocation
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace k3::transfer
