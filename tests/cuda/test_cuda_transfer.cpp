@@ -58,8 +58,9 @@ std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
   return v;
 }
 
-// Writes `runs` from a device source into the target's registration and returns the written image.
-void check_against_host(bool cuda_destination, bool force_staging, bool source_memh = false) {
+// Writes `runs` from a device source (or, with host_source, unregistered host memory, as a prefill stage
+// that exports its cache into host bytes puts it) into the target's registration and compares the image.
+void check_against_host(bool cuda_destination, bool force_staging, bool source_memh = false, bool host_source = false) {
   constexpr size_t kSrc = 4 << 20, kDst = 8 << 20;
   // The writer's CUDA context exists before its UCX context, as in every process that moves device memory.
   REQUIRE(cuda_make_current(0).is_ok());
@@ -91,7 +92,10 @@ void check_against_host(bool cuda_destination, bool force_staging, bool source_m
   WriterOptions wo;
   wo.force_staging = force_staging;
   wo.staging_slot_bytes = 64 << 10;  // several slots per long run: exercises slot reuse
-  auto writer = UcxWriter::create(sworker, std::make_shared<CudaSourceReader>(), wo).value();
+  std::shared_ptr<const SourceReader> reader = std::make_shared<CudaSourceReader>();
+  if (host_source) reader = std::make_shared<HostSourceReader>();
+  auto writer = UcxWriter::create(sworker, reader, wo).value();
+  const uint8_t* source = host_source ? host_src.data() : static_cast<const uint8_t*>(src->data());
 
   std::mt19937 rng(cuda_destination * 2 + force_staging);
   const auto runs = random_runs(rng, kSrc, kDst, 300 << 10);
@@ -99,7 +103,7 @@ void check_against_host(bool cuda_destination, bool force_staging, bool source_m
   std::vector<RemoteWrite> writes;
   std::vector<uint8_t> expected(kDst, 0xEE);
   for (const Run& r : runs) {
-    writes.push_back({static_cast<const uint8_t*>(src->data()) + r.src_off, base + r.dst_off, r.n});
+    writes.push_back({source + r.src_off, base + r.dst_off, r.n});
     std::memcpy(expected.data() + r.dst_off, host_src.data() + r.src_off, r.n);
   }
   REQUIRE(writer->write(*rkey, writes, {}, source_memh ? src_mem.get() : nullptr).is_ok());
@@ -132,6 +136,11 @@ TEST_CASE("puts from a registered CUDA source (its memory handle) into CUDA memo
 TEST_CASE("puts from CUDA memory into host memory equal the host reference", "[cuda][transfer]") {
   K3_CUDA_DEVICE_OR_SKIP();
   check_against_host(/*cuda_destination=*/false, /*force_staging=*/false);
+}
+
+TEST_CASE("puts from host memory into CUDA memory equal the host reference", "[cuda][transfer]") {
+  K3_CUDA_DEVICE_OR_SKIP();
+  check_against_host(/*cuda_destination=*/true, /*force_staging=*/false, /*source_memh=*/false, /*host_source=*/true);
 }
 
 TEST_CASE("CUDA source through pinned staging (CudaSourceReader) equals the host reference", "[cuda][transfer]") {

@@ -12,11 +12,14 @@
 // heads H, ranks N, sliced 0|1, bind EP and advertise HOST (decode), partition a,b,c, stage s, hb_ms, misses, compute_wait_ms,
 // transfer_wait_ms, addrs_wait_ms, quarantine_ms, die_at STATE, abort_at STATE, stall_at STATE,
 // stall_ms MS.
+// memory host|cuda: where decode's regions and the stage's source images live (cuda: GPU memory).
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <span>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -24,6 +27,10 @@
 #include "tests/transfer/pd_scenario.h"
 #include "transfer/ucx_decode_driver.h"
 #include "transfer/ucx_prefill_driver.h"
+
+#ifdef K3_TRANSFER_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 using namespace k3::transfer;
 using namespace k3::test::pd;
@@ -96,6 +103,30 @@ bool ended_or_released(const Actions& actions) {
   return false;
 }
 
+MemoryType memory_arg() { return arg("memory", "host") == "cuda" ? MemoryType::Cuda : MemoryType::Host; }
+
+// The region's bytes on the host (a GPU region is copied down first), and back to the poison byte.
+std::vector<uint8_t> region_bytes(std::span<uint8_t> mem) {
+  std::vector<uint8_t> out(mem.size());
+#ifdef K3_TRANSFER_HAVE_CUDA
+  if (memory_arg() == MemoryType::Cuda) {
+    if (cudaMemcpy(out.data(), mem.data(), mem.size(), cudaMemcpyDeviceToHost) != cudaSuccess) std::abort();
+    return out;
+  }
+#endif
+  std::copy(mem.begin(), mem.end(), out.begin());
+  return out;
+}
+void repoison(std::span<uint8_t> mem) {
+#ifdef K3_TRANSFER_HAVE_CUDA
+  if (memory_arg() == MemoryType::Cuda) {
+    if (cudaMemset(mem.data(), 0xEE, mem.size()) != cudaSuccess) std::abort();
+    return;
+  }
+#endif
+  std::fill(mem.begin(), mem.end(), 0xEE);
+}
+
 int run_decode() {
   const auto model = model_from_pattern(arg("layers"), num("heads", 8));
   const uint32_t n = num("ranks", 1);
@@ -113,6 +144,7 @@ int run_decode() {
   cfg.advertise_host = arg("advertise");
   cfg.heartbeat = heartbeat();
   cfg.on_state = [&](uint64_t id, RequestState st) { inj.on_state(id, st); };
+  cfg.pool_memory = memory_arg();
   k3::protocol::MetricsRegistry metrics;
   zmq::context_t zctx;
   auto d_or = DecodeDriver::create(cfg, zctx, &metrics);
@@ -145,16 +177,14 @@ int run_decode() {
       if (alloc) {
         Verdict total;
         for (uint32_t i = 0; i < n; ++i) {
-          auto v = verify_rank(model, d->pool(i).geometry(), (*alloc)[i], d->memory(i), i, n, sliced, ready->prompt_len, 0xEE);
+          auto host = region_bytes(d->memory(i));
+          auto v = verify_rank(model, d->pool(i).geometry(), (*alloc)[i], host, i, n, sliced, ready->prompt_len, 0xEE);
           total.bytes_checked += v.bytes_checked;
           if (!v.ok && total.ok) total = {false, total.bytes_checked, v.first_error};
         }
         say("VERIFIED " + std::to_string(ready->request_id) + " " + (total.ok ? "1 " : "0 ") +
             std::to_string(total.bytes_checked) + " " + (total.first_error.empty() ? "-" : total.first_error));
-        for (uint32_t i = 0; i < n; ++i) {
-          auto mem = d->memory(i);
-          std::fill(mem.begin(), mem.end(), 0xEE);  // the next request starts clean
-        }
+        for (uint32_t i = 0; i < n; ++i) repoison(d->memory(i));  // the next request starts clean
       }
       Actions f = d->apply([&](DecodeSide& s, Millis now) { return s.on_finished(ready->request_id, now); });
       all.insert(all.end(), f.begin(), f.end());
@@ -186,6 +216,7 @@ int run_prefill() {
   cfg.heartbeat = heartbeat();
   cfg.writer.force_staging = num("staging", 0) != 0;
   cfg.writer.staging_slot_bytes = 256;
+  cfg.source_memory = memory_arg();
   PrefillDriver* self = nullptr;
   cfg.on_state = [&](uint64_t id, RequestState st) {
     // At TRANSFERRING the abort must land before the writes: the driver applies it around them.

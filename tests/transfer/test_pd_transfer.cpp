@@ -6,8 +6,10 @@
 //  - ABORT injected at every state on either side, SIGKILL at every state, deadline expiry: the
 //    survivor ends the request (within the heartbeat window for a death) and its pool / held
 //    sources return exactly to the start.
+// K3_TEST_MEMORY=cuda runs all of it with GPU memory on both sides (decode regions, prefill sources).
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <random>
 
 #include "common/protocol/frame.h"
@@ -68,6 +70,15 @@ struct Topology {
   std::vector<std::string> decode_extra, prefill_extra;  // extra key value args
 };
 
+// Where both peers keep their bytes: K3_TEST_MEMORY=cuda puts decode's regions and the stages' source
+// images in GPU memory (tests/cuda/run_transfer_faults_on_gpu_host.sh); default host.
+std::string test_memory() {
+  const char* m = std::getenv("K3_TEST_MEMORY");
+  const std::string kind = m && *m ? m : "host";
+  REQUIRE((kind == "host" || kind == "cuda"));
+  return kind;
+}
+
 struct Cluster {
   Router router;
   Topology topo;
@@ -77,7 +88,7 @@ struct Cluster {
   std::vector<std::string> registered;  // per stage: the control endpoint the decode's REGISTER announced
   explicit Cluster(Topology t) : topo(std::move(t)) {
     std::vector<std::string> common = {"layers", topo.layers, "heads", std::to_string(topo.heads), "router",
-                                       router.server->endpoint()};
+                                       router.server->endpoint(), "memory", test_memory()};
     std::vector<std::string> dargs = {"role", "decode", "ranks", std::to_string(topo.ranks)};
     dargs.insert(dargs.end(), common.begin(), common.end());
     dargs.insert(dargs.end(), topo.decode_extra.begin(), topo.decode_extra.end());
@@ -189,6 +200,9 @@ void run_requests(Cluster& c, std::mt19937& rng, int requests, uint32_t max_toke
     CHECK(metrics["k3_transfer_bytes_total"] == double(total_bytes));
     CHECK(metrics["k3_request_transitions_total{from=\"DECODING\",to=\"FINISHED\"}"] == i + 1);
     CHECK(metrics["k3_request_transitions_total{from=\"CLAIMED\",to=\"COMPUTE_DONE\"}"] == i + 1);
+    // Every region the stages wrote lives where the test asked (GPU memory with K3_TEST_MEMORY=cuda).
+    for (uint32_t r = 0; r < c.topo.ranks; ++r)
+      CHECK(metrics["k3_transfer_region_bytes{memory=\"" + test_memory() + "\",region=\"" + std::to_string(r) + "\"}"] > 0);
   }
 }
 
