@@ -27,6 +27,17 @@ Result<CacheLayout> cache_layout(const ModelConfig& cfg, const Backend& backend)
   return CacheLayout::from_config(cfg, {.kv = backend.compute_dtype(), .conv = backend.compute_dtype(), .state = DType::F32});
 }
 
+Status check_region_bytes(const ModelConfig& cfg, const Backend& backend, int begin, int end, const CacheOptions& opts,
+                          const std::string& flag) {
+  if (opts.region_bytes == 0) return Status::ok();
+  if (opts.memory) return invalid_argument(flag + ": the cache is in memory another owner provides; it has no region of its own to size");
+  K3_ASSIGN_OR_RETURN(CacheLayout c, cache_layout(cfg, backend));
+  auto u = UnifiedRegionLayout::make(c, static_cast<uint32_t>(begin), static_cast<uint32_t>(end),
+                                     static_cast<uint32_t>(opts.page_size), opts.region_bytes);
+  if (!u.is_ok()) return invalid_argument(flag + ": " + u.status().message());
+  return Status::ok();
+}
+
 namespace {
 
 // Room for `slots` slots and `pages` pages at once, rounded up to the layout's page granularity.

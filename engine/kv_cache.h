@@ -48,6 +48,12 @@ struct CacheOptions {
   uint64_t region_bytes = 0;
 };
 
+// Checks CacheOptions::region_bytes for layers [begin, end) before any memory is taken: 0 (room for every
+// slot and page at once) or a size that holds at least one KDA slot and one MLA page of the range. The
+// error names `flag` (the option the user gave).
+Status check_region_bytes(const ModelConfig& cfg, const Backend& backend, int begin, int end, const CacheOptions& opts,
+                          const std::string& flag);
+
 // Hands out small integer ids (slots, pages) from a fixed range; double free is a bug (checked).
 class IdAllocator {
  public:
@@ -124,6 +130,9 @@ class CachePools {
   int free_pages() const;
   int free_slots() const;
   int total_slots() const { return slots_.capacity(); }
+  // Slots allocated now. Not total_slots() - free_slots(): in a unified region smaller than every slot and
+  // page at once, free_slots() is also bounded by the region's room, which live slots do not use.
+  int live_slots() const { return slots_.capacity() - slots_.free_count(); }
   // The unified region's free-byte fragmentation and slot moves; nullopt when another owner provides the
   // memory.
   std::optional<UnifiedPool::Fragmentation> fragmentation() const;

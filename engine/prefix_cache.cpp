@@ -87,11 +87,11 @@ void PrefixCache::flush() {
 std::optional<int> PrefixCache::take_slot() {
   const int max_seqs = pools_.options().max_seqs;
   for (;;) {
-    const int used = pools_.total_slots() - pools_.free_slots();
-    const int running = used - tree_.num_checkpoints() - planned_slots_;
+    const int running = pools_.live_slots() - tree_.num_checkpoints() - planned_slots_;
     const bool over_budget =
         opts_.budget_bytes > 0 && tree_.bytes() + uint64_t(planned_slots_ + 1) * tree_.options().slot_bytes > opts_.budget_bytes;
-    if (!over_budget && pools_.free_slots() - 1 >= max_seqs - running) {
+    // A checkpoint leaves room for every request that may still open (a tight region's room counts).
+    if (!over_budget && pools_.free_slots() >= 1 && pools_.free_slots() - 1 >= max_seqs - running) {
       auto s = pools_.alloc_slot();
       K3_CHECK(s.has_value(), "PrefixCache: slot accounting is off");
       ++planned_slots_;

@@ -59,6 +59,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-requests", o.cache.max_seqs, "requests computing at once on this stage (cache slots, default 8)")
       ->check(CLI::PositiveNumber);
   app.add_option("--cache-pages", o.cache.num_pages, "local MLA cache pages per layer (default 256)")->check(CLI::PositiveNumber);
+  double cache_region_mib = 0;
+  app.add_option("--cache-region-mib", cache_region_mib,
+                 "MiB of the stage's unified cache region that KDA slots (requests and prefix checkpoints) and MLA pages "
+                 "share (0 = room for every slot and page at once; less lets the boundary follow demand)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--cache-page-size", o.cache.page_size, "tokens per local MLA cache page (default 16)")
       ->check(CLI::PositiveNumber);
   app.add_option("--transfer-page-size", o.transfer_page_size,
@@ -164,6 +169,7 @@ int main(int argc, char** argv) {
   if (!weights.is_ok()) return fail(weights.status());
   bc.threads = threads;
   o.cuda_device = bc.device;
+  o.cache.region_bytes = static_cast<uint64_t>(cache_region_mib * (1 << 20));
   auto backend = make_backend(bc);
   if (!backend.is_ok()) return fail(backend.status());
   zmq::context_t zctx;

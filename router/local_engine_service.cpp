@@ -78,6 +78,8 @@ Result<std::unique_ptr<LocalEngineService>> LocalEngineService::create(const Mod
     eo.prefix_cache = {.enabled = true, .block_tokens = opts.prefix_block_tokens,
                        .checkpoint_every = opts.prefix_checkpoint_every, .budget_bytes = opts.prefix_budget_bytes};
   }
+  eo.cache.region_bytes = opts.cache_region_bytes;
+  K3_TRY(check_region_bytes(s->cfg_, *s->backend_, 0, s->cfg_.num_hidden_layers, eo.cache, "--cache-region-mib"));
   K3_ASSIGN_OR_RETURN(s->engine_, Engine::create(*s->backend_, s->cfg_, s->weights_, eo));
   s->free_slots_ = s->engine_->caches().free_slots();
   s->free_pages_ = s->engine_->caches().free_pages();

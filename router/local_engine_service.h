@@ -38,6 +38,10 @@ struct LocalEngineOptions {
   int prefix_checkpoint_every = 1;   // blocks between checkpoints of a new prompt
   int cache_pages = 0;               // MLA pages (0: enough for max_running full contexts)
   uint64_t prefix_budget_bytes = 0;  // 0: bounded by the pools
+  // Bytes of the engine's unified cache region (KDA slots from one end, MLA pages from the other). 0: room
+  // for every slot and page at once. Less: the kinds share the bytes and the boundary follows demand
+  // (compaction moves slots); a request whose pages no longer fit fails with "out of KV pages".
+  uint64_t cache_region_bytes = 0;
 };
 
 class LocalEngineService final : public GenerationService {

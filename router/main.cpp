@@ -90,6 +90,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--prefix-checkpoint-every", prefix_every, "prefix cache: blocks between checkpoints (default 1)")
       ->check(CLI::PositiveNumber);
+  double cache_region_mib = 0;
+  app.add_option("--cache-region-mib", cache_region_mib,
+                 "local engine: MiB of the unified cache region that KDA slots and MLA pages share (0 = room for every "
+                 "slot and page at once; less lets the boundary follow demand)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--prefix-budget-mb", prefix_budget_mb, "prefix cache: memory budget in MiB (0 = the pools bound it)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-body-bytes", max_body, "largest accepted request body (413 beyond)")->check(CLI::Range(size_t{1}, size_t{1} << 30));
@@ -169,7 +174,8 @@ int main(int argc, char** argv) {
                                                         .prefix_checkpoint_slots = prefix_slots,
                                                         .prefix_block_tokens = prefix_block,
                                                         .prefix_checkpoint_every = prefix_every,
-                                                        .prefix_budget_bytes = static_cast<uint64_t>(prefix_budget_mb * (1 << 20))});
+                                                        .prefix_budget_bytes = static_cast<uint64_t>(prefix_budget_mb * (1 << 20)),
+                                                        .cache_region_bytes = static_cast<uint64_t>(cache_region_mib * (1 << 20))});
       if (!local.is_ok()) return fail(local.status().to_string());
       tokenizer = (*local)->tokenizer();
       cfg = (*local)->config();

@@ -53,13 +53,15 @@ uint64_t metric(const std::string& text, const std::string& name) {
   return std::stoull(text.substr(at + name.size() + 2));
 }
 
-}  // namespace
+// The tight region: 4 slot blocks and 30 page blocks, below the 7 slots (3 requests + 4 checkpoints) and
+// 99 pages the server would take at full size. Small enough that the workload below moves slots, large
+// enough that it never runs out (20 pages does: "out of KV pages"). Before the prefix cache counted
+// running requests by live slot ids, this size crashed the server ("slot accounting is off").
+constexpr uint64_t kTightSlots = 4, kTightPages = 30;
 
-TEST_CASE("local engine with the prefix cache gives the cache-off tokens and counts hits on /metrics") {
-  const int chunk = 64;
-  test::TinyServer s({.max_running = 3, .max_queue = 16, .prefill_chunk = chunk, .prefix_checkpoint_slots = 4,
-                      .prefix_block_tokens = 64},
-                     "", /*context=*/512);
+// Six requests sharing a 150-token system prompt (odd ones seeded), against the monolithic engine
+// without the cache; returns /metrics after the worker published the counters.
+std::string serve_shared_prefix(test::TinyServer& s, int chunk) {
   std::mt19937 rng(5);
   std::vector<int32_t> system;
   for (int k = 0; k < 150; ++k) system.push_back(static_cast<int32_t>(rng() % s.cfg.vocab_size));
@@ -101,6 +103,50 @@ TEST_CASE("local engine with the prefix cache gives the cache-off tokens and cou
   uint64_t lookup = 0;
   for (const auto& g : reqs) lookup += g.prompt.size();
   CHECK(metric(text, "k3_prefix_cache_lookup_tokens_total") == lookup);
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("local engine with the prefix cache gives the cache-off tokens and counts hits on /metrics") {
+  const int chunk = 64;
+  test::TinyServer s({.max_running = 3, .max_queue = 16, .prefill_chunk = chunk, .prefix_checkpoint_slots = 4,
+                      .prefix_block_tokens = 64},
+                     "", /*context=*/512);
+  const std::string text = serve_shared_prefix(s, chunk);
   CHECK(metric(text, "k3_prefix_cache_hit_tokens_total") == 5 * 128);
   CHECK(metric(text, "k3_prefix_cache_checkpoints_stored_total") >= 2);
+  // Room for every slot and page at once: the boundary never has to move.
+  CHECK(metric(text, "k3_cache_pool_slot_moves_total") == 0);
+}
+
+// The same workload in a region smaller than every slot and page at once (--cache-region-mib): KDA slots
+// (requests and checkpoints) and MLA pages share the bytes, so the boundary moves with demand and
+// compaction moves slots, and the tokens stay the cache-off ones.
+TEST_CASE("local engine in a tight cache region moves slots and still gives the cache-off tokens") {
+  const int chunk = 64;
+  ModelConfig cfg = preset_config("k3-tiny").value();
+  auto cpu = make_cpu_backend({.threads = 1});
+  const CacheLayout layout = cache_layout(cfg, *cpu).value();
+  const auto u = UnifiedRegionLayout::make(layout, 0, cfg.num_hidden_layers, 16, uint64_t(1) << 40).value();
+  const uint64_t tight = kTightSlots * u.slot_block_bytes + kTightPages * u.page_block_bytes;
+  test::TinyServer s({.max_running = 3, .max_queue = 16, .prefill_chunk = chunk, .prefix_checkpoint_slots = 4,
+                      .prefix_block_tokens = 64, .cache_region_bytes = tight},
+                     "", /*context=*/512);
+  const std::string text = serve_shared_prefix(s, chunk);
+  CHECK(metric(text, "k3_prefix_cache_hit_tokens_total") > 0);
+  CHECK(metric(text, "k3_cache_pool_slot_moves_total") > 0);
+}
+
+TEST_CASE("local engine refuses a cache region that holds no slot or page, naming the flag") {
+  ModelConfig cfg = preset_config("k3-tiny").value();
+  test::TempDir tok_dir;
+  const int vocab = write_tiny_tokenizer(tok_dir.path).value();
+  cfg.vocab_size = vocab;
+  auto tok = std::make_shared<const Tokenizer>(Tokenizer::load(tok_dir.path).value());
+  auto made = LocalEngineService::create(cfg, random_weights(cfg, 7, DType::F32), tok,
+                                         {.threads = 1, .cache_region_bytes = 1000});
+  REQUIRE_FALSE(made.is_ok());
+  CHECK(made.status().code() == Code::InvalidArgument);
+  CHECK_THAT(made.status().message(), Catch::Contains("--cache-region-mib") && Catch::Contains("holds no"));
 }
