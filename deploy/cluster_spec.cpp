@@ -113,7 +113,7 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
     const json& p = j.at("prefill")[i];
     if (!p.is_object()) return bad("prefill[" + std::to_string(i) + "]", "must be an object");
     K3_TRY(known_keys(p, at, {"id", "stages", "partition", "chunk_size", "max_requests", "stream", "max_inflight_chunks",
-                              "prefix_cache"}));
+                              "prefix_cache", "cache_region_mib"}));
     PrefillSpec ps;
     ps.id = "p" + std::to_string(i);
     K3_TRY(get_string(p, at, "id", ps.id));
@@ -127,6 +127,7 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
       ps.stream = p.at("stream").get<bool>();
     }
     K3_TRY(get_int(p, at, "max_inflight_chunks", ps.max_inflight_chunks, 1, 4096));
+    K3_TRY(get_int(p, at, "cache_region_mib", ps.cache_region_mib, 0, 1 << 24));
     if (p.contains("prefix_cache")) {
       const json& pc = p.at("prefix_cache");
       const std::string pat = at + "prefix_cache.";
@@ -265,6 +266,11 @@ std::vector<std::string> prefix_cache_args(const PrefillSpec& p) {
   return {"--prefix-cache-slots", std::to_string(p.prefix_slots), "--prefix-block", std::to_string(p.prefix_block_tokens),
           "--prefix-checkpoint-every", std::to_string(p.prefix_checkpoint_every), "--prefix-budget-mb",
           std::to_string(p.prefix_budget_mb)};
+}
+
+std::vector<std::string> cache_region_args(const PrefillSpec& p) {
+  if (p.cache_region_mib <= 0) return {};
+  return {"--cache-region-mib", std::to_string(p.cache_region_mib)};
 }
 
 std::vector<std::string> stream_args(const PrefillSpec& p) {

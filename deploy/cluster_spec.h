@@ -7,6 +7,7 @@
 //              "api_key": "..."},        optional; see resolve_api_key for --api-key / K3_API_KEY
 //   "prefill": [{"id": "p", "stages": 2, "partition": [2, 2], "chunk_size": 256, "max_requests": 8,
 //                "stream": true, "max_inflight_chunks": 4,     k3-prefill --no-stream / --max-inflight-chunks
+//                "cache_region_mib": 0,         k3-prefill --cache-region-mib (0: room for every slot and page)
 //                "prefix_cache": {"slots": 8, "block_tokens": 64, "checkpoint_every": 1, "budget_mb": 0}}],
 //                                        prefix_cache: optional, off without it (k3-prefill --prefix-* flags)
 //   "decode": [{"id": "d", "ranks": 1, "max_requests": 8}],
@@ -52,9 +53,12 @@ struct PrefillSpec {
   int prefix_block_tokens = 64;
   int prefix_checkpoint_every = 1;
   int prefix_budget_mb = 0;
+  int cache_region_mib = 0;        // the stages' unified cache region in MiB (0: every slot and page at once)
 };
 // The k3-prefill flags of an instance's prefix cache (none when it is off); every stage gets the same.
 std::vector<std::string> prefix_cache_args(const PrefillSpec& p);
+// The k3-prefill flag sizing the stages' cache region (none at 0, the full size).
+std::vector<std::string> cache_region_args(const PrefillSpec& p);
 // The k3-prefill flags of an instance's transfer streaming (--no-stream or --max-inflight-chunks N).
 std::vector<std::string> stream_args(const PrefillSpec& p);
 

@@ -134,8 +134,10 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
       }
       const std::vector<std::string> prefix = prefix_cache_args(ps);
       const std::vector<std::string> stream = stream_args(ps);
+      const std::vector<std::string> region = cache_region_args(ps);
       a.insert(a.end(), prefix.begin(), prefix.end());
       a.insert(a.end(), stream.begin(), stream.end());
+      a.insert(a.end(), region.begin(), region.end());
       if (p.local_index > 0) a.insert(a.end(), {"--listen", "tcp://" + bind_of(ctx) + ":" + std::to_string(p.port)});
       if (p.local_index + 1 < ps.stages) {
         const std::string next = "prefill/" + ps.id + "/" + std::to_string(p.local_index + 1);

@@ -193,3 +193,16 @@ TEST_CASE("cluster spec: prefill streaming fields become k3-prefill flags", "[cl
   j["prefill"][0]["max_inflight_chunks"] = 5000;
   CHECK(error_of(j).find("prefill[0].max_inflight_chunks: 5000 outside [1, 4096]") != std::string::npos);
 }
+
+TEST_CASE("cluster spec: prefill cache_region_mib becomes k3-prefill's --cache-region-mib", "[cluster_e2e]") {
+  json j = minimal();
+  auto s = deploy::parse_cluster_spec(j);
+  REQUIRE(s.is_ok());
+  CHECK(deploy::cache_region_args(s->prefill[0]).empty());
+  j["prefill"][0]["cache_region_mib"] = 64;
+  s = deploy::parse_cluster_spec(j);
+  REQUIRE(s.is_ok());
+  CHECK(deploy::cache_region_args(s->prefill[0]) == std::vector<std::string>{"--cache-region-mib", "64"});
+  j["prefill"][0]["cache_region_mib"] = -1;
+  CHECK(error_of(j).find("prefill[0].cache_region_mib: -1 outside [0, 16777216]") != std::string::npos);
+}
