@@ -29,6 +29,16 @@ Status get_int(const json& obj, const std::string& where, const char* key, int& 
   return Status::ok();
 }
 
+Status get_number(const json& obj, const std::string& where, const char* key, double& out, double lo, double hi) {
+  if (!obj.contains(key)) return Status::ok();
+  const json& v = obj.at(key);
+  if (!v.is_number()) return bad(where + key, "must be a number");
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi)) return bad(where + key, json(x).dump() + " outside [" + json(lo).dump() + ", " + json(hi).dump() + "]");
+  out = x;
+  return Status::ok();
+}
+
 Status get_string(const json& obj, const std::string& where, const char* key, std::string& out, bool required = false) {
   if (!obj.contains(key)) return required ? bad(where + key, "is required") : Status::ok();
   if (!obj.at(key).is_string()) return bad(where + key, "must be a string");
@@ -127,7 +137,7 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
       ps.stream = p.at("stream").get<bool>();
     }
     K3_TRY(get_int(p, at, "max_inflight_chunks", ps.max_inflight_chunks, 1, 4096));
-    K3_TRY(get_int(p, at, "cache_region_mib", ps.cache_region_mib, 0, 1 << 24));
+    K3_TRY(get_number(p, at, "cache_region_mib", ps.cache_region_mib, 0, 1 << 24));
     if (p.contains("prefix_cache")) {
       const json& pc = p.at("prefix_cache");
       const std::string pat = at + "prefix_cache.";
@@ -270,7 +280,7 @@ std::vector<std::string> prefix_cache_args(const PrefillSpec& p) {
 
 std::vector<std::string> cache_region_args(const PrefillSpec& p) {
   if (p.cache_region_mib <= 0) return {};
-  return {"--cache-region-mib", std::to_string(p.cache_region_mib)};
+  return {"--cache-region-mib", json(p.cache_region_mib).dump()};
 }
 
 std::vector<std::string> stream_args(const PrefillSpec& p) {

@@ -53,7 +53,7 @@ struct PrefillSpec {
   int prefix_block_tokens = 64;
   int prefix_checkpoint_every = 1;
   int prefix_budget_mb = 0;
-  int cache_region_mib = 0;        // the stages' unified cache region in MiB (0: every slot and page at once)
+  double cache_region_mib = 0;     // the stages' unified cache region in MiB (0: every slot and page at once)
 };
 // The k3-prefill flags of an instance's prefix cache (none when it is off); every stage gets the same.
 std::vector<std::string> prefix_cache_args(const PrefillSpec& p);

@@ -464,6 +464,11 @@ protocol::PrefixCacheReport PrefillStage::prefix_report() const {
   r.pool_slots = static_cast<uint32_t>(pools_->total_slots());
   r.pool_free_slots = static_cast<uint32_t>(pools_->free_slots());
   r.prompts_prefilled = prompts_prefilled_;
+  if (auto f = pools_->fragmentation()) {
+    r.region_free_bytes = f->free_bytes;
+    r.region_free_extents = f->extents;
+  }
+  r.region_slot_moves = pools_->slot_moves();
   if (!prefix_) return r;
   const PrefixCache& c = prefix_->cache();
   r.block_tokens = static_cast<uint32_t>(c.options().block_tokens);

@@ -70,6 +70,12 @@ std::string PrefillCacheReports::prometheus_text() const {
        [](const protocol::PrefixCacheReport& r) { return uint64_t{r.pool_free_slots}; }},
       {"k3_prefill_pool_slots", "gauge", "KDA slots of a prefill stage.",
        [](const protocol::PrefixCacheReport& r) { return uint64_t{r.pool_slots}; }},
+      {"k3_prefill_cache_region_free_bytes", "gauge", "Free bytes of a prefill stage's unified cache region (slots and pages share them).",
+       [](const protocol::PrefixCacheReport& r) { return r.region_free_bytes; }},
+      {"k3_prefill_cache_region_free_extents", "gauge", "Runs of adjacent free bytes in a prefill stage's unified cache region.",
+       [](const protocol::PrefixCacheReport& r) { return uint64_t{r.region_free_extents}; }},
+      {"k3_prefill_cache_region_slot_moves_total", "counter", "KDA slots compaction moved in a prefill stage's region to make room for pages.",
+       [](const protocol::PrefixCacheReport& r) { return r.region_slot_moves; }},
   };
   std::lock_guard lk(mu_);
   std::string o;

@@ -30,10 +30,11 @@
 namespace k3::protocol {
 
 inline constexpr uint32_t kWireMagic = 0x4657334Bu;  // bytes "K3WF" read as u32 LE
-inline constexpr uint16_t kWireVersion = 7;        // 2: HEARTBEAT carries the decode room; 3: trace id, logprobs; 4: output_format;
+inline constexpr uint16_t kWireVersion = 8;        // 2: HEARTBEAT carries the decode room; 3: trace id, logprobs; 4: output_format;
                                                    // 5: output_format "tool_calls:<spec>", region worker address, prefill prefix-cache report in HEARTBEAT;
                                                    // 6: n choices (SamplingParams.n, COMPUTE_DONE's other first tokens, TOKENS.choice), prompts_prefilled;
-                                                   // 7: COMPUTE_DONE.streaming (addresses at a stage's first chunk)
+                                                   // 7: COMPUTE_DONE.streaming (addresses at a stage's first chunk);
+                                                   // 8: the prefill stage's unified cache region in its prefix-cache report
 inline constexpr size_t kFrameHeaderBytes = 12;
 inline constexpr uint8_t kKnownFlags = 0;            // mask of defined flag bits (none yet)
 

@@ -32,7 +32,8 @@ K3_FIELDS(PrefixCacheReport, v("block_tokens", m.block_tokens); v("block_hashes"
           v("checkpoints_stored", m.checkpoints_stored); v("checkpoints_evicted", m.checkpoints_evicted);
           v("cache_bytes", m.cache_bytes); v("pool_pages", m.pool_pages); v("pool_free_pages", m.pool_free_pages);
           v("pool_slots", m.pool_slots); v("pool_free_slots", m.pool_free_slots);
-          v("prompts_prefilled", m.prompts_prefilled))
+          v("prompts_prefilled", m.prompts_prefilled); v("region_free_bytes", m.region_free_bytes);
+          v("region_free_extents", m.region_free_extents); v("region_slot_moves", m.region_slot_moves))
 K3_FIELDS(Heartbeat, v("role", m.role); v("instance_id", m.instance_id); v("rank", m.rank);
           v("stage", m.stage); v("seq", m.seq); v("free_bytes", m.free_bytes);
           v("num_running", m.num_running); v("room", m.room); v("prefix", m.prefix))

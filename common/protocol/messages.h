@@ -152,6 +152,11 @@ struct PrefixCacheReport {
   uint32_t pool_slots = 0;               // KDA slots (requests + checkpoints), and slots free
   uint32_t pool_free_slots = 0;
   uint64_t prompts_prefilled = 0;        // prompts this stage finished (with or without a cache; a counter)
+  // The stage's unified cache region (slots and pages share its bytes): free bytes, runs of free bytes,
+  // and slots compaction moved (a counter).
+  uint64_t region_free_bytes = 0;
+  uint32_t region_free_extents = 0;
+  uint64_t region_slot_moves = 0;
   bool operator==(const PrefixCacheReport&) const = default;
 };
 

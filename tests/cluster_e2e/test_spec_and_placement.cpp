@@ -202,7 +202,13 @@ TEST_CASE("cluster spec: prefill cache_region_mib becomes k3-prefill's --cache-r
   j["prefill"][0]["cache_region_mib"] = 64;
   s = deploy::parse_cluster_spec(j);
   REQUIRE(s.is_ok());
-  CHECK(deploy::cache_region_args(s->prefill[0]) == std::vector<std::string>{"--cache-region-mib", "64"});
+  CHECK(deploy::cache_region_args(s->prefill[0]) == std::vector<std::string>{"--cache-region-mib", "64.0"});
+  j["prefill"][0]["cache_region_mib"] = 0.5;
+  s = deploy::parse_cluster_spec(j);
+  REQUIRE(s.is_ok());
+  CHECK(deploy::cache_region_args(s->prefill[0]) == std::vector<std::string>{"--cache-region-mib", "0.5"});
   j["prefill"][0]["cache_region_mib"] = -1;
-  CHECK(error_of(j).find("prefill[0].cache_region_mib: -1 outside [0, 16777216]") != std::string::npos);
+  CHECK(error_of(j).find("prefill[0].cache_region_mib: -1.0 outside [0.0, 16777216.0]") != std::string::npos);
+  j["prefill"][0]["cache_region_mib"] = "big";
+  CHECK(error_of(j).find("prefill[0].cache_region_mib: must be a number") != std::string::npos);
 }
