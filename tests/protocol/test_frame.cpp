@@ -167,13 +167,19 @@ TEST_CASE("field-level rejections name the message and field", "[frame][reject]"
   }
   SECTION("HEARTBEAT without its decode room (an older peer's layout)") {
     auto p = payload_of(encode(Heartbeat{.role = Role::Decode, .room = {.pool_page_size = 16, .paused = 3}}));
-    p.resize(p.size() - 72 - 8);   // the prefix-cache report (empty: 72 bytes) and the room's last field
+    p.resize(p.size() - 92 - 8);   // the prefix-cache report (empty: 92 bytes) and the room's last field
     require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.room.preemptions: truncated");
     p.resize(p.size() - 44);
     require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.room.pool_page_size: truncated");
   }
   SECTION("HEARTBEAT without its prefix-cache report (an older peer's layout)") {
     auto p = payload_of(encode(Heartbeat{.role = Role::Prefill, .prefix = {.block_tokens = 64, .block_hashes = {1, 2}}}));
+    p.resize(p.size() - 8);
+    require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.prefix.region_slot_moves: truncated");
+    p.resize(p.size() - 4);
+    require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.prefix.region_free_extents: truncated");
+    p.resize(p.size() - 8);
+    require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.prefix.region_free_bytes: truncated");
     p.resize(p.size() - 8);
     require_rejected(frame_of(MsgType::Heartbeat, p), "HEARTBEAT.prefix.prompts_prefilled: truncated");
     p.resize(p.size() - 4);

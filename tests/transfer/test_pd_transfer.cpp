@@ -157,6 +157,19 @@ std::map<std::string, double> metrics_after_idle(Router& router, ProcessGuard& p
   return m;
 }
 
+// The metrics a stage printed with its last IDLE (it prints them each time it has nothing live).
+std::map<std::string, double> last_stage_metrics(ProcessGuard& stage) {
+  std::map<std::string, double> m, block;
+  while (auto line = stage.read_line(500ms)) {
+    if (line->rfind("IDLE ", 0) == 0) block.clear();
+    if (line->rfind("P ", 0) != 0) continue;
+    const auto sp = line->rfind(' ');
+    block[line->substr(2, sp - 2)] = std::stod(line->substr(sp + 1));
+    m = block;
+  }
+  return m;
+}
+
 void run_requests(Cluster& c, std::mt19937& rng, int requests, uint32_t max_tokens) {
   const auto model = k3::test::pd::model_from_pattern(c.topo.layers, c.topo.heads);
   uint64_t total_bytes = 0;
@@ -203,6 +216,14 @@ void run_requests(Cluster& c, std::mt19937& rng, int requests, uint32_t max_toke
     // Every region the stages wrote lives where the test asked (GPU memory with K3_TEST_MEMORY=cuda).
     for (uint32_t r = 0; r < c.topo.ranks; ++r)
       CHECK(metrics["k3_transfer_region_bytes{memory=\"" + test_memory() + "\",region=\"" + std::to_string(r) + "\"}"] > 0);
+  }
+  // Every byte a stage put came from where the test asked (its source images in GPU memory with
+  // K3_TEST_MEMORY=cuda), none staged through the host.
+  for (size_t s = 0; s < c.stages.size(); ++s) {
+    INFO("stage " << s);
+    auto m = last_stage_metrics(*c.stages[s]);
+    CHECK(m["k3_transfer_source_bytes_total{memory=\"" + test_memory() + "\"}"] > 0);
+    CHECK(m.count("k3_transfer_source_bytes_total{memory=\"host-staged\"}") == 0);
   }
 }
 
