@@ -6,15 +6,14 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <random>
 #include <thread>
 
 #include "engine/engine.h"
 #include "tests/engine/model_fixture.h"
+#include "tests/engine/region_churn.h"
+#include "tests/transfer/progressed_worker.h"
 #include "transfer/ucx_writer.h"
 
 using namespace k3;
@@ -22,35 +21,6 @@ using namespace k3::transfer;
 using namespace std::chrono_literals;
 
 namespace {
-
-// The region's owner: its UCX context and worker, progressed by a thread that sleeps on events.
-struct Owner {
-  std::shared_ptr<UcxContext> ctx = UcxContext::create().value();
-  std::shared_ptr<UcxWorker> worker = UcxWorker::create(ctx).value();
-  std::atomic<bool> stop{false};
-  std::thread progress{[this] {
-    while (!stop.load()) (void)worker->wait_until([this] { return stop.load(); }, 20ms);
-  }};
-  ~Owner() {
-    stop = true;
-    progress.join();
-  }
-};
-
-// Every KDA layer's state and conv window of a slot, read at its rows now.
-std::vector<uint8_t> slot_image(CachePools& pools, const ModelConfig& cfg, int slot) {
-  std::vector<uint8_t> out;
-  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
-    if (cfg.layer_kind(l) != LayerKind::Kda) continue;
-    for (bool conv : {false, true}) {
-      const int32_t r = conv ? pools.conv_row(slot) : pools.state_row(slot);
-      Tensor row = (conv ? pools.kda_conv(l) : pools.kda_state(l)).slice_rows(r, r + 1);
-      const auto* p = static_cast<const uint8_t*>(row.data());
-      out.insert(out.end(), p, p + row.nbytes());
-    }
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -69,7 +39,7 @@ TEST_CASE("UCX puts into pinned slots of a registered unified region while pages
   const uint64_t start_free = pools.region()->free_bytes();
 
   // One registration of the whole region; the writer unpacks its rkey once.
-  Owner owner;
+  test::ProgressedWorker owner;   // the region's owner, as a decode rank's loop
   auto mem = UcxMemory::map(owner.ctx, bytes.data(), bytes.nbytes()).value();
   auto wctx = UcxContext::create().value();
   auto wworker = UcxWorker::create(wctx).value();
@@ -96,24 +66,19 @@ TEST_CASE("UCX puts into pinned slots of a registered unified region while pages
     }
   };
 
-  std::mutex mu;
-  std::condition_variable changed, wrote;
-  std::vector<std::pair<int, uint8_t>> live;   // slots the transfer may write, and the tag each must hold
-  std::optional<int> writing;
-  bool stop = false;
-  uint64_t writes = 0;
+  test::SlotChurn churn;
   std::string failure;
   std::thread transfer([&] {   // no Catch macro here: Catch2 v2 is not thread-safe
     std::mt19937 rng(3);
-    std::unique_lock lk(mu);
+    std::unique_lock lk(churn.mu);
     for (;;) {
-      changed.wait(lk, [&] { return stop || !live.empty(); });
-      if (stop) return;
-      const auto [slot, tag] = live[rng() % live.size()];   // a copy: `live` may change while we write
+      churn.changed.wait(lk, [&] { return churn.stop || !churn.live.empty(); });
+      if (churn.stop) return;
+      const auto [slot, tag] = churn.live[rng() % churn.live.size()];   // a copy: `live` changes while we write
       const uint8_t next = static_cast<uint8_t>(tag == 255 ? 1 : tag + 1);
       {
         auto pin = pools.pin_slot(slot);   // taken while the slot is known held: it cannot move now
-        writing = slot;
+        churn.writing = slot;
         const auto w = slot_writes(pin->state_row(), pin->conv_row());
         lk.unlock();
         std::fill(source.begin(), source.end(), next);
@@ -122,64 +87,21 @@ TEST_CASE("UCX puts into pinned slots of a registered unified region while pages
         if (!st.is_ok() && failure.empty()) failure = st.to_string();
       }
       // The owner frees no slot while it is being written, so the entry is still there.
-      for (auto& e : live)
+      for (auto& e : churn.live)
         if (e.first == slot) e.second = next;
-      writing.reset();
-      ++writes;
-      wrote.notify_all();
+      churn.writing.reset();
+      ++churn.writes;
+      churn.wrote.notify_all();
     }
   });
-  auto let_transfer_in = [&](std::unique_lock<std::mutex>& lk) {
-    if (live.empty()) return;
-    const uint64_t seen = writes;
-    wrote.wait_for(lk, 30s, [&] { return writes > seen; });
-  };
-  std::mt19937 rng(4);
-  uint8_t next = 1;
-  std::vector<int32_t> pages;
-  // Cycles: slots into the free room, some freed (holes), pages until none fits (the last ones move slots
-  // into the holes), the pages freed.
-  for (int cycle = 0; cycle < 60; ++cycle) {
-    std::unique_lock lk(mu);
-    while (auto s = pools.alloc_slot()) {
-      fill_local(*s, next);
-      live.emplace_back(*s, next);
-      next = next == 255 ? 1 : next + 1;
-      changed.notify_all();
-      let_transfer_in(lk);
-    }
-    for (size_t i = 0; i < live.size();) {
-      if (rng() % 2 == 0 && writing != live[i].first) {   // the transfer's slot is not ours to free
-        pools.free_slot(live[i].first);
-        live.erase(live.begin() + static_cast<long>(i));
-        let_transfer_in(lk);
-      } else {
-        ++i;
-      }
-    }
-    while (auto p = pools.alloc_pages(1)) {
-      pages.push_back(p->at(0));
-      let_transfer_in(lk);
-    }
-    for (int32_t p : pages) pools.release_page(p);
-    pages.clear();
-  }
-  {
-    std::lock_guard lk(mu);
-    stop = true;
-  }
-  changed.notify_all();
+  churn.run(pools, 60, fill_local);
   transfer.join();
-  INFO("UCX writes " << writes << ", slot moves " << pools.slot_moves() << ", bytes put " << writer->stats().bytes);
+  INFO("UCX writes " << churn.writes << ", slot moves " << pools.slot_moves() << ", bytes put " << writer->stats().bytes);
   REQUIRE(failure.empty());
   REQUIRE(pools.slot_moves() > 10);
-  REQUIRE(writes >= 50);
-  for (const auto& [slot, tag] : live) {
-    const auto img = slot_image(pools, cfg, slot);
-    INFO("slot " << slot << " tag " << int(tag));
-    REQUIRE(std::all_of(img.begin(), img.end(), [&](uint8_t v) { return v == tag; }));
-  }
-  for (const auto& [slot, tag] : live) pools.free_slot(slot);
+  REQUIRE(churn.writes >= 50);
+  REQUIRE(churn.all_hold(pools, cfg));
+  for (const auto& [slot, tag] : churn.live) pools.free_slot(slot);
   REQUIRE(pools.free_slots() == pools.total_slots());
   REQUIRE(pools.region()->free_bytes() == start_free);
 }

@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "tests/transfer/progressed_worker.h"
 #include "transfer/cuda/cuda_memory.h"
 
 using namespace k3::transfer;
@@ -23,18 +24,7 @@ namespace {
   }
 
 // A target rank: its own context/worker and a thread sleeping on progress, as a decode rank's loop.
-struct Target {
-  std::shared_ptr<UcxContext> ctx = UcxContext::create().value();
-  std::shared_ptr<UcxWorker> worker = UcxWorker::create(ctx).value();
-  std::atomic<bool> stop{false};
-  std::thread progress{[this] {
-    while (!stop.load()) (void)worker->wait_until([this] { return stop.load(); }, 20ms);
-  }};
-  ~Target() {
-    stop = true;
-    progress.join();
-  }
-};
+using Target = k3::test::ProgressedWorker;
 
 struct Run { size_t src_off, dst_off, n; };
 

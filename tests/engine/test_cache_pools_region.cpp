@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "model_fixture.h"
+#include "region_churn.h"
 #include "separate_pools.h"
 
 using namespace k3;
@@ -35,21 +36,6 @@ std::vector<float> feed_one(Engine& e, SeqCache& s, int32_t tok) {
   std::vector<std::vector<int32_t>> t{{tok}};
   Tensor l = e.feed(std::span<SeqCache* const>(&sp, 1), t).value();
   return {l.f32(), l.f32() + l.numel()};
-}
-
-// Every KDA layer's state and conv window of a slot, read at its rows now.
-std::vector<uint8_t> slot_image(CachePools& pools, const ModelConfig& cfg, int slot) {
-  std::vector<uint8_t> out;
-  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
-    if (cfg.layer_kind(l) != LayerKind::Kda) continue;
-    for (bool conv : {false, true}) {
-      const int32_t r = conv ? pools.conv_row(slot) : pools.state_row(slot);
-      Tensor row = (conv ? pools.kda_conv(l) : pools.kda_state(l)).slice_rows(r, r + 1);
-      const auto* p = static_cast<const uint8_t*>(row.data());
-      out.insert(out.end(), p, p + row.nbytes());
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -122,81 +108,33 @@ TEST_CASE("a transfer writing pinned slots of the engine's pools while pages com
       std::memset(pools.kda_conv(int(l)).slice_rows(crow, crow + 1).data(), tag, u.conv_bytes);
     }
   };
-  auto holds = [&](int slot, uint8_t tag) {
-    const auto img = slot_image(pools, rig.cfg, slot);
-    return std::all_of(img.begin(), img.end(), [&](uint8_t v) { return v == tag; });
-  };
-  std::mutex mu;
-  std::condition_variable changed, wrote;
-  std::vector<std::pair<int, uint8_t>> live;   // slots the transfer may write, and their tags
-  std::optional<int> writing;
-  bool stop = false;
-  uint64_t writes = 0;
+  SlotChurn churn;
   std::thread transfer([&] {
     std::mt19937 rng(3);
-    std::unique_lock lk(mu);
+    std::unique_lock lk(churn.mu);
     for (;;) {
-      changed.wait(lk, [&] { return stop || !live.empty(); });
-      if (stop) return;
-      const auto [slot, tag] = live[rng() % live.size()];
+      churn.changed.wait(lk, [&] { return churn.stop || !churn.live.empty(); });
+      if (churn.stop) return;
+      const auto [slot, tag] = churn.live[rng() % churn.live.size()];
       {
         auto pin = pools.pin_slot(slot);   // taken while the slot is known held
-        writing = slot;
+        churn.writing = slot;
         lk.unlock();
         fill(pin->state_row(), pin->conv_row(), tag);
         lk.lock();
       }
-      writing.reset();
-      ++writes;
-      wrote.notify_all();
+      churn.writing.reset();
+      ++churn.writes;
+      churn.wrote.notify_all();
     }
   });
-  auto let_transfer_in = [&](std::unique_lock<std::mutex>& lk) {
-    if (live.empty()) return;
-    const uint64_t seen = writes;
-    wrote.wait_for(lk, std::chrono::seconds(30), [&] { return writes > seen; });
-  };
-  std::mt19937 rng(4);
-  uint8_t next = 1;
-  std::vector<int32_t> pages;
-  // Cycles: slots into the free room, some freed (holes), pages until none fits (the last ones move
-  // slots into the holes), the pages freed.
-  for (int cycle = 0; cycle < 80; ++cycle) {
-    std::unique_lock lk(mu);
-    while (auto s = pools.alloc_slot()) {
-      fill(pools.state_row(*s), pools.conv_row(*s), next);
-      live.emplace_back(*s, next);
-      next = next == 255 ? 1 : next + 1;
-      changed.notify_all();
-      let_transfer_in(lk);
-    }
-    for (size_t i = 0; i < live.size();) {
-      if (rng() % 2 == 0 && writing != live[i].first) {   // the transfer's slot is not ours to free
-        pools.free_slot(live[i].first);
-        live.erase(live.begin() + static_cast<long>(i));
-        let_transfer_in(lk);
-      } else {
-        ++i;
-      }
-    }
-    while (auto p = pools.alloc_pages(1)) {
-      pages.push_back(p->at(0));
-      let_transfer_in(lk);
-    }
-    for (int32_t p : pages) pools.release_page(p);
-    pages.clear();
-  }
-  {
-    std::lock_guard lk(mu);
-    stop = true;
-  }
-  changed.notify_all();
+  churn.run(pools, 80, [&](int s, uint8_t tag) { fill(pools.state_row(s), pools.conv_row(s), tag); });
   transfer.join();
-  INFO("writes " << writes << ", slot moves " << pools.slot_moves());
+  INFO("writes " << churn.writes << ", slot moves " << pools.slot_moves());
   REQUIRE(pools.slot_moves() > 10);
-  REQUIRE(writes >= 50);
-  for (const auto& [slot, tag] : live) REQUIRE(holds(slot, tag));
-  for (const auto& [slot, tag] : live) pools.free_slot(slot);
+  REQUIRE(churn.writes >= 50);
+  REQUIRE(churn.all_hold(pools, rig.cfg));
+  for (const auto& [slot, tag] : churn.live) pools.free_slot(slot);
   REQUIRE(pools.free_slots() == pools.total_slots());
   REQUIRE(pools.region()->free_bytes() == pools.region()->layout().region_bytes);
 }

@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "tests/transfer/progressed_worker.h"
 #include "transfer/async_writes.h"
 #include "transfer/ucx_writer.h"
 
@@ -18,24 +19,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A target rank: its own context/worker, a registered pool, a thread that sleeps on progress.
-struct Target {
-  std::shared_ptr<UcxContext> ctx = UcxContext::create().value();
-  std::shared_ptr<UcxWorker> worker = UcxWorker::create(ctx).value();
+// A target rank: its own context/worker served by a thread that sleeps on progress, and a registered pool.
+struct Target : k3::test::ProgressedWorker {
   std::vector<uint8_t> pool;
   std::unique_ptr<UcxMemory> mem;
-  std::atomic<bool> stop{false};
-  std::thread progress;
-  explicit Target(size_t bytes) : pool(bytes, 0xEE) {
-    mem = UcxMemory::map(ctx, pool.data(), pool.size()).value();
-    progress = std::thread([this] {
-      while (!stop.load()) (void)worker->wait_until([this] { return stop.load(); }, 20ms);
-    });
-  }
-  ~Target() {
-    stop = true;
-    progress.join();
-  }
+  explicit Target(size_t bytes) : pool(bytes, 0xEE), mem(UcxMemory::map(ctx, pool.data(), pool.size()).value()) {}
   uint64_t base() const { return reinterpret_cast<uint64_t>(pool.data()); }
 };
 
