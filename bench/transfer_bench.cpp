@@ -143,12 +143,8 @@ Result<Region> make_region(const std::shared_ptr<UcxContext>& ctx, size_t bytes,
 
 // With device memory the CUDA context is made current before the UCX context, as ucx_perftest does.
 Status cuda_context_first(bool cuda, bool ucx_before_cuda) {
-  if (!cuda || ucx_before_cuda) return Status::ok();
-#ifdef K3_TRANSFER_HAVE_CUDA
-  return cuda_make_current(0);
-#else
-  return unsupported("--memory cuda needs a CUDA build (-DK3_CUDA=ON)");
-#endif
+  if (ucx_before_cuda) return Status::ok();
+  return prepare_memory_type(cuda ? MemoryType::Cuda : MemoryType::Host, 0, "--memory cuda");
 }
 
 [[noreturn]] void run_target(int out_fd, size_t bytes, bool cuda, bool ucx_before_cuda) {

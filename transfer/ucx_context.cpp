@@ -1,5 +1,9 @@
 #include "transfer/ucx_context.h"
 
+#ifdef K3_TRANSFER_HAVE_CUDA
+#include "transfer/cuda/cuda_memory.h"
+#endif
+
 #include <poll.h>
 #include <spdlog/spdlog.h>
 
@@ -14,6 +18,16 @@ const char* memory_type_name(MemoryType t) {
     case MemoryType::Cuda: return "cuda";
   }
   return "?";
+}
+
+Status prepare_memory_type(MemoryType type, int cuda_device, const std::string& what) {
+  if (type == MemoryType::Host) return Status::ok();
+#ifdef K3_TRANSFER_HAVE_CUDA
+  return cuda_make_current(cuda_device);
+#else
+  (void)cuda_device;
+  return unsupported(what + ": a CUDA build (-DK3_CUDA=ON) is required");
+#endif
 }
 
 Status ucx_status(ucs_status_t s, const std::string& what) {

@@ -25,6 +25,11 @@ namespace k3::transfer {
 enum class MemoryType : uint8_t { Host, Cuda };
 const char* memory_type_name(MemoryType t);
 
+// Call before creating a UCX context that will move memory of `type`. Cuda: makes `cuda_device`'s
+// primary context current first (UCX finds cuda_ipc only when the CUDA context exists before its own,
+// docs/PERF.md); in a build without CUDA, refuses: "<what>: a CUDA build ... is required". Host: nothing.
+Status prepare_memory_type(MemoryType type, int cuda_device, const std::string& what);
+
 // Converts a UCX status into our Status, naming the operation that failed.
 Status ucx_status(ucs_status_t s, const std::string& what);
 

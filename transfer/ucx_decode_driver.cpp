@@ -15,16 +15,6 @@
 namespace k3::transfer {
 namespace {
 
-// Makes the CUDA device current before the UCX context exists (UCX finds cuda_ipc only then, docs/PERF.md).
-Status prepare_memory(const DecodeDriverConfig& c) {
-  if (c.pool_memory == MemoryType::Host) return Status::ok();
-#ifdef K3_TRANSFER_HAVE_CUDA
-  return cuda_make_current(c.cuda_device);
-#else
-  return unsupported("decode pools in device memory need a CUDA build (-DK3_CUDA=ON)");
-#endif
-}
-
 // A region this process owns, registered once and filled with the poison byte.
 Status allocate_region(const std::shared_ptr<UcxContext>& ctx, const DecodeDriverConfig& c, size_t bytes,
                        std::shared_ptr<void>& device, std::unique_ptr<UcxMemory>& mem) {
@@ -43,8 +33,8 @@ Status allocate_region(const std::shared_ptr<UcxContext>& ctx, const DecodeDrive
   device = std::shared_ptr<CudaBuffer>(std::move(buf));
   return Status::ok();
 #else
-  (void)device;
-  return unsupported("decode pools in device memory need a CUDA build (-DK3_CUDA=ON)");
+  (void)device;   // create() refused device pools before the context existed; the same refusal here
+  return prepare_memory_type(c.pool_memory, c.cuda_device, "decode pools in device memory");
 #endif
 }
 
@@ -55,7 +45,7 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
   if (cfg.ranks.empty()) return invalid_argument("DecodeDriverConfig.ranks is empty");
   std::unique_ptr<DecodeDriver> d(new DecodeDriver(std::move(cfg), metrics));
   auto& c = d->cfg_;
-  K3_TRY(prepare_memory(c));
+  K3_TRY(prepare_memory_type(c.pool_memory, c.cuda_device, "decode pools in device memory"));
   K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, c.ucx_net_devices));
   K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_));
   const DecodeLayout layout{.ranks = c.ranks, .kda_head_sliced = c.side.kda_head_sliced};

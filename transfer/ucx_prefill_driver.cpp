@@ -28,16 +28,11 @@ Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig
   // No peer error mode on the writer's endpoints: with it UCX drops shared-memory RMA and puts go over
   // tcp at ~1/20 of the bandwidth (docs/PERF.md). Liveness of decode comes from the control plane's
   // heartbeats; writes are bounded by WriterOptions.timeout. The worker sleeps on its event fd.
+  K3_TRY(prepare_memory_type(c.source_memory, c.cuda_device, "prefill source images in device memory"));
   std::shared_ptr<const SourceReader> reader = std::make_shared<HostSourceReader>();
-  if (c.source_memory == MemoryType::Cuda) {
 #ifdef K3_TRANSFER_HAVE_CUDA
-    // The CUDA context exists before the UCX context, or UCX does not find cuda_ipc (docs/PERF.md).
-    K3_TRY(cuda_make_current(c.cuda_device));
-    reader = std::make_shared<CudaSourceReader>();
-#else
-    return unsupported("prefill source images in device memory need a CUDA build (-DK3_CUDA=ON)");
+  if (c.source_memory == MemoryType::Cuda) reader = std::make_shared<CudaSourceReader>();
 #endif
-  }
   K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, c.ucx_net_devices));
   K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_, /*serialized=*/true));
   K3_ASSIGN_OR_RETURN(d->writer_, UcxWriter::create(d->worker_, std::move(reader), c.writer));
@@ -138,18 +133,16 @@ Status PrefillDriver::post_writes(const StartWritesAction& w) {
   // One write list per destination region, in plan order (the plan already coalesced runs).
   const SourceImage& bytes = *src->second;
   std::map<uint32_t, std::vector<RemoteWrite>> by_region;
+  uint64_t posted = 0;
   for (const WriteOp& op : w.ops) {
     if (op.src_offset > bytes.size() || op.length > bytes.size() - op.src_offset)
       return {Code::OutOfRange, "write op source [" + std::to_string(op.src_offset) + ", +" +
                                     std::to_string(op.length) + ") is outside the stage's source bytes"};
     by_region[op.region_id].push_back({bytes.data() + op.src_offset, op.dst_addr, op.length});
+    posted += op.length;
   }
   // "host-staged": the source is device memory that this UCX cannot read, copied through pinned host memory.
-  protocol::metric::count_source_bytes(metrics_, writer_->staging() ? "host-staged" : memory_type_name(bytes.type()), [&] {
-    uint64_t n = 0;
-    for (const WriteOp& op : w.ops) n += op.length;
-    return n;
-  }());
+  protocol::metric::count_source_bytes(metrics_, writer_->staging() ? "host-staged" : memory_type_name(bytes.type()), posted);
   WriteJob job{.request_id = w.request_id, .runs = {}, .source = src->second};
   for (auto& [region, runs] : by_region) {
     auto rk = link->rkeys.find(region);
