@@ -1,7 +1,5 @@
 #include "engine/cache_io.h"
 
-#include <cstring>
-
 namespace k3 {
 namespace {
 
@@ -34,8 +32,10 @@ std::vector<int32_t> rows_of(const SeqCache& seq, int64_t begin, int64_t end, in
   return ids;
 }
 
-// Copies a backend tensor's bytes, unconverted, into `n` bytes at `dst` (host memory): straight from the
-// device, with no widening to F32 and back (that round trip cost a chunk's export tens of ms on a GPU).
+// Copies a backend tensor's bytes, unconverted, into `n` bytes at `dst`: straight from the device, with no
+// widening to F32 and back (that round trip cost a chunk's export tens of ms on a GPU). `dst` is host
+// memory, or device memory on a device backend (a GPU stage's source image): the CUDA backend's copy goes
+// by the pointers (cudaMemcpyDefault), so the view's device tag does not matter.
 void copy_out(Backend& backend, const Tensor& t, uint8_t* dst, uint64_t n) {
   K3_CHECK(t.nbytes() == n, "cache export: " + std::to_string(t.nbytes()) + " bytes where the layout has " + std::to_string(n));
   Tensor view = Tensor::view(dst, t.shape(), t.dtype());

@@ -81,8 +81,8 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   K3_ASSIGN_OR_RETURN(s->layout_, cache_layout(cfg, backend));
   for (int n : opts.partition) s->prefill_layout_.partition.push_back(static_cast<uint32_t>(n));
   K3_TRY(s->prefill_layout_.validate(s->layout_));
+  K3_TRY(check_region_bytes(cfg, backend, s->begin_, s->end_, opts.cache, "--cache-region-mib"));   // before the weights go up
   K3_ASSIGN_OR_RETURN(s->model_, Model::create(backend, cfg, weights, s->begin_, s->end_));
-  K3_TRY(check_region_bytes(cfg, backend, s->begin_, s->end_, opts.cache, "--cache-region-mib"));
   s->pools_ = std::make_unique<CachePools>(backend, cfg, s->begin_, s->end_, opts.cache);
   if (opts.prefix.enabled) {
     K3_ASSIGN_OR_RETURN(s->prefix_, StagePrefixCache::create(*s->pools_, cfg, s->layout_, opts.prefix, opts.chunk_size, backend));
