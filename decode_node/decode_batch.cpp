@@ -105,10 +105,14 @@ DecodeBatch::StepResult DecodeBatch::step() {
       remove(id);
       continue;
     }
+    // With none running, too, it waits until it can also take its next step (the pages it lacks are held
+    // by others that give them back; resuming only to pause again would copy its caches every step).
     const int64_t headroom = growth_pages() + static_cast<int64_t>(running);
-    if (running > 0 && (pools.free_slots() == 0 || pools.free_pages() < need + headroom)) break;
+    if (pools.free_slots() == 0 || pools.free_pages() < need + headroom) break;
     if (Status st = resume(s); !st.is_ok()) {
-      if (running > 0) break;  // retried after the running ones made room
+      // Retried after the running ones made room, or (none running) after memory others hold comes back:
+      // transfers landing in a cache that lives in the transfer pool, which end by their deadlines.
+      if (running > 0 || st.code() == Code::ResourceExhausted) break;
       out.failed.push_back({id, "resume failed: " + st.to_string()});
       remove(id);
     }
@@ -121,9 +125,20 @@ DecodeBatch::StepResult DecodeBatch::step() {
   }
   std::vector<uint64_t> ids = by_order(true);
   if (ids.empty()) return out;
-  if (growth_pages() > pools.free_pages()) {  // a single request that cannot grow in the whole cache
-    out.failed.push_back({ids[0], "the decode cache is full with this request alone"});
-    remove(ids[0]);
+  if (growth_pages() > pools.free_pages()) {
+    // A single request that cannot grow. Alone in the cache it always can (it fits the whole cache: checked
+    // when it resumed, and its growth is bounded the same way below), so the pages it lacks are held by
+    // others that give them back: requests still transferring into a cache that is the transfer pool. It
+    // waits paused, as any preempted request does.
+    Seq& s = seqs_.at(ids[0]);
+    if (pages_for(s.num_tokens + 1) > total_pages) {
+      out.failed.push_back({ids[0], "the decode cache (" + std::to_string(total_pages) + " pages) cannot hold " +
+                                        std::to_string(s.num_tokens + 1) + " tokens"});
+      remove(ids[0]);
+      return out;
+    }
+    spdlog::info("decode: cache full ({} free pages, held by transfers), request {} paused", pools.free_pages(), ids[0]);
+    preempt(s);
     return out;
   }
   std::vector<SeqCache*> caches;

@@ -236,6 +236,10 @@ void DecodeRank::admit(const transfer::ReadyAction& ready) {
     resident.pools = nullptr;  // the batch owns the sequence now
     batch_->add_resident(c0.key, std::move(resident.seq), c0.req.tokens[0], c0.req.sampling, /*step=*/1, run.logprobs,
                          c0.req.constraint.get());
+    // The engine holds every page and the slot now: the transfer lets go, so that a preemption (which
+    // closes the engine's sequence) returns the request's pages to the pool instead of leaving them held
+    // by the transfer until the request ends.
+    if (Status st = driver_->side().hand_over(id); !st.is_ok()) return abort_local(id, st.to_string());
   } else {
     // It joins the batch when the decode cache has room (decode_batch.h); its image stays in host memory until then.
     batch_->add(c0.key, std::move(image).value(), ready.prompt_len, c0.req.tokens[0], c0.req.sampling, /*step=*/1,
@@ -285,7 +289,7 @@ protocol::DecodeRoom DecodeRank::room() {
 }
 
 Status DecodeRank::run_once(std::chrono::milliseconds idle_wait) {
-  K3_ASSIGN_OR_RETURN(Actions actions, driver_->step(running_.empty() ? idle_wait : 0ms));
+  K3_ASSIGN_OR_RETURN(Actions actions, driver_->step(batch_->num_running() == 0 ? idle_wait : 0ms));
   after_driver();
   for (const transfer::Action& a : actions)
     if (const auto* ready = std::get_if<transfer::ReadyAction>(&a)) admit(*ready);

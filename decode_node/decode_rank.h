@@ -60,7 +60,8 @@ class DecodeRank {
   ~DecodeRank();
 
   const std::string& endpoint() const { return driver_->endpoint(); }
-  // One loop iteration: driver events (sleeping up to `idle_wait` only when nothing runs), newly ready
+  // One loop iteration: driver events (sleeping up to `idle_wait` only when no request decodes: none, or
+  // only paused ones that wait for memory, which driver events give back), newly ready
   // requests join, then one batched decode step.
   Status run_once(std::chrono::milliseconds idle_wait);
 

@@ -256,6 +256,20 @@ Actions DecodeSide::on_finished(uint64_t request_id, Millis now) {
   return end_request(*r, RequestState::Finished, AbortReason::Internal, false, false, now);
 }
 
+Status DecodeSide::hand_over(uint64_t request_id) {
+  auto it = records_.find(request_id);
+  if (it == records_.end()) return not_found("hand over: request " + std::to_string(request_id) + " is not live");
+  Record& r = *it->second;
+  if (r.state != RequestState::Decoding)
+    return invalid_argument("hand over: request " + std::to_string(request_id) + " is " +
+                               protocol::state_name(r.state) + ", not DECODING");
+  std::vector<uint32_t> regions;
+  for (const auto& a : r.alloc) regions.push_back(a.region_id);
+  r.alloc.clear();  // the handles drop the side's references; the engine's keep the memory
+  for (uint32_t region : regions) protocol::metric::set_pool_free_bytes(metrics_, region, pools_.at(region)->free_bytes());
+  return Status::ok();
+}
+
 Actions DecodeSide::on_peer_dead(const Peer& peer, Millis now) {
   Actions out;
   std::vector<uint64_t> ids;

@@ -9,7 +9,9 @@
 //                       A streaming COMPUTE_DONE (sent at stage s's first chunk) is treated the same; the
 //                       stage's later final COMPUTE_DONE only brings the first token (last stage).
 //   TRANSFER_DONE(s) -> stage s done; when all num_prefill_stages stages are done -> DECODING + Ready.
-//   on_finished      -> FINISHED, memory released.
+//   hand_over        -> (DECODING only) the decode engine owns the request's memory now: the side lets go
+//                       of its pages and slot; the request stays DECODING with none held.
+//   on_finished      -> FINISHED, memory released (if still held).
 //   ABORT / deadline / peer death / allocation failure -> ABORTED / EXPIRED / FAILED at once. ABORT goes
 //                       to every prefill stage that has not finished (unless the prefill instance is dead);
 //                       FAILED goes to the router when the end started here (deadline, allocation, a
@@ -64,6 +66,11 @@ class DecodeSide {
 
   // Decoding of the request ended normally (the decode node emitted the last token).
   Actions on_finished(uint64_t request_id, Millis now);
+  // The decode engine took the request's pages and slot over (its caches live in the pool, and it holds
+  // its own references): the side drops its hold now, not at the end, so that what the engine frees (a
+  // preempted request's cache) returns to the pool at once. Only in DECODING, when every stage is done and
+  // no write can land; an error names the state otherwise. The record stays until the request ends.
+  Status hand_over(uint64_t request_id);
   // Heartbeats of `peer` stopped. Router: every request fails. Prefill instance: its requests fail, and
   // its stages count as unable to write once the quarantine has passed.
   Actions on_peer_dead(const Peer& peer, Millis now);

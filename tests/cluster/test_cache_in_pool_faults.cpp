@@ -3,7 +3,9 @@
 // them: an ABORT at every state of the protocol, and a prefill peer dying at every state (with the stages
 // writing after the whole prompt, and streaming chunk by chunk), leave both the
 // transfer pools and the engine's pools exactly as they started, also when the engine had adopted the
-// request (it was decoding) and lets go after the transfer did.
+// request (it was decoding) and lets go after the transfer did; and once the engine took a decoding
+// request over (hand_over), what it frees (a preemption closing the request's cache) is free in the pool at
+// once, not when the request ends.
 #include <catch2/catch.hpp>
 
 #include "decode_node/cache_in_pool.h"
@@ -116,4 +118,36 @@ TEST_CASE("shared engine cache ids: a prefill peer dying at every state leaves p
   CHECK(h.free_bytes() == h.start_free);
   for (const auto& p : h.pools) CHECK(p->stats().page_allocs == p->stats().page_frees);
   engine.check_full();
+}
+
+TEST_CASE("shared engine cache ids: after the hand-over, the engine closing a request frees the pool at once",
+          "[cluster][lazy_alloc][preemption]") {
+  const bool streaming = GENERATE(false, true);
+  EngineCaches engine;
+  Harness h(engine.share());
+  h.streaming = streaming;
+  for (int k = 0; k < 8; ++k) h.step(k);
+  // Before DECODING a stage may still write: the side keeps its hold and says why.
+  const Status early = h.decode->hand_over(kId);
+  CHECK(early.code() == Code::InvalidArgument);
+  CHECK_THAT(early.message(), Catch::Contains("not DECODING"));
+  CHECK(h.decode->holds_memory(kId));
+  h.step(8);
+  REQUIRE(h.ready == 1);
+  engine.adopt(h);
+  const uint64_t held = h.free_bytes();
+  CHECK(held < h.start_free);
+  REQUIRE(h.decode->hand_over(kId).is_ok());
+  CHECK_FALSE(h.decode->holds_memory(kId));
+  CHECK(h.decode->state(kId) == RequestState::Decoding);
+  CHECK(h.free_bytes() == held);         // the engine's references keep every page and the slot
+  engine.close_all();                    // a preemption: the engine lets go of the request's cache
+  CHECK(h.free_bytes() == h.start_free);
+  engine.check_full();
+  // The request still ends normally; nothing is freed twice.
+  h.take(h.decode->on_finished(kId, h.now), true);
+  CHECK(h.decode->state(kId) == RequestState::Finished);
+  CHECK(h.decode->num_live() == 0);
+  for (const auto& p : h.pools) CHECK(p->stats().page_allocs == p->stats().page_frees);
+  CHECK(h.decode->hand_over(kId).code() == Code::NotFound);
 }

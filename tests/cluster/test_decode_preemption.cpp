@@ -121,3 +121,54 @@ TEST_CASE("decode batch: a request that can never fit the cache fails instead of
   CHECK(batch.size() == 0);
   CHECK(tight->caches().free_pages() == 2);
 }
+
+TEST_CASE("decode batch: a lone request short of pages others hold waits paused, then resumes; tokens unchanged",
+          "[cluster][preemption]") {
+  // As when the cache is the transfer pool: requests still transferring hold pages the running one needs.
+  // They give them back (done or ended by a deadline), so the lone request pauses instead of failing.
+  const ModelConfig cfg = tiny_config();
+  const WeightStore w = random_weights(cfg, 5, DType::F32);
+  auto be = make_cpu_backend({.threads = 1});
+  const int max_tokens = 40;
+  std::mt19937 rng(29);
+  std::map<uint64_t, Prefilled> reqs;
+  {
+    auto prefiller = Engine::create(*be, cfg, w, engine_options(0, 2)).value();
+    reqs[5] = prefill(*prefiller, *be, random_tokens(rng, 40, cfg.vocab_size));
+  }
+  auto roomy = Engine::create(*be, cfg, w, engine_options(0, 2)).value();
+  const Run ref = decode_all(*roomy, *be, reqs, max_tokens);
+
+  // 8 pages of 16 tokens; another owner holds 4, so the request (40 + 40 tokens: 5 pages) runs out at 64.
+  EngineOptions small = engine_options(0, 2);
+  small.cache.num_pages = 8;
+  auto tight = Engine::create(*be, cfg, w, small).value();
+  CachePools& pools = tight->caches();
+  std::optional<std::vector<int32_t>> held = pools.alloc_pages(4);
+  REQUIRE(held);
+  DecodeBatch batch(*tight, *be);
+  const Prefilled& p = reqs.at(5);
+  std::vector<int32_t> got{p.first};
+  batch.add(5, p.image, p.num_tokens, p.first, ops::SamplingRow{}, 1);
+  int paused_steps = 0;
+  for (int guard = 0; batch.size() > 0; ++guard) {
+    REQUIRE(guard < 200);
+    auto step = batch.step();
+    REQUIRE(step.failed.empty());
+    if (step.tokens.empty()) {
+      CHECK(batch.num_paused() == 1);
+      CHECK(pools.free_pages() == 4);  // paused: its pages are back, the other owner's are not
+      if (++paused_steps == 3) {       // it stays paused, without failing, until the owner lets go
+        for (int32_t page : *held) pools.release_page(page);
+        held.reset();
+      }
+      continue;
+    }
+    got.push_back(step.tokens.at(0).second);
+    if (static_cast<int>(got.size()) >= max_tokens) batch.remove(5);
+  }
+  CHECK(paused_steps == 3);
+  CHECK(batch.preemptions() == 1);
+  CHECK(got == ref.tokens.at(5));
+  CHECK(pools.free_pages() == 8);
+}
