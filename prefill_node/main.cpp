@@ -64,6 +64,11 @@ int main(int argc, char** argv) {
                  "MiB of the stage's unified cache region that KDA slots (requests and prefix checkpoints) and MLA pages "
                  "share (0 = room for every slot and page at once; less lets the boundary follow demand)")
       ->check(CLI::NonNegativeNumber);
+  double source_arena_mib = -1;
+  app.add_option("--source-arena-mib", source_arena_mib,
+                 "MiB allocated and registered once for the KV/state images this stage writes to decode (default "
+                 "1024 on a GPU, 256 on the host; an image that does not fit gets memory of its own; 0 = none)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--cache-page-size", o.cache.page_size, "tokens per local MLA cache page (default 16)")
       ->check(CLI::PositiveNumber);
   app.add_option("--transfer-page-size", o.transfer_page_size,
@@ -170,6 +175,7 @@ int main(int argc, char** argv) {
   bc.threads = threads;
   o.cuda_device = bc.device;
   o.cache.region_bytes = static_cast<uint64_t>(cache_region_mib * (1 << 20));
+  if (source_arena_mib >= 0) o.source_arena_bytes = static_cast<int64_t>(source_arena_mib * (1 << 20));
   auto backend = make_backend(bc);
   if (!backend.is_ok()) return fail(backend.status());
   zmq::context_t zctx;

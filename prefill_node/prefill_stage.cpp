@@ -107,6 +107,9 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
     dc.source_memory = transfer::MemoryType::Cuda;
     dc.cuda_device = opts.cuda_device;
   }
+  const int64_t default_arena_mib =
+      backend.kind() == BackendKind::Cuda ? kDefaultSourceArenaMiBDevice : kDefaultSourceArenaMiBHost;
+  dc.source_arena_bytes = static_cast<size_t>(opts.source_arena_bytes >= 0 ? opts.source_arena_bytes : default_arena_mib << 20);
   PrefillStage* self = s.get();
   dc.on_state = [self](uint64_t id, protocol::RequestState st) {
     // Called inside driver calls: only note it; the loop frees the request after the call returns.

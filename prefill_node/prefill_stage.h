@@ -73,6 +73,12 @@ struct StageTiming {
 const char* span_name(StageTiming::Span s);
 int64_t steady_us();
 
+// The default source arena: 1 GiB of device memory holds the images of several long prompts of a stage at
+// once; a quarter of that on the host, whose images need no registration to be put at full speed and only
+// save their allocation there.
+inline constexpr int64_t kDefaultSourceArenaMiBDevice = 1024;
+inline constexpr int64_t kDefaultSourceArenaMiBHost = 256;
+
 struct PrefillStageOptions {
   std::string instance_id = "p";
   // The last stage samples the first token: with the vocabulary it can honour structured output
@@ -84,6 +90,9 @@ struct PrefillStageOptions {
   bool stream = true;                  // write each chunk's rows while the next computes (off: at the end)
   int max_inflight_chunks = 4;         // streaming: write batches in flight before compute waits (>= 1)
   int cuda_device = 0;                 // the cuda backend's device: where the transfer's source images live
+  // Bytes of the arena the transfer's source images are carved from (registered once); -1: the default,
+  // kDefaultSourceArenaMiBDevice or ...Host MiB by the stage's backend; 0: none (every image allocated on its own).
+  int64_t source_arena_bytes = -1;
   CacheOptions cache;                  // local caches of the stage's layers (max_seqs = requests in flight;
                                        // checkpoint_slots: the prefix cache's)
   PrefixCacheOptions prefix;           // the prefix cache (off unless enabled; the same on every stage)

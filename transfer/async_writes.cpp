@@ -103,7 +103,7 @@ void AsyncWrites::loop() {
       std::lock_guard ucx(ucx_mutex_);
       const uint64_t id = job->request_id;
       for (const auto& runs : job->runs) {
-        d.status = writer_.write(*runs.dest, runs.writes, [&] { return cancelled(id); });
+        d.status = writer_.write(*runs.dest, runs.writes, [&] { return cancelled(id); }, job->source_registration);
         if (!d.status.is_ok()) break;
       }
       job.reset();

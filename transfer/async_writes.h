@@ -46,6 +46,8 @@ struct WriteJob {
   };
   std::vector<Runs> runs;                            // one per destination region
   std::shared_ptr<const void> source;               // keeps the source bytes alive while writing
+  const UcxMemory* source_registration = nullptr;   // what every run's source lies in (lives as long as
+                                                    // `source`), or null: UCX registers the source itself
 };
 
 struct WriteDone {

@@ -1,6 +1,8 @@
 #include "transfer/source_image.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 
 #ifdef K3_TRANSFER_HAVE_CUDA
 #include "transfer/cuda/cuda_memory.h"
@@ -21,7 +23,7 @@ Result<std::shared_ptr<SourceImage>> SourceImage::create(MemoryType type, size_t
   // At least one byte, so that data() is never null for a held image (null means "none held").
   K3_ASSIGN_OR_RETURN(std::unique_ptr<CudaBuffer> buf, CudaBuffer::create(std::max<size_t>(bytes, 1)));
   img->data_ = static_cast<uint8_t*>(buf->data());
-  img->device_ = std::shared_ptr<CudaBuffer>(std::move(buf));
+  img->owner_ = std::shared_ptr<CudaBuffer>(std::move(buf));
   return img;
 #else
   return unsupported("source images in device memory need a CUDA build (-DK3_CUDA=ON)");
@@ -39,10 +41,35 @@ std::shared_ptr<SourceImage> SourceImage::adopt(std::vector<uint8_t> bytes) {
 Result<std::shared_ptr<SourceImage>> SourceImage::copy_of(MemoryType type, std::vector<uint8_t> bytes) {
   if (type == MemoryType::Host) return adopt(std::move(bytes));
   K3_ASSIGN_OR_RETURN(auto img, create(type, bytes.size()));
-#ifdef K3_TRANSFER_HAVE_CUDA
-  if (!bytes.empty()) K3_TRY(static_cast<CudaBuffer*>(img->device_.get())->upload(bytes.data(), bytes.size()));
-#endif
+  K3_TRY(img->upload(bytes));
   return img;
+}
+
+std::shared_ptr<SourceImage> SourceImage::view(MemoryType type, uint8_t* data, size_t size, std::shared_ptr<void> owner,
+                                               const UcxMemory* registration) {
+  std::shared_ptr<SourceImage> img(new SourceImage());
+  img->type_ = type;
+  img->data_ = data;
+  img->size_ = size;
+  img->owner_ = std::move(owner);
+  img->registration_ = registration;
+  return img;
+}
+
+Status SourceImage::upload(const std::vector<uint8_t>& bytes) {
+  if (bytes.size() > size_)
+    return invalid_argument("source image upload: " + std::to_string(bytes.size()) + " bytes into an image of " +
+                            std::to_string(size_));
+  if (bytes.empty()) return Status::ok();
+  if (type_ == MemoryType::Host) {
+    std::memcpy(data_, bytes.data(), bytes.size());
+    return Status::ok();
+  }
+#ifdef K3_TRANSFER_HAVE_CUDA
+  return cuda_upload(data_, bytes.data(), bytes.size());
+#else
+  return unsupported("source images in device memory need a CUDA build (-DK3_CUDA=ON)");
+#endif
 }
 
 }  // namespace k3::transfer

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "transfer/ucx_context.h"
+#include "transfer/ucx_memory.h"
 
 namespace k3::transfer {
 
@@ -20,16 +20,27 @@ class SourceImage {
   // `bytes` in memory of `type`: taken over for host memory, copied into device memory (a stage that
   // exported its image on the host).
   static Result<std::shared_ptr<SourceImage>> copy_of(MemoryType type, std::vector<uint8_t> bytes);
+  // [data, data + size) of memory another owner keeps (a source arena's extent): `owner` lives as long as
+  // the image and gives the extent back when it goes. `registration`, when not null, is the UCX
+  // registration the range lies in (it outlives the image: `owner` holds it).
+  static std::shared_ptr<SourceImage> view(MemoryType type, uint8_t* data, size_t size, std::shared_ptr<void> owner,
+                                           const UcxMemory* registration);
+  // Fills the image from host bytes (a copy into device memory; a memcpy on the host).
+  Status upload(const std::vector<uint8_t>& bytes);
 
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   MemoryType type() const { return type_; }
+  // The registration the image lies in (its puts carry the memory handle), or null: UCX registers the
+  // source itself.
+  const UcxMemory* registration() const { return registration_; }
 
  private:
   SourceImage() = default;
   MemoryType type_ = MemoryType::Host;
   std::vector<uint8_t> host_;
-  std::shared_ptr<void> device_;   // owns the device allocation
+  std::shared_ptr<void> owner_;    // owns the device allocation, or the arena extent
+  const UcxMemory* registration_ = nullptr;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };

@@ -35,6 +35,9 @@ Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig
 #endif
   K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, c.ucx_net_devices));
   K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_, /*serialized=*/true));
+  if (c.source_arena_bytes > 0) {
+    K3_ASSIGN_OR_RETURN(d->arena_, SourceArena::create(d->ctx_, c.source_memory, c.source_arena_bytes, metrics));
+  }
   K3_ASSIGN_OR_RETURN(d->writer_, UcxWriter::create(d->worker_, std::move(reader), c.writer));
   K3_ASSIGN_OR_RETURN(d->writes_, AsyncWrites::create(*d->writer_, d->ucx_mutex_));
   d->side_ = std::make_unique<PrefillSide>(c.side, metrics);
@@ -143,7 +146,7 @@ Status PrefillDriver::post_writes(const StartWritesAction& w) {
   }
   // "host-staged": the source is device memory that this UCX cannot read, copied through pinned host memory.
   protocol::metric::count_source_bytes(metrics_, writer_->staging() ? "host-staged" : memory_type_name(bytes.type()), posted);
-  WriteJob job{.request_id = w.request_id, .runs = {}, .source = src->second};
+  WriteJob job{.request_id = w.request_id, .runs = {}, .source = src->second, .source_registration = bytes.registration()};
   for (auto& [region, runs] : by_region) {
     auto rk = link->rkeys.find(region);
     if (rk == link->rkeys.end())
@@ -233,7 +236,7 @@ Actions PrefillDriver::stream_started(uint64_t request_id, StageSource source) {
   Actions all;
   // The whole image's buffer exists from the first chunk on and is never resized: jobs point into it.
   if (side_->state(request_id) == protocol::RequestState::Prefilling && !sources_.count(request_id)) {
-    hold_source(request_id, SourceImage::create(cfg_.source_memory, source.total_bytes), all);
+    hold_source(request_id, new_source(source.total_bytes), all);
     if (!sources_.count(request_id)) return all;  // could not be held: aborted, naming why
   }
   execute(side_->on_stream_started(request_id, std::move(source), steady_now()), all);
@@ -255,6 +258,20 @@ void PrefillDriver::hold_source(uint64_t request_id, Result<std::shared_ptr<Sour
   spdlog::error("prefill {}: request {:016x}: no source image: {}", cfg_.side.instance_id, request_id,
                 image.status().to_string());
   for (auto& a : inject_abort(request_id, AbortReason::Internal)) all.push_back(std::move(a));
+}
+
+Result<std::shared_ptr<SourceImage>> PrefillDriver::new_source(size_t bytes) {
+  if (arena_)
+    if (auto img = arena_->take(bytes)) return std::move(*img);
+  return SourceImage::create(cfg_.source_memory, bytes);
+}
+
+Result<std::shared_ptr<SourceImage>> PrefillDriver::source_of(std::vector<uint8_t> bytes) {
+  // Host bytes are taken over as they are (a copy into the arena would only add one).
+  if (cfg_.source_memory == MemoryType::Host) return SourceImage::adopt(std::move(bytes));
+  K3_ASSIGN_OR_RETURN(auto img, new_source(bytes.size()));
+  K3_TRY(img->upload(bytes));
+  return img;
 }
 
 Actions PrefillDriver::rows_computed(uint64_t request_id, uint32_t rows) {
@@ -285,7 +302,7 @@ Actions PrefillDriver::stage_computed(uint64_t request_id, StageSource source, s
   // is what a streaming stage does.
   Actions all;
   if (side_->state(request_id) == protocol::RequestState::Prefilling) {
-    hold_source(request_id, SourceImage::copy_of(cfg_.source_memory, std::move(bytes)), all);
+    hold_source(request_id, source_of(std::move(bytes)), all);
     if (!sources_.count(request_id)) return all;  // could not be held: aborted, naming why
   }
   for (auto& a : stream_computed(request_id, std::move(source), first_token, std::move(first_logprobs),

@@ -22,6 +22,7 @@
 
 #include "transfer/async_writes.h"
 #include "transfer/lazy_alloc_prefill.h"
+#include "transfer/source_arena.h"
 #include "transfer/source_image.h"
 #include "transfer/ucx_driver_common.h"
 #include "transfer/ucx_writer.h"
@@ -48,6 +49,10 @@ struct PrefillDriverConfig {
   // copies its cache rows there and the puts read the GPU); stage_computed's host bytes are copied in.
   MemoryType source_memory = MemoryType::Host;
   int cuda_device = 0;
+  // Bytes of source_memory allocated and registered once, which the requests' source images are carved
+  // from (transfer/source_arena.h); an image that does not fit gets memory of its own. 0: every image
+  // gets its own.
+  size_t source_arena_bytes = 0;
   StateHook on_state;                // may be empty; may call inject_abort() for the request
   // May be empty: when one StartWrites' puts ran (steady clock, microseconds), called from step().
   std::function<void(uint64_t request_id, int64_t begin_us, int64_t end_us)> on_write_span;
@@ -100,6 +105,7 @@ class PrefillDriver {
   // differ from the address this stage dialed, e.g. through a Service); empty before it registered.
   std::string registered_endpoint(const std::string& instance) const;
   size_t sources_held() const { return sources_.size(); }
+  const SourceArena* source_arena() const { return arena_.get(); }
   const WriteStats& write_stats() const { return writer_->stats(); }
 
  private:
@@ -110,6 +116,10 @@ class PrefillDriver {
   void apply_injected_aborts(Actions& all);
   // Holds `image` as the request's source, or, when it could not be made, aborts the request naming why.
   void hold_source(uint64_t request_id, Result<std::shared_ptr<SourceImage>> image, Actions& all);
+  // A source image of `bytes` in source_memory: in the arena when it has room, else of its own.
+  Result<std::shared_ptr<SourceImage>> new_source(size_t bytes);
+  // The bytes a stage exported on the host, as a source image (taken over on the host, copied to the device).
+  Result<std::shared_ptr<SourceImage>> source_of(std::vector<uint8_t> bytes);
   void take_write_completions(Actions& all);
   void note_states(const Actions& actions);
   void note_request(uint64_t request_id);
@@ -125,6 +135,7 @@ class PrefillDriver {
   protocol::MetricsRegistry* metrics_;
   std::shared_ptr<UcxContext> ctx_;
   std::shared_ptr<UcxWorker> worker_;
+  std::shared_ptr<SourceArena> arena_;    // held images keep it alive past the driver
   std::mutex ucx_mutex_;                  // every use of worker_ (control loop and the writer thread)
   std::unique_ptr<UcxWriter> writer_;
   std::unique_ptr<AsyncWrites> writes_;   // reset first in the destructor: its thread uses the rest

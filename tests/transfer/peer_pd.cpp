@@ -13,6 +13,8 @@
 // transfer_wait_ms, addrs_wait_ms, quarantine_ms, die_at STATE, abort_at STATE, stall_at STATE,
 // stall_ms MS.
 // memory host|cuda: where decode's regions and the stage's source images live (cuda: GPU memory).
+// stream 1 (prefill): the stage streams (stream_started, the image filled in place, rows_computed, then
+// stream_computed) instead of handing over its exported bytes; arena_bytes N: its source arena (default none).
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -117,6 +119,17 @@ std::vector<uint8_t> region_bytes(std::span<uint8_t> mem) {
   std::copy(mem.begin(), mem.end(), out.begin());
   return out;
 }
+// Host bytes into a held image (device memory with memory cuda).
+void fill_image(uint8_t* dst, const std::vector<uint8_t>& bytes) {
+#ifdef K3_TRANSFER_HAVE_CUDA
+  if (memory_arg() == MemoryType::Cuda) {
+    if (cudaMemcpy(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) != cudaSuccess) std::abort();
+    return;
+  }
+#endif
+  std::copy(bytes.begin(), bytes.end(), dst);
+}
+
 void repoison(std::span<uint8_t> mem) {
 #ifdef K3_TRANSFER_HAVE_CUDA
   if (memory_arg() == MemoryType::Cuda) {
@@ -217,6 +230,8 @@ int run_prefill() {
   cfg.writer.force_staging = num("staging", 0) != 0;
   cfg.writer.staging_slot_bytes = 256;
   cfg.source_memory = memory_arg();
+  cfg.source_arena_bytes = static_cast<size_t>(num("arena_bytes", 0));
+  const bool stream = num("stream", 0) != 0;
   PrefillDriver* self = nullptr;
   cfg.on_state = [&](uint64_t id, RequestState st) {
     // At TRANSFERRING the abort must land before the writes: the driver applies it around them.
@@ -255,7 +270,21 @@ int run_prefill() {
       auto src = pack_stage_source(model, layout, stage, req.token_ids.size());
       auto bytes = fill_source(model, src);
       const bool last = stage + 1 == layout.num_stages();
-      Actions a = p->stage_computed(req.request_id, src, std::move(bytes), last ? std::optional<int32_t>(7) : std::nullopt);
+      const std::optional<int32_t> first = last ? std::optional<int32_t>(7) : std::nullopt;
+      if (!stream) {
+        Actions a = p->stage_computed(req.request_id, src, std::move(bytes), first);
+        all.insert(all.end(), a.begin(), a.end());
+        continue;
+      }
+      // Streaming: the whole image at once, as one chunk.
+      Actions a = p->stream_started(req.request_id, src);
+      all.insert(all.end(), a.begin(), a.end());
+      uint8_t* image = p->stream_buffer(req.request_id);
+      if (!image) continue;   // not held: the request was aborted, naming why
+      fill_image(image, bytes);
+      a = p->rows_computed(req.request_id, static_cast<uint32_t>(req.token_ids.size()));
+      all.insert(all.end(), a.begin(), a.end());
+      a = p->stream_computed(req.request_id, src, first);
       all.insert(all.end(), a.begin(), a.end());
     }
     // An abort injected at COMPUTE_DONE lands before the next step can bring ADDRS.

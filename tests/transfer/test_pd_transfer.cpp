@@ -6,6 +6,7 @@
 //  - ABORT injected at every state on either side, SIGKILL at every state, deadline expiry: the
 //    survivor ends the request (within the heartbeat window for a death) and its pool / held
 //    sources return exactly to the start.
+//  - stages that stream from a source arena (and from one too small, falling back to images of their own).
 // K3_TEST_MEMORY=cuda runs all of it with GPU memory on both sides (decode regions, prefill sources).
 #include <catch2/catch.hpp>
 
@@ -170,7 +171,8 @@ std::map<std::string, double> last_stage_metrics(ProcessGuard& stage) {
   return m;
 }
 
-void run_requests(Cluster& c, std::mt19937& rng, int requests, uint32_t max_tokens) {
+// Returns each stage's metrics from its last IDLE report.
+std::vector<std::map<std::string, double>> run_requests(Cluster& c, std::mt19937& rng, int requests, uint32_t max_tokens) {
   const auto model = k3::test::pd::model_from_pattern(c.topo.layers, c.topo.heads);
   uint64_t total_bytes = 0;
   for (int i = 0; i < requests; ++i) {
@@ -219,12 +221,15 @@ void run_requests(Cluster& c, std::mt19937& rng, int requests, uint32_t max_toke
   }
   // Every byte a stage put came from where the test asked (its source images in GPU memory with
   // K3_TEST_MEMORY=cuda), none staged through the host.
+  std::vector<std::map<std::string, double>> stage_metrics;
   for (size_t s = 0; s < c.stages.size(); ++s) {
     INFO("stage " << s);
     auto m = last_stage_metrics(*c.stages[s]);
     CHECK(m["k3_transfer_source_bytes_total{memory=\"" + test_memory() + "\"}"] > 0);
     CHECK(m.count("k3_transfer_source_bytes_total{memory=\"host-staged\"}") == 0);
+    stage_metrics.push_back(std::move(m));
   }
+  return stage_metrics;
 }
 
 }  // namespace
@@ -235,6 +240,25 @@ TEST_CASE("16 prefill stages -> 1 decode rank: every destination byte is the sou
   Topology t{.layers = random_layers(rng, layers), .partition = random_partition(rng, layers, 16), .ranks = 1};
   Cluster c(t);
   run_requests(c, rng, 3, 40);
+}
+
+TEST_CASE("streamed from a source arena: every byte lands, the arena is whole again when idle; a full one falls back",
+          "[pd][process][arena]") {
+  // One MiB holds every image of these prompts; 256 bytes holds none, so each stage makes every image
+  // outside it (counted) and the bytes still land.
+  const uint64_t arena = GENERATE(uint64_t{1} << 20, uint64_t{256});
+  std::mt19937 rng(2202);
+  const uint32_t layers = 12;
+  Topology t{.layers = random_layers(rng, layers), .partition = random_partition(rng, layers, 2), .ranks = 1,
+             .prefill_extra = {"stream", "1", "arena_bytes", std::to_string(arena)}};
+  Cluster c(t);
+  auto stage_metrics = run_requests(c, rng, 3, 40);
+  for (size_t s = 0; s < c.stages.size(); ++s) {
+    INFO("stage " << s << ", arena " << arena);
+    auto& m = stage_metrics[s];
+    CHECK(m["k3_transfer_source_arena_free_bytes"] == double(arena));
+    CHECK(m["k3_transfer_source_arena_overflow_total"] == (arena == 256 ? 3 : 0));
+  }
 }
 
 TEST_CASE("a decode bound to every interface announces its advertised endpoint in REGISTER; prefill reads it",

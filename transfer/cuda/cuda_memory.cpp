@@ -38,9 +38,13 @@ Result<std::unique_ptr<CudaBuffer>> CudaBuffer::create(size_t bytes) {
 
 CudaBuffer::~CudaBuffer() { cudaFree(ptr_); }
 
+Status cuda_upload(void* dst, const void* host, size_t n) {
+  return cuda_status(cudaMemcpy(dst, host, n, cudaMemcpyHostToDevice), "upload");
+}
+
 Status CudaBuffer::upload(const void* host, size_t n, size_t offset) {
   if (offset > bytes_ || n > bytes_ - offset) return {Code::OutOfRange, "CudaBuffer::upload past the end"};
-  return cuda_status(cudaMemcpy(static_cast<char*>(ptr_) + offset, host, n, cudaMemcpyHostToDevice), "upload");
+  return cuda_upload(static_cast<char*>(ptr_) + offset, host, n);
 }
 
 Status CudaBuffer::download(void* host, size_t n, size_t offset) const {

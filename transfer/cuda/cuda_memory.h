@@ -19,6 +19,9 @@ Result<int> cuda_device_count();
 // ucx_perftest does: docs/PERF.md ("Device memory") records what the order changes.
 Status cuda_make_current(int device);
 
+// Synchronous copy of `n` host bytes to device address `dst` (any device allocation, e.g. an arena's extent).
+Status cuda_upload(void* dst, const void* host, size_t n);
+
 class CudaBuffer {
  public:
   // cudaMalloc of `bytes` on the current device.
