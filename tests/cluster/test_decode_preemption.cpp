@@ -64,21 +64,30 @@ Run decode_all(Engine& e, Backend& be, const std::map<uint64_t, Prefilled>& reqs
   return run;
 }
 
+// The model every case decodes: tiny k3, fixed random weights, one CPU thread.
+struct Setup {
+  ModelConfig cfg = tiny_config();
+  WeightStore w = random_weights(cfg, 5, DType::F32);
+  std::unique_ptr<Backend> be = make_cpu_backend({.threads = 1});
+  // Prompts of `lens` random tokens (ids first_id, first_id + 1, ...), prefilled on a roomy engine.
+  std::map<uint64_t, Prefilled> prefill_all(uint32_t seed, const std::vector<int>& lens, uint64_t first_id) {
+    std::mt19937 rng(seed);
+    auto prefiller = Engine::create(*be, cfg, w, engine_options(0, static_cast<int>(lens.size()) + 1)).value();
+    std::map<uint64_t, Prefilled> reqs;
+    uint64_t id = first_id;
+    for (int len : lens) reqs[id++] = prefill(*prefiller, *be, random_tokens(rng, len, cfg.vocab_size));
+    return reqs;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("decode batch: a cache that runs out mid-decode preempts the newest request; tokens unchanged",
           "[cluster][preemption]") {
-  const ModelConfig cfg = tiny_config();
-  const WeightStore w = random_weights(cfg, 5, DType::F32);
-  auto be = make_cpu_backend({.threads = 1});
+  Setup m;
+  auto& [cfg, w, be] = m;
   const int max_tokens = 40;
-  std::mt19937 rng(17);
-  std::map<uint64_t, Prefilled> reqs;
-  {
-    auto prefiller = Engine::create(*be, cfg, w, engine_options(0, 4)).value();
-    uint64_t id = 100;
-    for (int len : {40, 30, 20}) reqs[id++] = prefill(*prefiller, *be, random_tokens(rng, len, cfg.vocab_size));
-  }
+  const std::map<uint64_t, Prefilled> reqs = m.prefill_all(17, {40, 30, 20}, 100);
 
   // Unconstrained: 512 pages, nothing is ever paused.
   auto roomy = Engine::create(*be, cfg, w, engine_options(0, 4)).value();
@@ -103,12 +112,9 @@ TEST_CASE("decode batch: a cache that runs out mid-decode preempts the newest re
 }
 
 TEST_CASE("decode batch: a request that can never fit the cache fails instead of stalling", "[cluster][preemption]") {
-  const ModelConfig cfg = tiny_config();
-  const WeightStore w = random_weights(cfg, 5, DType::F32);
-  auto be = make_cpu_backend({.threads = 1});
-  std::mt19937 rng(3);
-  auto prefiller = Engine::create(*be, cfg, w, engine_options(0, 2)).value();
-  const Prefilled big = prefill(*prefiller, *be, random_tokens(rng, 40, cfg.vocab_size));
+  Setup m;
+  auto& [cfg, w, be] = m;
+  const Prefilled big = m.prefill_all(3, {40}, 7).at(7);
   EngineOptions small = engine_options(0, 2);
   small.cache.num_pages = 2;  // 32 tokens: the 40-token prompt never fits
   auto tight = Engine::create(*be, cfg, w, small).value();
@@ -126,16 +132,10 @@ TEST_CASE("decode batch: a lone request short of pages others hold waits paused,
           "[cluster][preemption]") {
   // As when the cache is the transfer pool: requests still transferring hold pages the running one needs.
   // They give them back (done or ended by a deadline), so the lone request pauses instead of failing.
-  const ModelConfig cfg = tiny_config();
-  const WeightStore w = random_weights(cfg, 5, DType::F32);
-  auto be = make_cpu_backend({.threads = 1});
+  Setup m;
+  auto& [cfg, w, be] = m;
   const int max_tokens = 40;
-  std::mt19937 rng(29);
-  std::map<uint64_t, Prefilled> reqs;
-  {
-    auto prefiller = Engine::create(*be, cfg, w, engine_options(0, 2)).value();
-    reqs[5] = prefill(*prefiller, *be, random_tokens(rng, 40, cfg.vocab_size));
-  }
+  const std::map<uint64_t, Prefilled> reqs = m.prefill_all(29, {40}, 5);
   auto roomy = Engine::create(*be, cfg, w, engine_options(0, 2)).value();
   const Run ref = decode_all(*roomy, *be, reqs, max_tokens);
 

@@ -5,8 +5,9 @@
 #include <chrono>
 #include <memory>
 #include <thread>
+#include <vector>
 
-#include "transfer/ucx_context.h"
+#include "transfer/ucx_memory.h"
 
 namespace k3::test {
 
@@ -24,6 +25,15 @@ struct ProgressedWorker {
     stop = true;
     progress.join();
   }
+};
+
+// A progressed worker with `bytes` of registered host memory (poisoned 0xEE) that writers put into.
+struct RegisteredTarget : ProgressedWorker {
+  std::vector<uint8_t> pool;
+  std::unique_ptr<transfer::UcxMemory> mem;
+  explicit RegisteredTarget(size_t bytes)
+      : pool(bytes, 0xEE), mem(transfer::UcxMemory::map(ctx, pool.data(), pool.size()).value()) {}
+  uint64_t base() const { return reinterpret_cast<uint64_t>(pool.data()); }
 };
 
 }  // namespace k3::test

@@ -14,14 +14,7 @@
 
 using namespace k3::transfer;
 
-namespace {
-struct Target : k3::test::ProgressedWorker {
-  std::vector<uint8_t> pool;
-  std::unique_ptr<UcxMemory> mem;
-  explicit Target(size_t bytes) : pool(bytes, 0xEE), mem(UcxMemory::map(ctx, pool.data(), pool.size()).value()) {}
-  uint64_t base() const { return reinterpret_cast<uint64_t>(pool.data()); }
-};
-}  // namespace
+using Target = k3::test::RegisteredTarget;
 
 TEST_CASE("source arena: images carved from one registration, put with its handle, extents returned",
           "[transfer][arena]") {

@@ -20,12 +20,7 @@ using namespace std::chrono_literals;
 namespace {
 
 // A target rank: its own context/worker served by a thread that sleeps on progress, and a registered pool.
-struct Target : k3::test::ProgressedWorker {
-  std::vector<uint8_t> pool;
-  std::unique_ptr<UcxMemory> mem;
-  explicit Target(size_t bytes) : pool(bytes, 0xEE), mem(UcxMemory::map(ctx, pool.data(), pool.size()).value()) {}
-  uint64_t base() const { return reinterpret_cast<uint64_t>(pool.data()); }
-};
+using Target = k3::test::RegisteredTarget;
 
 struct Source {
   std::shared_ptr<UcxContext> ctx = UcxContext::create().value();
