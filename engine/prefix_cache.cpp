@@ -200,6 +200,13 @@ bool PrefixCache::snapshot(std::span<const int32_t> tokens, const SeqCache& seq)
   return kept;
 }
 
+void PrefixCache::withdraw(PrefixLease& lease, std::span<const int32_t> prompt) {
+  if (!lease.active) return;
+  stats_.lookup_tokens -= prompt.size();
+  stats_.hit_tokens -= static_cast<uint64_t>(lease.cached_tokens);
+  release(lease);
+}
+
 void PrefixCache::release(PrefixLease& lease) {
   if (!lease.active) return;
   if (lease.node) tree_.unlock(lease.node);

@@ -89,6 +89,10 @@ class PrefixCache {
   bool snapshot(std::span<const int32_t> tokens, const SeqCache& seq);
   // Unpins and frees uncommitted planned slots; idempotent.
   void release(PrefixLease& lease);
+  // An acquire of `prompt` the caller backs out of before running anything (a scheduler that found no
+  // room for it yet and will ask again): released, and out of the lookup and hit counts, which count
+  // the prompts served. The caller closes the sequence.
+  void withdraw(PrefixLease& lease, std::span<const int32_t> prompt);
 
   // Evicts until `slots` KDA slots and `pages` pages are free; false when pinned entries block it.
   bool make_room(int slots, int pages);

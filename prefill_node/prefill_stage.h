@@ -11,7 +11,7 @@
 //    (oldest first, one chunk per loop iteration, so heartbeats and new messages are served between).
 //    A request takes a local cache slot at its first chunk; with every slot busy, new requests wait
 //    (back-pressure, not failure) until one is freed.
-//  - Streaming (the default without the prefix cache): once a stage has the request's PREFILL and its
+//  - Streaming (the default): once a stage has the request's PREFILL and its
 //    first chunk computed, it asks decode for addresses (PrefillDriver::stream_started) and, after every
 //    chunk, copies that chunk's rows of its MLA layers into the request's image and hands them to the
 //    driver (rows_computed), whose writer thread puts them into decode memory while the next chunk
@@ -19,8 +19,10 @@
 //    follows the last flush. Granularity is the chunk, not the layer: a chunk's rows of all the stage's
 //    layers go as one batch after its forward. `max_inflight_chunks` bounds the batches in flight on the
 //    stage: compute waits while that many are unflushed.
-//  - Without streaming (--no-stream, or with the prefix cache: a recompute would rewrite rows already
-//    sent), when a stage has all prompt tokens: export_caches of its own layers (the packed StageSource
+//    With the prefix cache, a hit's restored rows go with the first computed chunk, and a recompute
+//    (below) sends only rows past those already sent: a resumed prefill is bitwise a cold one, so the
+//    rows the first try sent are the new try's too.
+//  - Without streaming (--no-stream), when a stage has all prompt tokens: export_caches of its own layers (the packed StageSource
 //    layout) -> PrefillDriver::stage_computed, which plans, puts and flushes them to decode itself (no
 //    funnel through another stage). The last stage samples the first token (step 0 of the request's
 //    sampling params and seed). The stage's local cache slot is freed right after the export (the

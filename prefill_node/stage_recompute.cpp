@@ -43,7 +43,7 @@ void PrefillStage::reset_request(Request& r, uint32_t epoch) {
   }
   drop_chunks(r);
   r.cached_prompt.clear();
-  r.computed = 0;
+  r.computed = 0;   // rows_exported stays: those rows are in the image and sent, and the new try's are equal
   r.last_logits = Tensor{};
   r.epoch = epoch;
 }

@@ -1,13 +1,14 @@
 // The prefill stage's streaming of a request's KV/state to decode while it computes (see the flow in
 // prefill_stage.h): the stream starts once the stage has the PREFILL and a computed chunk, each chunk's
-// rows go to the driver's writer after its forward; and the write spans for --timing.
+// rows go to the driver's writer after its forward (on a prefix-cache hit the first export also carries
+// the restored prefix's rows, read from the shared pages); and the write spans for --timing.
 #include "engine/cache_io.h"
 #include "prefill_node/prefill_stage.h"
 
 namespace k3::prefill {
 
 bool PrefillStage::may_stream(const Request& r) const {
-  return opts_.stream && !prefix_ && r.prefill && !r.reported && r.open && r.computed > 0;
+  return opts_.stream && r.prefill && !r.reported && r.open && r.computed > 0;
 }
 
 void PrefillStage::stream_rows(Request& r) {
@@ -27,7 +28,9 @@ void PrefillStage::stream_rows(Request& r) {
   uint8_t* image = driver_->stream_buffer(id);
   if (it == requests_.end() || !image) return;   // ended (aborted, failed) meanwhile
   Request& q = it->second;
-  if (q.rows_exported == q.computed) return;
+  // After a recompute (prefix-cache drift) the new try passes rows it already sent: they are the same
+  // bytes (a resumed prefill computes bitwise what a cold one does), so only rows past them go.
+  if (q.computed <= q.rows_exported) return;
   export_cache_part(backend_, *pools_, q.seq, begin_, end_, q.prompt_len, q.rows_exported, q.computed, false, image);
   q.rows_exported = q.computed;
   absorb(driver_->rows_computed(id, static_cast<uint32_t>(q.computed)));

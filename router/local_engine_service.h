@@ -11,6 +11,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -40,7 +42,9 @@ struct LocalEngineOptions {
   uint64_t prefix_budget_bytes = 0;  // 0: bounded by the pools
   // Bytes of the engine's unified cache region (KDA slots from one end, MLA pages from the other). 0: room
   // for every slot and page at once. Less: the kinds share the bytes and the boundary follows demand
-  // (compaction moves slots); a request whose pages no longer fit fails with "out of KV pages".
+  // (compaction moves slots). A request is admitted when its prompt and a generation reserve fit beside
+  // what the running ones still take (else it waits); past the reserve, a request whose pages no longer
+  // fit fails with "out of KV pages".
   uint64_t cache_region_bytes = 0;
 };
 
@@ -84,6 +88,14 @@ class LocalEngineService final : public GenerationService {
   // Choices 1..n-1 of a request whose prefill just ended, forked from its caches (all or none).
   Status fork_choices(Running& r, std::vector<std::unique_ptr<Running>>& forks);
   int64_t pages_for(const Running& r, int64_t tokens) const;
+  // Pages a request of `p` still takes for its prompt, a generation reserve and `forks` pending forks,
+  // holding `held_pages` already (its own or shared with the prefix cache).
+  int64_t owed_by(const GenerationParams& p, int64_t held_pages, int forks) const;
+  int64_t pages_owed(const Running& r) const;
+  // Pages of `prompt` a prefix-cache hit would share now (0 without the cache).
+  int64_t hit_pages(std::span<const int32_t> prompt) const;
+  // Whether `pages` more can be taken now (the prefix cache evicting what it may for them).
+  bool pages_fit(int64_t pages);
 
   ModelConfig cfg_;
   LocalEngineOptions opts_;
@@ -106,6 +118,10 @@ class LocalEngineService final : public GenerationService {
   std::atomic<int64_t> running_count_{0}, free_slots_{0}, free_pages_{0};
   std::atomic<uint64_t> prompts_prefilled_{0};
   std::atomic<uint64_t> cache_free_bytes_{0}, cache_largest_free_{0}, cache_free_extents_{0}, cache_slot_moves_{0};
+  // Worker thread only: running requests that ended so far, and that count when the queue's head was
+  // found short of pages (it is tried again once another ended).
+  uint64_t ended_ = 0;
+  std::optional<uint64_t> pages_blocked_at_;
   std::thread worker_;
 };
 

@@ -281,3 +281,42 @@ TEST_CASE("n = 3 choices share one prefill: each is the engine's draw under its 
   REQUIRE_FALSE(refused.is_ok());
   CHECK(refused.status().message().rfind("n: ", 0) == 0);
 }
+
+TEST_CASE("a request short of pages waits for a running one to finish; one that fits no cache fails naming the pages") {
+  // 12 pages of 16 tokens. Each request: a 100-token prompt and 8 generated (7 pages with the reserve);
+  // two slots, so both would start at once, but 14 pages do not fit 12: the second waits for the first.
+  test::TinyServer s({.max_running = 2, .prefill_chunk = 32, .cache_pages = 12}, "", 512);
+  std::mt19937 rng(3);
+  std::vector<GenerateRequest> reqs(2);
+  for (auto& g : reqs) {
+    for (int k = 0; k < 100; ++k) g.prompt.push_back(static_cast<int32_t>(rng() % s.cfg.vocab_size));
+    g.max_tokens = 8;
+  }
+  auto backend = make_cpu_backend({.threads = 2});
+  EngineOptions eo;
+  eo.prefill_chunk = 32;
+  eo.cache.max_seqs = 2;
+  eo.cache.num_pages = 64;
+  auto expected = Engine::create(*backend, s.cfg, random_weights(s.cfg, 7, DType::F32), eo).value()->generate(reqs).value();
+  std::vector<std::unique_ptr<RequestStream>> streams;
+  for (const auto& g : reqs)
+    streams.push_back(RequestStream::start(*s.service, {.prompt = g.prompt, .max_tokens = g.max_tokens}).value());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    INFO("request " << i);
+    const Collected c = collect(*streams[i]);
+    CHECK(c.error.is_ok());
+    CHECK(c.tokens == expected[i].tokens);
+  }
+  CHECK(wait_idle(*s.service, 2));
+  CHECK(s.service->stats().free_pages == 12);
+
+  // 250 prompt tokens + the reserve need 17 pages: never, even alone.
+  GenerationParams big{.prompt = std::vector<int32_t>(250, 5), .max_tokens = 8};
+  const Collected c = collect(*RequestStream::start(*s.service, big).value());
+  CHECK(c.error.code() == Code::ResourceExhausted);
+  CHECK_THAT(c.error.message(), Catch::Contains("out of KV pages") && Catch::Contains("need 17 pages") &&
+                                    Catch::Contains("12 free"));
+  // The engine still serves.
+  const Collected after = collect(*RequestStream::start(*s.service, {.prompt = reqs[0].prompt, .max_tokens = 8}).value());
+  CHECK(after.tokens == expected[0].tokens);
+}

@@ -53,11 +53,13 @@ uint64_t metric(const std::string& text, const std::string& name) {
   return std::stoull(text.substr(at + name.size() + 2));
 }
 
-// The tight region: 4 slot blocks and 30 page blocks, below the 7 slots (3 requests + 4 checkpoints) and
-// 99 pages the server would take at full size. Small enough that the workload below moves slots, large
-// enough that it never runs out (20 pages does: "out of KV pages"). Before the prefix cache counted
-// running requests by live slot ids, this size crashed the server ("slot accounting is off").
-constexpr uint64_t kTightSlots = 4, kTightPages = 30;
+// The tight region: 4 slot blocks and 30 (or 20) page blocks, below the 7 slots (3 requests + 4
+// checkpoints) and 99 pages the server would take at full size. Small enough that the workload below
+// moves slots; at 20 pages the three requests' prompts do not fit at once, so requests wait for pages at
+// admission (before they did not, and one failed with "out of KV pages" whenever the threads' timing
+// admitted three together). Before the prefix cache counted running requests by live slot ids, 30 pages
+// crashed the server ("slot accounting is off").
+constexpr uint64_t kTightSlots = 4;
 
 // Six requests sharing a 150-token system prompt (odd ones seeded), against the monolithic engine
 // without the cache; returns /metrics after the worker published the counters.
@@ -129,13 +131,15 @@ TEST_CASE("local engine in a tight cache region moves slots and still gives the 
   auto cpu = make_cpu_backend({.threads = 1});
   const CacheLayout layout = cache_layout(cfg, *cpu).value();
   const auto u = UnifiedRegionLayout::make(layout, 0, cfg.num_hidden_layers, 16, uint64_t(1) << 40).value();
-  const uint64_t tight = kTightSlots * u.slot_block_bytes + kTightPages * u.page_block_bytes;
+  const uint64_t pages = GENERATE(30, 20);
+  INFO(pages << " page blocks");
+  const uint64_t tight = kTightSlots * u.slot_block_bytes + pages * u.page_block_bytes;
   test::TinyServer s({.max_running = 3, .max_queue = 16, .prefill_chunk = chunk, .prefix_checkpoint_slots = 4,
                       .prefix_block_tokens = 64, .cache_region_bytes = tight},
                      "", /*context=*/512);
   const std::string text = serve_shared_prefix(s, chunk);
   CHECK(metric(text, "k3_prefix_cache_hit_tokens_total") > 0);
-  CHECK(metric(text, "k3_cache_pool_slot_moves_total") > 0);
+  if (pages == 30) CHECK(metric(text, "k3_cache_pool_slot_moves_total") > 0);   // at 20 fewer run at once
 }
 
 TEST_CASE("local engine refuses a cache region that holds no slot or page, naming the flag") {
