@@ -19,12 +19,14 @@
 
 #include <atomic>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "common/config/config.h"
 #include "common/model/weights.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/core/parse.h"
+#include "common/protocol/metrics_endpoint.h"
 #include "decode_node/decode_rank.h"
 #include "decode_node/group_leader.h"
 #include "decode_node/group_member.h"
@@ -45,8 +47,14 @@ int fail(const Status& s) { return fail_status("k3-decode", s); }
 // The serving loop of a decode rank or a group leader (same surface): driver events, decode steps,
 // the router's heartbeats, DONE / IDLE lines. Returns the error that ended it (ok on a stop signal).
 template <class Node>
-Status serve(Node& d, const decode::DecodeRankOptions& o, std::chrono::milliseconds idle_wait) {
+Status serve(Node& d, const decode::DecodeRankOptions& o, std::chrono::milliseconds idle_wait,
+             const std::optional<protocol::ListenAddress>& metrics_at) {
   const std::atomic<bool>& g_stop = install_stop_signals();
+  std::unique_ptr<protocol::MetricsEndpoint> metrics_endpoint;
+  if (metrics_at) {
+    K3_ASSIGN_OR_RETURN(metrics_endpoint, protocol::MetricsEndpoint::start(*metrics_at, d.metrics()));
+    say("METRICS " + metrics_endpoint->url());
+  }
   // Peers are told the advertised endpoint (the bound port on a host they can reach), as in the REGISTER.
   say("READY " + d.driver().advertised_endpoint());
   size_t live = 0;
@@ -94,7 +102,8 @@ struct GroupFlags {
 
 // A rank of a group: forms the communicator, then leads (rank 0) or follows.
 int run_group(const GroupFlags& gf, const std::string& interface, decode::DecodeRankOptions& o, Backend& be,
-              const ModelConfig& cfg, const WeightStore& weights) {
+              const ModelConfig& cfg, const WeightStore& weights,
+              const std::optional<protocol::ListenAddress>& metrics_at) {
   const RankLayout layout{.dcp = gf.dcp, .ep = gf.ep, .kv_partitions = gf.kv_partitions > 0 ? gf.kv_partitions : gf.dcp,
                           .rank = gf.rank};
   if (Status st = validate_rank_layout(layout, cfg); !st.is_ok()) return fail(st);
@@ -124,7 +133,7 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   (*comm)->set_timeout(std::chrono::milliseconds(gf.step_deadline_ms));
   // Idle, the leader ticks its members well within their receive deadline.
   const auto tick = std::chrono::milliseconds(std::max(10, gf.step_deadline_ms / 4));
-  Status st = serve(**leader, o, tick);
+  Status st = serve(**leader, o, tick, metrics_at);
   if (st.is_ok()) {
     // Members stopped by the same signal are gone: do not wait a step deadline on each.
     (*comm)->set_timeout(std::chrono::milliseconds(200));
@@ -153,7 +162,7 @@ int main(int argc, char** argv) {
                "the router."};
   std::string model_dir, stop_text, log_level = "warn";
   decode::DecodeRankOptions o;
-  int threads = 0, hb_ms = 1000, hb_misses = 3;
+  int threads = 0, hb_ms = 200, hb_misses = 3;   // the router's defaults: it expects a heartbeat this often
   long compute_ms = 300000, transfer_ms = 300000;
   bool ignore_eos = false;
   app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tokenizer)")->required();
@@ -207,7 +216,7 @@ int main(int argc, char** argv) {
   BackendChoice bc;
   app.add_option("--backend", bc.kind, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--device", bc.device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
-  app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval (default 1000)")->check(CLI::PositiveNumber);
+  app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval; the router's --heartbeat-ms or less (default 200, the router's default)")->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-misses", hb_misses, "missed heartbeats before a peer is dead (default 3)")
       ->check(CLI::PositiveNumber);
   app.add_option("--compute-timeout-ms", compute_ms, "CLAIM -> first COMPUTE_DONE wait (default 300000)")
@@ -230,8 +239,18 @@ int main(int argc, char** argv) {
                  "a rank dead or hung this long fails the group (default 2000)")->check(CLI::Range(50, 600000));
   app.add_option("--group-startup-s", gf.startup_s, "how long rank 0 waits for the group to form (default 180)")
       ->check(CLI::Range(1, 3600));
+  std::string metrics_listen;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "HOST:PORT where GET /metrics serves everything this rank counts (transfer, pools, preemptions; "
+                 "port 0 picks one, printed as METRICS <url>; a group: its rank 0); default off");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
+  std::optional<protocol::ListenAddress> metrics_at;
+  if (!metrics_listen.empty()) {
+    auto at = protocol::parse_listen_address(metrics_listen, "--metrics-listen");
+    if (!at.is_ok()) return fail(at.status());
+    metrics_at = *at;
+  }
 
   auto keys = transfer::control_keys_from_flags(key_file, public_keys_file, insecure);
   if (!keys.is_ok()) return fail(keys.status());
@@ -284,12 +303,12 @@ int main(int argc, char** argv) {
     // The rank-sliced forward exchanges host tensors: GPU rank groups are not done.
     if ((*backend)->name() != std::string("cpu"))
       return fail(invalid_argument("--backend: decode rank groups (--group-dcp / --group-ep) run on the cpu backend only"));
-    return run_group(gf, interface, o, **backend, *cfg, *weights);
+    return run_group(gf, interface, o, **backend, *cfg, *weights, metrics_at);
   }
   zmq::context_t zctx;
   auto rank = decode::DecodeRank::create(o, **backend, *cfg, *weights, zctx);
   if (!rank.is_ok()) return fail(rank.status());
-  if (Status st = serve(**rank, o, std::chrono::milliseconds(50)); !st.is_ok()) return fail(st);
+  if (Status st = serve(**rank, o, std::chrono::milliseconds(50), metrics_at); !st.is_ok()) return fail(st);
   say("STOPPED");
   return 0;
 }

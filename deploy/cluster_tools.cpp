@@ -158,6 +158,9 @@ int cluster_tool_main(int argc, char** argv) {
   r->add_option("--control-port", slurm.ports.control_port, "router control port (default 5600)")->check(CLI::Range(1, 65535));
   r->add_option("--decode-port", slurm.ports.decode_port, "decode rank r binds this + r (default 5700)")->check(CLI::Range(1, 65535));
   r->add_option("--prefill-port", slurm.ports.prefill_port, "prefill stage k listens on this + k (default 5800)")->check(CLI::Range(1, 65535));
+  r->add_option("--metrics-port", slurm.ports.metrics_port,
+                 "every prefill stage and decode rank serves GET /metrics here (slurm: decode rank r on this + r, "
+                 "prefill stage k on this + decode ranks + k; default 9400)")->check(CLI::Range(1, 65535));
 
   std::string keys_out;
   auto* k = app.add_subcommand("keys", "write a CURVE keypair per process of a spec and the public keys file (0600 "

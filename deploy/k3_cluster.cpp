@@ -109,6 +109,8 @@ class Launcher {
   ChildEnvironment child_env(const std::string& name) const;
   // The rest of a stdout line starting with `prefix` from `c`; fails when c dies, a signal arrives or time is up.
   Result<std::string> wait_line(ChildProcess& c, const std::string& prefix, Clock::time_point deadline);
+  // Reads the node's METRICS line and makes a restart of it serve /metrics on the same port.
+  Status keep_metrics_port(ChildProcess& c, Clock::time_point deadline);
   Status check_alive();
   void pump_outputs();
   Status wait_serving(Clock::time_point deadline);
@@ -162,6 +164,13 @@ Result<std::string> Launcher::wait_line(ChildProcess& c, const std::string& pref
     if (logs_) logs_->append(c.name(), *line);
     if (line->rfind(prefix, 0) == 0) return line->substr(prefix.size());
   }
+}
+
+Status Launcher::keep_metrics_port(ChildProcess& c, Clock::time_point deadline) {
+  K3_ASSIGN_OR_RETURN(std::string url, wait_line(c, "METRICS ", deadline));   // http://HOST:PORT/metrics
+  const std::string hostport = url.substr(url.find("//") + 2, url.rfind('/') - url.find("//") - 2);
+  set_option(supervisor_.recipe(c.name()).args, "--metrics-listen", spec_.bind_host + hostport.substr(hostport.rfind(':')));
+  return Status::ok();
 }
 
 void Launcher::pump_outputs() {
@@ -247,7 +256,8 @@ Status Launcher::start() {
                                      std::to_string(d.rank), "--dp-size", std::to_string(global_ranks), "--max-requests",
                                      std::to_string(d.max_requests), "--threads", threads, "--backend", spec_.backend,
                                      "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_,
-                                     "--bind", "tcp://" + spec_.bind_host + ":*", "--interface", spec_.reachable_host()};
+                                     "--bind", "tcp://" + spec_.bind_host + ":*", "--interface", spec_.reachable_host(),
+                                     "--metrics-listen", spec_.bind_host + ":0"};
     args.insert(args.end(), advertise.begin(), advertise.end());
     const std::vector<std::string> group = group_args(d);
     args.insert(args.end(), group.begin(), group.end());
@@ -265,6 +275,7 @@ Status Launcher::start() {
         K3_TRY(spawn("decode/" + d.instance + "/" + std::to_string(i), "k3-decode", margs).status());
       }
     }
+    K3_TRY(keep_metrics_port(*c, deadline));
     K3_ASSIGN_OR_RETURN(std::string ep, wait_line(*c, "READY ", deadline));
     decode_eps.push_back(ep);
     // A restarted rank binds the same endpoint: the prefill stages' sockets reconnect and re-REGISTER.
@@ -293,11 +304,12 @@ Status Launcher::start() {
       args.insert(args.end(), prefix.begin(), prefix.end());
       args.insert(args.end(), stream.begin(), stream.end());
       args.insert(args.end(), region.begin(), region.end());
-      args.insert(args.end(), {"--interface", spec_.reachable_host()});
+      args.insert(args.end(), {"--interface", spec_.reachable_host(), "--metrics-listen", spec_.bind_host + ":0"});
       args.insert(args.end(), advertise.begin(), advertise.end());
       if (st > 0) args.insert(args.end(), {"--listen", "tcp://" + spec_.bind_host + ":*"});
       if (!next.empty()) args.insert(args.end(), {"--next-endpoint", next});
       K3_ASSIGN_OR_RETURN(ChildProcess * c, spawn("prefill/" + p.id + "/" + std::to_string(st), "k3-prefill", args));
+      K3_TRY(keep_metrics_port(*c, deadline));
       if (st > 0) {
         K3_ASSIGN_OR_RETURN(next, wait_line(*c, "LISTEN ", deadline));
         set_option(supervisor_.recipe(c->name()).args, "--listen", rebind(next));  // the previous stage pushes there

@@ -92,6 +92,13 @@ void add_advertise(std::vector<std::string>& a, const NodeContext& ctx) {
 
 }  // namespace
 
+int metrics_port_of(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p, bool per_process) {
+  if (p.kind == NodeProcess::Kind::Router) return 0;
+  if (!per_process) return ports.metrics_port;
+  const int decode_ranks = static_cast<int>(decode_processes(spec).size());
+  return ports.metrics_port + (p.kind == NodeProcess::Kind::Decode ? 0 : decode_ranks) + p.global_index;
+}
+
 std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p,
                                       const NodeContext& ctx) {
   const auto decodes = decode_processes(spec);
@@ -148,6 +155,9 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
       break;
     }
   }
+  if (ctx.node_metrics && p.kind != NodeProcess::Kind::Router)
+    a.insert(a.end(), {"--metrics-listen",
+                       bind_of(ctx) + ":" + std::to_string(metrics_port_of(spec, ports, p, ctx.metrics_per_process))});
   add_advertise(a, ctx);
   add_keys(a, ctx, p.name);
   return a;

@@ -20,6 +20,10 @@ struct PortLayout {
   int control_port = 5600;
   int decode_port = 5700;
   int prefill_port = 5800;
+  // Every prefill stage and decode rank serves its own Prometheus /metrics (--metrics-listen) here, or,
+  // where processes share a host (NodeContext::metrics_per_process), decode rank r at metrics_port + r
+  // and prefill stage k at metrics_port + (decode ranks) + k.
+  int metrics_port = 9400;
 };
 
 // One process of the deployment.
@@ -53,9 +57,14 @@ struct NodeContext {
   std::string router_host;       // name or address of the router's host, as other processes reach it
   std::string log_level = "info";
   std::string backend;           // --backend of the nodes; empty: the spec's "backend"
+  bool node_metrics = true;      // prefill and decode get --metrics-listen <bind address>:<their metrics port>
+  bool metrics_per_process = false;   // a metrics port per process (several share a host), else one for all
   // Name or address under which the process `name` is reached (for decode endpoints and stage links).
   std::function<std::string(const std::string& name)> host_of;
 };
+
+// The port `p` serves its /metrics on (0 for the router, whose /metrics is its HTTP port's).
+int metrics_port_of(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p, bool per_process);
 
 // The argv (executable first) of `p`.
 std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p,

@@ -60,6 +60,12 @@ std::string by_ordinal(const std::vector<std::string>& branches, const std::stri
   return s + "  *) echo \"k3serve: no " + what + " for pod ${HOSTNAME}\" >&2; exit 1 ;;\nesac\n";
 }
 
+// The annotations a Prometheus with the common pod-discovery rules scrapes a pod by: every prefill and
+// decode pod serves its own /metrics (the router's /metrics is on its HTTP port).
+J scrape_annotations(int port) {
+  return {{"prometheus.io/scrape", "true"}, {"prometheus.io/port", std::to_string(port)}, {"prometheus.io/path", "/metrics"}};
+}
+
 J probe_exec(const std::string& script, int period, int failures) {
   return {{"exec", {{"command", sh(script)}}}, {"periodSeconds", period}, {"timeoutSeconds", 5},
           {"failureThreshold", failures}};
@@ -81,6 +87,7 @@ std::string stateful_group(const ClusterSpec& spec, const K8sOptions& opt, const
   J container = {{"name", component},
                  {"image", opt.image},
                  {"command", sh("set -eu\n" + by_ordinal(starts, "process"))},
+                 {"ports", J::array({{{"name", "metrics"}, {"containerPort", opt.ports.metrics_port}}})},
                  {"env", env(spec, false)},
                  {"resources", {{"requests", {{"cpu", std::to_string(std::max(1, spec.threads))}}}}},
                  {"volumeMounts", mounts()},
@@ -100,7 +107,7 @@ std::string stateful_group(const ClusterSpec& spec, const K8sOptions& opt, const
              {"podManagementPolicy", "Parallel"},
              {"selector", {{"matchLabels", labels(component, group)}}},
              {"template",
-              {{"metadata", {{"labels", labels(component, group)}}},
+              {{"metadata", {{"labels", labels(component, group)}, {"annotations", scrape_annotations(opt.ports.metrics_port)}}},
                {"spec", {{"containers", J::array({container})}, {"volumes", volumes(opt)}}}}}}}};
   return yaml_text(svc) + "---\n" + yaml_text(sts);
 }

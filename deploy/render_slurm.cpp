@@ -60,6 +60,7 @@ Result<std::string> render_slurm(const ClusterSpec& spec, const nlohmann::json& 
   ctx.keys_dir = "${K3_RUN_DIR}/keys";
   ctx.address = "${K3_ADDR}";
   ctx.router_host = "${K3_HOST_0}";
+  ctx.metrics_per_process = true;   // several processes per host: a metrics port each
   std::map<std::string, int> node_by_name;
   for (size_t j = 0; j < procs.size(); ++j) node_by_name[procs[j].name] = node_of(j, opt.per_node);
   ctx.host_of = [&](const std::string& name) { return "${K3_HOST_" + std::to_string(node_by_name.at(name)) + "}"; };
@@ -67,7 +68,9 @@ Result<std::string> render_slurm(const ClusterSpec& spec, const nlohmann::json& 
   for (size_t j = 0; j < procs.size(); ++j) {
     const NodeProcess& p = procs[j];
     const std::string file = step_file(p.name);
-    o << "\n# " << p.name << (p.port ? " (port " + std::to_string(p.port) + ")" : "") << "\n"
+    const int metrics = metrics_port_of(spec, opt.ports, p, ctx.metrics_per_process);
+    o << "\n# " << p.name << (p.port ? " (port " + std::to_string(p.port) + ")" : "")
+      << (metrics ? " (GET /metrics on port " + std::to_string(metrics) + ")" : "") << "\n"
       << "cat > \"$K3_RUN_DIR/steps/" << file << ".sh\" <<'K3_STEP'\n"
       << "#!/bin/bash\n"
       << "K3_ADDR=\"${K3_ADDR:-$(getent ahostsv4 \"$SLURMD_NODENAME\" | awk 'NR==1{print $1}')}\"\n";

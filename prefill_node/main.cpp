@@ -18,6 +18,7 @@
 #include "common/model/weights.h"
 #include "common/tokenizer/tokenizer.h"
 #include "prefill_node/partition.h"
+#include "common/protocol/metrics_endpoint.h"
 #include "prefill_node/prefill_stage.h"
 #include "transfer/advertise_endpoint.h"
 #include "transfer/control_keys.h"
@@ -41,7 +42,7 @@ int main(int argc, char** argv) {
                "instance over UCX (control over ZeroMQ). Start one process per stage."};
   std::string model_dir, partition_text, log_level = "warn";
   prefill::PrefillStageOptions o;
-  int stages = 0, threads = 0, hb_ms = 1000, hb_misses = 3;
+  int stages = 0, threads = 0, hb_ms = 200, hb_misses = 3;   // the router's defaults: it expects a heartbeat this often
   long addrs_ms = 300000;
   app.add_option("--model", model_dir, "model directory (config.json, model.safetensors)")->required();
   app.add_option("--stage", o.stage, "this process's stage index, 0-based (default 0)")->check(CLI::NonNegativeNumber);
@@ -64,6 +65,10 @@ int main(int argc, char** argv) {
                  "MiB of the stage's unified cache region that KDA slots (requests and prefix checkpoints) and MLA pages "
                  "share (0 = room for every slot and page at once; less lets the boundary follow demand)")
       ->check(CLI::NonNegativeNumber);
+  std::string metrics_listen;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "HOST:PORT where GET /metrics serves everything this stage counts (transfer, source arena, prefix "
+                 "cache; port 0 picks one, printed as METRICS <url>); default off");
   double source_arena_mib = -1;
   app.add_option("--source-arena-mib", source_arena_mib,
                  "MiB allocated and registered once for the KV/state images this stage writes to decode (default "
@@ -117,7 +122,7 @@ int main(int argc, char** argv) {
   BackendChoice bc;
   app.add_option("--backend", bc.kind, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--device", bc.device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
-  app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval (default 1000)")->check(CLI::PositiveNumber);
+  app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval; the router's --heartbeat-ms or less (default 200, the router's default)")->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-misses", hb_misses, "missed heartbeats before a peer is dead (default 3)")
       ->check(CLI::PositiveNumber);
   app.add_option("--addrs-timeout-ms", addrs_ms, "COMPUTE_DONE -> ADDRS wait before the request expires (default 300000)")
@@ -184,6 +189,15 @@ int main(int argc, char** argv) {
   prefill::PrefillStage& s = **stage;
 
   const std::atomic<bool>& g_stop = install_stop_signals();
+  std::unique_ptr<protocol::MetricsEndpoint> metrics_endpoint;
+  if (!metrics_listen.empty()) {
+    auto at = protocol::parse_listen_address(metrics_listen, "--metrics-listen");
+    if (!at.is_ok()) return fail(at.status());
+    auto ep = protocol::MetricsEndpoint::start(*at, s.metrics());
+    if (!ep.is_ok()) return fail(ep.status());
+    metrics_endpoint = std::move(ep).value();
+    say("METRICS " + metrics_endpoint->url());
+  }
   if (o.stage > 0) {
     auto advertised = transfer::advertised_endpoint(s.listen_endpoint(), advertise_host);
     if (!advertised.is_ok()) return fail(advertised.status());

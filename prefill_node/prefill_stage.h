@@ -132,6 +132,8 @@ class PrefillStage {
   bool is_last() const { return opts_.stage + 1 == static_cast<int>(opts_.partition.size()); }
   transfer::PrefillDriver& driver() { return *driver_; }
 
+  // Everything this node counts (k3-decode / k3-prefill --metrics-listen serve it).
+  const protocol::MetricsRegistry& metrics() const { return metrics_; }
  private:
   struct Request {
     uint64_t id = 0;

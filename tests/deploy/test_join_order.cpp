@@ -81,13 +81,14 @@ TEST_CASE("nodes started before the router join it, and a node restarted mid-run
   n.spec.heartbeat_ms = 200;
   n.spec.heartbeat_misses = 5;
   n.ports = {.control_port = test::free_tcp_port(), .decode_port = test::free_tcp_port(),
-             .prefill_port = test::free_tcp_port() - 1};
+             .prefill_port = test::free_tcp_port() - 1, .metrics_port = test::free_tcp_port()};
   n.ctx.bin_dir = K3_BIN_DIR;
   n.ctx.model = model;
   n.ctx.keys_dir = dir + "/keys";
   n.ctx.address = n.ctx.router_host = "127.0.0.1";
   n.ctx.log_level = "warn";
   n.ctx.host_of = [](const std::string&) { return std::string("127.0.0.1"); };
+  n.ctx.metrics_per_process = true;   // every node on this host: a metrics port each
   std::vector<std::string> names;
   for (const auto& p : deploy::node_processes(n.spec, n.ports)) {
     n.by_name[p.name] = p;

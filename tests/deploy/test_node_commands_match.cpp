@@ -68,7 +68,7 @@ TEST_CASE("the rendered command lines carry every flag k3-cluster passes its chi
   // Flags whose values are places, which the launchers choose differently.
   const std::set<std::string> places = {"--model", "--host", "--port", "--cluster-endpoint", "--router-endpoint",
                                         "--decode-endpoint", "--next-endpoint", "--listen", "--bind", "--control-key",
-                                        "--control-public-keys"};
+                                        "--control-public-keys", "--metrics-listen"};
   for (const auto& p : deploy::node_processes(*spec, deploy::PortLayout{})) {
     INFO(p.name);
     REQUIRE(launched.pids.count(p.name));
