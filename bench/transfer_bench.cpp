@@ -1,7 +1,8 @@
 // k3-bench transfer: in one run, over loopback,
 //  1. ucx_perftest -t ucp_put_bw (server + client started here) for each message size;
 //  2. our write path (UcxWriter: ucp_put_nbx + endpoint flush per write, i.e. one request's
-//     completion semantics) into a registered region of a child process, same sizes;
+//     completion semantics; --lists-in-flight N keeps N lists posted, each with its own flush) into a
+//     registered region of a child process, same sizes;
 //  3. the fixed cost of one request's protocol round trip through the real drivers:
 //     COMPUTE_DONE -> ADDRS -> puts (tiny model) + flush -> TRANSFER_DONE -> decode ready -> TOKENS
 //     (transfer_round_trip.cpp).
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -48,6 +50,7 @@ struct Options {
   std::string perftest = K3_UCX_PERFTEST;  // the perftest of the UCX we link
   std::string memory = "host";  // where source and destination live: host | cuda (both sides)
   size_t writes_per_flush = 1;    // RemoteWrites per write() call (one flush each)
+  size_t lists_in_flight = 1;     // write lists posted before the oldest one's flush is waited for
   bool peer_errors = false;  // diagnostic: drops puts to tcp (~0.2 GB/s) on UCX 1.13 and 1.22
   // Diagnostics for --memory cuda (docs/PERF.md, "Device memory"): create each process's UCX context before
   // its CUDA context (the old order), and put without the source registration's memory handle.
@@ -260,13 +263,27 @@ int run(const Options& o) {
     for (size_t k = 0; k < per; ++k) w.push_back({src + k * size, target->base + k * size, size});
     for (int i = 0; i < 3; ++i) (void)writer->write(*rkey, w, {}, src_reg);
     const size_t calls = std::max<size_t>(1, iters / per);
+    // Up to lists_in_flight lists posted at once: the next one's puts go while the oldest one's flush
+    // completes, as perftest's puts never wait for a flush (1: post, then wait, as write() does).
+    std::deque<std::unique_ptr<UcxWriter::InFlight>> flying;
+    auto finish_oldest = [&] {
+      const Status s = writer->wait(*flying.front());
+      flying.pop_front();
+      if (!s.is_ok()) std::fprintf(stderr, "write: %s\n", s.to_string().c_str());
+      return s.is_ok();
+    };
     const auto t0 = Clock::now();
     for (size_t i = 0; i < calls; ++i) {
-      if (Status s = writer->write(*rkey, w, {}, src_reg); !s.is_ok()) {
-        std::fprintf(stderr, "write: %s\n", s.to_string().c_str());
+      if (flying.size() >= o.lists_in_flight && !finish_oldest()) return 1;
+      auto list = writer->post(*rkey, w, {}, src_reg);
+      if (!list.is_ok()) {
+        std::fprintf(stderr, "write: %s\n", list.status().to_string().c_str());
         return 1;
       }
+      flying.push_back(std::move(list).value());
     }
+    while (!flying.empty())
+      if (!finish_oldest()) return 1;
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     const double ours = double(size) * per * calls / secs / 1e9;
     char name[32];
@@ -296,6 +313,10 @@ void add_transfer_command(CLI::App& app) {
       ->check(CLI::IsMember({"host", "cuda"}));
   cmd->add_option("--writes-per-flush", opts->writes_per_flush,
                   "puts of one size per write() call, i.e. per endpoint flush (a request's plan is one list)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--lists-in-flight", opts->lists_in_flight,
+                  "write lists posted before the oldest one's flush is waited for (default 1: each write() waits "
+                  "for its own flush)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--peer-errors", opts->peer_errors, "writer endpoint with UCP_ERR_HANDLING_MODE_PEER (diagnostic)");
   cmd->add_flag("--ucx-before-cuda", opts->ucx_before_cuda,

@@ -13,6 +13,8 @@
 #                  memh   --ucx-before-cuda                    (source memory handle only)
 #                  new    the defaults (both)
 #                  new16  the defaults, 16 puts per flush (one request's plan is one write list)
+#                  fly2   16 puts per flush, two lists in flight (the next list's puts go while the
+#                         oldest one's flush completes)
 #   perftest-proto.log  the protocols ucx_perftest -m cuda picks (UCX_PROTO_INFO=y), 1 MiB
 #   host.log     k3-bench transfer with host memory (loopback bandwidth and protocol round trip)
 #   summary.log  the bandwidth tables and the put protocol lines of every variant
@@ -45,6 +47,7 @@ for v in $VARIANTS; do
     memh) flags="--ucx-before-cuda" ;;
     new) flags="" ;;
     new16) flags="--writes-per-flush 16" ;;
+    fly2) flags="--writes-per-flush 16 --lists-in-flight 2" ;;
     *) echo "unknown variant $v"; continue ;;
   esac
   echo "== $v: k3-bench transfer --memory cuda $flags $(date -u +%T)" | tee -a "$OUT/summary.log"

@@ -133,6 +133,7 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
     st.rank.weight_bytes = weight_bytes(in, st.layer_begin, st.layer_end, in.prefill_tp, 1);
     st.rank.kv_bytes_per_token = st.mla_layers * (in.kv_fp8 ? fp8 : bf16).mla_row_bytes;
     st.rank.state_bytes_per_request = kda_at(st.kda_layers, in.prefill_tp);
+    st.rank.fixed_cache_bytes = in.prefill_source_arena_bytes;
     fill_capacity(in, st.rank);
     p.fits = p.fits && (in.gpu_memory_bytes == 0 || st.rank.free_bytes > 0);
     p.prefill.push_back(st);

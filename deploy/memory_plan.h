@@ -20,6 +20,7 @@
 
 #include "common/config/config.h"
 #include "common/core/status.h"
+#include "prefill_node/source_arena_size.h"
 
 namespace k3::deploy {
 
@@ -54,6 +55,8 @@ struct MemoryPlanInput {
   double utilization = 0.90;       // share of GPU memory the process may use (the rest: activations, workspace)
   int64_t context_tokens = 32768;  // context length for the concurrent-request figure
   DraftCacheSpec draft;
+  // Each prefill stage's source arena (k3-prefill --source-arena-mib), allocated up front on its GPU.
+  uint64_t prefill_source_arena_bytes = uint64_t(prefill::kDefaultSourceArenaMiBDevice) << 20;
 };
 
 struct KdaStateAtTp {

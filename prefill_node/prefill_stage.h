@@ -53,6 +53,7 @@
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "common/model/weights.h"
+#include "prefill_node/source_arena_size.h"
 #include "prefill_node/stage_link.h"
 #include "prefill_node/stage_prefix.h"
 #include "transfer/ucx_prefill_driver.h"
@@ -74,12 +75,6 @@ struct StageTiming {
 };
 const char* span_name(StageTiming::Span s);
 int64_t steady_us();
-
-// The default source arena: 1 GiB of device memory holds the images of several long prompts of a stage at
-// once; a quarter of that on the host, whose images need no registration to be put at full speed and only
-// save their allocation there.
-inline constexpr int64_t kDefaultSourceArenaMiBDevice = 1024;
-inline constexpr int64_t kDefaultSourceArenaMiBHost = 256;
 
 struct PrefillStageOptions {
   std::string instance_id = "p";

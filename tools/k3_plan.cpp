@@ -11,6 +11,7 @@
 #include "common/core/parse.h"
 #include "deploy/memory_plan.h"
 #include "deploy/ratio_plan.h"
+#include "prefill_node/source_arena_size.h"
 
 using namespace k3;
 
@@ -37,6 +38,7 @@ struct MemoryArgs {
   std::string preset = "k3", config, gpu_memory, kv_dtype = "bf16";
   bool json = false;
   int draft_layers = -1;  // -1: 5 for the k3 preset (its published drafter), else 0
+  double source_arena_mib = prefill::kDefaultSourceArenaMiBDevice;   // MemoryPlanInput's default too
   deploy::MemoryPlanInput in;
 };
 
@@ -55,6 +57,9 @@ void add_memory_command(CLI::App& app, MemoryArgs& a) {
   m->add_option("--prefill-stages", a.in.prefill_stages, "PP stages of a prefill instance (default 1)");
   m->add_option("--partition", a.in.partition, "layers per prefill stage, e.g. 7,5,7 (default: even split)");
   m->add_option("--prefill-tp", a.in.prefill_tp, "tensor parallelism inside a prefill stage (default 1)");
+  m->add_option("--source-arena-mib", a.source_arena_mib,
+                "each prefill stage's source arena, as k3-prefill --source-arena-mib (default 1024, its GPU default)")
+      ->check(CLI::NonNegativeNumber);
   m->add_option("--decode-tp", a.in.decode_tp, "tensor parallelism inside a decode group (default 1)");
   m->add_option("--decode-dcp", a.in.decode_dcp, "decode context parallelism (default 1)");
   m->add_option("--decode-ep", a.in.decode_ep, "expert parallelism over decode ranks (default 1)");
@@ -75,6 +80,7 @@ int run_memory(MemoryArgs& a) {
   if (!cfg.is_ok()) return fail(cfg.status().message());
   a.in.cfg = *cfg;
   a.in.kv_fp8 = a.kv_dtype == "fp8";
+  a.in.prefill_source_arena_bytes = static_cast<uint64_t>(a.source_arena_mib * (1 << 20));
   a.in.draft.layers = a.draft_layers >= 0 ? a.draft_layers : (a.config.empty() && a.preset == "k3" ? 5 : 0);
   if (!a.gpu_memory.empty()) {
     auto bytes = parse_byte_size(a.gpu_memory, "--gpu-memory");

@@ -167,6 +167,47 @@ Status UcxEndpoint::flush(std::chrono::milliseconds timeout) {
   return ucx_wait(*worker_, ucp_ep_flush_nbx(ep_, &p), c, timeout, "ucp_ep_flush_nbx");
 }
 
+std::unique_ptr<UcxEndpoint::PendingFlush> UcxEndpoint::flush_async() {
+  std::unique_ptr<PendingFlush> f(new PendingFlush());
+  f->worker_ = worker_;
+  if (failed_) {
+    f->posted_ = ucx_status(failure_, "endpoint flush (peer failed)");
+    return f;
+  }
+  auto* c = new UcxCompletion;
+  ucp_request_param_t p = ucx_send_param(c);
+  ucs_status_ptr_t req = ucp_ep_flush_nbx(ep_, &p);
+  if (UCS_PTR_IS_ERR(req)) {
+    delete c;
+    f->posted_ = ucx_status(UCS_PTR_STATUS(req), "ucp_ep_flush_nbx");
+  } else if (req == nullptr) {
+    delete c;   // completed in place; the callback is not called
+  } else {
+    f->req_ = req;
+    f->c_ = c;
+  }
+  return f;
+}
+
+bool UcxEndpoint::PendingFlush::done() const { return c_ == nullptr || c_->done; }
+
+Status UcxEndpoint::PendingFlush::status() const {
+  if (!posted_.is_ok()) return posted_;
+  if (c_ == nullptr) return Status::ok();
+  if (!c_->done) return {Code::DeadlineExceeded, "ucp_ep_flush_nbx: not complete"};
+  return ucx_status(c_->status, "ucp_ep_flush_nbx");
+}
+
+UcxEndpoint::PendingFlush::~PendingFlush() {
+  if (c_ == nullptr) return;
+  if (c_->done) {
+    delete c_;
+    return;
+  }
+  c_->abandoned = true;   // the callback frees it when UCX completes (or cancels) the request
+  ucp_request_cancel(worker_->get(), req_);
+}
+
 UcxEndpoint::~UcxEndpoint() {
   if (!ep_) return;
   // Graceful close flushes outstanding operations; a failed peer can only be closed by force.

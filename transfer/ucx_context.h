@@ -111,6 +111,9 @@ class UcxEndpoint {
   ucs_status_t failure() const { return failure_; }
   // Completes every operation posted on this endpoint at the remote side.
   Status flush(std::chrono::milliseconds timeout);
+  // The same flush, requested without waiting for it (write lists in flight: ucx_writer.h).
+  class PendingFlush;
+  std::unique_ptr<PendingFlush> flush_async();
 
  private:
   friend class UcxWorker;
@@ -134,6 +137,27 @@ struct UcxCompletion {
 // Request params whose callback completes `c` (send/put/flush/close style, or tag receive).
 ucp_request_param_t ucx_send_param(UcxCompletion* c);
 ucp_request_param_t ucx_recv_param(UcxCompletion* c);
+// An endpoint flush in progress. done() once every operation posted on the endpoint before it completed
+// at the remote side (or it failed: status() says why). Dropped before it is done, the request is
+// cancelled and its completion record left to UCX's callback, so nothing dangles. Progress comes from
+// the worker (wait_until), as for any request.
+class UcxEndpoint::PendingFlush {
+ public:
+  ~PendingFlush();
+  PendingFlush(const PendingFlush&) = delete;
+  PendingFlush& operator=(const PendingFlush&) = delete;
+  bool done() const;
+  Status status() const;
+
+ private:
+  friend class UcxEndpoint;
+  PendingFlush() = default;
+  std::shared_ptr<UcxWorker> worker_;
+  ucs_status_ptr_t req_ = nullptr;
+  struct UcxCompletion* c_ = nullptr;   // null once done in place or failed to post
+  Status posted_;                        // an error from posting
+};
+
 // Waits for `req` (the return of a *_nbx call posted with the params above). Takes ownership of
 // `c`. On timeout a receive is cancelled; the request is abandoned either way (DeadlineExceeded).
 Status ucx_wait(UcxWorker& worker, ucs_status_ptr_t req, UcxCompletion* c,

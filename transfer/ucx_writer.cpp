@@ -132,37 +132,80 @@ Status UcxWriter::write_staged(const RemoteKey& dest, std::span<const RemoteWrit
 
 Status UcxWriter::write(const RemoteKey& dest, std::span<const RemoteWrite> writes,
                         const std::function<bool()>& should_stop, const UcxMemory* source) {
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<InFlight> list, post(dest, writes, should_stop, source));
+  return wait(*list);
+}
+
+Result<std::unique_ptr<UcxWriter::InFlight>> UcxWriter::post(const RemoteKey& dest, std::span<const RemoteWrite> writes,
+                                                             const std::function<bool()>& should_stop,
+                                                             const UcxMemory* source) {
   for (size_t i = 0; i < writes.size(); ++i) {
     const RemoteWrite& w = writes[i];
     if (w.length == 0) return invalid_argument("writes[" + std::to_string(i) + "].length is 0");
     if (w.src == nullptr) return invalid_argument("writes[" + std::to_string(i) + "].src is null");
     if (!dest.contains(w.remote_addr, w.length))
-      return {Code::OutOfRange, "writes[" + std::to_string(i) + "] [" + std::to_string(w.remote_addr) + ", +" +
-                                    std::to_string(w.length) + ") is outside the destination registration"};
+      return Status{Code::OutOfRange, "writes[" + std::to_string(i) + "] [" + std::to_string(w.remote_addr) + ", +" +
+                                          std::to_string(w.length) + ") is outside the destination registration"};
     if (source && !source->contains(w.src, w.length))
-      return {Code::OutOfRange, "writes[" + std::to_string(i) + "] source is outside the given source registration"};
+      return Status{Code::OutOfRange, "writes[" + std::to_string(i) + "] source is outside the given source registration"};
   }
   if (source && source->type() != reader_->type())
     return invalid_argument(std::string("UcxWriter::write: source registration is ") + memory_type_name(source->type()) +
                             " memory but the writer's reader reads " + memory_type_name(reader_->type()) + " memory");
   if (dest.endpoint()->worker() != worker_) return invalid_argument("UcxWriter::write: rkey belongs to another worker");
-  const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
-  auto* batch = new Batch(staging_ ? opt_.staging_slots : 0);
-  Status posted = staging_ ? write_staged(dest, writes, *batch, should_stop, deadline)
-                           : write_direct(dest, writes, *batch, should_stop, deadline, source);
+  std::unique_ptr<InFlight> list(new InFlight());
+  list->deadline_ = std::chrono::steady_clock::now() + opt_.timeout;
+  if (staging_) {
+    // The bounce buffers are the writer's: the whole write happens here, nothing stays in flight.
+    auto* batch = new Batch(opt_.staging_slots);
+    Status posted = write_staged(dest, writes, *batch, should_stop, list->deadline_);
+    Status flushed = dest.endpoint()->flush(left_until(list->deadline_));
+    Status drained = worker_->wait_until([batch] { return batch->pending == 0; }, left_until(list->deadline_));
+    Status result = posted;
+    if (result.is_ok() && batch->first_error != UCS_OK) result = ucx_status(batch->first_error, "ucp_put_nbx completion");
+    if (result.is_ok()) result = flushed;
+    if (result.is_ok()) result = drained;
+    release(batch);
+    list->result_ = result;
+    return list;
+  }
+  list->batch_ = new Batch(0);
+  list->result_ = write_direct(dest, writes, *list->batch_, should_stop, list->deadline_, source);
   // Complete at the remote side (also drains the posted puts after a cancel or an error).
-  Status flushed = dest.endpoint()->flush(left_until(deadline));
-  Status drained = worker_->wait_until([batch] { return batch->pending == 0; }, left_until(deadline));
-  Status result = posted;
+  list->flush_ = dest.endpoint()->flush_async();
+  return list;
+}
+
+Status UcxWriter::wait(InFlight& list) {
+  if (!list.batch_) return list.result_;   // the staged path, or waited already
+  Batch* batch = list.batch_;
+  Status waited = worker_->wait_until([&] { return list.done(); }, left_until(list.deadline_));
+  Status result = list.result_;
   if (result.is_ok() && batch->first_error != UCS_OK) result = ucx_status(batch->first_error, "ucp_put_nbx completion");
-  if (result.is_ok()) result = flushed;
-  if (result.is_ok()) result = drained;
+  if (result.is_ok()) result = list.flush_->status();
+  if (result.is_ok()) result = waited;
+  list.batch_ = nullptr;
+  release(batch);
+  list.flush_.reset();
+  list.result_ = result;
+  return result;
+}
+
+void UcxWriter::release(Batch* batch) {
   if (batch->pending == 0) {
     delete batch;
   } else {
     batch->abandoned = true;  // freed by the last callback
   }
-  return result;
+}
+
+bool UcxWriter::InFlight::done() const {
+  return !batch_ || (batch_->pending == 0 && (!flush_ || flush_->done()));
+}
+
+UcxWriter::InFlight::~InFlight() {
+  flush_.reset();   // an unfinished flush is cancelled and its record left to UCX
+  if (batch_) UcxWriter::release(batch_);
 }
 
 }  // namespace k3::transfer

@@ -74,6 +74,18 @@ class UcxWriter {
   // source itself.
   Status write(const RemoteKey& dest, std::span<const RemoteWrite> writes,
                const std::function<bool()>& should_stop = {}, const UcxMemory* source = nullptr);
+
+  // write() in two halves, so that several write lists can be in flight on one endpoint: post() checks
+  // and posts every run and requests the endpoint flush without waiting for it; wait() waits for that
+  // flush (so for every put posted before it) and returns what write() would have. Lists finish in the
+  // order posted. The writer's timeout runs from post(). With the staging path (its bounce buffers are
+  // shared) post() does the whole write and wait() only returns its result. A list dropped unwaited is
+  // abandoned safely: UCX's callbacks free what they still reference.
+  class InFlight;
+  Result<std::unique_ptr<InFlight>> post(const RemoteKey& dest, std::span<const RemoteWrite> writes,
+                                         const std::function<bool()>& should_stop = {},
+                                         const UcxMemory* source = nullptr);
+  Status wait(InFlight& list);
   bool staging() const { return staging_ != nullptr; }
   const WriteStats& stats() const { return stats_; }
 
@@ -90,12 +102,33 @@ class UcxWriter {
   Status post_put(const RemoteKey& dest, const void* src, size_t n, uint64_t remote, Batch& batch, int slot,
                   const UcxMemory* source = nullptr);
 
+  // Frees `batch` now, or (puts still pending) leaves that to the last put callback.
+  static void release(Batch* batch);
+
   std::shared_ptr<UcxWorker> worker_;
   std::shared_ptr<const SourceReader> reader_;
   WriterOptions opt_;
   std::vector<uint8_t> staging_buf_;
   std::unique_ptr<UcxMemory> staging_;
   WriteStats stats_;
+};
+
+// A posted write list (UcxWriter::post).
+class UcxWriter::InFlight {
+ public:
+  ~InFlight();
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  // Every put and the flush completed (or failed): wait() will not block.
+  bool done() const;
+
+ private:
+  friend class UcxWriter;
+  InFlight() = default;
+  Batch* batch_ = nullptr;                              // null once released
+  std::unique_ptr<UcxEndpoint::PendingFlush> flush_;    // null: nothing to wait for (the staged path)
+  Status result_;                                       // posting's error, or the staged write's result
+  std::chrono::steady_clock::time_point deadline_;
 };
 
 }  // namespace k3::transfer

@@ -89,6 +89,7 @@ TEST_CASE("plan_memory: capacity follows from weights, KV per token and state pe
   auto pp = deploy::plan_memory(in);
   REQUIRE(pp.is_ok());
   REQUIRE(pp->prefill.size() == 4);
+  for (const auto& s : pp->prefill) CHECK(s.rank.fixed_cache_bytes == uint64_t(1) << 30);   // the source arena
   CHECK(pp->prefill.front().layer_begin == 0);
   CHECK(pp->prefill.back().layer_end == 93);
   int kda = 0, mla = 0;

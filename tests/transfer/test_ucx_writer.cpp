@@ -128,6 +128,47 @@ TEST_CASE("puts from a registered source (its memory handle) equal the unregiste
   CHECK(writer->stats().puts == puts);
 }
 
+TEST_CASE("write lists in flight: each wait() returns once its runs landed; unwaited ones are safe", "[ucx]") {
+  // Four lists into disjoint quarters of the pool, all posted before any is waited for, then waited in
+  // order: each one's runs are in place when its wait returns (its flush follows every put before it).
+  const bool staging = GENERATE(false, true);   // staged: post() does the whole write
+  Target target(1 << 20);
+  Source source;
+  auto ep = source.worker->connect(target.worker->address()).value();
+  auto rkey = RemoteKey::unpack(ep, target.mem->packed_rkey().value(), target.base(), target.pool.size()).value();
+  WriterOptions opt;
+  opt.force_staging = staging;
+  opt.staging_slot_bytes = 8192;
+  auto writer = UcxWriter::create(source.worker, std::make_shared<HostSourceReader>(), opt).value();
+  std::mt19937 rng(19);
+  auto src = pattern(256 << 10, 3);
+  const size_t quarter = target.pool.size() / 4;
+  std::vector<std::vector<RemoteWrite>> lists;
+  std::vector<std::unique_ptr<UcxWriter::InFlight>> flying;
+  for (int q = 0; q < 4; ++q) {
+    lists.push_back(random_runs(rng, src, target.base() + q * quarter, quarter, 16384));
+    REQUIRE(!lists.back().empty());
+    flying.push_back(writer->post(*rkey, lists.back()).value());
+  }
+  for (int q = 0; q < 4; ++q) {
+    INFO("list " << q << (staging ? ", staged" : ""));
+    REQUIRE(writer->wait(*flying[q]).is_ok());
+    CHECK(flying[q]->done());
+    for (const auto& w : lists[q]) REQUIRE(std::memcmp(target.pool.data() + (w.remote_addr - target.base()), w.src, w.length) == 0);
+    CHECK(writer->wait(*flying[q]).is_ok());   // waiting again returns the same result
+  }
+  std::vector<RemoteWrite> all;
+  for (const auto& l : lists) all.insert(all.end(), l.begin(), l.end());
+  check_runs(all, target.pool, target.base());   // nothing outside the runs was touched
+
+  // Posted and dropped without a wait (a shutting-down writer): nothing dangles, the writer still works.
+  { auto dropped = writer->post(*rkey, lists[0]).value(); }
+  REQUIRE(writer->write(*rkey, lists[1]).is_ok());
+  // A bad list is refused at post(), before any put.
+  const std::vector<RemoteWrite> outside{{src.data(), target.base() + target.pool.size(), 8}};
+  CHECK(writer->post(*rkey, outside).status().code() == k3::Code::OutOfRange);
+}
+
 TEST_CASE("writes outside the registration are refused before any put", "[ucx]") {
   Target target(4096);
   Source source;
