@@ -25,6 +25,11 @@ using Target = k3::test::RegisteredTarget;
 struct Source {
   std::shared_ptr<UcxContext> ctx = UcxContext::create().value();
   std::shared_ptr<UcxWorker> worker = UcxWorker::create(ctx).value();
+  // An endpoint to `t` and the remote key of its whole pool (the key keeps the endpoint).
+  std::unique_ptr<RemoteKey> key_to(const Target& t) const {
+    auto ep = worker->connect(t.worker->address()).value();
+    return RemoteKey::unpack(ep, t.mem->packed_rkey().value(), t.base(), t.pool.size()).value();
+  }
 };
 
 // Random disjoint runs covering part of the destination; source bytes are a pure function of the
@@ -84,8 +89,7 @@ TEST_CASE("direct puts land every run and touch nothing else", "[ucx]") {
 TEST_CASE("staging path (host memory through the bounce buffer) equals the direct path", "[ucx]") {
   Target target(1 << 20);
   Source source;
-  auto ep = source.worker->connect(target.worker->address()).value();
-  auto rkey = RemoteKey::unpack(ep, target.mem->packed_rkey().value(), target.base(), target.pool.size()).value();
+  auto rkey = source.key_to(target);
   WriterOptions opt;
   opt.force_staging = true;
   opt.staging_slot_bytes = 4096;  // runs span several slots, slots are reused many times
@@ -134,8 +138,7 @@ TEST_CASE("write lists in flight: each wait() returns once its runs landed; unwa
   const bool staging = GENERATE(false, true);   // staged: post() does the whole write
   Target target(1 << 20);
   Source source;
-  auto ep = source.worker->connect(target.worker->address()).value();
-  auto rkey = RemoteKey::unpack(ep, target.mem->packed_rkey().value(), target.base(), target.pool.size()).value();
+  auto rkey = source.key_to(target);
   WriterOptions opt;
   opt.force_staging = staging;
   opt.staging_slot_bytes = 8192;
