@@ -123,7 +123,7 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
     const json& p = j.at("prefill")[i];
     if (!p.is_object()) return bad("prefill[" + std::to_string(i) + "]", "must be an object");
     K3_TRY(known_keys(p, at, {"id", "stages", "partition", "chunk_size", "max_requests", "stream", "max_inflight_chunks",
-                              "prefix_cache", "cache_region_mib"}));
+                              "prefix_cache", "cache_region_mib", "source_arena_mib"}));
     PrefillSpec ps;
     ps.id = "p" + std::to_string(i);
     K3_TRY(get_string(p, at, "id", ps.id));
@@ -138,6 +138,7 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
     }
     K3_TRY(get_int(p, at, "max_inflight_chunks", ps.max_inflight_chunks, 1, 4096));
     K3_TRY(get_number(p, at, "cache_region_mib", ps.cache_region_mib, 0, 1 << 24));
+    K3_TRY(get_number(p, at, "source_arena_mib", ps.source_arena_mib, 0, 1 << 24));
     if (p.contains("prefix_cache")) {
       const json& pc = p.at("prefix_cache");
       const std::string pat = at + "prefix_cache.";
@@ -278,9 +279,11 @@ std::vector<std::string> prefix_cache_args(const PrefillSpec& p) {
           std::to_string(p.prefix_budget_mb)};
 }
 
-std::vector<std::string> cache_region_args(const PrefillSpec& p) {
-  if (p.cache_region_mib <= 0) return {};
-  return {"--cache-region-mib", json(p.cache_region_mib).dump()};
+std::vector<std::string> prefill_memory_args(const PrefillSpec& p) {
+  std::vector<std::string> a;
+  if (p.cache_region_mib > 0) a.insert(a.end(), {"--cache-region-mib", json(p.cache_region_mib).dump()});
+  if (p.source_arena_mib >= 0) a.insert(a.end(), {"--source-arena-mib", json(p.source_arena_mib).dump()});
+  return a;
 }
 
 std::vector<std::string> stream_args(const PrefillSpec& p) {

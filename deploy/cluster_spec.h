@@ -8,6 +8,7 @@
 //   "prefill": [{"id": "p", "stages": 2, "partition": [2, 2], "chunk_size": 256, "max_requests": 8,
 //                "stream": true, "max_inflight_chunks": 4,     k3-prefill --no-stream / --max-inflight-chunks
 //                "cache_region_mib": 0,         k3-prefill --cache-region-mib (0: room for every slot and page)
+//                "source_arena_mib": 1024,      k3-prefill --source-arena-mib (absent: its default; 0: none)
 //                "prefix_cache": {"slots": 8, "block_tokens": 64, "checkpoint_every": 1, "budget_mb": 0}}],
 //                                        prefix_cache: optional, off without it (k3-prefill --prefix-* flags)
 //   "decode": [{"id": "d", "ranks": 1, "max_requests": 8}],
@@ -54,11 +55,13 @@ struct PrefillSpec {
   int prefix_checkpoint_every = 1;
   int prefix_budget_mb = 0;
   double cache_region_mib = 0;     // the stages' unified cache region in MiB (0: every slot and page at once)
+  double source_arena_mib = -1;    // the stages' source arena in MiB (-1: k3-prefill's default; 0: none)
 };
 // The k3-prefill flags of an instance's prefix cache (none when it is off); every stage gets the same.
 std::vector<std::string> prefix_cache_args(const PrefillSpec& p);
-// The k3-prefill flag sizing the stages' cache region (none at 0, the full size).
-std::vector<std::string> cache_region_args(const PrefillSpec& p);
+// The k3-prefill flags sizing the stages' memory: the cache region (none at 0, the full size) and the
+// source arena (none when the spec leaves k3-prefill's default).
+std::vector<std::string> prefill_memory_args(const PrefillSpec& p);
 // The k3-prefill flags of an instance's transfer streaming (--no-stream or --max-inflight-chunks N).
 std::vector<std::string> stream_args(const PrefillSpec& p);
 

@@ -300,7 +300,7 @@ Status Launcher::start() {
       if (!partition.empty()) args.insert(args.end(), {"--partition", partition});
       const std::vector<std::string> prefix = prefix_cache_args(p);
       const std::vector<std::string> stream = stream_args(p);
-      const std::vector<std::string> region = cache_region_args(p);
+      const std::vector<std::string> region = prefill_memory_args(p);
       args.insert(args.end(), prefix.begin(), prefix.end());
       args.insert(args.end(), stream.begin(), stream.end());
       args.insert(args.end(), region.begin(), region.end());

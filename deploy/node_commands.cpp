@@ -141,7 +141,7 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
       }
       const std::vector<std::string> prefix = prefix_cache_args(ps);
       const std::vector<std::string> stream = stream_args(ps);
-      const std::vector<std::string> region = cache_region_args(ps);
+      const std::vector<std::string> region = prefill_memory_args(ps);
       a.insert(a.end(), prefix.begin(), prefix.end());
       a.insert(a.end(), stream.begin(), stream.end());
       a.insert(a.end(), region.begin(), region.end());

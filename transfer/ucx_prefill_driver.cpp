@@ -36,7 +36,10 @@ Result<std::unique_ptr<PrefillDriver>> PrefillDriver::create(PrefillDriverConfig
   K3_ASSIGN_OR_RETURN(d->ctx_, UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, c.ucx_net_devices));
   K3_ASSIGN_OR_RETURN(d->worker_, UcxWorker::create(d->ctx_, /*serialized=*/true));
   if (c.source_arena_bytes > 0) {
-    K3_ASSIGN_OR_RETURN(d->arena_, SourceArena::create(d->ctx_, c.source_memory, c.source_arena_bytes, metrics));
+    auto arena = SourceArena::create(d->ctx_, c.source_memory, c.source_arena_bytes, metrics);
+    if (!arena.is_ok())   // the node's flag: k3-prefill --source-arena-mib
+      return Status(arena.status().code(), arena.status().message() + " (a smaller --source-arena-mib, or 0 for none)");
+    d->arena_ = std::move(arena).value();
   }
   K3_ASSIGN_OR_RETURN(d->writer_, UcxWriter::create(d->worker_, std::move(reader), c.writer));
   K3_ASSIGN_OR_RETURN(d->writes_, AsyncWrites::create(*d->writer_, d->ucx_mutex_));

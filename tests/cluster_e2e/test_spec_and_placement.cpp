@@ -194,21 +194,28 @@ TEST_CASE("cluster spec: prefill streaming fields become k3-prefill flags", "[cl
   CHECK(error_of(j).find("prefill[0].max_inflight_chunks: 5000 outside [1, 4096]") != std::string::npos);
 }
 
-TEST_CASE("cluster spec: prefill cache_region_mib becomes k3-prefill's --cache-region-mib", "[cluster_e2e]") {
+TEST_CASE("cluster spec: prefill cache_region_mib and source_arena_mib become k3-prefill's memory flags", "[cluster_e2e]") {
   json j = minimal();
   auto s = deploy::parse_cluster_spec(j);
   REQUIRE(s.is_ok());
-  CHECK(deploy::cache_region_args(s->prefill[0]).empty());
+  CHECK(deploy::prefill_memory_args(s->prefill[0]).empty());
   j["prefill"][0]["cache_region_mib"] = 64;
   s = deploy::parse_cluster_spec(j);
   REQUIRE(s.is_ok());
-  CHECK(deploy::cache_region_args(s->prefill[0]) == std::vector<std::string>{"--cache-region-mib", "64.0"});
+  CHECK(deploy::prefill_memory_args(s->prefill[0]) == std::vector<std::string>{"--cache-region-mib", "64.0"});
   j["prefill"][0]["cache_region_mib"] = 0.5;
   s = deploy::parse_cluster_spec(j);
   REQUIRE(s.is_ok());
-  CHECK(deploy::cache_region_args(s->prefill[0]) == std::vector<std::string>{"--cache-region-mib", "0.5"});
+  CHECK(deploy::prefill_memory_args(s->prefill[0]) == std::vector<std::string>{"--cache-region-mib", "0.5"});
   j["prefill"][0]["cache_region_mib"] = -1;
   CHECK(error_of(j).find("prefill[0].cache_region_mib: -1.0 outside [0.0, 16777216.0]") != std::string::npos);
   j["prefill"][0]["cache_region_mib"] = "big";
   CHECK(error_of(j).find("prefill[0].cache_region_mib: must be a number") != std::string::npos);
+  j["prefill"][0]["cache_region_mib"] = 0;
+  j["prefill"][0]["source_arena_mib"] = 0;   // none: every image allocated on its own
+  s = deploy::parse_cluster_spec(j);
+  REQUIRE(s.is_ok());
+  CHECK(deploy::prefill_memory_args(s->prefill[0]) == std::vector<std::string>{"--source-arena-mib", "0.0"});
+  j["prefill"][0]["source_arena_mib"] = -2;
+  CHECK(error_of(j).find("prefill[0].source_arena_mib: -2.0 outside [0.0, 16777216.0]") != std::string::npos);
 }
