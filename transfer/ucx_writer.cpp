@@ -155,29 +155,18 @@ Result<std::unique_ptr<UcxWriter::InFlight>> UcxWriter::post(const RemoteKey& de
   if (dest.endpoint()->worker() != worker_) return invalid_argument("UcxWriter::write: rkey belongs to another worker");
   std::unique_ptr<InFlight> list(new InFlight());
   list->deadline_ = std::chrono::steady_clock::now() + opt_.timeout;
-  if (staging_) {
-    // The bounce buffers are the writer's: the whole write happens here, nothing stays in flight.
-    auto* batch = new Batch(opt_.staging_slots);
-    Status posted = write_staged(dest, writes, *batch, should_stop, list->deadline_);
-    Status flushed = dest.endpoint()->flush(left_until(list->deadline_));
-    Status drained = worker_->wait_until([batch] { return batch->pending == 0; }, left_until(list->deadline_));
-    Status result = posted;
-    if (result.is_ok() && batch->first_error != UCS_OK) result = ucx_status(batch->first_error, "ucp_put_nbx completion");
-    if (result.is_ok()) result = flushed;
-    if (result.is_ok()) result = drained;
-    release(batch);
-    list->result_ = result;
-    return list;
-  }
-  list->batch_ = new Batch(0);
-  list->result_ = write_direct(dest, writes, *list->batch_, should_stop, list->deadline_, source);
+  list->batch_ = new Batch(staging_ ? opt_.staging_slots : 0);
+  list->result_ = staging_ ? write_staged(dest, writes, *list->batch_, should_stop, list->deadline_)
+                           : write_direct(dest, writes, *list->batch_, should_stop, list->deadline_, source);
   // Complete at the remote side (also drains the posted puts after a cancel or an error).
   list->flush_ = dest.endpoint()->flush_async();
+  // The bounce buffers are the writer's: a staged list completes here, nothing of it stays in flight.
+  if (staging_) (void)wait(*list);
   return list;
 }
 
 Status UcxWriter::wait(InFlight& list) {
-  if (!list.batch_) return list.result_;   // the staged path, or waited already
+  if (!list.batch_) return list.result_;   // waited already (a staged list: in post())
   Batch* batch = list.batch_;
   Status waited = worker_->wait_until([&] { return list.done(); }, left_until(list.deadline_));
   Status result = list.result_;

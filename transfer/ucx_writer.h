@@ -126,8 +126,8 @@ class UcxWriter::InFlight {
   friend class UcxWriter;
   InFlight() = default;
   Batch* batch_ = nullptr;                              // null once released
-  std::unique_ptr<UcxEndpoint::PendingFlush> flush_;    // null: nothing to wait for (the staged path)
-  Status result_;                                       // posting's error, or the staged write's result
+  std::unique_ptr<UcxEndpoint::PendingFlush> flush_;    // null once waited
+  Status result_;                                       // posting's error; once waited, the list's result
   std::chrono::steady_clock::time_point deadline_;
 };
 
