@@ -47,20 +47,17 @@ Result<std::shared_ptr<SourceArena>> SourceArena::create(std::shared_ptr<UcxCont
 #endif
   }
   // A UCX that cannot read this memory type stages the puts through host memory (ucx_writer.h): the arena
-  // still saves the allocations, but there is nothing to register.
-  if (!ctx->supports(type)) {
-    std::lock_guard lk(a->mu_);
-    a->publish_locked();
-    return a;
+  // still saves the allocations, but there is nothing to register. A registration UCX refuses (a transport
+  // that cannot pin this much, say) costs only the per-put registration the arena would have saved: the
+  // stage still serves, and says so.
+  if (ctx->supports(type)) {
+    auto reg = UcxMemory::map(std::move(ctx), a->base_, bytes, type);
+    if (reg.is_ok())
+      a->registration_ = std::move(reg).value();
+    else
+      spdlog::warn("source arena ({} memory, {} bytes) not registered with UCX, puts register their sources: {}",
+                   memory_type_name(type), bytes, reg.status().to_string());
   }
-  // A registration UCX refuses (a transport that cannot pin this much, say) costs only the per-put
-  // registration the arena would have saved: the stage still serves, and says so.
-  auto reg = UcxMemory::map(std::move(ctx), a->base_, bytes, type);
-  if (reg.is_ok())
-    a->registration_ = std::move(reg).value();
-  else
-    spdlog::warn("source arena ({} memory, {} bytes) not registered with UCX, puts register their sources: {}",
-                 memory_type_name(type), bytes, reg.status().to_string());
   std::lock_guard lk(a->mu_);
   a->publish_locked();
   return a;
