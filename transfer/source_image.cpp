@@ -38,13 +38,6 @@ std::shared_ptr<SourceImage> SourceImage::adopt(std::vector<uint8_t> bytes) {
   return img;
 }
 
-Result<std::shared_ptr<SourceImage>> SourceImage::copy_of(MemoryType type, std::vector<uint8_t> bytes) {
-  if (type == MemoryType::Host) return adopt(std::move(bytes));
-  K3_ASSIGN_OR_RETURN(auto img, create(type, bytes.size()));
-  K3_TRY(img->upload(bytes));
-  return img;
-}
-
 std::shared_ptr<SourceImage> SourceImage::view(MemoryType type, uint8_t* data, size_t size, std::shared_ptr<void> owner,
                                                const UcxMemory* registration) {
   std::shared_ptr<SourceImage> img(new SourceImage());

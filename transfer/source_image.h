@@ -17,9 +17,6 @@ class SourceImage {
   static Result<std::shared_ptr<SourceImage>> create(MemoryType type, size_t bytes);
   // Host bytes, taken over without a copy.
   static std::shared_ptr<SourceImage> adopt(std::vector<uint8_t> bytes);
-  // `bytes` in memory of `type`: taken over for host memory, copied into device memory (a stage that
-  // exported its image on the host).
-  static Result<std::shared_ptr<SourceImage>> copy_of(MemoryType type, std::vector<uint8_t> bytes);
   // [data, data + size) of memory another owner keeps (a source arena's extent): `owner` lives as long as
   // the image and gives the extent back when it goes. `registration`, when not null, is the UCX
   // registration the range lies in (it outlives the image: `owner` holds it).

@@ -105,7 +105,6 @@ class PrefillDriver {
   // differ from the address this stage dialed, e.g. through a Service); empty before it registered.
   std::string registered_endpoint(const std::string& instance) const;
   size_t sources_held() const { return sources_.size(); }
-  const SourceArena* source_arena() const { return arena_.get(); }
   const WriteStats& write_stats() const { return writer_->stats(); }
 
  private:

@@ -1,4 +1,4 @@
-// A prefill stage's source images: host images (made, taken over without a copy, copied) and, where no
+// A prefill stage's source images: host images (made, taken over without a copy, filled by upload) and, where no
 // GPU is visible, a device image request that fails with the reason instead of crashing. The device
 // path itself runs on the GPU host (K3_TEST_MEMORY=cuda transfer_test_pd_transfer).
 #include <catch2/catch.hpp>
@@ -15,7 +15,7 @@
 
 using namespace k3::transfer;
 
-TEST_CASE("host source images: made zeroed, taken over without a copy, copied by copy_of", "[transfer]") {
+TEST_CASE("host source images: made zeroed, taken over without a copy, filled by upload", "[transfer]") {
   auto made = SourceImage::create(MemoryType::Host, 100).value();
   CHECK(made->size() == 100);
   CHECK(made->type() == MemoryType::Host);
@@ -27,14 +27,16 @@ TEST_CASE("host source images: made zeroed, taken over without a copy, copied by
   CHECK(adopted->data() == where);   // the vector's buffer itself
   CHECK(adopted->size() == 64);
 
-  auto copied = SourceImage::copy_of(MemoryType::Host, std::vector<uint8_t>(8, 3)).value();
+  auto copied = SourceImage::create(MemoryType::Host, 8).value();
+  REQUIRE(copied->upload(std::vector<uint8_t>(8, 3)).is_ok());
+  CHECK(copied->upload(std::vector<uint8_t>(9, 3)).code() == k3::Code::InvalidArgument);   // larger than the image
   CHECK(copied->size() == 8);
   CHECK(copied->data()[7] == 3);
 }
 
 TEST_CASE("a device source image is device memory on a GPU and a clear error without one", "[transfer]") {
 #ifdef K3_TRANSFER_HAVE_CUDA
-  auto img = SourceImage::copy_of(MemoryType::Cuda, std::vector<uint8_t>(4096, 9));
+  auto img = SourceImage::create(MemoryType::Cuda, 4096);
   if (!cuda_device_count().is_ok()) {
     REQUIRE_FALSE(img.is_ok());
     INFO(img.status().to_string());
@@ -43,6 +45,7 @@ TEST_CASE("a device source image is device memory on a GPU and a clear error wit
     return;
   }
   REQUIRE(img.is_ok());
+  REQUIRE((*img)->upload(std::vector<uint8_t>(4096, 9)).is_ok());
   CHECK((*img)->type() == MemoryType::Cuda);
   std::vector<uint8_t> back(4096);
   REQUIRE(cudaMemcpy(back.data(), (*img)->data(), back.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
