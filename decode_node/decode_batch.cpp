@@ -90,21 +90,25 @@ void DecodeBatch::preempt(Seq& s) {
   ++preemptions_;
 }
 
+bool DecodeBatch::fail_if_never_fits(uint64_t id, StepResult& out) {
+  const int64_t total_pages = engine_.caches().options().num_pages;
+  const int64_t tokens = seqs_.at(id).num_tokens + 1;
+  if (pages_for(tokens) <= total_pages) return false;
+  out.failed.push_back({id, "the decode cache (" + std::to_string(total_pages) + " pages) cannot hold " +
+                                std::to_string(tokens) + " tokens"});
+  remove(id);
+  return true;
+}
+
 DecodeBatch::StepResult DecodeBatch::step() {
   StepResult out;
   CachePools& pools = engine_.caches();
-  const int64_t total_pages = pools.options().num_pages;
   // Resume waiting requests, oldest first, while each fits with a page of headroom per running request.
   for (uint64_t id : by_order(false)) {
+    if (fail_if_never_fits(id, out)) continue;
     Seq& s = seqs_.at(id);
     const size_t running = num_running();
     const int64_t need = pages_for(s.num_tokens + 1);
-    if (need > total_pages) {
-      out.failed.push_back({id, "the decode cache (" + std::to_string(total_pages) + " pages) cannot hold " +
-                                    std::to_string(s.num_tokens + 1) + " tokens"});
-      remove(id);
-      continue;
-    }
     // With none running, too, it waits until it can also take its next step (the pages it lacks are held
     // by others that give them back; resuming only to pause again would copy its caches every step).
     const int64_t headroom = growth_pages() + static_cast<int64_t>(running);
@@ -130,15 +134,9 @@ DecodeBatch::StepResult DecodeBatch::step() {
     // when it resumed, and its growth is bounded the same way below), so the pages it lacks are held by
     // others that give them back: requests still transferring into a cache that is the transfer pool. It
     // waits paused, as any preempted request does.
-    Seq& s = seqs_.at(ids[0]);
-    if (pages_for(s.num_tokens + 1) > total_pages) {
-      out.failed.push_back({ids[0], "the decode cache (" + std::to_string(total_pages) + " pages) cannot hold " +
-                                        std::to_string(s.num_tokens + 1) + " tokens"});
-      remove(ids[0]);
-      return out;
-    }
+    if (fail_if_never_fits(ids[0], out)) return out;
     spdlog::info("decode: cache full ({} free pages, held by transfers), request {} paused", pools.free_pages(), ids[0]);
-    preempt(s);
+    preempt(seqs_.at(ids[0]));
     return out;
   }
   std::vector<SeqCache*> caches;

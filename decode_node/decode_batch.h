@@ -76,6 +76,9 @@ class DecodeBatch {
   };
   int64_t growth_pages() const;    // pages the running requests need to grow by one token each
   int64_t pages_for(int64_t tokens) const;
+  // Fails and removes request `id` when its next token cannot fit even the whole cache (no wait helps);
+  // true when it did.
+  bool fail_if_never_fits(uint64_t id, StepResult& out);
   Status resume(Seq& s);
   void preempt(Seq& s);
   std::vector<uint64_t> by_order(bool running) const;
