@@ -16,6 +16,8 @@
 #include <string>
 #include <thread>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "common/config/config.h"
 #include "engine/engine.h"
@@ -87,6 +89,11 @@ class LocalEngineService final : public GenerationService {
   void start_output(Running& r);    // its grammar state and text stream, from its params
   // Choices 1..n-1 of a request whose prefill just ended, forked from its caches (all or none).
   Status fork_choices(Running& r, std::vector<std::unique_ptr<Running>>& forks);
+  // Admits waiting requests while slots and pages allow (mu_ held; local_engine_admission.cpp); those
+  // that can never run go to `refused`, told by the caller once the lock is released.
+  void admit(std::vector<std::unique_ptr<Running>>& running,
+             std::vector<std::pair<std::unique_ptr<Running>, Status>>& refused);
+  // New pages `r` needs to hold `tokens` tokens.
   int64_t pages_for(const Running& r, int64_t tokens) const;
   // Pages a request of `p` still takes for its prompt, a generation reserve and `forks` pending forks,
   // holding `held_pages` already (its own or shared with the prefix cache).
