@@ -13,12 +13,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <optional>
 
 #include "common/config/config.h"
 #include "common/model/weights.h"
 #include "common/tokenizer/tokenizer.h"
-#include "prefill_node/partition.h"
 #include "common/protocol/metrics_endpoint.h"
+#include "prefill_node/partition.h"
 #include "prefill_node/prefill_stage.h"
 #include "transfer/advertise_endpoint.h"
 #include "transfer/control_keys.h"
@@ -140,6 +141,13 @@ int main(int argc, char** argv) {
           " " + std::to_string(t.end_us));
     };
   spdlog::set_level(spdlog::level::from_str(log_level));
+  // Checked before anything is loaded, as k3-decode does: a bad address costs no weight upload.
+  std::optional<protocol::ListenAddress> metrics_at;
+  if (!metrics_listen.empty()) {
+    auto at = protocol::parse_listen_address(metrics_listen, "--metrics-listen");
+    if (!at.is_ok()) return fail(at.status());
+    metrics_at = *at;
+  }
   if (prefix_slots > 0) {
     o.cache.checkpoint_slots = prefix_slots;
     o.prefix.enabled = true;
@@ -190,10 +198,8 @@ int main(int argc, char** argv) {
 
   const std::atomic<bool>& g_stop = install_stop_signals();
   std::unique_ptr<protocol::MetricsEndpoint> metrics_endpoint;
-  if (!metrics_listen.empty()) {
-    auto at = protocol::parse_listen_address(metrics_listen, "--metrics-listen");
-    if (!at.is_ok()) return fail(at.status());
-    auto ep = protocol::MetricsEndpoint::start(*at, s.metrics());
+  if (metrics_at) {
+    auto ep = protocol::MetricsEndpoint::start(*metrics_at, s.metrics());
     if (!ep.is_ok()) return fail(ep.status());
     metrics_endpoint = std::move(ep).value();
     say("METRICS " + metrics_endpoint->url());

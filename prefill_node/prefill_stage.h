@@ -22,11 +22,11 @@
 //    With the prefix cache, a hit's restored rows go with the first computed chunk, and a recompute
 //    (below) sends only rows past those already sent: a resumed prefill is bitwise a cold one, so the
 //    rows the first try sent are the new try's too.
-//  - Without streaming (--no-stream), when a stage has all prompt tokens: export_caches of its own layers (the packed StageSource
-//    layout) -> PrefillDriver::stage_computed, which plans, puts and flushes them to decode itself (no
-//    funnel through another stage). The last stage samples the first token (step 0 of the request's
-//    sampling params and seed). The stage's local cache slot is freed right after the export (the
-//    driver holds the packed copy until the request ends, then frees it: sources_held()).
+//  - Without streaming (--no-stream), when a stage has all prompt tokens: export_caches of its own layers
+//    (the packed StageSource layout) -> PrefillDriver::stage_computed, which plans, puts and flushes them
+//    to decode itself (no funnel through another stage). The last stage samples the first token (step 0
+//    of the request's sampling params and seed). The stage's local cache slot is freed right after the
+//    export (the driver holds the packed copy until the request ends, then frees it: sources_held()).
 //  - A request that ends (aborted / failed / expired) while still computing frees its caches and drops
 //    its queued chunks; late chunks of an ended request are dropped.
 //  - With the prefix cache, a later stage whose replica lacks the checkpoint stage 0 resumed a request
