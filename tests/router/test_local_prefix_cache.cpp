@@ -85,6 +85,7 @@ std::string serve_shared_prefix(test::TinyServer& s, int chunk) {
   auto engine = Engine::create(*backend, s.cfg, w, eo).value();
   auto expected = engine->generate(reqs).value();
 
+  const uint64_t lookup_before = metric(s.get("/metrics").body, "k3_prefix_cache_lookup_tokens_total");
   // The first request fills the cache; the rest run concurrently and resume from it.
   CHECK(finished_tokens(run(*s.service, reqs[0])) == expected[0].tokens);
   std::vector<std::thread> threads;
@@ -95,16 +96,17 @@ std::string serve_shared_prefix(test::TinyServer& s, int chunk) {
     INFO("request " << i);
     CHECK(finished_tokens(got[i]) == expected[i].tokens);
   }
-  // Counters reach /metrics once the worker publishes them (after its next step).
+  // Counters reach /metrics once the worker publishes them (after its next step). They are cumulative:
+  // a round on a server that served rounds before checks its own lookups.
+  uint64_t lookup = 0;
+  for (const auto& g : reqs) lookup += g.prompt.size();
   std::string text;
   for (int i = 0; i < 200; ++i) {
     text = s.get("/metrics").body;
-    if (text.find("\nk3_prefix_cache_hit_tokens_total 0\n") == std::string::npos) break;
+    if (metric(text, "k3_prefix_cache_lookup_tokens_total") >= lookup_before + lookup) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  uint64_t lookup = 0;
-  for (const auto& g : reqs) lookup += g.prompt.size();
-  CHECK(metric(text, "k3_prefix_cache_lookup_tokens_total") == lookup);
+  CHECK(metric(text, "k3_prefix_cache_lookup_tokens_total") == lookup_before + lookup);
   return text;
 }
 
@@ -137,9 +139,16 @@ TEST_CASE("local engine in a tight cache region moves slots and still gives the 
   test::TinyServer s({.max_running = 3, .max_queue = 16, .prefill_chunk = chunk, .prefix_checkpoint_slots = 4,
                       .prefix_block_tokens = 64, .cache_region_bytes = tight},
                      "", /*context=*/512);
-  const std::string text = serve_shared_prefix(s, chunk);
+  std::string text = serve_shared_prefix(s, chunk);
   CHECK(metric(text, "k3_prefix_cache_hit_tokens_total") > 0);
-  if (pages == 30) CHECK(metric(text, "k3_cache_pool_slot_moves_total") > 0);   // at 20 fewer run at once
+  if (pages == 30) {
+    // Slots move when pages need the bytes of slot holes, which only requests running together leave;
+    // since admission waits for pages, one round of the workload does that about 9 times in 10. It runs
+    // again (each round checking every token) until a slot has moved, 5 rounds at most.
+    for (int round = 1; round < 5 && metric(text, "k3_cache_pool_slot_moves_total") == 0; ++round)
+      text = serve_shared_prefix(s, chunk);
+    CHECK(metric(text, "k3_cache_pool_slot_moves_total") > 0);
+  }
 }
 
 TEST_CASE("local engine refuses a cache region that holds no slot or page, naming the flag") {
