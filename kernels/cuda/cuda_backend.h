@@ -93,6 +93,10 @@ class CudaBackend final : public Backend {
   // ahead (kda_decode.cu), or (0, the default) one block per (request, head).
   void set_kda_decode_ring(int ahead) { kda_ring_ = ahead; }
   int kda_decode_ring() const { return kda_ring_; }
+  // kda_decode by pipelined persistent blocks (a prep group of threads running ahead of an update
+  // group, kda_decode.cu) instead of one block per (request, head).
+  void set_kda_decode_pipelined(bool on) { kda_pipelined_ = on; }
+  bool kda_decode_pipelined() const { return kda_pipelined_; }
   bool mla_decode_split_s() const { return mla_split_s_; }
 
   cudaStream_t stream() const { return stream_; }
@@ -115,6 +119,7 @@ class CudaBackend final : public Backend {
   bool mla_tma_ = true;  // set_mla_decode_tma
   bool mla_lazy_ = true;  // set_mla_decode_lazy_rescale
   int kda_ring_ = 0;  // set_kda_decode_ring
+  bool kda_pipelined_ = false;  // set_kda_decode_pipelined
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the

@@ -107,13 +107,17 @@ struct ItemScratch {
 };
 
 // Per-token part of item (b, h) while its state copy travels: threads [0, D) own q and k channel
-// tid, threads [D, 2D) own v channel tid-D and its decay. Ends with a block barrier; returns this
-// lane's q (normalised, scaled), k (normalised) and decays in registers.
-template <int D>
-__device__ __forceinline__ void prep_item(const KdaDecodeArgs& a, int b, int h, int64_t slot, ItemScratch<D>& sc,
-                                          float (&q)[D / 32], float (&k)[D / 32], float (&alpha)[D / 32]) {
-  constexpr int NV = D / 32;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, H = a.H;
+// tid, threads [D, 2D) own v channel tid-D and its decay. Leaves the raw q/k, v, decays and β in
+// `sc`, ends with a block barrier and returns the norms q and k are to be scaled by.
+struct QkScale {
+  float q, k;
+};
+// `tid` is the thread's index among the 2D threads doing the prep; kBar = 0 syncs the whole block,
+// another id syncs just those 2D threads (a named barrier).
+template <int D, int kBar = 0>
+__device__ __forceinline__ QkScale prep_shared(const KdaDecodeArgs& a, int b, int h, int64_t slot, ItemScratch<D>& sc,
+                                               int tid = threadIdx.x) {
+  const int lane = tid & 31, warp = tid >> 5, H = a.H;
   const int64_t P = int64_t(H) * D;
   float sq = 0.f, sk = 0.f;
   if (tid < D) {
@@ -140,30 +144,42 @@ __device__ __forceinline__ void prep_item(const KdaDecodeArgs& a, int b, int h, 
     sc.red[0][warp] = sq;
     sc.red[1][warp] = sk;
   }
-  __syncthreads();
+  if constexpr (kBar == 0) __syncthreads();
+  else asm volatile("bar.sync %0, %1;\n" ::"n"(kBar), "n"(2 * D) : "memory");
   float tq = 0.f, tk = 0.f;
 #pragma unroll
   for (int w = 0; w < D / 32; ++w) {  // the q/k warps are the first D/32
     tq += sc.red[0][w];
     tk += sc.red[1][w];
   }
-  const float qn = rsqrtf(tq + 1e-6f) * rsqrtf(float(D)), kn = rsqrtf(tk + 1e-6f);
+  return {rsqrtf(tq + 1e-6f) * rsqrtf(float(D)), rsqrtf(tk + 1e-6f)};
+}
+
+// prep_shared, then this lane's q (normalised, scaled), k (normalised) and decays in registers.
+template <int D>
+__device__ __forceinline__ void prep_item(const KdaDecodeArgs& a, int b, int h, int64_t slot, ItemScratch<D>& sc,
+                                          float (&q)[D / 32], float (&k)[D / 32], float (&alpha)[D / 32]) {
+  constexpr int NV = D / 32;
+  const int lane = threadIdx.x & 31;
+  const QkScale n = prep_shared<D>(a, b, h, slot, sc);
 #pragma unroll
   for (int e = 0; e < NV; ++e) {
-    q[e] = sc.qv[lane * NV + e] * qn;
-    k[e] = sc.kv[lane * NV + e] * kn;
+    q[e] = sc.qv[lane * NV + e] * n.q;
+    k[e] = sc.kv[lane * NV + e] * n.k;
     alpha[e] = sc.al[lane * NV + e];
   }
 }
 
 // The recurrence step on this warp's 16 state rows, read from `st` (shared memory) and written to
 // `dst_base` (the same shared rows when kToSmem, else the global state); o of item (b, h).
+// `tid`: the thread's index among the 2D threads doing the update.
 template <int D, bool kToSmem>
 __device__ __forceinline__ void update_rows(const KdaDecodeArgs& a, int b, int h, float* st, float* dst_base,
                                             const ItemScratch<D>& sc, const float (&q)[D / 32],
-                                            const float (&k)[D / 32], const float (&alpha)[D / 32]) {
+                                            const float (&k)[D / 32], const float (&alpha)[D / 32],
+                                            int tid = threadIdx.x) {
   constexpr int NV = D / 32;
-  const int lane = threadIdx.x & 31, row0 = (threadIdx.x >> 5) * kRowsPerWarp;
+  const int lane = tid & 31, row0 = (tid >> 5) * kRowsPerWarp;
   const float beta = sc.beta;
   // Two passes over the rows (shared memory is cheap to re-read): s·k for all 16 rows first so
   // their warp reductions overlap, then the update, the store and s·q.
@@ -309,6 +325,105 @@ __global__ void __launch_bounds__(D * 2, 1) kda_decode_ring_kernel(KdaDecodeArgs
   if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory outlives the reads
 }
 
+// Pipelined persistent form: one block per SM of two groups of 2D threads. The prep group runs up
+// to two items ahead, writing each item's normalised q, k, decays, v and β into one of two scratch
+// slots; the update group takes them in order, updating each state in one of three shared-memory
+// buffers that one of its threads fills and drains with bulk copies (the load of item n + 2 goes
+// out as soon as item n is stored). So the copy engine, the prep's latency chain and the row update
+// overlap, where the ring form above ran prep and update one after the other in every block.
+// Named barriers between the groups (ids 3/4: slot s full, 5/6: slot s free; 1 and 2 are each
+// group's own) carry the hand-over; bar.arrive/bar.sync order the shared-memory writes before them.
+// Measured on the H200 it is slower than one block per item (0.66 / 0.72 of copy bandwidth at B = 32
+// / 256 against 0.74 / 0.85, docs/PERF.md): one block per SM keeps about one and a half 64 KiB loads
+// in flight, where three resident per-item blocks keep three. Kept as a switch, off.
+template <int D>
+__global__ void __launch_bounds__(D * 4, 1) kda_decode_pipelined_kernel(KdaDecodeArgs a) {
+  constexpr int NV = D / 32, kGroup = 2 * D, kBlock = 4 * D, kStateBytes = D * D * 4;
+  extern __shared__ __align__(128) float ring[];  // [3][D][D]
+  __shared__ __align__(16) ItemScratch<D> sc[2];
+  __shared__ uint64_t bars[3];
+  const int items = a.B * a.H;
+  const bool prep_group = threadIdx.x < kGroup;
+  const int gtid = threadIdx.x - (prep_group ? 0 : kGroup);
+  const bool copier = !prep_group && gtid == 0;  // issues every bulk copy (bulk groups are per thread)
+  auto state_of = [&](int item) { return a.state + (int64_t(a.slots[item / a.H]) * a.H + item % a.H) * D * D; };
+  if (prep_group) {
+    int n = 0;
+    for (int item = blockIdx.x; item < items; item += gridDim.x, ++n) {
+      const int s = n & 1, b = item / a.H, h = item % a.H;
+      if (n >= 2) {  // the update group is done with item n - 2's slot
+        if (s == 0) asm volatile("bar.sync 5, %0;\n" ::"n"(kBlock) : "memory");
+        else asm volatile("bar.sync 6, %0;\n" ::"n"(kBlock) : "memory");
+      }
+      const QkScale nrm = prep_shared<D, 1>(a, b, h, a.conv_slots[b], sc[s], gtid);
+      if (gtid < D) {  // each thread scales the q/k channel it wrote (sc.red is all others read)
+        sc[s].qv[gtid] *= nrm.q;
+        sc[s].kv[gtid] *= nrm.k;
+      }
+      if (s == 0) asm volatile("bar.arrive 3, %0;\n" ::"n"(kBlock) : "memory");
+      else asm volatile("bar.arrive 4, %0;\n" ::"n"(kBlock) : "memory");
+    }
+    return;
+  }
+  if (copier) {
+    for (int r = 0; r < 3; ++r) mbar_init(smem_u32(&bars[r]));
+    for (int j = 0; j < 2; ++j) {
+      const int item = blockIdx.x + j * gridDim.x;
+      if (item < items) bulk_load(ring + j * D * D, state_of(item), kStateBytes, &bars[j]);
+    }
+  }
+  asm volatile("bar.sync 2, %0;\n" ::"n"(kGroup) : "memory");  // the mbarriers are initialised
+  int n = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x, ++n) {
+    const int s = n & 1, buf = n % 3, b = item / a.H, h = item % a.H;
+    float* st = ring + buf * D * D;
+    if (s == 0) asm volatile("bar.sync 3, %0;\n" ::"n"(kBlock) : "memory");
+    else asm volatile("bar.sync 4, %0;\n" ::"n"(kBlock) : "memory");
+    mbar_wait(smem_u32(&bars[buf]), uint32_t(n / 3) & 1u);
+    const int lane = gtid & 31;
+    float q[NV], k[NV], alpha[NV];
+#pragma unroll
+    for (int e = 0; e < NV; ++e) {
+      q[e] = sc[s].qv[lane * NV + e];
+      k[e] = sc[s].kv[lane * NV + e];
+      alpha[e] = sc[s].al[lane * NV + e];
+    }
+    update_rows<D, true>(a, b, h, st, st, sc[s], q, k, alpha, gtid);
+    if (item + 2 * gridDim.x < items) {  // the prep group will wait for this slot
+      if (s == 0) asm volatile("bar.arrive 5, %0;\n" ::"n"(kBlock) : "memory");
+      else asm volatile("bar.arrive 6, %0;\n" ::"n"(kBlock) : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our stores -> the copy engine
+    asm volatile("bar.sync 2, %0;\n" ::"n"(kGroup) : "memory");     // every row of this item is written
+    if (copier) {
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(state_of(item)),
+                   "r"(smem_u32(st)), "r"(kStateBytes)
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      const int ahead = item + 2 * gridDim.x;
+      if (ahead < items) {  // its buffer held item n - 1: that store must have left shared memory
+        asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+        const int nb = (n + 2) % 3;
+        bulk_load(ring + nb * D * D, state_of(ahead), kStateBytes, &bars[nb]);
+      }
+    }
+  }
+  if (copier) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory outlives the reads
+}
+
+template <int D>
+void launch_pipelined(const KdaDecodeArgs& a, cudaStream_t s) {
+  constexpr int kSmem = 3 * D * D * 4;
+  auto* kern = kda_decode_pipelined_kernel<D>;
+  K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  int dev = 0, sms = 0, per_sm = 0;
+  K3_CUDA_OK(cudaGetDevice(&dev));
+  K3_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  K3_CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, D * 4, kSmem));
+  const int64_t items = int64_t(a.B) * a.H;
+  const int grid = int(std::min<int64_t>(items, int64_t(std::max(1, sms)) * std::max(1, per_sm)));
+  kern<<<grid, D * 4, kSmem, s>>>(a);
+}
 template <int D, bool kBulk>
 void launch_variant(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
   constexpr int kSmem = D * D * 4;
@@ -338,7 +453,8 @@ void launch_ring(const KdaDecodeArgs& a, cudaStream_t s) {
 
 template <int D>
 void launch_for(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
-  if (a.ring_ahead > 0) launch_ring<D>(a, s);
+  if (a.pipelined) launch_pipelined<D>(a, s);
+  else if (a.ring_ahead > 0) launch_ring<D>(a, s);
   else if (int64_t(a.B) * a.H >= kBulkMinBlocks) launch_variant<D, true>(a, grid, s);
   else launch_variant<D, false>(a, grid, s);
 }
