@@ -186,20 +186,34 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--skip-fla", action="store_true")
     ap.add_argument("--skip-torch-mla", action="store_true", help="FlashMLA only for MLA decode")
+    ap.add_argument("--only", default="", help="comma-separated families: flashmla, torch_mla, lse_merge, "
+                    "kda_decode, kda_chunk (default: every one not skipped)")
     args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    unknown = only - {"flashmla", "torch_mla", "lse_merge", "kda_decode", "kda_chunk"}
+    if unknown:
+        ap.error("--only: unknown families " + ", ".join(sorted(unknown)))
+
+    def want(family):
+        return not only or family in only
+
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     steps = []
     # FlashMLA: 128 heads for our 96-head rows, 64 beside our 64-head row (it takes no other count).
-    steps += [lambda H=H, B=B, c=c: flashmla_decode(res, H, B, c) for H, B, c in
-              ((128, 32, 4096), (128, 64, 8192), (128, 128, 16384), (64, 64, 8192))]
-    if not args.skip_torch_mla:
+    if want("flashmla"):
+        steps += [lambda H=H, B=B, c=c: flashmla_decode(res, H, B, c) for H, B, c in
+                  ((128, 32, 4096), (128, 64, 8192), (128, 128, 16384), (64, 64, 8192))]
+    if not args.skip_torch_mla and want("torch_mla"):
         steps += [lambda H=H, B=B, c=c: mla_decode(res, H, B, c) for H, B, c in
                   ((96, 32, 4096), (96, 64, 8192), (96, 128, 16384), (64, 64, 8192), (16, 64, 8192),
                    (16, 128, 16384))]
-    steps += [lambda: lse_merge(res, 8, 128, 96, 512)]
+    if want("lse_merge"):
+        steps += [lambda: lse_merge(res, 8, 128, 96, 512)]
     if not args.skip_fla:  # last: fla's autotuning takes ~90 s per prefill shape
-        steps += [lambda B=B: kda_decode(res, B, 96) for B in (1, 32, 256)]
-        steps += [lambda: kda_chunk(res, 8192, 96), lambda: kda_chunk(res, 32768, 32)]
+        if want("kda_decode"):
+            steps += [lambda B=B: kda_decode(res, B, 96) for B in (1, 32, 256)]
+        if want("kda_chunk"):
+            steps += [lambda: kda_chunk(res, 8192, 96), lambda: kda_chunk(res, 32768, 32)]
     for st in steps:
         try:
             st()
