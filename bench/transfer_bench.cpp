@@ -51,6 +51,12 @@ struct Options {
   std::string memory = "host";  // where source and destination live: host | cuda (both sides)
   size_t writes_per_flush = 1;    // RemoteWrites per write() call (one flush each)
   size_t lists_in_flight = 1;     // write lists posted before the oldest one's flush is waited for
+  size_t repeats = 1;             // perftest and ours measured this many times each, alternately; medians shown
+  // Every put of a list copies the same source range to the same destination range, as perftest's
+  // puts all use its one buffer: the bytes touched are then those of one put (16 MiB puts stay in the
+  // GPU's L2), where distinct ranges stream writes_per_flush times as many through device memory.
+  bool same_range = false;
+  bool no_batch_hint = false;  // puts without UCP_OP_ATTR_FLAG_MULTI_SEND (WriterOptions::batch_hint)
   bool peer_errors = false;  // diagnostic: drops puts to tcp (~0.2 GB/s) on UCX 1.13 and 1.22
   // Diagnostics for --memory cuda (docs/PERF.md, "Device memory"): create each process's UCX context before
   // its CUDA context (the old order), and put without the source registration's memory handle.
@@ -243,7 +249,9 @@ int run(const Options& o) {
 #ifdef K3_TRANSFER_HAVE_CUDA
   if (cuda) reader = std::make_shared<CudaSourceReader>();
 #endif
-  auto writer = UcxWriter::create(worker, reader).value();
+  WriterOptions wopts;
+  wopts.batch_hint = !o.no_batch_hint;
+  auto writer = UcxWriter::create(worker, reader, wopts).value();
   // The source is registered once too, as a prefill stage registers its KV pool.
   auto src_region = make_region(ctx, region_bytes, cuda);  // per * size <= region_bytes below
   if (!src_region.is_ok()) {
@@ -253,44 +261,68 @@ int run(const Options& o) {
   const uint8_t* src = src_region->mem->base();
   const UcxMemory* src_reg = o.no_source_memh ? nullptr : src_region->mem.get();
 
-  std::printf("%-10s %8s %14s %14s %8s\n", "size", "iters", "perftest GB/s", "k3 GB/s", "ratio");
+  std::printf("%-10s %8s %14s %14s %8s%s\n", "size", "iters", "perftest GB/s", "k3 GB/s", "ratio",
+              o.repeats > 1 ? "   perftest min-max   k3 min-max" : "");
   for (size_t size : o.sizes) {
     const size_t iters = iters_for(o, size);
-    auto ref = perftest_put_bw(o, size);
     // writes_per_flush runs of `size` bytes (distinct source and destination ranges) per write() call.
     const size_t per = std::max<size_t>(1, std::min(o.writes_per_flush, target->length / size));
     std::vector<RemoteWrite> w;
-    for (size_t k = 0; k < per; ++k) w.push_back({src + k * size, target->base + k * size, size});
+    for (size_t k = 0; k < per; ++k) {
+      const size_t at = o.same_range ? 0 : k * size;
+      w.push_back({src + at, target->base + at, size});
+    }
     for (int i = 0; i < 3; ++i) (void)writer->write(*rkey, w, {}, src_reg);
     const size_t calls = std::max<size_t>(1, iters / per);
-    // Up to lists_in_flight lists posted at once: the next one's puts go while the oldest one's flush
-    // completes, as perftest's puts never wait for a flush (1: post, then wait, as write() does).
-    std::deque<std::unique_ptr<UcxWriter::InFlight>> flying;
-    auto finish_oldest = [&] {
-      const Status s = writer->wait(*flying.front());
-      flying.pop_front();
-      if (!s.is_ok()) std::fprintf(stderr, "write: %s\n", s.to_string().c_str());
-      return s.is_ok();
+    // One timed pass of `calls` write lists; GB/s, or nullopt after a failed write.
+    auto measure_ours = [&]() -> std::optional<double> {
+      // Up to lists_in_flight lists posted at once: the next one's puts go while the oldest one's flush
+      // completes, as perftest's puts never wait for a flush (1: post, then wait, as write() does).
+      std::deque<std::unique_ptr<UcxWriter::InFlight>> flying;
+      auto finish_oldest = [&] {
+        const Status s = writer->wait(*flying.front());
+        flying.pop_front();
+        if (!s.is_ok()) std::fprintf(stderr, "write: %s\n", s.to_string().c_str());
+        return s.is_ok();
     };
     const auto t0 = Clock::now();
     for (size_t i = 0; i < calls; ++i) {
-      if (flying.size() >= o.lists_in_flight && !finish_oldest()) return 1;
+      if (flying.size() >= o.lists_in_flight && !finish_oldest()) return std::nullopt;
       auto list = writer->post(*rkey, w, {}, src_reg);
       if (!list.is_ok()) {
         std::fprintf(stderr, "write: %s\n", list.status().to_string().c_str());
-        return 1;
+        return std::nullopt;
       }
       flying.push_back(std::move(list).value());
     }
     while (!flying.empty())
-      if (!finish_oldest()) return 1;
+      if (!finish_oldest()) return std::nullopt;
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double ours = double(size) * per * calls / secs / 1e9;
+    return double(size) * per * calls / secs / 1e9;
+    };
+    // Alternating the two keeps a slow spell of the machine from landing on one side only.
+    std::vector<double> refs, ourss;
+    for (size_t r = 0; r < o.repeats; ++r) {
+      if (auto ref = perftest_put_bw(o, size)) refs.push_back(*ref);
+      auto ours = measure_ours();
+      if (!ours) return 1;
+      ourss.push_back(*ours);
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    };
+    const double ours = median(ourss);
     char name[32];
     if (size >= (1u << 20)) std::snprintf(name, sizeof name, "%zu MiB", size >> 20);
     else std::snprintf(name, sizeof name, "%zu KiB", size >> 10);
-    if (ref)
-      std::printf("%-10s %8zu %14.2f %14.2f %8.2f\n", name, iters, *ref, ours, ours / *ref);
+    char spread[96] = "";
+    if (o.repeats > 1 && !refs.empty())
+      std::snprintf(spread, sizeof spread, "   %7.1f-%-7.1f   %7.1f-%-7.1f", *std::min_element(refs.begin(), refs.end()),
+                    *std::max_element(refs.begin(), refs.end()), *std::min_element(ourss.begin(), ourss.end()),
+                    *std::max_element(ourss.begin(), ourss.end()));
+    if (!refs.empty())
+      std::printf("%-10s %8zu %14.2f %14.2f %8.2f%s\n", name, iters, median(refs), ours, ours / median(refs), spread);
     else
       std::printf("%-10s %8zu %14s %14.2f %8s\n", name, iters, "n/a", ours, "n/a");
     std::fflush(stdout);
@@ -318,6 +350,15 @@ void add_transfer_command(CLI::App& app) {
                   "write lists posted before the oldest one's flush is waited for (default 1: each write() waits "
                   "for its own flush)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--repeats", opts->repeats,
+                  "measure perftest and ours this many times each, alternately, and print the medians with "
+                  "their min-max (default 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--same-range", opts->same_range,
+                "every put of a list copies the same range (perftest's footprint: one put's bytes) instead of "
+                "writes-per-flush distinct ranges");
+  cmd->add_flag("--no-batch-hint", opts->no_batch_hint,
+                "put without UCX's batch hint (UCP_OP_ATTR_FLAG_MULTI_SEND; diagnostic: the earlier puts)");
   cmd->add_flag("--peer-errors", opts->peer_errors, "writer endpoint with UCP_ERR_HANDLING_MODE_PEER (diagnostic)");
   cmd->add_flag("--ucx-before-cuda", opts->ucx_before_cuda,
                 "--memory cuda: create each process's UCX context before its CUDA context (diagnostic: the old order)");

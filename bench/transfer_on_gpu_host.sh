@@ -15,10 +15,17 @@
 #                  new16  the defaults, 16 puts per flush (one request's plan is one write list)
 #                  fly2   16 puts per flush, two lists in flight (the next list's puts go while the
 #                         oldest one's flush completes)
+#                  new16s, fly2s  new16 and fly2 with --same-range: every put of a list copies the same
+#                         range, so the bytes touched are one put's, as in ucx_perftest (16 MiB puts
+#                         then stay in the GPU's L2 on both sides)
+#                  fly2sn fly2s without the batch hint on the puts (--no-batch-hint)
 #   perftest-proto.log  the protocols ucx_perftest -m cuda picks (UCX_PROTO_INFO=y), 1 MiB
 #   host.log     k3-bench transfer with host memory (loopback bandwidth and protocol round trip)
 #   summary.log  the bandwidth tables and the put protocol lines of every variant
 #   bench/transfer_on_gpu_host.sh OUT_DIR [VARIANT...]     (default: every variant above)
+# REPEATS=N measures perftest and ours N times each per size, alternately, and prints medians with
+# their min-max; BYTES sets the bytes moved per size and measurement (default 256 MiB; 16 MiB puts
+# need ~4 GiB for a measurement longer than a few milliseconds).
 # Needs .kit/k3-offline-kit.tar.gz (deploy/offline-kit.sh pack).
 set -uo pipefail
 OUT=${1:?output dir}
@@ -48,12 +55,15 @@ for v in $VARIANTS; do
     new) flags="" ;;
     new16) flags="--writes-per-flush 16" ;;
     fly2) flags="--writes-per-flush 16 --lists-in-flight 2" ;;
+    new16s) flags="--writes-per-flush 16 --same-range" ;;
+    fly2s) flags="--writes-per-flush 16 --lists-in-flight 2 --same-range" ;;
+    fly2sn) flags="--writes-per-flush 16 --lists-in-flight 2 --same-range --no-batch-hint" ;;
     *) echo "unknown variant $v"; continue ;;
   esac
   echo "== $v: k3-bench transfer --memory cuda $flags $(date -u +%T)" | tee -a "$OUT/summary.log"
   # shellcheck disable=SC2086
   UCX_PROTO_INFO=y timeout 60 $B/bin/k3-bench transfer --memory cuda $flags --sizes $SIZES \
-    --bytes-per-size 268435456 --rt-iters 20 > "$OUT/cuda-$v.log" 2>&1
+    --bytes-per-size "${BYTES:-268435456}" --repeats "${REPEATS:-1}" --rt-iters 20 > "$OUT/cuda-$v.log" 2>&1
   echo "rc $?" >> "$OUT/summary.log"
   grep -E "^(size|16 KiB|1 MiB|16 MiB)|round trip" "$OUT/cuda-$v.log" | tee -a "$OUT/summary.log"
   proto_rows "$OUT/cuda-$v.log" >> "$OUT/summary.log"

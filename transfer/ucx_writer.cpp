@@ -64,6 +64,7 @@ Status UcxWriter::post_put(const RemoteKey& dest, const void* src, size_t n, uin
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = &Batch::on_put_done;
   p.user_data = batch.token(slot);
+  if (opt_.batch_hint) p.op_attr_mask |= UCP_OP_ATTR_FLAG_MULTI_SEND;
   if (slot >= 0) {
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     p.memh = staging_->get();

@@ -49,6 +49,9 @@ struct WriterOptions {
   int staging_slots = 2;
   bool force_staging = false;                    // tests: exercise the staging path with host memory
   size_t max_outstanding_puts = 256;             // bounds UCX request memory for long write lists
+  // Puts of a list tell UCX they are one batch whose throughput counts, not each one's latency
+  // (UCP_OP_ATTR_FLAG_MULTI_SEND, as ucx_perftest's bandwidth tests do); off only to measure it.
+  bool batch_hint = true;
   std::chrono::milliseconds timeout{30000};      // for the whole write() incl. flush
 };
 
