@@ -57,6 +57,7 @@ struct Options {
   // GPU's L2), where distinct ranges stream writes_per_flush times as many through device memory.
   bool same_range = false;
   bool no_batch_hint = false;  // puts without UCP_OP_ATTR_FLAG_MULTI_SEND (WriterOptions::batch_hint)
+  int64_t busy_poll_us = 0;    // WriterOptions::busy_poll
   bool peer_errors = false;  // diagnostic: drops puts to tcp (~0.2 GB/s) on UCX 1.13 and 1.22
   // Diagnostics for --memory cuda (docs/PERF.md, "Device memory"): create each process's UCX context before
   // its CUDA context (the old order), and put without the source registration's memory handle.
@@ -251,6 +252,7 @@ int run(const Options& o) {
 #endif
   WriterOptions wopts;
   wopts.batch_hint = !o.no_batch_hint;
+  wopts.busy_poll = std::chrono::microseconds(o.busy_poll_us);
   auto writer = UcxWriter::create(worker, reader, wopts).value();
   // The source is registered once too, as a prefill stage registers its KV pool.
   auto src_region = make_region(ctx, region_bytes, cuda);  // per * size <= region_bytes below
@@ -357,6 +359,10 @@ void add_transfer_command(CLI::App& app) {
   cmd->add_flag("--same-range", opts->same_range,
                 "every put of a list copies the same range (perftest's footprint: one put's bytes) instead of "
                 "writes-per-flush distinct ranges");
+  cmd->add_option("--busy-poll-us", opts->busy_poll_us,
+                  "the writer's wait progresses without sleeping for up to this many microseconds before it "
+                  "sleeps on the event fd (default 0)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--no-batch-hint", opts->no_batch_hint,
                 "put without UCX's batch hint (UCP_OP_ATTR_FLAG_MULTI_SEND; diagnostic: the earlier puts)");
   cmd->add_flag("--peer-errors", opts->peer_errors, "writer endpoint with UCP_ERR_HANDLING_MODE_PEER (diagnostic)");

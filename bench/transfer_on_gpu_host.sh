@@ -19,6 +19,8 @@
 #                         range, so the bytes touched are one put's, as in ucx_perftest (16 MiB puts
 #                         then stay in the GPU's L2 on both sides)
 #                  fly2sn fly2s without the batch hint on the puts (--no-batch-hint)
+#                  fly2p, fly2sp  fly2 and fly2s whose waits poll for up to 1 ms before sleeping
+#                         (--busy-poll-us 1000)
 #   perftest-proto.log  the protocols ucx_perftest -m cuda picks (UCX_PROTO_INFO=y), 1 MiB
 #   host.log     k3-bench transfer with host memory (loopback bandwidth and protocol round trip)
 #   summary.log  the bandwidth tables and the put protocol lines of every variant
@@ -44,7 +46,7 @@ s=$(date +%s)
 timeout 60 $B/tests/cuda_test_cuda_transfer > "$OUT/tests.log" 2>&1
 echo "cuda_test_cuda_transfer: rc $?, $(( $(date +%s) - s )) s" | tee -a "$OUT/tests.log"
 tail -3 "$OUT/tests.log"
-SIZES="16384 1048576 16777216"
+SIZES=${SIZES:-16384 1048576 16777216}
 # The UCX_PROTO_INFO tables of puts (header + rows), timestamps cut, each distinct line once.
 proto_rows() { grep -A9 "by ucp_put" "$1" | sed -E 's/^\[[^]]*\] \[[^]]*\] *//' | grep -v "^[+-]" | awk '!seen[$0]++' | head -40; }
 for v in $VARIANTS; do
@@ -58,6 +60,8 @@ for v in $VARIANTS; do
     new16s) flags="--writes-per-flush 16 --same-range" ;;
     fly2s) flags="--writes-per-flush 16 --lists-in-flight 2 --same-range" ;;
     fly2sn) flags="--writes-per-flush 16 --lists-in-flight 2 --same-range --no-batch-hint" ;;
+    fly2p) flags="--writes-per-flush 16 --lists-in-flight 2 --busy-poll-us 1000" ;;
+    fly2sp) flags="--writes-per-flush 16 --lists-in-flight 2 --same-range --busy-poll-us 1000" ;;
     *) echo "unknown variant $v"; continue ;;
   esac
   echo "== $v: k3-bench transfer --memory cuda $flags $(date -u +%T)" | tee -a "$OUT/summary.log"

@@ -120,13 +120,16 @@ Result<bool> UcxWorker::arm() {
   return ucx_status(st, "ucp_worker_arm");
 }
 
-Status UcxWorker::wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+Status UcxWorker::wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout,
+                             std::chrono::microseconds busy_poll) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
   for (;;) {
     progress();
     if (done()) return Status::ok();
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return {Code::DeadlineExceeded, "UCX wait timed out"};
+    if (now - start < busy_poll) continue;
     K3_ASSIGN_OR_RETURN(bool armed, arm());
     if (!armed) continue;  // events arrived between progress() and arm(): progress again
     // Cap each sleep: some transports (tcp connection setup) progress on timers, not fds.

@@ -83,9 +83,12 @@ class UcxWorker : public std::enable_shared_from_this<UcxWorker> {
   // pending (call progress() first).
   Result<bool> arm();
   int event_fd() const { return efd_; }
-  // Progresses until done() or the timeout, sleeping on the event fd between events.
-  // DeadlineExceeded when the timeout passes first.
-  Status wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
+  // Progresses until done() or the timeout, sleeping on the event fd between events; for the first
+  // `busy_poll` of the wait it progresses without sleeping (a wake-up from the fd costs tens of
+  // microseconds, which a short wait for a device copy cannot hide). DeadlineExceeded when the
+  // timeout passes first.
+  Status wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout,
+                    std::chrono::microseconds busy_poll = std::chrono::microseconds{0});
 
  private:
   UcxWorker(std::shared_ptr<UcxContext> ctx, ucp_worker_h w, int efd, std::vector<uint8_t> addr)

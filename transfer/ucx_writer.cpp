@@ -169,7 +169,7 @@ Result<std::unique_ptr<UcxWriter::InFlight>> UcxWriter::post(const RemoteKey& de
 Status UcxWriter::wait(InFlight& list) {
   if (!list.batch_) return list.result_;   // waited already (a staged list: in post())
   Batch* batch = list.batch_;
-  Status waited = worker_->wait_until([&] { return list.done(); }, left_until(list.deadline_));
+  Status waited = worker_->wait_until([&] { return list.done(); }, left_until(list.deadline_), opt_.busy_poll);
   Status result = list.result_;
   if (result.is_ok() && batch->first_error != UCS_OK) result = ucx_status(batch->first_error, "ucp_put_nbx completion");
   if (result.is_ok()) result = list.flush_->status();

@@ -52,6 +52,10 @@ struct WriterOptions {
   // Puts of a list tell UCX they are one batch whose throughput counts, not each one's latency
   // (UCP_OP_ATTR_FLAG_MULTI_SEND, as ucx_perftest's bandwidth tests do); off only to measure it.
   bool batch_hint = true;
+  // wait(): progress without sleeping for up to this long before sleeping on the worker's event fd
+  // (0: sleep at once, the default; many processes share a host's cores). For GPU hosts, where a
+  // list's device copies complete within a few hundred microseconds and each fd wake-up costs tens.
+  std::chrono::microseconds busy_poll{0};
   std::chrono::milliseconds timeout{30000};      // for the whole write() incl. flush
 };
 

@@ -136,12 +136,14 @@ TEST_CASE("write lists in flight: each wait() returns once its runs landed; unwa
   // Four lists into disjoint quarters of the pool, all posted before any is waited for, then waited in
   // order: each one's runs are in place when its wait returns (its flush follows every put before it).
   const bool staging = GENERATE(false, true);   // staged: post() does the whole write
+  const int poll_us = GENERATE(0, 2000);         // waits that progress without sleeping first
   Target target(1 << 20);
   Source source;
   auto rkey = source.key_to(target);
   WriterOptions opt;
   opt.force_staging = staging;
   opt.staging_slot_bytes = 8192;
+  opt.busy_poll = std::chrono::microseconds(poll_us);
   auto writer = UcxWriter::create(source.worker, std::make_shared<HostSourceReader>(), opt).value();
   std::mt19937 rng(19);
   auto src = pattern(256 << 10, 3);
@@ -154,7 +156,7 @@ TEST_CASE("write lists in flight: each wait() returns once its runs landed; unwa
     flying.push_back(writer->post(*rkey, lists.back()).value());
   }
   for (int q = 0; q < 4; ++q) {
-    INFO("list " << q << (staging ? ", staged" : ""));
+    INFO("list " << q << (staging ? ", staged" : "") << ", busy poll " << poll_us << " us");
     REQUIRE(writer->wait(*flying[q]).is_ok());
     CHECK(flying[q]->done());
     for (const auto& w : lists[q]) REQUIRE(std::memcmp(target.pool.data() + (w.remote_addr - target.base()), w.src, w.length) == 0);
@@ -170,6 +172,23 @@ TEST_CASE("write lists in flight: each wait() returns once its runs landed; unwa
   // A bad list is refused at post(), before any put.
   const std::vector<RemoteWrite> outside{{src.data(), target.base() + target.pool.size(), 8}};
   CHECK(writer->post(*rkey, outside).status().code() == k3::Code::OutOfRange);
+}
+
+TEST_CASE("a worker's wait polls for at most its busy-poll span and still honours the timeout", "[ucx]") {
+  auto ctx = UcxContext::create().value();
+  auto worker = UcxWorker::create(ctx).value();
+  // Never done: the wait ends at its timeout even when the busy-poll span is longer.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto s = worker->wait_until([] { return false; }, std::chrono::milliseconds(30), std::chrono::microseconds(200000));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(s.code() == k3::Code::DeadlineExceeded);
+  CHECK(waited >= std::chrono::milliseconds(30));
+  CHECK(waited < std::chrono::milliseconds(1000));
+  // Done after a few checks: returns ok from inside the busy-poll span.
+  int calls = 0;
+  CHECK(worker->wait_until([&] { return ++calls >= 5; }, std::chrono::milliseconds(1000), std::chrono::microseconds(5000))
+            .is_ok());
+  CHECK(calls == 5);
 }
 
 TEST_CASE("writes outside the registration are refused before any put", "[ucx]") {
