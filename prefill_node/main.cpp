@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
                  "MiB allocated and registered once for the KV/state images this stage writes to decode (default "
                  "1024 on a GPU, 256 on the host; an image that does not fit gets memory of its own; 0 = none)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--transfer-busy-poll-us", o.transfer_busy_poll_us,
+                 "microseconds each wait for a write list polls UCX before sleeping on its event fd (default 1000 "
+                 "on a GPU, where the fd wake-up is a large part of a list's time; 0 on the host)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--cache-page-size", o.cache.page_size, "tokens per local MLA cache page (default 16)")
       ->check(CLI::PositiveNumber);
   app.add_option("--transfer-page-size", o.transfer_page_size,
