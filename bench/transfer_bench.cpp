@@ -28,6 +28,7 @@
 #include "bench/child_pipe.h"
 #include "bench/transfer_round_trip.h"
 #include "common/core/free_port.h"
+#include "prefill_node/source_arena_size.h"
 #include "transfer/ucx_writer.h"
 #ifdef K3_TRANSFER_HAVE_CUDA
 #include "transfer/cuda/cuda_memory.h"
@@ -57,7 +58,7 @@ struct Options {
   // GPU's L2), where distinct ranges stream writes_per_flush times as many through device memory.
   bool same_range = false;
   bool no_batch_hint = false;  // puts without UCP_OP_ATTR_FLAG_MULTI_SEND (WriterOptions::batch_hint)
-  int64_t busy_poll_us = 0;    // WriterOptions::busy_poll
+  int64_t busy_poll_us = -1;   // WriterOptions::busy_poll; -1: k3-prefill's default for the memory
   bool peer_errors = false;  // diagnostic: drops puts to tcp (~0.2 GB/s) on UCX 1.13 and 1.22
   // Diagnostics for --memory cuda (docs/PERF.md, "Device memory"): create each process's UCX context before
   // its CUDA context (the old order), and put without the source registration's memory handle.
@@ -252,7 +253,9 @@ int run(const Options& o) {
 #endif
   WriterOptions wopts;
   wopts.batch_hint = !o.no_batch_hint;
-  wopts.busy_poll = std::chrono::microseconds(o.busy_poll_us);
+  const int64_t default_poll_us =
+      cuda ? prefill::kDefaultTransferBusyPollUsDevice : prefill::kDefaultTransferBusyPollUsHost;
+  wopts.busy_poll = std::chrono::microseconds(o.busy_poll_us >= 0 ? o.busy_poll_us : default_poll_us);
   auto writer = UcxWriter::create(worker, reader, wopts).value();
   // The source is registered once too, as a prefill stage registers its KV pool.
   auto src_region = make_region(ctx, region_bytes, cuda);  // per * size <= region_bytes below
@@ -361,7 +364,7 @@ void add_transfer_command(CLI::App& app) {
                 "writes-per-flush distinct ranges");
   cmd->add_option("--busy-poll-us", opts->busy_poll_us,
                   "the writer's wait progresses without sleeping for up to this many microseconds before it "
-                  "sleeps on the event fd (default 0)")
+                  "sleeps on the event fd (default: k3-prefill's, 1000 with --memory cuda, 0 with host memory)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--no-batch-hint", opts->no_batch_hint,
                 "put without UCX's batch hint (UCP_OP_ATTR_FLAG_MULTI_SEND; diagnostic: the earlier puts)");

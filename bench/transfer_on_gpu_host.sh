@@ -20,7 +20,8 @@
 #                         then stay in the GPU's L2 on both sides)
 #                  fly2sn fly2s without the batch hint on the puts (--no-batch-hint)
 #                  fly2p, fly2sp  fly2 and fly2s whose waits poll for up to 1 ms before sleeping
-#                         (--busy-poll-us 1000)
+#                         (--busy-poll-us 1000, since the default with device memory, as in k3-prefill)
+#                  fly2s0 fly2s whose waits sleep at once (--busy-poll-us 0, the earlier default)
 #   perftest-proto.log  the protocols ucx_perftest -m cuda picks (UCX_PROTO_INFO=y), 1 MiB
 #   host.log     k3-bench transfer with host memory (loopback bandwidth and protocol round trip)
 #   summary.log  the bandwidth tables and the put protocol lines of every variant
@@ -62,6 +63,7 @@ for v in $VARIANTS; do
     fly2sn) flags="--writes-per-flush 16 --lists-in-flight 2 --same-range --no-batch-hint" ;;
     fly2p) flags="--writes-per-flush 16 --lists-in-flight 2 --busy-poll-us 1000" ;;
     fly2sp) flags="--writes-per-flush 16 --lists-in-flight 2 --same-range --busy-poll-us 1000" ;;
+    fly2s0) flags="--writes-per-flush 16 --lists-in-flight 2 --same-range --busy-poll-us 0" ;;
     *) echo "unknown variant $v"; continue ;;
   esac
   echo "== $v: k3-bench transfer --memory cuda $flags $(date -u +%T)" | tee -a "$OUT/summary.log"

@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(D * 2, 1) kda_decode_ring_kernel(KdaDecodeArgs
 template <int D>
 __global__ void __launch_bounds__(D * 4, 1) kda_decode_pipelined_kernel(KdaDecodeArgs a) {
   constexpr int NV = D / 32, kGroup = 2 * D, kBlock = 4 * D, kStateBytes = D * D * 4;
-  extern __shared__ __align__(128) float ring[];  // [3][D][D]
+  extern __shared__ __align__(16) float bufs[];  // [3][D][D]
   __shared__ __align__(16) ItemScratch<D> sc[2];
   __shared__ uint64_t bars[3];
   const int items = a.B * a.H;
@@ -369,14 +369,14 @@ __global__ void __launch_bounds__(D * 4, 1) kda_decode_pipelined_kernel(KdaDecod
     for (int r = 0; r < 3; ++r) mbar_init(smem_u32(&bars[r]));
     for (int j = 0; j < 2; ++j) {
       const int item = blockIdx.x + j * gridDim.x;
-      if (item < items) bulk_load(ring + j * D * D, state_of(item), kStateBytes, &bars[j]);
+      if (item < items) bulk_load(bufs + j * D * D, state_of(item), kStateBytes, &bars[j]);
     }
   }
   asm volatile("bar.sync 2, %0;\n" ::"n"(kGroup) : "memory");  // the mbarriers are initialised
   int n = 0;
   for (int item = blockIdx.x; item < items; item += gridDim.x, ++n) {
     const int s = n & 1, buf = n % 3, b = item / a.H, h = item % a.H;
-    float* st = ring + buf * D * D;
+    float* st = bufs + buf * D * D;
     if (s == 0) asm volatile("bar.sync 3, %0;\n" ::"n"(kBlock) : "memory");
     else asm volatile("bar.sync 4, %0;\n" ::"n"(kBlock) : "memory");
     mbar_wait(smem_u32(&bars[buf]), uint32_t(n / 3) & 1u);
@@ -404,26 +404,30 @@ __global__ void __launch_bounds__(D * 4, 1) kda_decode_pipelined_kernel(KdaDecod
       if (ahead < items) {  // its buffer held item n - 1: that store must have left shared memory
         asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
         const int nb = (n + 2) % 3;
-        bulk_load(ring + nb * D * D, state_of(ahead), kStateBytes, &bars[nb]);
+        bulk_load(bufs + nb * D * D, state_of(ahead), kStateBytes, &bars[nb]);
       }
     }
   }
   if (copier) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory outlives the reads
 }
 
-template <int D>
-void launch_pipelined(const KdaDecodeArgs& a, cudaStream_t s) {
-  constexpr int kSmem = 3 * D * D * 4;
-  auto* kern = kda_decode_pipelined_kernel<D>;
-  K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+// Launches a persistent kernel with as many blocks as fit on the device at once (at most one per item).
+void launch_persistent(void (*kern)(KdaDecodeArgs), const KdaDecodeArgs& a, int threads, int smem, cudaStream_t s) {
+  K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int dev = 0, sms = 0, per_sm = 0;
   K3_CUDA_OK(cudaGetDevice(&dev));
   K3_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  K3_CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, D * 4, kSmem));
+  K3_CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, threads, smem));
   const int64_t items = int64_t(a.B) * a.H;
   const int grid = int(std::min<int64_t>(items, int64_t(std::max(1, sms)) * std::max(1, per_sm)));
-  kern<<<grid, D * 4, kSmem, s>>>(a);
+  kern<<<grid, threads, smem, s>>>(a);
 }
+
+template <int D>
+void launch_pipelined(const KdaDecodeArgs& a, cudaStream_t s) {
+  launch_persistent(kda_decode_pipelined_kernel<D>, a, D * 4, 3 * D * D * 4, s);
+}
+
 template <int D, bool kBulk>
 void launch_variant(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
   constexpr int kSmem = D * D * 4;
@@ -437,18 +441,10 @@ constexpr int64_t kBulkMinBlocks = 1024;
 
 template <int D>
 void launch_ring(const KdaDecodeArgs& a, cudaStream_t s) {
-  constexpr int kSmem = kRing * D * D * 4;
   if (a.ring_ahead != 1 && a.ring_ahead != 2)
     throw Error("kda_decode: ring_ahead " + std::to_string(a.ring_ahead) + " not in {0, 1, 2}");
-  auto* kern = a.ring_ahead == 1 ? kda_decode_ring_kernel<D, 1> : kda_decode_ring_kernel<D, 2>;
-  K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  int dev = 0, sms = 0, per_sm = 0;
-  K3_CUDA_OK(cudaGetDevice(&dev));
-  K3_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  K3_CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, D * 2, kSmem));
-  const int64_t items = int64_t(a.B) * a.H;
-  const int grid = int(std::min<int64_t>(items, int64_t(std::max(1, sms)) * std::max(1, per_sm)));
-  kern<<<grid, D * 2, kSmem, s>>>(a);
+  launch_persistent(a.ring_ahead == 1 ? kda_decode_ring_kernel<D, 1> : kda_decode_ring_kernel<D, 2>, a, D * 2,
+                    kRing * D * D * 4, s);
 }
 
 template <int D>
