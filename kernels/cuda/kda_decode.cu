@@ -50,11 +50,26 @@ __device__ __forceinline__ void bulk_load(float* smem, const float* gmem, unsign
   }
 }
 __device__ __forceinline__ void bulk_wait(uint64_t* bar) { mbar_wait(smem_u32(bar), 0); }
-__device__ __forceinline__ void bulk_store(float* gmem, const float* smem, unsigned bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem), "r"(s), "r"(bytes) : "memory");
+// Issues a store of `bytes` from shared to global memory as one bulk group of the calling thread.
+__device__ __forceinline__ void bulk_store_issue(float* gmem, const float* smem, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem), "r"(smem_u32(smem)),
+               "r"(bytes)
+               : "memory");
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory must outlive the read
+}
+// Waits until at most `kPending` of the calling thread's latest bulk groups may still read shared memory.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void bulk_store(float* gmem, const float* smem, unsigned bytes) {
+  bulk_store_issue(gmem, smem, bytes);
+  bulk_wait_read<0>();  // shared memory must outlive the read
+}
+// The state of item `item` (= request * H + head) of a launch.
+template <int D>
+__device__ __forceinline__ float* state_of(const KdaDecodeArgs& a, int item) {
+  return a.state + (int64_t(a.slots[item / a.H]) * a.H + item % a.H) * D * D;
 }
 
 // One conv channel's inputs. Loading every channel a thread owns (and the gate inputs) before the
@@ -285,12 +300,11 @@ __global__ void __launch_bounds__(D * 2, 1) kda_decode_ring_kernel(KdaDecodeArgs
   __shared__ uint64_t bars[kRing];
   const int tid = threadIdx.x;
   const int items = a.B * a.H;
-  auto state_of = [&](int item) { return a.state + (int64_t(a.slots[item / a.H]) * a.H + item % a.H) * D * D; };
   if (tid == 0) {
     for (int r = 0; r < kRing; ++r) mbar_init(smem_u32(&bars[r]));
     for (int j = 0; j < kAhead; ++j) {  // the first kAhead items' loads in flight
       const int item = blockIdx.x + j * gridDim.x;
-      if (item < items) bulk_load(ring + j * D * D, state_of(item), kStateBytes, &bars[j]);
+      if (item < items) bulk_load(ring + j * D * D, state_of<D>(a, item), kStateBytes, &bars[j]);
     }
   }
   int n = 0;  // items this block has done
@@ -301,10 +315,9 @@ __global__ void __launch_bounds__(D * 2, 1) kda_decode_ring_kernel(KdaDecodeArgs
       const int ahead = item + kAhead * gridDim.x;
       if (ahead < items) {
         // Stores are one bulk group per item: the kRing - kAhead - 1 latest may still be reading.
-        if constexpr (kRing - kAhead - 1 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-        else asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+        bulk_wait_read<kRing - kAhead - 1>();
         const int nb = (n + kAhead) % kRing;
-        bulk_load(ring + nb * D * D, state_of(ahead), kStateBytes, &bars[nb]);
+        bulk_load(ring + nb * D * D, state_of<D>(a, ahead), kStateBytes, &bars[nb]);
       }
     }
     const int b = item / a.H, h = item % a.H;
@@ -314,15 +327,9 @@ __global__ void __launch_bounds__(D * 2, 1) kda_decode_ring_kernel(KdaDecodeArgs
     update_rows<D, true>(a, b, h, st, st, sc, q, k, alpha);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our stores -> the copy engine
     __syncthreads();  // every row is written; sc may be overwritten by the next item's prep
-    if (tid == 0) {
-      const unsigned src = smem_u32(st);
-      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(state_of(item)), "r"(src),
-                   "r"(kStateBytes)
-                   : "memory");
-      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-    }
+    if (tid == 0) bulk_store_issue(state_of<D>(a, item), st, kStateBytes);
   }
-  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory outlives the reads
+  if (tid == 0) bulk_wait_read<0>();  // shared memory outlives the reads
 }
 
 // Pipelined persistent form: one block per SM of two groups of 2D threads. The prep group runs up
@@ -346,7 +353,6 @@ __global__ void __launch_bounds__(D * 4, 1) kda_decode_pipelined_kernel(KdaDecod
   const bool prep_group = threadIdx.x < kGroup;
   const int gtid = threadIdx.x - (prep_group ? 0 : kGroup);
   const bool copier = !prep_group && gtid == 0;  // issues every bulk copy (bulk groups are per thread)
-  auto state_of = [&](int item) { return a.state + (int64_t(a.slots[item / a.H]) * a.H + item % a.H) * D * D; };
   if (prep_group) {
     int n = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++n) {
@@ -369,7 +375,7 @@ __global__ void __launch_bounds__(D * 4, 1) kda_decode_pipelined_kernel(KdaDecod
     for (int r = 0; r < 3; ++r) mbar_init(smem_u32(&bars[r]));
     for (int j = 0; j < 2; ++j) {
       const int item = blockIdx.x + j * gridDim.x;
-      if (item < items) bulk_load(bufs + j * D * D, state_of(item), kStateBytes, &bars[j]);
+      if (item < items) bulk_load(bufs + j * D * D, state_of<D>(a, item), kStateBytes, &bars[j]);
     }
   }
   asm volatile("bar.sync 2, %0;\n" ::"n"(kGroup) : "memory");  // the mbarriers are initialised
@@ -396,19 +402,16 @@ __global__ void __launch_bounds__(D * 4, 1) kda_decode_pipelined_kernel(KdaDecod
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our stores -> the copy engine
     asm volatile("bar.sync 2, %0;\n" ::"n"(kGroup) : "memory");     // every row of this item is written
     if (copier) {
-      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(state_of(item)),
-                   "r"(smem_u32(st)), "r"(kStateBytes)
-                   : "memory");
-      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      bulk_store_issue(state_of<D>(a, item), st, kStateBytes);
       const int ahead = item + 2 * gridDim.x;
       if (ahead < items) {  // its buffer held item n - 1: that store must have left shared memory
-        asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+        bulk_wait_read<1>();
         const int nb = (n + 2) % 3;
-        bulk_load(bufs + nb * D * D, state_of(ahead), kStateBytes, &bars[nb]);
+        bulk_load(bufs + nb * D * D, state_of<D>(a, ahead), kStateBytes, &bars[nb]);
       }
     }
   }
-  if (copier) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory outlives the reads
+  if (copier) bulk_wait_read<0>();  // shared memory outlives the reads
 }
 
 // Launches a persistent kernel with as many blocks as fit on the device at once (at most one per item).
