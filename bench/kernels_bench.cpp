@@ -259,10 +259,10 @@ void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt
   lines.push_back(l);
 }
 
-// ring: CudaBackend::set_kda_decode_ring (persistent blocks, a ring of state buffers, loads `ring`
-// items ahead), as "_ringN"; pipelined: CudaBackend::set_kda_decode_pipelined (a prep group
-// of threads running ahead of an update group), as "_pipelined".
-void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vector<Line>& lines, int ring = 0,
+// pipelined: CudaBackend::set_kda_decode_pipelined (a prep group of threads running ahead of an update
+// group), as "_pipelined". (The ring form, set_kda_decode_ring, is no longer timed: 0.49-0.51 of copy
+// bandwidth when last measured, docs/PERF.md.)
+void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vector<Line>& lines,
                      bool pipelined = false) {
   const int64_t D = 128, W = 4, P = H * D;
   const double state_bytes = double(B) * H * D * D * 4;
@@ -292,15 +292,11 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
       be.kda_decode({.qkv = qkv, .conv_w = conv_w, .conv_cache = cache, .f = f, .a_log = a_log, .dt_bias = dt, .b = b,
                      .state = state, .slots = slot_sets[r], .o = o, .heads = int(H)});
     });
-  const int was_ring = be.kda_decode_ring();
   const bool was_pipelined = be.kda_decode_pipelined();
-  be.set_kda_decode_ring(ring);
   be.set_kda_decode_pipelined(pipelined);
   const double us = time_graphs(be.stream(), quick ? 50 : 300, variants);
-  be.set_kda_decode_ring(was_ring);
   be.set_kda_decode_pipelined(was_pipelined);
-  Line l{.name = "kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H) +
-                 (ring ? "_ring" + std::to_string(ring) : "") + (pipelined ? "_pipelined" : ""),
+  Line l{.name = "kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H) + (pipelined ? "_pipelined" : ""),
          .us = us};
   l.bytes = 2 * state_bytes + double(B) * 3 * P * 2 * (1 + 2 * (W - 1)) + double(B) * P * 2 * 2 + 3.0 * P * W * 4 +
             P * 4.0;
@@ -428,7 +424,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
   if (wanted("kda_decode"))
     for (int B : opts.decode_batches) {
       kda_decode_case(be, B, 96, opts.quick, lines);
-      kda_decode_case(be, B, 96, opts.quick, lines, 0, true);
+      kda_decode_case(be, B, 96, opts.quick, lines, true);
     }
   if (wanted("mla_decode"))
     for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{

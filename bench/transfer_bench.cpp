@@ -253,9 +253,8 @@ int run(const Options& o) {
 #endif
   WriterOptions wopts;
   wopts.batch_hint = !o.no_batch_hint;
-  const int64_t default_poll_us =
-      cuda ? prefill::kDefaultTransferBusyPollUsDevice : prefill::kDefaultTransferBusyPollUsHost;
-  wopts.busy_poll = std::chrono::microseconds(o.busy_poll_us >= 0 ? o.busy_poll_us : default_poll_us);
+  wopts.busy_poll =
+      std::chrono::microseconds(o.busy_poll_us >= 0 ? o.busy_poll_us : prefill::default_transfer_busy_poll_us(cuda));
   auto writer = UcxWriter::create(worker, reader, wopts).value();
   // The source is registered once too, as a prefill stage registers its KV pool.
   auto src_region = make_region(ctx, region_bytes, cuda);  // per * size <= region_bytes below
@@ -289,21 +288,21 @@ int run(const Options& o) {
         flying.pop_front();
         if (!s.is_ok()) std::fprintf(stderr, "write: %s\n", s.to_string().c_str());
         return s.is_ok();
-    };
-    const auto t0 = Clock::now();
-    for (size_t i = 0; i < calls; ++i) {
-      if (flying.size() >= o.lists_in_flight && !finish_oldest()) return std::nullopt;
-      auto list = writer->post(*rkey, w, {}, src_reg);
-      if (!list.is_ok()) {
-        std::fprintf(stderr, "write: %s\n", list.status().to_string().c_str());
-        return std::nullopt;
+      };
+      const auto t0 = Clock::now();
+      for (size_t i = 0; i < calls; ++i) {
+        if (flying.size() >= o.lists_in_flight && !finish_oldest()) return std::nullopt;
+        auto list = writer->post(*rkey, w, {}, src_reg);
+        if (!list.is_ok()) {
+          std::fprintf(stderr, "write: %s\n", list.status().to_string().c_str());
+          return std::nullopt;
+        }
+        flying.push_back(std::move(list).value());
       }
-      flying.push_back(std::move(list).value());
-    }
-    while (!flying.empty())
-      if (!finish_oldest()) return std::nullopt;
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    return double(size) * per * calls / secs / 1e9;
+      while (!flying.empty())
+        if (!finish_oldest()) return std::nullopt;
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      return double(size) * per * calls / secs / 1e9;
     };
     // Alternating the two keeps a slow spell of the machine from landing on one side only.
     std::vector<double> refs, ourss;
@@ -317,7 +316,7 @@ int run(const Options& o) {
       std::sort(v.begin(), v.end());
       return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
     };
-    const double ours = median(ourss);
+    const double ours = median(ourss), ref = refs.empty() ? 0 : median(refs);
     char name[32];
     if (size >= (1u << 20)) std::snprintf(name, sizeof name, "%zu MiB", size >> 20);
     else std::snprintf(name, sizeof name, "%zu KiB", size >> 10);
@@ -327,7 +326,7 @@ int run(const Options& o) {
                     *std::max_element(refs.begin(), refs.end()), *std::min_element(ourss.begin(), ourss.end()),
                     *std::max_element(ourss.begin(), ourss.end()));
     if (!refs.empty())
-      std::printf("%-10s %8zu %14.2f %14.2f %8.2f%s\n", name, iters, median(refs), ours, ours / median(refs), spread);
+      std::printf("%-10s %8zu %14.2f %14.2f %8.2f%s\n", name, iters, ref, ours, ours / ref, spread);
     else
       std::printf("%-10s %8zu %14s %14.2f %8s\n", name, iters, "n/a", ours, "n/a");
     std::fflush(stdout);

@@ -110,10 +110,9 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   const int64_t default_arena_mib =
       backend.kind() == BackendKind::Cuda ? kDefaultSourceArenaMiBDevice : kDefaultSourceArenaMiBHost;
   dc.source_arena_bytes = static_cast<size_t>(opts.source_arena_bytes >= 0 ? opts.source_arena_bytes : default_arena_mib << 20);
-  const int64_t default_poll_us =
-      backend.kind() == BackendKind::Cuda ? kDefaultTransferBusyPollUsDevice : kDefaultTransferBusyPollUsHost;
-  dc.writer.busy_poll =
-      std::chrono::microseconds(opts.transfer_busy_poll_us >= 0 ? opts.transfer_busy_poll_us : default_poll_us);
+  dc.writer.busy_poll = std::chrono::microseconds(opts.transfer_busy_poll_us >= 0
+                                                      ? opts.transfer_busy_poll_us
+                                                      : default_transfer_busy_poll_us(backend.kind() == BackendKind::Cuda));
   PrefillStage* self = s.get();
   dc.on_state = [self](uint64_t id, protocol::RequestState st) {
     // Called inside driver calls: only note it; the loop frees the request after the call returns.

@@ -90,8 +90,8 @@ struct PrefillStageOptions {
   // Bytes of the arena the transfer's source images are carved from (registered once); -1: the default,
   // kDefaultSourceArenaMiBDevice or ...Host MiB by the stage's backend; 0: none (every image allocated on its own).
   int64_t source_arena_bytes = -1;
-  // Microseconds the transfer's waits poll before sleeping; -1: kDefaultTransferBusyPollUsDevice or
-  // ...Host by the stage's backend (source_arena_size.h).
+  // Microseconds the transfer's waits poll before sleeping; -1: default_transfer_busy_poll_us of the
+  // stage's backend (source_arena_size.h).
   int64_t transfer_busy_poll_us = -1;
   CacheOptions cache;                  // local caches of the stage's layers (max_seqs = requests in flight;
                                        // checkpoint_slots: the prefix cache's)

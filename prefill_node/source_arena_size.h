@@ -17,5 +17,9 @@ inline constexpr int64_t kDefaultSourceArenaMiBDevice = 1024;
 inline constexpr int64_t kDefaultSourceArenaMiBHost = 256;
 inline constexpr int64_t kDefaultTransferBusyPollUsDevice = 1000;
 inline constexpr int64_t kDefaultTransferBusyPollUsHost = 0;
+// The busy poll of a stage whose source images are device memory, or host memory.
+inline constexpr int64_t default_transfer_busy_poll_us(bool device_memory) {
+  return device_memory ? kDefaultTransferBusyPollUsDevice : kDefaultTransferBusyPollUsHost;
+}
 
 }  // namespace k3::prefill
