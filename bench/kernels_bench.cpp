@@ -305,15 +305,30 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
   lines.push_back(l);
 }
 
-// wgmma: CudaBackend::set_mla_decode_wgmma (the default, on, takes H >= 64); with --with-mma the
-// mma.sync kernel is reported beside it as an "_mma" line for those shapes; at H = 96 the wgmma
-// kernel with S split over dims between its warpgroups as "_splits"; for H >= 64 the L2 prefetch
-// (l2_prefetch >= 0, default off; no longer printed: slower in every measured call) as "_pfN", the KV tiles loaded by per-thread
-// cp.async instead of TMA bulk tensor copies (the default) as "_cpasync", and with the exact running
-// max instead of the lazy one (CudaBackend::set_mla_decode_lazy_rescale, default on) as "_exact".
+// One configuration of the MLA decode kernels (CudaBackend's switches) and the suffix its line gets.
+// wgmma: set_mla_decode_wgmma (the default, on, takes H >= 64); off (with --with-mma) reports the
+// mma.sync kernel for those shapes as "_mma". For H >= 64, the default is the seesaw form; beside
+// it: the exact running max instead of the lazy one ("_exact"), the lockstep form ("_lockstep"),
+// with the 32-head transposed block for the last head group ("_lockstep_t32tail"), the 32-head
+// transposed blocks for every group ("_t32"), S split over dims between the warpgroups
+// ("_splits"), KV tiles by per-thread cp.async instead of TMA ("_cpasync"), the L2 prefetch
+// (l2_prefetch >= 0, default off; no longer printed: slower in every measured call, "_pfN").
+struct MlaVariant {
+  bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true;
+  int l2_prefetch = -1, t32 = 0;
+  std::string suffix(int64_t H) const {
+    if (H < 64) return "";
+    if (!wgmma) return "_mma";
+    std::string s = t32 == 2 ? "_t32" : split_s ? "_splits" : !tma ? "_cpasync" : !seesaw ? "_lockstep" : "";
+    if (t32 == 1 && !seesaw) s += "_t32tail";
+    if (l2_prefetch >= 0) s += "_pf" + std::to_string(l2_prefetch);
+    if (!lazy) s += "_exact";
+    return s;
+  }
+};
+
 void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool quick, std::vector<Line>& lines,
-                     bool wgmma = true, bool split_s = false, int l2_prefetch = -1, bool tma = true,
-                     bool lazy = true) {
+                     const MlaVariant& v = {}) {
   const int64_t R = 512, Dr = 64, page = 64, pages_per = ctx / page, num_pages = B * pages_per;
   Tensor kv = be.alloc({num_pages, page, R + Dr}, DType::BF16);
   Tensor q_lat = be.alloc({B, H, R}, DType::BF16), q_rope = be.alloc({B, H, Dr}, DType::BF16);
@@ -328,13 +343,15 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   Tensor lens = dev_ints(be, std::vector<int32_t>(B, int32_t(ctx)));
   const float scale = 1.f / std::sqrt(192.f);
   const bool was = be.mla_decode_wgmma(), was_split = be.mla_decode_split_s();
-  const int was_pf = be.mla_decode_l2_prefetch();
-  const bool was_tma = be.mla_decode_tma(), was_lazy = be.mla_decode_lazy_rescale();
-  be.set_mla_decode_tma(tma);
-  be.set_mla_decode_lazy_rescale(lazy);
-  be.set_mla_decode_wgmma(wgmma);
-  be.set_mla_decode_split_s(split_s);
-  if (l2_prefetch >= 0) be.set_mla_decode_l2_prefetch(l2_prefetch);
+  const int was_pf = be.mla_decode_l2_prefetch(), was_t32 = be.mla_decode_t32();
+  const bool was_tma = be.mla_decode_tma(), was_lazy = be.mla_decode_lazy_rescale(), was_seesaw = be.mla_decode_seesaw();
+  be.set_mla_decode_seesaw(v.seesaw);
+  be.set_mla_decode_tma(v.tma);
+  be.set_mla_decode_lazy_rescale(v.lazy);
+  be.set_mla_decode_wgmma(v.wgmma);
+  be.set_mla_decode_split_s(v.split_s);
+  be.set_mla_decode_t32(v.t32);
+  if (v.l2_prefetch >= 0) be.set_mla_decode_l2_prefetch(v.l2_prefetch);
   const double us = time_graphs(be.stream(), quick ? 50 : 200, {[&] {
     be.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = table, .seq_lens = lens, .o = o,
                    .lse = lse, .scale = scale});
@@ -344,10 +361,10 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   be.set_mla_decode_l2_prefetch(was_pf);
   be.set_mla_decode_tma(was_tma);
   be.set_mla_decode_lazy_rescale(was_lazy);
+  be.set_mla_decode_t32(was_t32);
+  be.set_mla_decode_seesaw(was_seesaw);
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
-                 (wgmma || H < 64 ? "" : "_mma") + (split_s && wgmma && H >= 64 ? "_splits" : "") +
-                 (l2_prefetch >= 0 && wgmma && H >= 64 ? "_pf" + std::to_string(l2_prefetch) : "") +
-                 (!tma && wgmma && H >= 64 ? "_cpasync" : "") + (!lazy && wgmma && H >= 64 ? "_exact" : ""),
+                 v.suffix(H),
          .us = us};
   l.bytes = double(B) * ctx * (R + Dr) * 2 + double(B) * H * (R + Dr) * 2 + double(B) * H * R * 2 + double(B) * H * 4;
   l.flops = 2.0 * B * H * ctx * (R + Dr + R);
@@ -431,11 +448,14 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
              {96, 32, 4096}, {96, 64, 8192}, {96, 128, 16384}, {64, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
       if (H >= 64) {
-        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/true);
-        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/false, -1, /*tma=*/false);
-        mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/true, /*split_s=*/false, -1, true, /*lazy=*/false);
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.lazy = false});
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.seesaw = false});
+        if (H % 64 != 0) mla_decode_case(be, B, H, ctx, opts.quick, lines, {.seesaw = false, .t32 = 1});
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.seesaw = false, .t32 = 2});
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.split_s = true, .seesaw = false});
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.tma = false, .seesaw = false});
       }
-      if (H >= 64 && opts.with_mma) mla_decode_case(be, B, H, ctx, opts.quick, lines, /*wgmma=*/false);
+      if (H >= 64 && opts.with_mma) mla_decode_case(be, B, H, ctx, opts.quick, lines, {.wgmma = false});
     }
   if (wanted("lse_merge")) lse_merge_case(be, 8, 128, 96, 512, opts.quick, lines);
 

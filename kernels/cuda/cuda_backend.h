@@ -89,6 +89,18 @@ class CudaBackend final : public Backend {
   // wgmma kernel: lazy running max (the O rescale only when the max grows by more than 2^8; default on).
   void set_mla_decode_lazy_rescale(bool on) { mla_lazy_ = on; }
   bool mla_decode_lazy_rescale() const { return mla_lazy_; }
+  // wgmma kernel: blocks of 32 heads in transposed form, no padded rows (MlaDecodeArgs::wgmma_t32:
+  // 0 = 64-head blocks only, 1 = a last group of 1-32 heads as one 32-head block, 2 = all 32-head).
+  void set_mla_decode_t32(int mode) {
+    if (mode < 0 || mode > 2) throw Error("mla_decode: t32 mode " + std::to_string(mode) + " not in 0..2");
+    mla_t32_ = mode;
+  }
+  int mla_decode_t32() const { return mla_t32_; }
+  // wgmma kernel: 64-head blocks with the warpgroups in a seesaw over pairs of tiles (default on: 3-13 %
+  // faster than the lockstep form on the H200, docs/PERF.md; MlaDecodeArgs::wgmma_seesaw; takes
+  // precedence over set_mla_decode_t32, and needs the TMA loads and S split over tokens).
+  void set_mla_decode_seesaw(bool on) { mla_seesaw_ = on; }
+  bool mla_decode_seesaw() const { return mla_seesaw_; }
   // kda_decode by persistent blocks with a ring of state buffers, loading `ahead` (1 or 2) items
   // ahead (kda_decode.cu), or (0, the default) one block per (request, head).
   void set_kda_decode_ring(int ahead) { kda_ring_ = ahead; }
@@ -118,6 +130,8 @@ class CudaBackend final : public Backend {
   int mla_l2_prefetch_ = 0;  // set_mla_decode_l2_prefetch
   bool mla_tma_ = true;  // set_mla_decode_tma
   bool mla_lazy_ = true;  // set_mla_decode_lazy_rescale
+  int mla_t32_ = 0;  // set_mla_decode_t32
+  bool mla_seesaw_ = true;  // set_mla_decode_seesaw
   int kda_ring_ = 0;  // set_kda_decode_ring
   bool kda_pipelined_ = false;  // set_kda_decode_pipelined
   bool batch_invariant_ = false;

@@ -155,16 +155,31 @@ struct MlaDecodeArgs {
   // units), so the fp32 O rescale runs on few tiles (the default: 2-4 % faster on the H200, docs/PERF.md;
   // CudaBackend::set_mla_decode_lazy_rescale(false) gives the exact running max).
   bool wgmma_lazy_rescale = true;
+  // wgmma kernel, blocks of 32 heads in transposed form (heads as the instruction's N, so no padded
+  // rows; mla_decode_t32.cuh), TMA loads only: 0 = every block holds 64 heads (a last group of
+  // fewer heads is padded), 1 = a last group of 1-32 heads is one 32-head block, 2 = every block
+  // holds 32 heads. CudaBackend::set_mla_decode_t32.
+  int wgmma_t32 = 0;
+  // wgmma kernel, 64-head blocks: the two warpgroups in a seesaw over pairs of tiles (each computes
+  // the scores of its own tile, one's softmax overlapping the other's products; mla_decode_seesaw.cuh)
+  // instead of in lockstep on every tile. Applies with the TMA loads and S split over tokens;
+  // wgmma_t32 is then ignored. CudaBackend::set_mla_decode_seesaw (default on).
+  bool wgmma_seesaw = false;
   int64_t kv_rows = 0;
 };
+// The wgmma kernel's head groups per request: g64 blocks of 64 heads, then g32 blocks of 32.
+struct MlaHeadGroups {
+  int g64 = 0, g32 = 0;
+};
+MlaHeadGroups mla_wgmma_head_groups(int H, int t32_mode);
 // Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.
 struct MlaDecodePlan {
   int splits = 1;
   int tokens_per_split = 0;
 };
 // wgmma_kernel: the call will run the wgmma kernel (MlaDecodeArgs::use_wgmma with R = 512, Dr = 64),
-// whose blocks hold 64 heads.
-MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms, bool wgmma_kernel);
+// whose blocks hold 64 heads, or 32 as t32_mode says (MlaDecodeArgs::wgmma_t32).
+MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms, bool wgmma_kernel, int t32_mode = 0);
 int64_t mla_decode_workspace_floats(const MlaDecodePlan& plan, int B, int H, int R);
 void launch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* work, cudaStream_t s);
 // The wgmma kernel alone (called by launch_mla_decode): one split -> a.o, a.lse; several -> the fp32

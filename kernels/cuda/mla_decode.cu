@@ -382,11 +382,17 @@ void launch_mma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* part_o
 // kernel that runs will form them: 64 heads per block on the wgmma kernel (it takes H >= 64), else
 // heads_per_block. (Counting the mma.sync kernel's 32-head blocks for the wgmma kernel once left
 // half the SMs idle at H = 64: 64 blocks planned as 128.)
-MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms, bool wgmma_kernel) {
+MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms, bool wgmma_kernel, int t32_mode) {
   MlaDecodePlan plan;
   const int tiles = std::max(1, (max_context + kPlanTok - 1) / kPlanTok);
-  const int hpb = wgmma_kernel && H >= 64 ? 64 : heads_per_block(H);
-  const int64_t groups = int64_t(std::max(B, 1)) * ((std::max(H, 1) + hpb - 1) / hpb);
+  int per_request = 0;
+  if (wgmma_kernel && H >= 64) {
+    const MlaHeadGroups hg = mla_wgmma_head_groups(H, t32_mode);
+    per_request = hg.g64 + hg.g32;
+  } else {
+    per_request = (std::max(H, 1) + heads_per_block(H) - 1) / heads_per_block(H);
+  }
+  const int64_t groups = int64_t(std::max(B, 1)) * per_request;
   const int slots = std::max(num_sms, 1);
   const int max_splits = std::clamp(tiles / 4, 1, 64);
   const double tile_bytes_per_wave = double(slots) * kPlanTok * kDk * 2;

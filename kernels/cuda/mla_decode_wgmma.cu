@@ -43,6 +43,12 @@
 //
 // Cost of H = 96: two head groups, the second with 32 zero rows, so the tensor work is 128/96 =
 // 1.33x the useful work (the cache bytes are read once from HBM; the second group hits L2).
+//
+// The body above is the lockstep form. Two other block forms share the launch (same grid, same
+// shared-memory size, chosen per block): the seesaw form of a 64-head block (mla_decode_seesaw.cuh,
+// the default: each warpgroup computes the scores of its own tile of a pair, so one warpgroup's
+// softmax overlaps the other's products), and the 32-head transposed block (mla_decode_t32.cuh,
+// MlaDecodeArgs::wgmma_t32: no padded rows for a last group of 32 heads, measured slower).
 #include <cmath>
 #include <numeric>
 
@@ -50,6 +56,9 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/mla_decode_seesaw.cuh"
+#include "kernels/cuda/mla_decode_t32.cuh"
+#include "kernels/cuda/mla_decode_tiles.cuh"
 #include "kernels/cuda/mla_wgmma_layout.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/tensor_map.h"
@@ -58,14 +67,10 @@
 namespace k3::cuda {
 namespace {
 
-constexpr int kR = 512, kDr = 64, kDk = kR + kDr;
+using namespace mla_tiles;
 constexpr int kHeads = 64;                 // rows of one block = wgmma M
-constexpr int kTok = 64;                   // tokens per KV tile (plan_mla_decode splits are multiples of 64)
 constexpr int kStages = 2;
 constexpr int kThreads = 256;              // 2 warpgroups
-constexpr int kChunks = kDk / 8;           // 16-byte chunks per row (72)
-constexpr int kDimAtoms = kDk / 64;        // 9
-constexpr int kTileBytes = mlawg::kOperandBytes;  // 73728
 constexpr int kQBytes = mlawg::kOperandBytes;     // 73728
 constexpr int kPBytes = mlawg::kPBytes;           // 8192
 static_assert(kDimAtoms * (kTok / 8) * wg::kAtomBytes == kTileBytes && kHeads == mlawg::kRows && kTok == mlawg::kRows &&
@@ -75,15 +80,10 @@ constexpr int kBarBytes = kStages * 8;   // one mbarrier per stage (TMA loads)
 constexpr int kSmem =
     wg::kAtomBytes /*alignment slack*/ + kQBytes + kStages * kTileBytes + kPBytes + 2 * kRedFloats * 4 + kBarBytes;
 static_assert(kSmem <= 227 * 1024, "shared memory budget of one block");
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+static_assert(wg::kAtomBytes + mla_t32::kSmemFromBase <= kSmem && wg::kAtomBytes + mla_seesaw::kSmemFromBase <= kSmem,
+              "a 32-head block and a seesaw block fit in the same launch");
 
 using wg::op_offset;  // Q, KV stages and P: 64-row operands of [chunk / 8][row / 8] atoms
-
-__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx(-inf) = +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Copies tokens [t0, t0 + 64) into the stage at `dst` (rows past `end` zero-filled, never read from
 // the cache). Eight lanes copy one row: for each 64-dim atom, lane l8 copies logical chunk l8, and
@@ -118,42 +118,10 @@ __device__ __forceinline__ void prefetch_tile_l2(const MlaDecodeArgs& a, const i
   }
 }
 
-// TMA form of issue_tile, run by warp 0: tokens [t0, min(t0 + 64, end)) as boxes of box_rows rows x
-// 64 dims (box_rows divides the page size and 64, so a box never crosses a page), each landing at
-// its rows of its dim chunk already swizzled (the copy engine applies the same 128B XOR that
-// op_offset encodes). Boxes wholly past `end` are not loaded (their page may not exist); the rows
-// past `end` are zeroed by zero_tail once the copies are in.
-__device__ __forceinline__ void issue_tile_tma(uint32_t dst, uint32_t bar, const CUtensorMap* map,
-                                               const MlaDecodeArgs& a, const int32_t* pages, int t0, int end,
-                                               int page_shift, int box_rows) {
-  const int lane = threadIdx.x & 31;
-  const int rows = min(kTok, end - t0);
-  const int boxes = (rows + box_rows - 1) / box_rows * kDimAtoms;
-  if (lane == 0) mbar_expect_tx(bar, uint32_t(boxes * box_rows * wg::kRowBytes));
-  __syncwarp();
-  for (int k = lane; k < boxes; k += 32) {
-    const int rb = k / kDimAtoms, c = k % kDimAtoms;
-    const int tok = t0 + rb * box_rows;
-    const int pg = page_shift >= 0 ? tok >> page_shift : tok / a.page_size;
-    const int in_page = page_shift >= 0 ? tok & (a.page_size - 1) : tok - pg * a.page_size;
-    tma_load_2d(dst + uint32_t(c * 8 * wg::kAtomBytes + rb * box_rows * wg::kRowBytes), map, c * 64,
-                pages[pg] * a.page_size + in_page, bar);
-  }
-}
-
-// Rows [rows, 64) of a TMA-loaded stage: unused cache rows may hold NaN, and P = 0 times NaN is NaN.
-__device__ __forceinline__ void zero_tail(unsigned char* stage, int rows) {
-  constexpr int kPerRow = kDimAtoms * 8;  // 16-byte chunks of one row across the 9 dim atoms
-  for (int idx = threadIdx.x; idx < (kTok - rows) * kPerRow; idx += kThreads) {
-    const int r = rows + idx / kPerRow, c = (idx % kPerRow) / 8, q = idx % 8;
-    *reinterpret_cast<uint4*>(stage + c * 8 * wg::kAtomBytes + r * wg::kRowBytes + q * 16) = make_uint4(0, 0, 0, 0);
-  }
-}
-
-template <bool kSplitS, bool kTma>
+template <bool kSplitS, bool kTma, bool kSeesaw = false>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse,
-                            const __grid_constant__ CUtensorMap kv_map, int box_rows) {
+                            const __grid_constant__ CUtensorMap kv_map, int box_rows, int groups64) {
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 at run time below
   // Atoms must be 1024-byte aligned in the shared window (descriptor base offset 0).
   const uint32_t raw_addr = smem_u32(smem_raw);
@@ -165,6 +133,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* red_l = red_max + kRedFloats;
   const uint32_t bar_addr = smem_u32(red_l + kRedFloats);  // kStages mbarriers, 8 bytes each
   const uint32_t q_addr = raw_addr + pad, kv_addr = q_addr + kQBytes, p_addr = kv_addr + kStages * kTileBytes;
+  // Blocks past the 64-head groups hold 32 heads each in the transposed form (mla_decode_t32.cuh);
+  // 64-head blocks run in the seesaw form when asked (mla_decode_seesaw.cuh).
+  if constexpr (kSeesaw) {
+    static_assert(kTma && !kSplitS, "the seesaw block loads by TMA and splits S over tokens");
+    if (int(blockIdx.x) < groups64) {
+      mla_seesaw::block(a, tokens_per_split, part_o, part_lse, &kv_map, box_rows, kHeads * int(blockIdx.x), q_s, q_addr);
+      return;
+    }
+  }
+  if constexpr (kTma && !kSeesaw) {
+    if (int(blockIdx.x) >= groups64) {
+      mla_t32::block(a, tokens_per_split, part_o, part_lse, &kv_map, box_rows,
+                     kHeads * groups64 + mla_t32::kHeads * (int(blockIdx.x) - groups64), q_s, q_addr);
+      return;
+    }
+  }
 
   const int hg = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31;
@@ -177,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int begin = split * tokens_per_split;
   const int end = min(seq, begin + tokens_per_split);
   const int32_t* pages = a.block_table + int64_t(b) * a.max_pages;
-  const int page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __ffs(a.page_size) - 1 : -1;
+  const int page_shift = page_shift_of(a.page_size);
 
   // The first tile goes in flight before Q is staged, so both latencies overlap; the tiles after
   // the ones loaded into shared memory are prefetched into L2 (l2_prefetch_tiles of them ahead).
@@ -231,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kTma) {
       mbar_wait(bar_addr + 8 * stage, (phases >> stage) & 1u);
       phases ^= 1u << stage;
-      if (end - t0 < kTok) zero_tail(kv_s + stage * kTileBytes, end - t0);
+      if (end - t0 < kTok) zero_tail(kv_s + stage * kTileBytes, end - t0, tid, kThreads);
     } else {
       cp_async_wait<kStages - 2>();
     }
@@ -446,6 +430,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
+MlaHeadGroups mla_wgmma_head_groups(int H, int t32_mode) {
+  if (t32_mode == 2) return {0, (H + mla_t32::kHeads - 1) / mla_t32::kHeads};
+  if (t32_mode == 1 && H % kHeads > 0 && H % kHeads <= mla_t32::kHeads) return {H / kHeads, 1};
+  return {(H + kHeads - 1) / kHeads, 0};
+}
+
 void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* part_o, float* part_lse,
                              cudaStream_t s) {
   K3_CHECK(a.R == kR && a.Dr == kDr, "mla_decode_wgmma: needs R = 512, Dr = 64");
@@ -456,10 +446,15 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
   const bool tma = a.wgmma_tma && box_rows >= 8 && a.kv_rows > 0 && a.kv_rows < (int64_t(1) << 31);
   const CUtensorMap map = tma ? make_bf16_tensor_map_sw128(a.kv, a.kv_rows, kDk, box_rows) : CUtensorMap{};
   auto* kern = a.wgmma_split_s ? (tma ? mla_decode_wgmma_kernel<true, true> : mla_decode_wgmma_kernel<true, false>)
-                               : (tma ? mla_decode_wgmma_kernel<false, true> : mla_decode_wgmma_kernel<false, false>);
+               : !tma          ? mla_decode_wgmma_kernel<false, false>
+               : a.wgmma_seesaw ? mla_decode_wgmma_kernel<false, true, true>
+                                : mla_decode_wgmma_kernel<false, true>;
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const dim3 grid((a.H + kHeads - 1) / kHeads, plan.splits, a.B);
-  kern<<<grid, kThreads, kSmem, s>>>(a, plan.tokens_per_split, part_o, part_lse, map, box_rows);
+  // The 32-head transposed blocks load by TMA only, and do not share a launch with seesaw blocks (the
+  // one kernel holding both paths would spill).
+  const MlaHeadGroups groups = mla_wgmma_head_groups(a.H, tma && !a.wgmma_seesaw ? a.wgmma_t32 : 0);
+  const dim3 grid(groups.g64 + groups.g32, plan.splits, a.B);
+  kern<<<grid, kThreads, kSmem, s>>>(a, plan.tokens_per_split, part_o, part_lse, map, box_rows, groups.g64);
   K3_CUDA_LAUNCHED("mla_decode_wgmma_kernel");
 }
 

@@ -93,19 +93,27 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // names no registers): every accumulator passes through this empty volatile asm after the wait.
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-// D[64 x 32] (+)= A[64 x 16] * B[16 x 32]; A and B K-major in shared memory (imm-trans-a = imm-trans-b = 0).
+// D[64 x 32] (+)= A[64 x 16] * B[16 x 32]. kTransA / kTransB = 0: the operand is K-major in shared
+// memory; 1 (bf16 only): MN-major, i.e. stored [k][m] or [k][n] with m or n contiguous -- as an A of
+// M = 64 that is one atom along M, two along K per k16 step (the same placement as an MN-major B of
+// N = 64, see above). scale_d = 0 overwrites D.
 // Accumulator layout (PTX 9.7.15.5.1.1.1, "Matrix Fragments for wgmma.mma_async.m64nNk16",
 // accumulator D figure): warp w of the warpgroup holds rows 16w..16w+15; with g = lane / 4,
 // t = lane % 4, register d[4j + e] is row 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1) -- the
 // mma.sync m16n8 C fragment repeated over n8 tiles j.
-__device__ __forceinline__ void mma_m64n32_kk(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+template <int kTransA, int kTransB>
+__device__ __forceinline__ void mma_m64n32(float (&d)[16], uint64_t da, uint64_t db, int scale_d = 1) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, %19, %20;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(da), "l"(db), "r"(scale_d));
+      : "l"(da), "l"(db), "r"(scale_d), "n"(kTransA), "n"(kTransB));
+}
+// Both operands K-major.
+__device__ __forceinline__ void mma_m64n32_kk(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  mma_m64n32<0, 0>(d, da, db, scale_d);
 }
 
 // D[64 x 64] (+)= A[64 x 16] * B[16 x 64]; A K-major, B MN-major when kTransB (imm-trans-b = 1: B

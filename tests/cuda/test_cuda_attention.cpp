@@ -403,7 +403,9 @@ TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused page
 }
 
 // The Hopper wgmma kernel (mla_decode_wgmma.cu), the default for H >= 64: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
-// 64, 300, 5000 (one split and several, merged); pages of 64, 16, 48 and 8; bf16 and fp32 o; S split over tokens and over dims.
+// 64, 300, 5000 (one split and several, merged); pages of 64, 16, 48 and 8; bf16 and fp32 o; S split over tokens and over dims;
+// the 32-head transposed blocks (mla_decode_t32.cuh) for the last group and for all; the seesaw blocks (mla_decode_seesaw.cuh, the
+// default), with the lockstep form checked first.
 TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
@@ -418,9 +420,11 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
                                       {128, 512, 64, 48, {700, 64, 129}},
                                       {64, 512, 64, 16, {5000, 0, 1, 300}},
                                       {96, 512, 64, 8, {700, 65, 1}}};
-  // KV tiles by TMA (the default: boxes of 64 rows for pages of 64, 16 rows for pages of 16 and 48,
-  // 8 for 8) and by cp.async; S split over tokens (the default, here with the L2 prefetch on: a
-  // hint, same results) and over dims; the exact and the lazy running max, each in two of the four.
+  // The lockstep form first (the seesaw, the default, below): KV tiles by TMA (boxes of 64 rows for
+  // pages of 64, 16 rows for pages of 16 and 48, 8 for 8) and by cp.async; S split over tokens (here
+  // with the L2 prefetch on: a hint, same results) and over dims; the exact and the lazy running
+  // max, each in two of the four.
+  cb->set_mla_decode_seesaw(false);
   for (bool tma : {true, false})
     for (bool split_s : {false, true}) {
       const bool lazy = tma == split_s;
@@ -433,10 +437,29 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
                                  (split_s ? " split S" : "") + (lazy ? " lazy max" : ""));
     }
   cb->set_mla_decode_tma(true);
-  cb->set_mla_decode_lazy_rescale(true);
   cb->set_mla_decode_split_s(false);
   cb->set_mla_decode_l2_prefetch(0);
+  // 32-head blocks in transposed form: the last group of 96 heads only (64 and 128 have none, so
+  // those cases check the switch leaves them alone), and every block, with the lazy and the exact max.
+  for (int t32 : {1, 2})
+    for (bool lazy : {true, false}) {
+      cb->set_mla_decode_t32(t32);
+      cb->set_mla_decode_lazy_rescale(lazy);
+      check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng,
+                             std::string("mla_decode wgmma t32 mode ") + std::to_string(t32) +
+                                 (lazy ? " lazy max" : " exact max"));
+    }
+  cb->set_mla_decode_t32(0);
+  // The seesaw over pairs of tiles (odd and even tile counts, a lone tile, splits), lazy and exact max.
+  for (bool lazy : {true, false}) {
+    cb->set_mla_decode_seesaw(true);
+    cb->set_mla_decode_lazy_rescale(lazy);
+    check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng,
+                           std::string("mla_decode wgmma seesaw") + (lazy ? " lazy max" : " exact max"));
+  }
+  cb->set_mla_decode_lazy_rescale(true);
   cb->set_mla_decode_wgmma(false);
+  REQUIRE_THROWS_WITH(cb->set_mla_decode_t32(3), Catch::Matchers::Contains("t32 mode 3 not in 0..2"));
 }
 
 TEST_CASE("cuda mla_prefill matches cpu", "[cuda]") {
