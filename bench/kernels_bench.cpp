@@ -312,9 +312,10 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
 // with the 32-head transposed block for the last head group ("_lockstep_t32tail"), the 32-head
 // transposed blocks for every group ("_t32"), S split over dims between the warpgroups
 // ("_splits"), KV tiles by per-thread cp.async instead of TMA ("_cpasync"), the L2 prefetch
-// (l2_prefetch >= 0, default off; no longer printed: slower in every measured call, "_pfN").
+// (l2_prefetch >= 0, default off; no longer printed: slower in every measured call, "_pfN"); the
+// head groups of a request launched as one cluster ("_cluster").
 struct MlaVariant {
-  bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true;
+  bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true, cluster = false;
   int l2_prefetch = -1, t32 = 0;
   std::string suffix(int64_t H) const {
     if (H < 64) return "";
@@ -323,6 +324,7 @@ struct MlaVariant {
     if (t32 == 1 && !seesaw) s += "_t32tail";
     if (l2_prefetch >= 0) s += "_pf" + std::to_string(l2_prefetch);
     if (!lazy) s += "_exact";
+    if (cluster) s += "_cluster";
     return s;
   }
 };
@@ -345,7 +347,9 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   const bool was = be.mla_decode_wgmma(), was_split = be.mla_decode_split_s();
   const int was_pf = be.mla_decode_l2_prefetch(), was_t32 = be.mla_decode_t32();
   const bool was_tma = be.mla_decode_tma(), was_lazy = be.mla_decode_lazy_rescale(), was_seesaw = be.mla_decode_seesaw();
+  const bool was_cluster = be.mla_decode_cluster();
   be.set_mla_decode_seesaw(v.seesaw);
+  be.set_mla_decode_cluster(v.cluster);
   be.set_mla_decode_tma(v.tma);
   be.set_mla_decode_lazy_rescale(v.lazy);
   be.set_mla_decode_wgmma(v.wgmma);
@@ -363,6 +367,7 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   be.set_mla_decode_lazy_rescale(was_lazy);
   be.set_mla_decode_t32(was_t32);
   be.set_mla_decode_seesaw(was_seesaw);
+  be.set_mla_decode_cluster(was_cluster);
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
                  v.suffix(H),
          .us = us};
@@ -449,6 +454,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
       if (H >= 64) {
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.lazy = false});
+        if (H > 64) mla_decode_case(be, B, H, ctx, opts.quick, lines, {.cluster = true});
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.seesaw = false});
         if (H % 64 != 0) mla_decode_case(be, B, H, ctx, opts.quick, lines, {.seesaw = false, .t32 = 1});
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.seesaw = false, .t32 = 2});

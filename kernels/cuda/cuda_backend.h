@@ -101,6 +101,9 @@ class CudaBackend final : public Backend {
   // precedence over set_mla_decode_t32, and needs the TMA loads and S split over tokens).
   void set_mla_decode_seesaw(bool on) { mla_seesaw_ = on; }
   bool mla_decode_seesaw() const { return mla_seesaw_; }
+  // wgmma kernel: the head groups of a request as one thread-block cluster (MlaDecodeArgs::wgmma_cluster).
+  void set_mla_decode_cluster(bool on) { mla_cluster_ = on; }
+  bool mla_decode_cluster() const { return mla_cluster_; }
   // kda_decode by persistent blocks with a ring of state buffers, loading `ahead` (1 or 2) items
   // ahead (kda_decode.cu), or (0, the default) one block per (request, head).
   void set_kda_decode_ring(int ahead) { kda_ring_ = ahead; }
@@ -132,6 +135,7 @@ class CudaBackend final : public Backend {
   bool mla_lazy_ = true;  // set_mla_decode_lazy_rescale
   int mla_t32_ = 0;  // set_mla_decode_t32
   bool mla_seesaw_ = true;  // set_mla_decode_seesaw
+  bool mla_cluster_ = false;  // set_mla_decode_cluster
   int kda_ring_ = 0;  // set_kda_decode_ring
   bool kda_pipelined_ = false;  // set_kda_decode_pipelined
   bool batch_invariant_ = false;

@@ -278,6 +278,7 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   a.wgmma_tma = mla_tma_;
   a.wgmma_lazy_rescale = mla_lazy_;
   a.wgmma_seesaw = mla_seesaw_;
+  a.wgmma_cluster = mla_cluster_;
   a.wgmma_t32 = mla_seesaw_ ? 0 : mla_t32_;  // the seesaw takes precedence
   a.kv_rows = p.kv_cache.dim(0) * p.kv_cache.dim(1);
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});

@@ -165,6 +165,9 @@ struct MlaDecodeArgs {
   // instead of in lockstep on every tile. Applies with the TMA loads and S split over tokens;
   // wgmma_t32 is then ignored. CudaBackend::set_mla_decode_seesaw (default on).
   bool wgmma_seesaw = false;
+  // wgmma kernel: the head groups of one (request, split) launched as one thread-block cluster (up to
+  // 8 groups), so they run at the same time on one processing cluster. CudaBackend::set_mla_decode_cluster.
+  bool wgmma_cluster = false;
   int64_t kv_rows = 0;
 };
 // The wgmma kernel's head groups per request: g64 blocks of 64 heads, then g32 blocks of 32.

@@ -454,7 +454,22 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
   // one kernel holding both paths would spill).
   const MlaHeadGroups groups = mla_wgmma_head_groups(a.H, tma && !a.wgmma_seesaw ? a.wgmma_t32 : 0);
   const dim3 grid(groups.g64 + groups.g32, plan.splits, a.B);
-  kern<<<grid, kThreads, kSmem, s>>>(a, plan.tokens_per_split, part_o, part_lse, map, box_rows, groups.g64);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = s;
+  // Clusters of the head groups of one request (and split): scheduled together on one GPU processing
+  // cluster, so the second group's reads of the same cache rows find them in L2.
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = unsigned(grid.x);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  const bool clustered = a.wgmma_cluster && grid.x > 1 && grid.x <= 8;
+  cfg.attrs = &cluster;
+  cfg.numAttrs = clustered ? 1 : 0;
+  K3_CUDA_OK(cudaLaunchKernelEx(&cfg, kern, a, plan.tokens_per_split, part_o, part_lse, map, box_rows, groups.g64));
   K3_CUDA_LAUNCHED("mla_decode_wgmma_kernel");
 }
 

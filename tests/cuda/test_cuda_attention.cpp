@@ -425,6 +425,7 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   // with the L2 prefetch on: a hint, same results) and over dims; the exact and the lazy running
   // max, each in two of the four.
   cb->set_mla_decode_seesaw(false);
+  cb->set_mla_decode_cluster(false);
   for (bool tma : {true, false})
     for (bool split_s : {false, true}) {
       const bool lazy = tma == split_s;
@@ -450,13 +451,18 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
                                  (lazy ? " lazy max" : " exact max"));
     }
   cb->set_mla_decode_t32(0);
-  // The seesaw over pairs of tiles (odd and even tile counts, a lone tile, splits), lazy and exact max.
-  for (bool lazy : {true, false}) {
-    cb->set_mla_decode_seesaw(true);
-    cb->set_mla_decode_lazy_rescale(lazy);
-    check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng,
-                           std::string("mla_decode wgmma seesaw") + (lazy ? " lazy max" : " exact max"));
-  }
+  // The seesaw over pairs of tiles (odd and even tile counts, a lone tile, splits), lazy and exact
+  // max; each also with the head groups of a request launched as one cluster.
+  for (bool lazy : {true, false})
+    for (bool cluster : {false, true}) {
+      cb->set_mla_decode_seesaw(true);
+      cb->set_mla_decode_lazy_rescale(lazy);
+      cb->set_mla_decode_cluster(cluster);
+      check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng,
+                             std::string("mla_decode wgmma seesaw") + (lazy ? " lazy max" : " exact max") +
+                                 (cluster ? " clustered" : ""));
+    }
+  cb->set_mla_decode_cluster(false);
   cb->set_mla_decode_lazy_rescale(true);
   cb->set_mla_decode_wgmma(false);
   REQUIRE_THROWS_WITH(cb->set_mla_decode_t32(3), Catch::Matchers::Contains("t32 mode 3 not in 0..2"));
