@@ -80,16 +80,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
         issue_tile_tma(kv_addr + s * kTileBytes, full0 + 8 * s, kv_map, a, pages, begin + s * kTok, end, page_shift,
                        box_rows);
   }
-  for (int idx = tid; idx < kHeads * kChunks; idx += 256) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    uint4 v = make_uint4(0, 0, 0, 0);  // heads >= H: zero rows (scores 0, never written out)
-    if (h0 + r < a.H) {
-      const int64_t row = int64_t(b) * a.H + h0 + r;
-      v = c < kR / 8 ? *reinterpret_cast<const uint4*>(a.q_lat + row * kR + c * 8)
-                     : *reinterpret_cast<const uint4*>(a.q_rope + row * kDr + (c - kR / 8) * 8);
-    }
-    *reinterpret_cast<uint4*>(base + wg::op_offset(r, c)) = v;
-  }
+  stage_q<kHeads>(base, a, b, h0, tid, 256);
   wg::fence_proxy_async();  // Q stores -> async proxy
   __syncthreads();          // Q is staged and the mbarriers exist
 
@@ -301,40 +292,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
     sums_s[r1] += l1;
   }
   __syncthreads();
-  const float L0 = sums_s[r0], L1 = sums_s[r1];
-  // L == 0 only when this split saw no token (empty request or split past the end): o = 0, lse = -inf.
-  const float inv0 = L0 > 0.f ? 1.f / L0 : 0.f, inv1 = L1 > 0.f ? 1.f / L1 : 0.f;
-  const int hA = h0 + r0, hB = h0 + r1;
-  const int splits = gridDim.y;
-  const int64_t rowA = (splits == 1 ? 0 : int64_t(split) * a.B * a.H) + int64_t(b) * a.H + hA;
-  const int64_t rowB = rowA + 8;
-  // o[32 j' + 4 jj + e]: row r0 + 8 (e >> 1), column 256 w + 64 j' + 8 jj + 2 t4 + (e & 1).
-  const int colw = 256 * w + 2 * t4;
-  if (splits == 1 && a.o.bf16) {
-    auto* out = static_cast<__nv_bfloat16*>(a.o.p);
-#pragma unroll
-    for (int q = 0; q < 32; ++q) {
-      const int col = colw + 8 * q;
-      if (hA < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowA * kR + col) =
-          __floats2bfloat162_rn(o[4 * q] * inv0, o[4 * q + 1] * inv0);
-      if (hB < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowB * kR + col) =
-          __floats2bfloat162_rn(o[4 * q + 2] * inv1, o[4 * q + 3] * inv1);
-    }
-  } else {
-    float* out = splits == 1 ? static_cast<float*>(a.o.p) : part_o;
-#pragma unroll
-    for (int q = 0; q < 32; ++q) {
-      const int col = colw + 8 * q;
-      if (hA < a.H) *reinterpret_cast<float2*>(out + rowA * kR + col) = make_float2(o[4 * q] * inv0, o[4 * q + 1] * inv0);
-      if (hB < a.H) *reinterpret_cast<float2*>(out + rowB * kR + col) =
-          make_float2(o[4 * q + 2] * inv1, o[4 * q + 3] * inv1);
-    }
-  }
-  if (w == 0 && t4 == 0) {
-    float* lse_out = splits == 1 ? a.lse : part_lse;
-    if (hA < a.H) lse_out[rowA] = L0 > 0.f ? (m0 + __log2f(L0)) * kLn2 : -INFINITY;
-    if (hB < a.H) lse_out[rowB] = L1 > 0.f ? (m1 + __log2f(L1)) * kLn2 : -INFINITY;
-  }
+  store_rows64(a, part_o, part_lse, o, h0, r0, w, t4, sums_s[r0], sums_s[r1], m0, m1);
 }
 
 }  // namespace k3::cuda::mla_seesaw

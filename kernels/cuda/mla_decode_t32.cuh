@@ -46,10 +46,6 @@ constexpr int kSmemFromBase = kBarOff + 2 * 8;
 static_assert(kQBytes % wg::kAtomBytes == 0 && kPOff % wg::kAtomBytes == 0, "atoms stay 1024-byte aligned");
 static_assert(8 * 16 * 128 * 4 <= kTileBytes, "warpgroup 1's Oᵀ (8 x 16 floats per thread) fits in one freed stage");
 
-// Byte offset of 16-byte chunk c (0..71) of head row r (0..31) of Q: atoms [c / 8][r / 8].
-__device__ __forceinline__ uint32_t q_offset(int r, int c) {
-  return uint32_t(((c >> 3) * kHeadGroups + (r >> 3)) * wg::kAtomBytes) + wg::sw128_offset(r & 7, c & 7);
-}
 // Byte offset of Pᵀ's element (head n, token k): one 64-token chunk, atoms by head group.
 __device__ __forceinline__ uint32_t p_offset(int n, int k) {
   return uint32_t((n >> 3) * wg::kAtomBytes) + wg::sw128_offset(n & 7, k >> 3) + uint32_t((k & 7) * 2);
@@ -98,16 +94,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
         issue_tile_tma(base_addr + kKvOff + s * kTileBytes, bar0 + 8 * s, kv_map, a, pages, begin + s * kTok, end,
                        page_shift, box_rows);
   }
-  for (int idx = tid; idx < kHeads * kChunks; idx += 256) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    uint4 v = make_uint4(0, 0, 0, 0);  // heads >= H: zero rows (scores 0, never written out)
-    if (h0 + r < a.H) {
-      const int64_t row = int64_t(b) * a.H + h0 + r;
-      v = c < kR / 8 ? *reinterpret_cast<const uint4*>(a.q_lat + row * kR + c * 8)
-                     : *reinterpret_cast<const uint4*>(a.q_rope + row * kDr + (c - kR / 8) * 8);
-    }
-    *reinterpret_cast<uint4*>(base + q_offset(r, c)) = v;
-  }
+  stage_q<kHeads>(base, a, b, h0, tid, 256);
   wg::fence_proxy_async();  // Q stores -> async proxy
   __syncthreads();          // Q is staged and the mbarriers exist
 

@@ -56,6 +56,69 @@ __device__ __forceinline__ void issue_tile_tma(uint32_t dst, uint32_t bar, const
   }
 }
 
+// Byte offset of 16-byte chunk c (0..71) of head row r of a Q operand of kRows heads, K-major atoms
+// [c / 8][r / 8] (kRows = 64: wg::op_offset).
+template <int kRows>
+__device__ __forceinline__ uint32_t q_offset(int r, int c) {
+  return uint32_t(((c >> 3) * (kRows / 8) + (r >> 3)) * wg::kAtomBytes) + wg::sw128_offset(r & 7, c & 7);
+}
+
+// Q of heads [h0, h0 + kRows) of request b into shared memory at q, by `threads` threads of which
+// this is number t; heads >= H are zero rows (scores 0, never written out).
+template <int kRows>
+__device__ __forceinline__ void stage_q(unsigned char* q, const MlaDecodeArgs& a, int b, int h0, int t, int threads) {
+  for (int idx = t; idx < kRows * kChunks; idx += threads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (h0 + r < a.H) {
+      const int64_t row = int64_t(b) * a.H + h0 + r;
+      v = c < kR / 8 ? *reinterpret_cast<const uint4*>(a.q_lat + row * kR + c * 8)
+                     : *reinterpret_cast<const uint4*>(a.q_rope + row * kDr + (c - kR / 8) * 8);
+    }
+    *reinterpret_cast<uint4*>(q + q_offset<kRows>(r, c)) = v;
+  }
+}
+
+// The result of a 64-head block for this thread's rows r0 and r0 + 8 (heads h0 + r0, h0 + r0 + 8):
+// its warpgroup w's m64n256 accumulator o[4q + e] is row r0 + 8 (e >> 1), column 256 w + 8 q + 2 t4 +
+// (e & 1), divided by the row sum L; with one split into a.o (bf16 or fp32) and a.lse, else into
+// the fp32 partials of split blockIdx.y. L == 0 only when the split saw no token (an empty request
+// or a split past the end): o = 0, lse = -inf. m: the rows' running max in log2 units.
+__device__ __forceinline__ void store_rows64(const MlaDecodeArgs& a, float* part_o, float* part_lse, const float* o,
+                                             int h0, int r0, int w, int t4, float L0, float L1, float m0, float m1) {
+  const float inv0 = L0 > 0.f ? 1.f / L0 : 0.f, inv1 = L1 > 0.f ? 1.f / L1 : 0.f;
+  const int hA = h0 + r0, hB = hA + 8;
+  const int splits = gridDim.y;
+  const int64_t rowA = (splits == 1 ? 0 : int64_t(blockIdx.y) * a.B * a.H) + int64_t(blockIdx.z) * a.H + hA;
+  const int64_t rowB = rowA + 8;
+  const int colw = 256 * w + 2 * t4;
+  if (splits == 1 && a.o.bf16) {
+    auto* out = static_cast<__nv_bfloat16*>(a.o.p);
+#pragma unroll
+    for (int q = 0; q < 32; ++q) {
+      const int col = colw + 8 * q;
+      if (hA < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowA * kR + col) =
+          __floats2bfloat162_rn(o[4 * q] * inv0, o[4 * q + 1] * inv0);
+      if (hB < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowB * kR + col) =
+          __floats2bfloat162_rn(o[4 * q + 2] * inv1, o[4 * q + 3] * inv1);
+    }
+  } else {
+    float* out = splits == 1 ? static_cast<float*>(a.o.p) : part_o;
+#pragma unroll
+    for (int q = 0; q < 32; ++q) {
+      const int col = colw + 8 * q;
+      if (hA < a.H) *reinterpret_cast<float2*>(out + rowA * kR + col) = make_float2(o[4 * q] * inv0, o[4 * q + 1] * inv0);
+      if (hB < a.H) *reinterpret_cast<float2*>(out + rowB * kR + col) =
+          make_float2(o[4 * q + 2] * inv1, o[4 * q + 3] * inv1);
+    }
+  }
+  if (w == 0 && t4 == 0) {
+    float* lse_out = splits == 1 ? a.lse : part_lse;
+    if (hA < a.H) lse_out[rowA] = L0 > 0.f ? (m0 + __log2f(L0)) * kLn2 : -INFINITY;
+    if (hB < a.H) lse_out[rowB] = L1 > 0.f ? (m1 + __log2f(L1)) * kLn2 : -INFINITY;
+  }
+}
+
 // Rows [rows, 64) of a TMA-loaded stage, by `threads` threads of which this is number `t`: unused
 // cache rows may hold NaN, and P = 0 times NaN is NaN.
 __device__ __forceinline__ void zero_tail(unsigned char* stage, int rows, int t, int threads) {

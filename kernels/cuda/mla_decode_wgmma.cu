@@ -187,16 +187,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int pf = a.l2_prefetch_tiles;
   if (tid < 32)  // tiles kStages .. kStages + pf - 2; the loop below prefetches from kStages + pf - 1 on
     for (int i = 0; i + 1 < pf; ++i) prefetch_tile_l2(a, pages, begin + (kStages + i) * kTok, end);
-  for (int idx = tid; idx < kHeads * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    uint4 v = make_uint4(0, 0, 0, 0);  // heads >= H: zero rows (scores 0, never written out)
-    if (h0 + r < a.H) {
-      const int64_t row = int64_t(b) * a.H + h0 + r;
-      v = c < kR / 8 ? *reinterpret_cast<const uint4*>(a.q_lat + row * kR + c * 8)
-                     : *reinterpret_cast<const uint4*>(a.q_rope + row * kDr + (c - kR / 8) * 8);
-    }
-    *reinterpret_cast<uint4*>(q_s + op_offset(r, c)) = v;
-  }
+  stage_q<kHeads>(q_s, a, b, h0, tid, kThreads);
 
   if constexpr (kTma) __syncthreads();  // the barriers thread 0 set up exist before anyone waits on them
   const float sl2 = a.scale * kLog2e;  // scores in log2 units
@@ -385,47 +376,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     red_l[w * kHeads + r1] = l1;
   }
   __syncthreads();
-  const float L0 = red_l[r0] + red_l[kHeads + r0], L1 = red_l[r1] + red_l[kHeads + r1];
-  // l == 0 only when this split saw no token (empty request or split past the end): o = 0, lse = -inf.
-  const float inv0 = L0 > 0.f ? 1.f / L0 : 0.f, inv1 = L1 > 0.f ? 1.f / L1 : 0.f;
-  const float lse0 = L0 > 0.f ? (m0 + __log2f(L0)) * kLn2 : -INFINITY;
-  const float lse1 = L1 > 0.f ? (m1 + __log2f(L1)) * kLn2 : -INFINITY;
-  const int hA = h0 + r0, hB = h0 + r1;
-  const int splits = gridDim.y;
-  const int64_t rowA = (splits == 1 ? 0 : int64_t(split) * a.B * a.H) + int64_t(b) * a.H + hA;
-  const int64_t rowB = rowA + 8;
-  // o[j][4 jj + e]: row r0 + 8 (e >> 1), column 256 w + 64 j + 8 jj + 2 t4 + (e & 1).
-  const int colw = 256 * w + 2 * t4;
-  if (splits == 1 && a.o.bf16) {
-    auto* out = static_cast<__nv_bfloat16*>(a.o.p);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-        const int col = colw + 64 * j + 8 * jj;
-        if (hA < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowA * kR + col) =
-            __floats2bfloat162_rn(o[j][4 * jj] * inv0, o[j][4 * jj + 1] * inv0);
-        if (hB < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowB * kR + col) =
-            __floats2bfloat162_rn(o[j][4 * jj + 2] * inv1, o[j][4 * jj + 3] * inv1);
-      }
-  } else {
-    float* out = splits == 1 ? static_cast<float*>(a.o.p) : part_o;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-        const int col = colw + 64 * j + 8 * jj;
-        if (hA < a.H) *reinterpret_cast<float2*>(out + rowA * kR + col) =
-            make_float2(o[j][4 * jj] * inv0, o[j][4 * jj + 1] * inv0);
-        if (hB < a.H) *reinterpret_cast<float2*>(out + rowB * kR + col) =
-            make_float2(o[j][4 * jj + 2] * inv1, o[j][4 * jj + 3] * inv1);
-      }
-  }
-  if (w == 0 && t4 == 0) {
-    float* lse_out = splits == 1 ? a.lse : part_lse;
-    if (hA < a.H) lse_out[rowA] = lse0;
-    if (hB < a.H) lse_out[rowB] = lse1;
-  }
+  store_rows64(a, part_o, part_lse, &o[0][0], h0, r0, w, t4, red_l[r0] + red_l[kHeads + r0],
+               red_l[r1] + red_l[kHeads + r1], m0, m1);
 }
 
 }  // namespace
