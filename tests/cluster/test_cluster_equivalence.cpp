@@ -320,7 +320,7 @@ TEST_CASE("cluster PP=2 (even split), chunk 7: tokens equal the monolithic engin
 TEST_CASE("cluster PP=2 streaming a prompt of several chunks: one write batch per chunk, k3-generate's tokens", "[cluster][stream]") {
   // Batches: a stage writes each chunk's rows once ADDRS is back, the rows computed before it in one go, and
   // the KDA state after the last chunk; with --max-inflight-chunks 1 compute waits for every flush.
-  for (const std::vector<std::string> flags : {std::vector<std::string>{"--timing"},
+  for (const std::vector<std::string>& flags : {std::vector<std::string>{"--timing"},
                                                {"--timing", "--max-inflight-chunks", "1"}, {"--timing", "--no-stream"}}) {
     Cluster c({.stages = 2, .partition = "", .chunk = 4, .prefill_flags = flags});
     std::mt19937 rng(61);

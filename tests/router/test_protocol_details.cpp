@@ -128,7 +128,7 @@ TEST_CASE("handlers: X-Request-Id is honoured, made when absent, refused when un
   CHECK(made.rfind("req-", 0) == 0);
   CHECK(made.size() == 36);
   CHECK(header(post({})) != made);
-  for (const std::string bad : {std::string(), std::string(129, 'x'), std::string("has space"), std::string("tab\there"),
+  for (const std::string& bad : {std::string(), std::string(129, 'x'), std::string("has space"), std::string("tab\there"),
                                 std::string("nl\ninjected")}) {
     r = post({{"x-request-id", bad}});
     INFO(bad << " -> " << r.body);
