@@ -52,6 +52,7 @@ k3::bench::BenchCeilings k3::bench::measure_bench_ceilings(Backend&, bool) { ret
 #include <random>
 #include <vector>
 
+#include "bench/kernel_timing.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -59,131 +60,12 @@ namespace k3::bench {
 
 namespace {
 
-// Random device inputs without a device RNG: a 4 Mi-element host pattern (seeded), copied over the
-// buffer at a seed-dependent rotation. Never zeros (they hide bugs and run faster than real data).
-void fill_uniform(void* p, int64_t n, bool bf16, float lo, float hi, uint64_t seed, cudaStream_t s) {
-  constexpr int64_t kPattern = int64_t(1) << 22;
-  const int64_t m = std::min(n, kPattern);
-  if (m == 0) return;
-  std::mt19937 rng{static_cast<uint32_t>(seed)};
-  std::uniform_real_distribution<float> ud(lo, hi);
-  std::vector<float> f(static_cast<size_t>(m));
-  for (auto& v : f) v = ud(rng);
-  std::vector<uint16_t> h;
-  const void* src = f.data();
-  const size_t esz = bf16 ? 2 : 4;
-  if (bf16) {
-    h.resize(f.size());
-    for (size_t i = 0; i < f.size(); ++i) h[i] = f32_to_bf16(f[i]);
-    src = h.data();
-  }
-  for (int64_t off = 0; off < n; off += m) {
-    const int64_t len = std::min(m, n - off);
-    K3_CUDA_OK(cudaMemcpyAsync(static_cast<char*>(p) + off * esz, src, size_t(len) * esz, cudaMemcpyHostToDevice, s));
-  }
-  K3_CUDA_OK(cudaStreamSynchronize(s));  // host pattern dies at return
-}
-
 using cuda::CudaBackend;
-
-// A public kernel timed on the same card by bench/fla_reference.py: its label and JSON key.
-struct Ref {
-  std::string label, key;
-  double us = 0;  // filled from the reference JSON (0: not measured)
-};
-
-struct Line {
-  std::string name;     // our key (also the key of the first reference unless it names another)
-  double us = 0, bytes = 0, flops = 0;
-  double floor_us = 0;
-  std::vector<Ref> refs;  // first = the table's main reference column; the rest get rows of their own
-};
 
 struct Ceilings {
   double copy_bytes_per_us = 0;  // read + write
   double gemm_flops_per_us = 0;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-class Events {
- public:
-  Events() {
-    K3_CUDA_OK(cudaEventCreate(&a_));
-    K3_CUDA_OK(cudaEventCreate(&b_));
-  }
-  ~Events() {
-    cudaEventDestroy(a_);
-    cudaEventDestroy(b_);
-  }
-  // Microseconds of device time taken by what `f` enqueues on `s`.
-  double time(cudaStream_t s, const std::function<void()>& f) {
-    K3_CUDA_OK(cudaEventRecord(a_, s));
-    f();
-    K3_CUDA_OK(cudaEventRecord(b_, s));
-    K3_CUDA_OK(cudaEventSynchronize(b_));
-    float ms = 0;
-    K3_CUDA_OK(cudaEventElapsedTime(&ms, a_, b_));
-    return ms * 1e3;
-  }
-
- private:
-  cudaEvent_t a_ = nullptr, b_ = nullptr;
-};
-
-double time_eager(cudaStream_t s, int warm, int iters, const std::function<void()>& f) {
-  Events ev;
-  for (int i = 0; i < warm; ++i) f();
-  K3_CUDA_OK(cudaStreamSynchronize(s));
-  std::vector<double> t;
-  for (int i = 0; i < iters; ++i) t.push_back(ev.time(s, f));
-  return median(t);
-}
-
-class Graph {
- public:
-  Graph(cudaStream_t s, const std::function<void()>& f) {
-    K3_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    f();
-    cudaGraph_t g = nullptr;
-    K3_CUDA_OK(cudaStreamEndCapture(s, &g));
-    K3_CUDA_OK(cudaGraphInstantiate(&exec_, g, 0));
-    cudaGraphDestroy(g);
-  }
-  ~Graph() {
-    if (exec_) cudaGraphExecDestroy(exec_);
-  }
-  Graph(const Graph&) = delete;
-  Graph& operator=(const Graph&) = delete;
-  void launch(cudaStream_t s) { K3_CUDA_OK(cudaGraphLaunch(exec_, s)); }
-
- private:
-  cudaGraphExec_t exec_ = nullptr;
-};
-
-// Each variant is run once eagerly (sizing workspaces), captured, then replayed round robin.
-double time_graphs(cudaStream_t s, int replays, const std::vector<std::function<void()>>& variants) {
-  for (auto& v : variants) v();
-  K3_CUDA_OK(cudaStreamSynchronize(s));
-  std::vector<std::unique_ptr<Graph>> graphs;
-  for (auto& v : variants) graphs.push_back(std::make_unique<Graph>(s, v));
-  for (auto& g : graphs) g->launch(s);  // warm
-  K3_CUDA_OK(cudaStreamSynchronize(s));
-  Events ev;
-  std::vector<double> t;
-  for (int i = 0; i < replays; ++i) t.push_back(ev.time(s, [&] { graphs[i % graphs.size()]->launch(s); }));
-  return median(t);
-}
-
-Tensor dev_ints(CudaBackend& be, const std::vector<int32_t>& v) {
-  return be.from_host(Tensor::from_i32({int64_t(v.size())}, v), DType::I32);
-}
-void fill(CudaBackend& be, const Tensor& t, float lo, float hi, uint64_t seed) {
-  fill_uniform(t.data(), t.numel(), t.dtype() == DType::BF16, lo, hi, seed, be.stream());
-}
 
 Ceilings measure_ceilings(CudaBackend& be, bool quick, std::vector<Line>& lines) {
   Ceilings c;
