@@ -39,12 +39,6 @@ constexpr int kSmemFromBase = kBarOff + 4 * 8;  // full[2], empty[2]
 __device__ __forceinline__ void arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(3 + w) : "memory"); }
-__device__ __forceinline__ void mbar_init_count(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
 
 // Heads [h0, h0 + 64) of request blockIdx.z, split blockIdx.y; 256 threads.
 __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_split, float* part_o, float* part_lse,
@@ -70,9 +64,8 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
     if (tid == 0) {
       for (int s = 0; s < 2; ++s) {
         mbar_init(full0 + 8 * s);
-        mbar_init_count(empty0 + 8 * s, 2);
+        mbar_init(empty0 + 8 * s, 2);  // one arrival per warpgroup
       }
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncwarp();
     for (int s = 0; s < 2; ++s)
