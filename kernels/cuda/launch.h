@@ -175,6 +175,9 @@ struct MlaHeadGroups {
   int g64 = 0, g32 = 0;
 };
 MlaHeadGroups mla_wgmma_head_groups(int H, int t32_mode);
+// The 32-head mode the wgmma kernel runs for these args: wgmma_t32, or 0 with the seesaw (one kernel
+// holding both block forms would spill). The launch also needs TMA loads for it.
+inline int mla_wgmma_t32_mode(const MlaDecodeArgs& a) { return a.wgmma_seesaw ? 0 : a.wgmma_t32; }
 // Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.
 struct MlaDecodePlan {
   int splits = 1;

@@ -402,9 +402,8 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
                : a.wgmma_seesaw ? mla_decode_wgmma_kernel<false, true, true>
                                 : mla_decode_wgmma_kernel<false, true>;
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  // The 32-head transposed blocks load by TMA only, and do not share a launch with seesaw blocks (the
-  // one kernel holding both paths would spill).
-  const MlaHeadGroups groups = mla_wgmma_head_groups(a.H, tma && !a.wgmma_seesaw ? a.wgmma_t32 : 0);
+  // The 32-head transposed blocks load by TMA only.
+  const MlaHeadGroups groups = mla_wgmma_head_groups(a.H, tma ? mla_wgmma_t32_mode(a) : 0);
   const dim3 grid(groups.g64 + groups.g32, plan.splits, a.B);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
