@@ -6,7 +6,7 @@
 # fla-core and sgl-flash-mla (FlashMLA) wheels in .whl/ (docs/PERF.md says how). Writes at most 9
 # files to OUT_DIR: build.log, resources.txt, tests.log, ref.json, ref.log, ours.json, bench.md (and
 # crosscheck.json, crosscheck.log).
-# TESTS: the CUDA test binaries to build and run (default: all five kernel suites below).
+# TESTS: the CUDA test binaries to build and run (default: all six kernel suites below).
 # CROSSCHECK=1: also bench/fla_crosscheck.py (our kda_chunk through k3-op against fla's chunk_kda
 # on unseen shapes) -> OUT_DIR/crosscheck.json, crosscheck.log.
 # REF_ARGS: extra bench/fla_reference.py flags (e.g. --skip-fla to time FlashMLA and PyTorch only).
@@ -24,7 +24,7 @@ done
 source "$(dirname "$0")/gpu_host.sh"
 gpu_host_setup "$OUT"
 t0=$T0
-TESTS=${TESTS:-cuda_test_cuda_mma cuda_test_cuda_wgmma cuda_test_cuda_ops cuda_test_cuda_attention cuda_test_cuda_registry}
+TESTS=${TESTS:-cuda_test_cuda_mma cuda_test_cuda_wgmma cuda_test_cuda_ops cuda_test_cuda_attention cuda_test_cuda_mla cuda_test_cuda_registry}
 TARGETS="$TESTS k3-op k3-bench"
 [[ $ALL == 1 ]] && TARGETS=all
 ninja -C $B -j16 $TARGETS >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }

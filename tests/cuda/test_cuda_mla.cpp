@@ -1,0 +1,194 @@
+// CUDA backend vs the CPU reference for MLA: decode (the mma.sync kernel and every form of the
+// Hopper wgmma kernel) and prefill, and the LSE merge of split partials. Edge sizes: requests with
+// no cached tokens, lengths on tile and split boundaries, empty partitions. Unused cache pages hold
+// NaN.
+#include <algorithm>
+#include <numeric>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/tolerances.h"
+
+using namespace k3;
+using namespace k3::cudatest;
+
+namespace {
+
+struct MlaCase {
+  int64_t H, R, Dr, page;
+  std::vector<int32_t> lens;
+  bool f32_out = false;
+};
+
+// Runs each case on the cpu reference and on `g` (bf16 inputs, NaN in every cache row past a
+// request's length, outputs poisoned with NaN) and compares o and lse.
+void check_mla_decode_cases(Backend& cpu, Backend& g, const std::vector<MlaCase>& cases, std::mt19937& rng,
+                            const std::string& what) {
+  for (const auto& c : cases) {
+    const int64_t B = int64_t(c.lens.size());
+    int64_t max_pages = 0;
+    for (int32_t l : c.lens) max_pages = std::max<int64_t>(max_pages, (l + c.page - 1) / c.page);
+    max_pages += 1;
+    const int64_t num_pages = B * max_pages + 3;
+    Tensor kv = filled({num_pages, c.page, c.R + c.Dr}, std::numeric_limits<float>::quiet_NaN());
+    std::vector<int32_t> perm(num_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> table(B * max_pages, 0);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    int next = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < max_pages; ++j) {
+        const int32_t page = perm[next++];
+        table[b * max_pages + j] = page;
+        for (int64_t r = 0; r < c.page; ++r) {
+          if (j * c.page + r >= c.lens[b]) continue;  // stays NaN: must never be read
+          float* row = kv.f32() + (int64_t(page) * c.page + r) * (c.R + c.Dr);
+          for (int64_t i = 0; i < c.R + c.Dr; ++i) row[i] = round_bf16(nd(rng));
+        }
+      }
+    Tensor q_lat = randn({B, c.H, c.R}, rng, 0.3f), q_rope = randn({B, c.H, c.Dr}, rng, 0.3f);
+    Tensor bt = Tensor::from_i32({B, max_pages}, table), sl = ints(c.lens);
+    const float scale = 1.f / std::sqrt(192.f);
+    Tensor o = Tensor::zeros({B, c.H, c.R}), lse = Tensor::zeros({B, c.H});
+    cpu.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = bt, .seq_lens = sl, .o = o,
+                    .lse = lse, .scale = scale});
+    Tensor go = poisoned(g, {B, c.H, c.R}, c.f32_out ? DType::F32 : DType::BF16), glse = poisoned(g, {B, c.H}, DType::F32);
+    g.mla_decode({.q_lat = g.from_host(q_lat, DType::BF16), .q_rope = g.from_host(q_rope, DType::BF16),
+                  .kv_cache = g.from_host(kv, DType::BF16), .block_table = g.from_host(bt, DType::I32),
+                  .seq_lens = g.from_host(sl, DType::I32), .o = go, .lse = glse, .scale = scale});
+    std::string tag = " H=" + std::to_string(c.H) + " R=" + std::to_string(c.R) + " page=" + std::to_string(c.page) +
+                      (c.f32_out ? " f32 out" : "") + " lens=";
+    for (int32_t l : c.lens) tag += std::to_string(l) + ",";
+    expect_close(g, go, o, tol("mla_decode"), what + " o" + tag);
+    expect_close(g, glse, lse, tol("mla_lse"), what + " lse" + tag);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused pages)", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  std::mt19937 rng(25);
+  // Head counts that leave a head group partly empty (20, 33, 48, 64), page sizes below one
+  // 64-token tile (16) and not a power of two (48), lengths on tile and split boundaries (64, 256,
+  // 512, 1024), fp32 output with one split and with several.
+  const std::vector<MlaCase> cases = {{16, 512, 64, 64, {0, 1, 200, 1000}},
+                                      {20, 512, 64, 16, {37, 0, 3}},
+                                      {96, 512, 64, 64, {5000, 64}},
+                                      {4, 64, 16, 8, {9, 0, 30}},
+                                      {33, 512, 64, 64, {256, 129}, true},
+                                      {48, 512, 64, 16, {700, 1024, 1}},
+                                      {64, 512, 64, 48, {500, 97, 512}},
+                                      {16, 512, 64, 64, {4096, 2048, 0, 64}, true}};
+  // The mma.sync kernel for every head count (H >= 64 would take the wgmma kernel by default).
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  cb->set_mla_decode_wgmma(false);
+  check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, "mla_decode");
+  cb->set_mla_decode_wgmma(true);
+}
+
+// The Hopper wgmma kernel (mla_decode_wgmma.cu), the default for H >= 64: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
+// 64, 300, 5000 (one split and several, merged); pages of 64, 16, 48 and 8; bf16 and fp32 o; S split over tokens and over dims;
+// the 32-head transposed blocks (mla_decode_t32.cuh) for the last group and for all; the seesaw blocks (mla_decode_seesaw.cuh, the
+// default), with the lockstep form checked first.
+TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  cb->set_mla_decode_wgmma(true);
+  std::mt19937 rng(31);
+  const std::vector<MlaCase> cases = {{64, 512, 64, 64, {0, 1, 64, 300}},
+                                      {96, 512, 64, 64, {5000, 64, 0}},
+                                      {96, 512, 64, 16, {300, 1, 0, 64}, true},
+                                      {128, 512, 64, 16, {5000, 1}, true},
+                                      {96, 512, 64, 64, {1, 300}},
+                                      {128, 512, 64, 48, {700, 64, 129}},
+                                      {64, 512, 64, 16, {5000, 0, 1, 300}},
+                                      {96, 512, 64, 8, {700, 65, 1}}};
+  // The lockstep form first (the seesaw, the default, below): KV tiles by TMA (boxes of 64 rows for
+  // pages of 64, 16 rows for pages of 16 and 48, 8 for 8) and by cp.async; S split over tokens (here
+  // with the L2 prefetch on: a hint, same results) and over dims; the exact and the lazy running
+  // max, each in two of the four.
+  cb->set_mla_decode_seesaw(false);
+  cb->set_mla_decode_cluster(false);
+  for (bool tma : {true, false})
+    for (bool split_s : {false, true}) {
+      const bool lazy = tma == split_s;
+      cb->set_mla_decode_tma(tma);
+      cb->set_mla_decode_lazy_rescale(lazy);
+      cb->set_mla_decode_split_s(split_s);
+      cb->set_mla_decode_l2_prefetch(split_s ? 0 : 2);
+      check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng,
+                             std::string("mla_decode wgmma") + (tma ? " tma" : " cp.async") +
+                                 (split_s ? " split S" : "") + (lazy ? " lazy max" : ""));
+    }
+  cb->set_mla_decode_tma(true);
+  cb->set_mla_decode_split_s(false);
+  cb->set_mla_decode_l2_prefetch(0);
+  // 32-head blocks in transposed form: the last group of 96 heads only (64 and 128 have none, so
+  // those cases check the switch leaves them alone), and every block, with the lazy and the exact max.
+  for (int t32 : {1, 2})
+    for (bool lazy : {true, false}) {
+      cb->set_mla_decode_t32(t32);
+      cb->set_mla_decode_lazy_rescale(lazy);
+      check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng,
+                             std::string("mla_decode wgmma t32 mode ") + std::to_string(t32) +
+                                 (lazy ? " lazy max" : " exact max"));
+    }
+  cb->set_mla_decode_t32(0);
+  // The seesaw over pairs of tiles (odd and even tile counts, a lone tile, splits), lazy and exact
+  // max; each also with the head groups of a request launched as one cluster.
+  for (bool lazy : {true, false})
+    for (bool cluster : {false, true}) {
+      cb->set_mla_decode_seesaw(true);
+      cb->set_mla_decode_lazy_rescale(lazy);
+      cb->set_mla_decode_cluster(cluster);
+      check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng,
+                             std::string("mla_decode wgmma seesaw") + (lazy ? " lazy max" : " exact max") +
+                                 (cluster ? " clustered" : ""));
+    }
+  cb->set_mla_decode_cluster(false);
+  cb->set_mla_decode_lazy_rescale(true);
+  cb->set_mla_decode_wgmma(false);
+  REQUIRE_THROWS_WITH(cb->set_mla_decode_t32(3), Catch::Matchers::Contains("t32 mode 3 not in 0..2"));
+}
+
+TEST_CASE("cuda mla_prefill matches cpu", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(26);
+  // T >= 16 with bf16 inputs takes the GEMM form (cuBLASLt + causal softmax), shorter the simple kernel.
+  for (auto [T, past] : std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {5, 7}, {70, 0}, {300, 45}, {64, 1000}}) {
+    const int64_t H = 3, Dqk = 192, Dv = 128, S = past + T;
+    Tensor q = randn({T, H, Dqk}, rng, 0.3f), k = randn({S, H, Dqk}, rng, 0.3f), v = randn({S, H, Dv}, rng);
+    Tensor o = Tensor::zeros({T, H, Dv}), lse = Tensor::zeros({T, H});
+    const float scale = 1.f / std::sqrt(float(Dqk));
+    bk.cpu->mla_prefill({.q = q, .k = k, .v = v, .o = o, .lse = lse, .past = past, .scale = scale});
+    Tensor go = poisoned(g, {T, H, Dv}, DType::BF16), glse = poisoned(g, {T, H}, DType::F32);
+    g.mla_prefill({.q = g.from_host(q, DType::BF16), .k = g.from_host(k, DType::BF16),
+                   .v = g.from_host(v, DType::BF16), .o = go, .lse = glse, .past = past, .scale = scale});
+    const std::string tag = " T=" + std::to_string(T) + " past=" + std::to_string(past);
+    expect_close(g, go, o, tol("mla_prefill"), "mla_prefill o" + tag);
+    expect_close(g, glse, lse, tol("mla_lse"), "mla_prefill lse" + tag);
+  }
+}
+
+TEST_CASE("cuda lse_merge matches cpu (empty partitions, all-empty rows)", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(27);
+  const int64_t N = 4, B = 3, H = 5, D = 64;
+  Tensor parts = randn({N, B, H, D}, rng, 1.f, false), lse = randn({N, B, H}, rng, 3.f, false);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t h = 0; h < H; ++h) lse.f32()[(1 * B + 0) * H + h] = ninf;  // partition 1 empty for request 0
+  for (int64_t n = 0; n < N; ++n) lse.f32()[(n * B + 2) * H + 4] = ninf;  // request 2 head 4: no keys anywhere
+  Tensor o = Tensor::zeros({B, H, D}), ol = Tensor::zeros({B, H});
+  bk.cpu->lse_merge({.o_parts = parts, .lse_parts = lse, .o = o, .lse = ol});
+  Tensor go = poisoned(g, {B, H, D}, DType::F32), gl = poisoned(g, {B, H}, DType::F32);
+  g.lse_merge({.o_parts = g.from_host(parts, DType::F32), .lse_parts = g.from_host(lse, DType::F32), .o = go,
+               .lse = gl});
+  expect_close(g, go, o, tol("lse_merge"), "lse_merge o");
+  expect_close(g, gl, ol, tol("lse_merge"), "lse_merge lse");
+}
