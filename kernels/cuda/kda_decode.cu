@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kda_decode_conv.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -70,47 +71,6 @@ __device__ __forceinline__ void bulk_store(float* gmem, const float* smem, unsig
 template <int D>
 __device__ __forceinline__ float* state_of(const KdaDecodeArgs& a, int item) {
   return a.state + (int64_t(a.slots[item / a.H]) * a.H + item % a.H) * D * D;
-}
-
-// One conv channel's inputs. Loading every channel a thread owns (and the gate inputs) before the
-// first store keeps the per-token part at one memory latency: a store to the conv cache could alias
-// the loads that follow it, so interleaving them would serialise one latency per channel.
-constexpr int kMaxW = 8;
-struct ConvChannel {
-  float x = 0.f, w_last = 0.f;
-  float w[kMaxW - 1] = {}, win[kMaxW - 1] = {};
-};
-
-__device__ __forceinline__ ConvChannel load_conv(const KdaDecodeArgs& a, int64_t b, int64_t slot, int64_t c) {
-  const int W = a.W;
-  const int64_t C = int64_t(3) * a.H * a.D;
-  ConvChannel t;
-  t.x = a.qkv[b * C + c];
-  t.w_last = a.conv_w[c * W + W - 1];
-#pragma unroll
-  for (int j = 0; j < kMaxW - 1; ++j) {
-    if (j < W - 1) {
-      t.w[j] = a.conv_w[c * W + j];
-      t.win[j] = a.conv_cache.get((slot * (W - 1) + j) * C + c);
-    }
-  }
-  return t;
-}
-
-// SiLU(conv) of a loaded channel; writes the window shifted by one position back to the cache.
-__device__ __forceinline__ float finish_conv(const KdaDecodeArgs& a, int64_t slot, int64_t c, const ConvChannel& t) {
-  const int W = a.W;
-  const int64_t C = int64_t(3) * a.H * a.D;
-  float acc = t.w_last * t.x;
-#pragma unroll
-  for (int j = 0; j < kMaxW - 1; ++j) {
-    if (j < W - 1) {
-      acc += t.w[j] * t.win[j];
-      if (j > 0) a.conv_cache.set((slot * (W - 1) + j - 1) * C + c, t.win[j]);
-    }
-  }
-  if (W > 1) a.conv_cache.set((slot * (W - 1) + W - 2) * C + c, t.x);
-  return acc * sigmoidf(acc);
 }
 
 // Shared-memory scratch of one item (request, head) besides its state.
@@ -462,7 +422,8 @@ void launch_for(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
 
 void launch_kda_decode(const KdaDecodeArgs& a, cudaStream_t s) {
   if (a.B == 0) return;
-  if (a.W < 1 || a.W > 8) throw Error("kda_decode: conv width " + std::to_string(a.W) + " not in 1..8");
+  if (a.row_split > 0) return launch_kda_decode_rows(a, s);
+  if (a.W < 1 || a.W > kMaxW) throw Error("kda_decode: conv width " + std::to_string(a.W) + " not in 1..8");
   const dim3 grid(a.H, a.B);
   switch (a.D) {
     case 64: launch_for<64>(a, grid, s); break;
