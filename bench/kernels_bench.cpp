@@ -142,11 +142,10 @@ void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt
 }
 
 // pipelined: CudaBackend::set_kda_decode_pipelined (a prep group of threads running ahead of an update
-// group), as "_pipelined"; row_split > 0: set_kda_decode_row_split (each item's rows over a cluster of
-// that many blocks), as "_rowsN". (The ring form, set_kda_decode_ring, is no longer timed: 0.49-0.51
-// of copy bandwidth when last measured, docs/PERF.md.)
+// group), as "_pipelined". (The ring form, set_kda_decode_ring, is no longer timed: 0.49-0.51 of copy
+// bandwidth when last measured, docs/PERF.md.)
 void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vector<Line>& lines,
-                     bool pipelined = false, int row_split = 0) {
+                     bool pipelined = false) {
   const int64_t D = 128, W = 4, P = H * D;
   const double state_bytes = double(B) * H * D * D * 4;
   const int64_t R = std::max<int64_t>(1, int64_t(std::ceil(256.0 * (1 << 20) / state_bytes)));  // rotate past L2
@@ -176,14 +175,10 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
                      .state = state, .slots = slot_sets[r], .o = o, .heads = int(H)});
     });
   const bool was_pipelined = be.kda_decode_pipelined();
-  const int was_split = be.kda_decode_row_split();
   be.set_kda_decode_pipelined(pipelined);
-  be.set_kda_decode_row_split(row_split);
   const double us = time_graphs(be.stream(), quick ? 50 : 300, variants);
   be.set_kda_decode_pipelined(was_pipelined);
-  be.set_kda_decode_row_split(was_split);
-  Line l{.name = "kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H) + (pipelined ? "_pipelined" : "") +
-                 (row_split ? "_rows" + std::to_string(row_split) : ""),
+  Line l{.name = "kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H) + (pipelined ? "_pipelined" : ""),
          .us = us};
   l.bytes = 2 * state_bytes + double(B) * 3 * P * 2 * (1 + 2 * (W - 1)) + double(B) * P * 2 * 2 + 3.0 * P * W * 4 +
             P * 4.0;
@@ -334,7 +329,6 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     for (int B : opts.decode_batches) {
       kda_decode_case(be, B, 96, opts.quick, lines);
       kda_decode_case(be, B, 96, opts.quick, lines, true);
-      for (int split : {2, 4, 8}) kda_decode_case(be, B, 96, opts.quick, lines, false, split);
     }
   if (wanted("mla_decode"))
     for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{

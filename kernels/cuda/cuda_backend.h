@@ -112,10 +112,6 @@ class CudaBackend final : public Backend {
   // group, kda_decode.cu) instead of one block per (request, head).
   void set_kda_decode_pipelined(bool on) { kda_pipelined_ = on; }
   bool kda_decode_pipelined() const { return kda_pipelined_; }
-  // kda_decode with each item's state rows split over a cluster of `blocks` blocks (2, 4 or 8) that
-  // hold their rows in registers; 0 = one block per item. Overrides the ring and pipelined forms.
-  void set_kda_decode_row_split(int blocks) { kda_row_split_ = blocks; }
-  int kda_decode_row_split() const { return kda_row_split_; }
   bool mla_decode_split_s() const { return mla_split_s_; }
 
   cudaStream_t stream() const { return stream_; }
@@ -142,7 +138,6 @@ class CudaBackend final : public Backend {
   bool mla_cluster_ = false;  // set_mla_decode_cluster
   int kda_ring_ = 0;  // set_kda_decode_ring
   bool kda_pipelined_ = false;  // set_kda_decode_pipelined
-  int kda_row_split_ = 0;  // set_kda_decode_row_split
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the

@@ -188,7 +188,6 @@ void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {
   a.softplus = p.form == ops::GateForm::Softplus;
   a.ring_ahead = kda_ring_;
   a.pipelined = kda_pipelined_;
-  a.row_split = kda_row_split_;
   const auto rows = device_ints({&p.slots, own_conv_rows ? &p.conv_slots : &p.slots});
   a.slots = rows[0];
   a.conv_slots = rows[1];

@@ -1,18 +1,20 @@
 // KDA decode step for a batch of requests (one token each), ONE launch, one block per (request, head).
 // The step is memory-bound: the 64 KiB fp32 state of a (request, head) is read once and written
 // once, everything else is a few KiB. So the block first puts the copy of its state into shared
-// memory in flight (no registers held, so three blocks' states travel per SM at once), and only
-// then computes the small per-token part while the copy travels:
+// memory in flight (the bulk copy engine, one mbarrier: no registers held, so three blocks' states
+// travel per SM at once), and only then computes the small per-token part while the copy travels:
 //   short-conv update of q/k/v (cache shifted in place), SiLU, L2 norm of q and k (q also scaled
 //   by D^-1/2), decay α = exp(g_min·σ(e^A·(f+dt))), β = σ(b)  -> shared memory;
-// then per state row [V index]: s *= α; u = β(v - s·k); s += u k; o = s·q (docs/MODEL.md §2.3 order).
-// Two copy paths, chosen by grid size (see launch_for): per-lane cp.async of exactly the elements
-// the lane uses, stored back from registers; or the bulk copy engine (one mbarrier) in and out.
+// then per state row [V index]: s *= α; u = β(v - s·k); s += u k; o = s·q (docs/MODEL.md §2.3 order),
+// each row written back to global memory straight from registers: no shared-memory write-back and
+// no bulk store to wait for, so the block ends (and frees its shared memory for the next one) as
+// soon as its stores are issued. Measured on the H200 against the bulk store: 0.756 / 0.847 of copy
+// bandwidth at B = 32 / 256 instead of 0.724 / 0.830, and 10.3 instead of 11.0 us at B = 1 against
+// the per-lane cp.async copies small grids used to take (docs/PERF.md).
 // One block owns all rows of its head, so the conv cache of a (request, head) has a single writer
 // (an earlier two-launch version split rows over blocks and needed a separate conv launch).
 #include <algorithm>
 
-#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_decode_conv.cuh"
 #include "kernels/cuda/launch.h"
@@ -23,17 +25,6 @@ namespace k3::cuda {
 namespace {
 
 constexpr int kRowsPerWarp = 16;
-
-// cp.async of one state chunk (16 B, or 8 B for D = 64) asking L2 for the whole 256 B around it:
-// a warp streams 512 B rows, so the wider L2 fetch means fewer, larger DRAM requests.
-template <int Bytes>
-__device__ __forceinline__ void copy_state(float* smem, const float* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if constexpr (Bytes == 16)
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
-  else
-    asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 8;\n" ::"r"(dst), "l"(gmem));
-}
 
 // Bulk-copy-engine path (sm_90): the whole state moves between global and shared memory in a few
 // cp.async.bulk operations tracked by one mbarrier, instead of 16 per-thread copies and stores.
@@ -62,10 +53,6 @@ __device__ __forceinline__ void bulk_store_issue(float* gmem, const float* smem,
 template <int kPending>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
-}
-__device__ __forceinline__ void bulk_store(float* gmem, const float* smem, unsigned bytes) {
-  bulk_store_issue(gmem, smem, bytes);
-  bulk_wait_read<0>();  // shared memory must outlive the read
 }
 // The state of item `item` (= request * H + head) of a launch.
 template <int D>
@@ -145,22 +132,20 @@ __device__ __forceinline__ void prep_item(const KdaDecodeArgs& a, int b, int h, 
   }
 }
 
-// The recurrence step on this warp's 16 state rows, read from `st` (shared memory) and written to
-// `dst_base` (the same shared rows when kToSmem, else the global state); o of item (b, h).
-// `tid`: the thread's index among the 2D threads doing the update.
-template <int D, bool kToSmem>
+// The recurrence step on kRows state rows from row0 (a warp's), read from `st` (shared memory) and
+// written to `dst_base` (the same shared rows when kToSmem, else the global state); o of item (b, h).
+template <int D, bool kToSmem, int kRows = kRowsPerWarp>
 __device__ __forceinline__ void update_rows(const KdaDecodeArgs& a, int b, int h, float* st, float* dst_base,
                                             const ItemScratch<D>& sc, const float (&q)[D / 32],
-                                            const float (&k)[D / 32], const float (&alpha)[D / 32],
-                                            int tid = threadIdx.x) {
+                                            const float (&k)[D / 32], const float (&alpha)[D / 32], int row0,
+                                            int lane) {
   constexpr int NV = D / 32;
-  const int lane = tid & 31, row0 = (tid >> 5) * kRowsPerWarp;
   const float beta = sc.beta;
-  // Two passes over the rows (shared memory is cheap to re-read): s·k for all 16 rows first so
+  // Two passes over the rows (shared memory is cheap to re-read): s·k for all the rows first so
   // their warp reductions overlap, then the update, the store and s·q.
-  float kvr[kRowsPerWarp];
+  float kvr[kRows];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     const float* x = st + (row0 + r) * D + lane * NV;
     float acc = 0.f;
 #pragma unroll
@@ -168,10 +153,10 @@ __device__ __forceinline__ void update_rows(const KdaDecodeArgs& a, int b, int h
     kvr[r] = acc;
   }
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) kvr[r] = warp_sum(kvr[r]);
-  float ov[kRowsPerWarp];
+  for (int r = 0; r < kRows; ++r) kvr[r] = warp_sum(kvr[r]);
+  float ov[kRows];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     const float* x = st + (row0 + r) * D + lane * NV;
     const float u = beta * (sc.vv[row0 + r] - kvr[r]);
     float v[NV];
@@ -192,17 +177,17 @@ __device__ __forceinline__ void update_rows(const KdaDecodeArgs& a, int b, int h
     }
   }
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) ov[r] = warp_sum(ov[r]);
-  if (lane < kRowsPerWarp) {
+  for (int r = 0; r < kRows; ++r) ov[r] = warp_sum(ov[r]);
+  if (lane < kRows) {
     float mine = ov[0];
 #pragma unroll
-    for (int r = 1; r < kRowsPerWarp; ++r)
+    for (int r = 1; r < kRows; ++r)
       if (lane == r) mine = ov[r];
     a.o.set((int64_t(b) * a.H + h) * D + row0 + lane, mine);
   }
 }
 
-template <int D, bool kBulk>
+template <int D>
 __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
   constexpr int kThreads = D * 2;  // D/16 warps of 16 rows; 2*D threads also cover the 4 prep vectors
   constexpr int NV = D / 32;       // consecutive K elements per lane
@@ -212,34 +197,15 @@ __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
   __shared__ uint64_t bar;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.y, h = blockIdx.x, H = a.H;
-  const int64_t slot = a.slots[b];
-  const int row0 = warp * kRowsPerWarp;
-  float* S = a.state + (slot * H + h) * D * D;
-
-  if constexpr (kBulk) {
-    if (tid == 0) {
-      bulk_init(&bar);
-      bulk_load(st, S, D * D * 4, &bar);
-    }
-  } else {
-    // Each lane copies the elements it reads later, so only its own cp.async wait orders them.
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int at = (row0 + r) * D + lane * NV;
-      copy_state<NV * 4>(st + at, S + at);
-    }
-    cp_async_commit();
+  float* S = a.state + (int64_t(a.slots[b]) * H + h) * D * D;
+  if (tid == 0) {
+    bulk_init(&bar);
+    bulk_load(st, S, D * D * 4, &bar);
   }
   float q[NV], k[NV], alpha[NV];
   prep_item<D>(a, b, h, a.conv_slots[b], sc, q, k, alpha);
-  if constexpr (kBulk) bulk_wait(&bar);  // the barrier's init is ordered by prep_item's __syncthreads
-  else cp_async_wait<0>();
-  update_rows<D, kBulk>(a, b, h, st, kBulk ? st : S, sc, q, k, alpha);
-  if constexpr (kBulk) {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our stores -> the copy engine
-    __syncthreads();
-    if (tid == 0) bulk_store(S, st, D * D * 4);
-  }
+  bulk_wait(&bar);  // the barrier's init is ordered by prep_item's __syncthreads
+  update_rows<D, false>(a, b, h, st, S, sc, q, k, alpha, warp * kRowsPerWarp, lane);
 }
 
 // Persistent form: gridDim.x blocks (as many as fit at once) walk the (request, head) items with a
@@ -284,7 +250,7 @@ __global__ void __launch_bounds__(D * 2, 1) kda_decode_ring_kernel(KdaDecodeArgs
     float q[NV], k[NV], alpha[NV];
     prep_item<D>(a, b, h, a.conv_slots[b], sc, q, k, alpha);  // its barrier also orders the mbarrier inits
     mbar_wait(smem_u32(&bars[buf]), uint32_t(n / kRing) & 1u);
-    update_rows<D, true>(a, b, h, st, st, sc, q, k, alpha);
+    update_rows<D, true>(a, b, h, st, st, sc, q, k, alpha, (tid >> 5) * kRowsPerWarp, tid & 31);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our stores -> the copy engine
     __syncthreads();  // every row is written; sc may be overwritten by the next item's prep
     if (tid == 0) bulk_store_issue(state_of<D>(a, item), st, kStateBytes);
@@ -354,7 +320,7 @@ __global__ void __launch_bounds__(D * 4, 1) kda_decode_pipelined_kernel(KdaDecod
       k[e] = sc[s].kv[lane * NV + e];
       alpha[e] = sc[s].al[lane * NV + e];
     }
-    update_rows<D, true>(a, b, h, st, st, sc[s], q, k, alpha, gtid);
+    update_rows<D, true>(a, b, h, st, st, sc[s], q, k, alpha, (gtid >> 5) * kRowsPerWarp, lane);
     if (item + 2 * gridDim.x < items) {  // the prep group will wait for this slot
       if (s == 0) asm volatile("bar.arrive 5, %0;\n" ::"n"(kBlock) : "memory");
       else asm volatile("bar.arrive 6, %0;\n" ::"n"(kBlock) : "memory");
@@ -391,16 +357,12 @@ void launch_pipelined(const KdaDecodeArgs& a, cudaStream_t s) {
   launch_persistent(kda_decode_pipelined_kernel<D>, a, D * 4, 3 * D * D * 4, s);
 }
 
-template <int D, bool kBulk>
-void launch_variant(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
+template <int D>
+void launch_per_item(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
   constexpr int kSmem = D * D * 4;
-  K3_CUDA_OK(cudaFuncSetAttribute(kda_decode_kernel<D, kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  kda_decode_kernel<D, kBulk><<<grid, D * 2, kSmem, s>>>(a);
+  K3_CUDA_OK(cudaFuncSetAttribute(kda_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  kda_decode_kernel<D><<<grid, D * 2, kSmem, s>>>(a);
 }
-// Measured on the H200 (H = 96, D = 128): the bulk path moves 0.84 of copy bandwidth at B = 256
-// against 0.79 for per-thread copies, the same at B = 32, but its one-thread issue costs latency
-// when a single wave of blocks is the whole step (B = 1: 14 us against 11 us).
-constexpr int64_t kBulkMinBlocks = 1024;
 
 template <int D>
 void launch_ring(const KdaDecodeArgs& a, cudaStream_t s) {
@@ -414,15 +376,13 @@ template <int D>
 void launch_for(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
   if (a.pipelined) launch_pipelined<D>(a, s);
   else if (a.ring_ahead > 0) launch_ring<D>(a, s);
-  else if (int64_t(a.B) * a.H >= kBulkMinBlocks) launch_variant<D, true>(a, grid, s);
-  else launch_variant<D, false>(a, grid, s);
+  else launch_per_item<D>(a, grid, s);
 }
 
 }  // namespace
 
 void launch_kda_decode(const KdaDecodeArgs& a, cudaStream_t s) {
   if (a.B == 0) return;
-  if (a.row_split > 0) return launch_kda_decode_rows(a, s);
   if (a.W < 1 || a.W > kMaxW) throw Error("kda_decode: conv width " + std::to_string(a.W) + " not in 1..8");
   const dim3 grid(a.H, a.B);
   switch (a.D) {

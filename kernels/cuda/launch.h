@@ -121,12 +121,8 @@ struct KdaDecodeArgs {
   // Pipelined persistent blocks (CudaBackend::set_kda_decode_pipelined): a prep group of threads
   // running ahead of an update group, states in a ring of three buffers; overrides ring_ahead.
   bool pipelined = false;
-  // Each item's state rows split over a cluster of this many blocks (2, 4 or 8; 0 = one block per
-  // item), which hold their rows in registers (kda_decode_rows.cu, CudaBackend::set_kda_decode_row_split).
-  int row_split = 0;
 };
 void launch_kda_decode(const KdaDecodeArgs& a, cudaStream_t s);
-void launch_kda_decode_rows(const KdaDecodeArgs& a, cudaStream_t s);  // a.row_split blocks per item
 
 // ---- MLA (mla_decode.cu, mla_prefill.cu) and the LSE merge (lse_merge.cu) ----
 struct MlaDecodeArgs {
