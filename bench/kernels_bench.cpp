@@ -95,8 +95,10 @@ Ceilings measure_ceilings(CudaBackend& be, bool quick, std::vector<Line>& lines)
 // N sequences of `len` tokens each; `ckpt` > 0 also writes the state every `ckpt` tokens into slots
 // (the prefix-cache checkpoints), counted as extra bytes written. `softplus`: gates without K3's lower
 // bound (Kimi Linear's form, down to -100 here), which take the run-sum variant of the prep launch.
+// `split` false: CudaBackend::set_kda_chunk_split(false), each sequence one chain of chunks even
+// where the plan would cut it into segments ("_nosplit").
 void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt, bool softplus, bool quick,
-                    std::vector<Line>& lines) {
+                    std::vector<Line>& lines, bool split = true) {
   const int64_t D = 128, T = N * len;
   Tensor q = be.alloc({T, H, D}, DType::BF16), k = be.alloc({T, H, D}, DType::BF16), v = be.alloc({T, H, D}, DType::BF16);
   Tensor g = be.alloc({T, H, D}, DType::F32), beta = be.alloc({T, H}, DType::F32);
@@ -127,17 +129,21 @@ void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt
     p.checkpoint_slots = be.from_host(Tensor::from_i32({N, per_seq}, table), DType::I32);
     p.checkpoint_interval = ckpt;
   }
+  const bool was_split = be.kda_chunk_split();
+  be.set_kda_chunk_split(split);
   const double us = time_eager(be.stream(), 2, quick ? 3 : 10, [&] { be.kda_chunk(p); });
+  be.set_kda_chunk_split(was_split);
   const double C = 64, chunks = N * std::ceil(double(len) / 64);
   std::string name = N == 1 ? "kda_chunk_T" + std::to_string(T) + "_H" + std::to_string(H)
                             : "kda_chunk_N" + std::to_string(N) + "x" + std::to_string(len) + "_H" + std::to_string(H);
   if (ckpt > 0) name += "_ckpt" + std::to_string(ckpt);
   if (softplus) name += "_softplus";
+  if (!split) name += "_nosplit";
   Line l{.name = name, .us = us};
   l.bytes = double(T) * H * D * (2 + 2 + 2 + 4 + 2) + double(T) * H * 4 + 2.0 * N * H * D * D * 4 +
             double(num_ckpt) * H * D * D * 4;
   l.flops = chunks * H * 2.0 * (5 * C * C * D + 3 * C * D * D);
-  if (ckpt == 0 && !softplus) l.refs = {{"fla chunk_kda", l.name}};
+  if (ckpt == 0 && !softplus && split) l.refs = {{"fla chunk_kda", l.name}};
   lines.push_back(l);
 }
 
@@ -314,7 +320,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     const std::string list = "," + opts.only + ",";
     return list.find("," + family + ",") != std::string::npos;
   };
-  if (wanted("kda_chunk"))
+  if (wanted("kda_chunk")) {
     for (auto [N, len, H, ckpt, softplus] : std::vector<std::array<int64_t, 5>>{{1, 8192, 96, 0, 0},
                                                                                 {1, 8192, 96, 64, 0},
                                                                                 {1, 8192, 96, 256, 0},
@@ -325,6 +331,12 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                                                                 {1, 32768, 32, 0, 1},
                                                                                 {256, 100, 96, 0, 1}})
       kda_chunk_case(be, N, len, H, int(ckpt), softplus != 0, opts.quick, lines);
+    // Few heads, long sequences: the segmented scan beside one chain per sequence.
+    for (auto [len, H] : std::vector<std::array<int64_t, 2>>{{65536, 4}, {32768, 8}, {131072, 1}}) {
+      if (H != 4) kda_chunk_case(be, 1, len, H, 0, false, opts.quick, lines);
+      kda_chunk_case(be, 1, len, H, 0, false, opts.quick, lines, false);
+    }
+  }
   if (wanted("kda_decode"))
     for (int B : opts.decode_batches) {
       kda_decode_case(be, B, 96, opts.quick, lines);

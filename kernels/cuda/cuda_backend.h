@@ -112,6 +112,10 @@ class CudaBackend final : public Backend {
   // group, kda_decode.cu) instead of one block per (request, head).
   void set_kda_decode_pipelined(bool on) { kda_pipelined_ = on; }
   bool kda_decode_pipelined() const { return kda_pipelined_; }
+  // kda_chunk: long sequences with few heads scanned as segments at once and fixed up
+  // (kda_split_plan.h; default on), or each sequence as one chain of chunks.
+  void set_kda_chunk_split(bool on) { kda_split_ = on; }
+  bool kda_chunk_split() const { return kda_split_; }
   bool mla_decode_split_s() const { return mla_split_s_; }
 
   cudaStream_t stream() const { return stream_; }
@@ -138,6 +142,7 @@ class CudaBackend final : public Backend {
   bool mla_cluster_ = false;  // set_mla_decode_cluster
   int kda_ring_ = 0;  // set_kda_decode_ring
   bool kda_pipelined_ = false;  // set_kda_decode_pipelined
+  bool kda_split_ = true;  // set_kda_chunk_split
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the

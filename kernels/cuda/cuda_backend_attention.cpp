@@ -2,11 +2,13 @@
 // prefill and decode, the LSE merge): argument checks, workspaces, then the launchers.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <string>
 
 #include "kernels/cuda/arg_checks.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/kda_split_plan.h"
 #include "kernels/cuda/launch.h"
 
 namespace k3::cuda {
@@ -140,15 +142,31 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   }
   seq0.push_back(int32_t(table.size() / 4));
   const int num_chunks = int(table.size() / 4);
+  // Long sequences with few heads: segments scanned at once and fixed up (kda_split_plan.h).
+  const KdaSplitPlan split = kda_split_ ? plan_kda_split(seq0, a.H, num_sms_) : KdaSplitPlan{};
+  auto job_ints = [](const std::vector<KdaScanJob>& jobs) {
+    std::vector<int32_t> v(jobs.size() * 8);
+    if (!jobs.empty()) std::memcpy(v.data(), jobs.data(), v.size() * 4);
+    return Tensor::from_i32({int64_t(v.size())}, v);
+  };
   Tensor table_t = Tensor::from_i32({int64_t(table.size())}, table);
   Tensor seq0_t = Tensor::from_i32({int64_t(seq0.size())}, seq0);
-  const auto ptrs = a.ckpt ? device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t, &p.checkpoint_slots})
-                          : device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t});
+  Tensor pass1_t = job_ints(split.pass1), pass3_t = job_ints(split.pass3);
+  Tensor fixup_t = Tensor::from_i32({int64_t(split.fixup.size())}, split.fixup);
+  const auto ptrs = device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t, &pass1_t, &pass3_t, &fixup_t,
+                                 a.ckpt ? &p.checkpoint_slots : &seq0_t});
   a.slots = ptrs[0];
   a.cu_seqlens = ptrs[1];
-  if (a.ckpt) a.ckpt_slots = ptrs[4];
-  auto* work = static_cast<float*>(work_.ensure(size_t(kda_chunk_workspace_floats(num_chunks, a.H)) * 4 + 256));
-  launch_kda_chunk(a, ptrs[2], ptrs[3], num_chunks, work, num_sms_, stream_);
+  if (a.ckpt) a.ckpt_slots = ptrs[7];
+  const int64_t work_floats = kda_chunk_workspace_floats(num_chunks, a.H);
+  const int64_t carry_floats = kda_split_carry_floats(split, a.H);
+  auto* work = static_cast<float*>(work_.ensure(size_t(work_floats + carry_floats) * 4 + 256));
+  if (!split.split()) {
+    launch_kda_chunk(a, ptrs[2], ptrs[3], num_chunks, work, num_sms_, stream_);
+    return;
+  }
+  launch_kda_chunk_split(a, ptrs[2], num_chunks, work, split, reinterpret_cast<const KdaScanJob*>(ptrs[4]),
+                         reinterpret_cast<const KdaScanJob*>(ptrs[5]), ptrs[6], work + work_floats, num_sms_, stream_);
 }
 
 void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {

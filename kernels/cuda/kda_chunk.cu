@@ -26,6 +26,7 @@
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"
+#include "kernels/cuda/kda_split_plan.h"
 #include "kernels/cuda/mma.cuh"
 
 namespace k3::cuda {
@@ -68,7 +69,8 @@ struct ScanCfg {
 
 template <int VT, int kWarps, int kStages>
 __global__ void __launch_bounds__(32 * kWarps)
-    kda_chunk_scan_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work) {
+    kda_chunk_scan_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
+                          const KdaScanJob* jobs, float* carry) {
   using Cfg = ScanCfg<VT, kWarps, kStages>;
   constexpr int kThreads = Cfg::kThreads, kLdV = Cfg::kLdV, kAG = Cfg::kAG, kSG = Cfg::kSG, kRowT = Cfg::kRowT;
   extern __shared__ __align__(128) unsigned char smraw[];
@@ -83,8 +85,26 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x, warp = tid >> 5;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int v0 = vt * VT;
-  float* state = a.state + (int64_t(a.slots[n]) * H + h) * kD * kD + int64_t(v0) * kD;
-  const int c_begin = seq_chunk0[n], c_end = seq_chunk0[n + 1];
+  // Block row n: sequence n from its slot, output written, back to its slot; or (split scan) job n.
+  KdaScanJob job;
+  if (jobs != nullptr) {
+    job = jobs[n];
+  } else {
+    job.c_begin = seq_chunk0[n];
+    job.c_end = seq_chunk0[n + 1];
+    job.seq = n;
+  }
+  const int c_begin = job.c_begin, c_end = job.c_end, seq = job.seq;
+  const bool write_o = (job.flags & KdaScanJob::kWriteO) != 0, zero_u = (job.flags & KdaScanJob::kZeroU) != 0;
+  auto state_at = [&](int which, int slot) -> float* {  // this block's V tile of a state, or null
+    if (which == KdaScanJob::kToSeq) return a.state + (int64_t(a.slots[seq]) * H + h) * kD * kD + int64_t(v0) * kD;
+    if (which == KdaScanJob::kToCarry) return carry + (int64_t(slot) * H + h) * kD * kD + int64_t(v0) * kD;
+    return nullptr;
+  };
+  const float* init = job.init == KdaScanJob::kFromSeq     ? state_at(KdaScanJob::kToSeq, 0)
+                      : job.init == KdaScanJob::kFromCarry ? state_at(KdaScanJob::kToCarry, job.in_slot)
+                                                           : nullptr;
+  float* final_state = state_at(job.out, job.out_slot);
 
   auto rows128 = [&](bf16* dst, const bf16* src) {  // [64][128] bf16 -> pitch kLdB
     for (int idx = tid; idx < kC * 16; idx += kThreads)
@@ -95,6 +115,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     rows128(WBuf + b * kC * kLdB, wk + kOffW);
     rows128(QBuf + b * kC * kLdB, wk + kOffQg);
     bf16* us = UBuf + b * kC * kLdV;
+    if (zero_u) return;  // never read
     for (int idx = tid; idx < kC * (VT / 8); idx += kThreads) {
       const int r = idx / (VT / 8), c8 = (idx % (VT / 8)) * 8;
       cp_async16(us + r * kLdV + c8, wk + kOffU + r * kD + v0 + c8);
@@ -120,7 +141,11 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int r = 16 * srt + g + 8 * hf, col = 16 * (sc0 + gi) + 8 * jn + 2 * t;
-        const float2 f = *reinterpret_cast<const float2*>(state + r * kD + col);
+        // Zeros, or the identity (row v0 + r has its one in column v0 + r), when no state is read.
+        const float2 f = init != nullptr ? *reinterpret_cast<const float2*>(init + r * kD + col)
+                         : job.init == KdaScanJob::kIdentity
+                             ? make_float2(v0 + r == col ? 1.f : 0.f, v0 + r == col + 1 ? 1.f : 0.f)
+                             : make_float2(0.f, 0.f);
         S[gi][jn][2 * hf] = f.x;
         S[gi][jn][2 * hf + 1] = f.y;
       }
@@ -147,7 +172,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     const int t0 = chunk_table[4 * c], len = chunk_table[4 * c + 1];
     // Checkpoint slot of this chunk's end (-1: none), read now so that its load latency hides
     // behind the chunk's products instead of stalling the chain at the end.
-    const int ck = kda_ckpt_slot(a, n, 64 * chunk_table[4 * c + 3] + len);
+    const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * chunk_table[4 * c + 3] + len) : -1;
     const int parity = (c - c_begin) & 1;
     const int bufA = Cfg::kBufA == 2 ? parity : 0, bufB = Cfg::kBufB == 2 ? parity : 0;
     const bool has_next = c + 1 < c_end;
@@ -187,7 +212,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = 16 * mt + g + 8 * hf, col = 16 * (ag0 + gi) + 8 * jn + 2 * t;
-          const float2 u = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Us + r * kLdV + col));
+          const float2 u = zero_u ? make_float2(0.f, 0.f) : bf2_to_f2(*reinterpret_cast<const uint32_t*>(Us + r * kLdV + col));
           *reinterpret_cast<uint32_t*>(Vp + r * kLdV + col) =
               pack_bf16(u.x - Va[gi][jn][2 * hf], u.y - Va[gi][jn][2 * hf + 1]);
         }
@@ -214,7 +239,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = 16 * mt + g + 8 * hf, col = v0 + 16 * (ag0 + gi) + 8 * jn + 2 * t;
-          if (r < len) {
+          if (write_o && r < len) {
             const int64_t o = ((int64_t(t0) + r) * H + h) * kD + col;
             const float x0 = Oa[gi][jn][2 * hf], x1 = Oa[gi][jn][2 * hf + 1];
             if (a.o.bf16) *reinterpret_cast<uint32_t*>(static_cast<bf16*>(a.o.p) + o) = pack_bf16(x0, x1);
@@ -269,6 +294,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     }
   }
   cp_async_wait<0>();
+  if (final_state == nullptr) return;
 #pragma unroll
   for (int gi = 0; gi < kSG; ++gi)
 #pragma unroll
@@ -276,18 +302,36 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int r = 16 * srt + g + 8 * hf, col = 16 * (sc0 + gi) + 8 * jn + 2 * t;
-        *reinterpret_cast<float2*>(state + r * kD + col) = make_float2(S[gi][jn][2 * hf], S[gi][jn][2 * hf + 1]);
+        *reinterpret_cast<float2*>(final_state + r * kD + col) =
+            make_float2(S[gi][jn][2 * hf], S[gi][jn][2 * hf + 1]);
       }
 }
 
 template <int VT, int kWarps, int kStages>
-void launch_scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
-                 cudaStream_t s) {
+void launch_scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work, int rows,
+                 const KdaScanJob* jobs, float* carry, cudaStream_t s) {
   using Cfg = ScanCfg<VT, kWarps, kStages>;
   auto* kern = kda_chunk_scan_kernel<VT, kWarps, kStages>;
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem));
-  kern<<<dim3(kD / VT, a.H, a.N), Cfg::kThreads, Cfg::kSmem, s>>>(a, chunk_table, seq_chunk0, work);
+  kern<<<dim3(kD / VT, a.H, rows), Cfg::kThreads, Cfg::kSmem, s>>>(a, chunk_table, seq_chunk0, work, jobs, carry);
   K3_CUDA_LAUNCHED("kda_chunk_scan_kernel");
+}
+
+// Scan shape by grid size (H200 sweep, 2026-11-29, ms at T=8192,H=96 / T=32768,H=32):
+// <V tile, warps, stages> = <32,4,2> 2.20 / -, <32,4,3> 2.19 / 2.90, <64,4,1> 2.07 / 3.53,
+// <64,8,2> 2.11 / 3.23, <16,4,2> 2.46 / 3.18. Wide V tiles halve the redundant W·Sᵀ/Q·Sᵀ
+// operand traffic per state row but leave SMs idle when heads x sequences are few; a grid of at
+// most one block per SM can afford double buffers for every tile. `rows`: sequences, or jobs.
+void scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work, int rows,
+          const KdaScanJob* jobs, float* carry, int num_sms, cudaStream_t s) {
+  const int64_t sms = num_sms;
+  const int64_t blocks32 = int64_t(kD / 32) * a.H * rows;
+  if (blocks32 >= 2 * sms)
+    launch_scan<64, 4, 1>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s);
+  else if (blocks32 <= sms)
+    launch_scan<32, 4, 3>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s);
+  else
+    launch_scan<32, 4, 2>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s);
 }
 
 }  // namespace
@@ -299,19 +343,18 @@ void launch_kda_chunk(const KdaArgs& a, const int32_t* chunk_table, const int32_
   if (a.K != kD || a.V != kD) throw Error("kda_chunk: the chunked kernel needs K = V = 128");
   if (a.N == 0 || a.H == 0) return;
   if (num_chunks > 0) launch_kda_chunk_prep(a, chunk_table, num_chunks, work, s);
-  // Scan shape by grid size (H200 sweep, 2026-11-29, ms at T=8192,H=96 / T=32768,H=32):
-  // <V tile, warps, stages> = <32,4,2> 2.20 / -, <32,4,3> 2.19 / 2.90, <64,4,1> 2.07 / 3.53,
-  // <64,8,2> 2.11 / 3.23, <16,4,2> 2.46 / 3.18. Wide V tiles halve the redundant W·Sᵀ/Q·Sᵀ
-  // operand traffic per state row but leave SMs idle when heads x sequences are few; a grid of at
-  // most one block per SM can afford double buffers for every tile.
-  const int64_t sms = num_sms;
-  const int64_t blocks32 = int64_t(kD / 32) * a.H * a.N;
-  if (blocks32 >= 2 * sms)
-    launch_scan<64, 4, 1>(a, chunk_table, seq_chunk0, work, s);
-  else if (blocks32 <= sms)
-    launch_scan<32, 4, 3>(a, chunk_table, seq_chunk0, work, s);
-  else
-    launch_scan<32, 4, 2>(a, chunk_table, seq_chunk0, work, s);
+  scan(a, chunk_table, seq_chunk0, work, a.N, nullptr, nullptr, num_sms, s);
+}
+
+void launch_kda_chunk_split(const KdaArgs& a, const int32_t* chunk_table, int num_chunks, float* work,
+                            const KdaSplitPlan& split, const KdaScanJob* pass1, const KdaScanJob* pass3,
+                            const int32_t* fixup, float* carry, int num_sms, cudaStream_t s) {
+  if (a.K != kD || a.V != kD) throw Error("kda_chunk: the chunked kernel needs K = V = 128");
+  if (a.N == 0 || a.H == 0) return;
+  if (num_chunks > 0) launch_kda_chunk_prep(a, chunk_table, num_chunks, work, s);
+  scan(a, chunk_table, nullptr, work, int(split.pass1.size()), pass1, carry, num_sms, s);
+  launch_kda_split_fixup(a.H, int(split.fixup.size() / 2), split.max_segments, fixup, carry, s);
+  scan(a, chunk_table, nullptr, work, int(split.pass3.size()), pass3, carry, num_sms, s);
 }
 
 }  // namespace k3::cuda

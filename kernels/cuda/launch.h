@@ -99,6 +99,28 @@ int64_t kda_chunk_workspace_floats(int64_t num_chunks, int H);
 void launch_kda_chunk(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, int num_chunks,
                       float* work, int num_sms, cudaStream_t s);
 
+// A long sequence's chunk chain cut into segments that scan at the same time (kda_chunk_split.cu,
+// docs/MODEL.md §2.4): the scan's grid rows are then jobs instead of sequences. A job scans chunks
+// [c_begin, c_end) of sequence `seq` from an initial state (the sequence's slot, zeros, the identity
+// or a carry slot) and leaves its final state in the sequence's slot, a carry slot or nowhere;
+// kZeroU scans with U = 0 (the segment's transition matrix from the identity), kWriteO writes the
+// output and checkpoints.
+struct KdaScanJob {
+  enum Init : int32_t { kFromSeq = 0, kZeros = 1, kIdentity = 2, kFromCarry = 3 };
+  enum Out : int32_t { kToSeq = 0, kToCarry = 1, kDiscard = 2 };
+  enum Flags : int32_t { kZeroU = 1, kWriteO = 2 };
+  int32_t c_begin = 0, c_end = 0, seq = 0, init = kFromSeq, in_slot = 0, out = kToSeq, out_slot = 0, flags = kWriteO;
+};
+static_assert(sizeof(KdaScanJob) == 32, "uploaded as 8 int32 per job");
+// The split chunked form: `split` from plan_kda_split (built by the caller from the same chunk
+// table), its job tables on the device, `carry` holding kda_split_carry_floats(split, H) floats.
+struct KdaSplitPlan;
+void launch_kda_chunk_split(const KdaArgs& a, const int32_t* chunk_table, int num_chunks, float* work,
+                            const KdaSplitPlan& split, const KdaScanJob* pass1, const KdaScanJob* pass3,
+                            const int32_t* fixup, float* carry, int num_sms, cudaStream_t s);
+// Step 2 alone (kda_chunk_split.cu): `fixup` [seqs, 2] = (segments, first carry slot) on the device.
+void launch_kda_split_fixup(int H, int seqs, int max_segments, const int32_t* fixup, float* carry, cudaStream_t s);
+
 struct KdaDecodeArgs {
   FIn qkv;                       // [B, 3*H*D]
   FIn conv_w;                    // [3*H*D, W]

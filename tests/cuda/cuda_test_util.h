@@ -58,6 +58,24 @@ inline Tensor filled(Shape shape, float v) {
 }
 inline Tensor ints(std::vector<int32_t> v) { return Tensor::from_i32({int64_t(v.size())}, v); }
 
+// Rows of the last dimension scaled to norm `scale` (and rounded to bf16), as KDA's q and k are.
+inline void normalise_heads(Tensor& t, float scale) {
+  const int64_t D = t.dim(-1), rows = t.numel() / D;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = t.f32() + r * D;
+    double ss = 0;
+    for (int64_t i = 0; i < D; ++i) ss += double(p[i]) * p[i];
+    for (int64_t i = 0; i < D; ++i) p[i] = round_bf16(float(p[i] * scale / std::sqrt(ss + 1e-6)));
+  }
+}
+
+// cu_seqlens of sequences of these lengths.
+inline Tensor cu_of(const std::vector<int32_t>& lens) {
+  std::vector<int32_t> cu{0};
+  for (int32_t l : lens) cu.push_back(cu.back() + l);
+  return ints(cu);
+}
+
 // A device output filled with NaN: an element the kernel forgets to write fails the comparison.
 inline Tensor poisoned(Backend& gpu, const Shape& shape, DType dt) {
   return gpu.from_host(filled(shape, std::numeric_limits<float>::quiet_NaN()), dt);

@@ -13,26 +13,6 @@
 using namespace k3;
 using namespace k3::cudatest;
 
-namespace {
-
-void normalise_heads(Tensor& t, float scale) {
-  const int64_t D = t.dim(-1), rows = t.numel() / D;
-  for (int64_t r = 0; r < rows; ++r) {
-    float* p = t.f32() + r * D;
-    double ss = 0;
-    for (int64_t i = 0; i < D; ++i) ss += double(p[i]) * p[i];
-    for (int64_t i = 0; i < D; ++i) p[i] = round_bf16(float(p[i] * scale / std::sqrt(ss + 1e-6)));
-  }
-}
-
-Tensor cu_of(const std::vector<int32_t>& lens) {
-  std::vector<int32_t> cu{0};
-  for (int32_t l : lens) cu.push_back(cu.back() + l);
-  return ints(cu);
-}
-
-}  // namespace
-
 TEST_CASE("cuda short_conv matches cpu (varlen, empty sequence, cache update)", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;

@@ -1,0 +1,181 @@
+// The split chunked KDA scan (kernels/cuda/kda_split_plan.h): the plan's job tables (host only, run
+// everywhere), and on a GPU the split scan against the CPU recurrence and against the unsplit scan.
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/kda_split_plan.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/tolerances.h"
+
+using namespace k3;
+using namespace k3::cudatest;
+using cuda::KdaScanJob;
+
+namespace {
+
+std::vector<int32_t> chunk0_of(const std::vector<int32_t>& lens) {
+  std::vector<int32_t> c0{0};
+  for (int32_t l : lens) c0.push_back(c0.back() + (l + 63) / 64);
+  return c0;
+}
+
+// Every chunk is scanned with its output exactly once; a split sequence's jobs chain through their
+// carry slots as the plan's header says; the last segment (or the whole unsplit sequence) ends in
+// the sequence's slot; step 1's zeros/identity jobs come in (B, A) pairs over the same chunks.
+void check_plan(const cuda::KdaSplitPlan& plan, const std::vector<int32_t>& c0) {
+  const int N = int(c0.size()) - 1;
+  std::vector<int> written(size_t(c0.back()), 0), to_seq(size_t(N), 0);
+  std::set<int> carry_out;
+  auto visit = [&](const KdaScanJob& j) {
+    REQUIRE(j.seq >= 0);
+    REQUIRE(j.seq < N);
+    REQUIRE(j.c_begin >= c0[size_t(j.seq)]);
+    REQUIRE(j.c_end <= c0[size_t(j.seq) + 1]);
+    REQUIRE(j.c_begin <= j.c_end);
+    if (j.flags & KdaScanJob::kWriteO)
+      for (int c = j.c_begin; c < j.c_end; ++c) ++written[size_t(c)];
+    if (j.out == KdaScanJob::kToSeq) ++to_seq[size_t(j.seq)];
+    if (j.out == KdaScanJob::kToCarry) {
+      CHECK(j.out_slot >= 0);
+      CHECK(j.out_slot < plan.carry_slots);
+      CHECK(carry_out.insert(j.out_slot).second);  // one writer per carry slot
+    }
+    if (j.init == KdaScanJob::kFromCarry) CHECK(j.in_slot < plan.carry_slots);
+  };
+  for (const auto& j : plan.pass1) visit(j);
+  for (const auto& j : plan.pass3) visit(j);
+  for (int c = 0; c < c0.back(); ++c) CHECK(written[size_t(c)] == 1);
+  for (int n = 0; n < N; ++n) CHECK(to_seq[size_t(n)] == 1);
+  // Jobs write S_start[1], A and B: 2P - 3 of a split sequence's 3P - 5 slots (the fix-up the rest).
+  int job_slots = 0;
+  for (size_t i = 0; i < plan.fixup.size(); i += 2) job_slots += 2 * plan.fixup[i] - 3;
+  CHECK(int(carry_out.size()) == job_slots);
+  // Step 3 reads only what step 1 or the fix-up writes: S_start[1] from step 1, the others from step 2.
+  for (const auto& j : plan.pass3) {
+    CHECK(j.init == KdaScanJob::kFromCarry);
+    CHECK((j.flags & KdaScanJob::kZeroU) == 0);
+  }
+  for (size_t i = 0; i + 1 < plan.pass1.size(); ++i) {
+    const auto& b = plan.pass1[i];
+    if (b.init != KdaScanJob::kZeros) continue;
+    const auto& a = plan.pass1[i + 1];
+    CHECK(a.init == KdaScanJob::kIdentity);
+    CHECK(a.flags == KdaScanJob::kZeroU);
+    CHECK(b.flags == 0);
+    CHECK((a.c_begin == b.c_begin && a.c_end == b.c_end));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("kda split plan: who is cut, and job tables that cover every chunk once", "[cuda][plan]") {
+  // Few heads, one long sequence (T = 65536, H = 4 on 132 SMs): cut into segments of 57 chunks.
+  {
+    const auto c0 = chunk0_of({65536});
+    const auto plan = cuda::plan_kda_split(c0, 4, 132);
+    REQUIRE(plan.split());
+    CHECK(plan.max_segments == 18);
+    CHECK(plan.pass1.size() == 1 + 2 * 16);
+    CHECK(plan.pass3.size() == 17);
+    check_plan(plan, c0);
+  }
+  // Many heads (the grid already fills the GPU) or many sequences: never cut.
+  CHECK_FALSE(cuda::plan_kda_split(chunk0_of({8192}), 96, 132).split());
+  CHECK_FALSE(cuda::plan_kda_split(chunk0_of({32768}), 32, 132).split());
+  CHECK_FALSE(cuda::plan_kda_split(chunk0_of(std::vector<int32_t>(256, 100)), 96, 132).split());
+  // Too short for three segments of the minimum length: not cut.
+  CHECK_FALSE(cuda::plan_kda_split(chunk0_of({64 * (3 * cuda::kKdaMinSegmentChunks - 1)}), 1, 132).split());
+  // Mixed lengths: the long ones cut, the short and empty ones scanned whole, in one table.
+  {
+    const std::vector<int32_t> lens = {4096, 100, 0, 3100, 64 * 47};
+    const auto c0 = chunk0_of(lens);
+    const auto plan = cuda::plan_kda_split(c0, 1, 132);
+    REQUIRE(plan.split());
+    check_plan(plan, c0);
+    CHECK(plan.fixup.size() == 4);  // 4096 and 3100 tokens are cut, 47 chunks is not
+  }
+  // Random shapes keep every invariant.
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<int32_t> lens(1 + rng() % 5);
+    for (auto& l : lens) l = int32_t(rng() % 3 == 0 ? rng() % 200 : rng() % 40000);
+    const int H = 1 + int(rng() % 8), sms = 16 + int(rng() % 200);
+    const auto c0 = chunk0_of(lens);
+    const auto plan = cuda::plan_kda_split(c0, H, sms);
+    if (plan.split()) check_plan(plan, c0);
+  }
+}
+
+TEST_CASE("cuda kda_chunk split into segments matches the cpu recurrence and the unsplit scan", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  std::mt19937 rng(31);
+  // H = 1 and 2: the plan cuts every sequence of >= 48 chunks (3072 tokens) on any GPU of >= 16 SMs.
+  // 4096 tokens: 4 segments of 16 chunks (two fix-up steps); 3100: a last segment of one short chunk;
+  // 100 and 0: scanned whole beside them. Checkpoints every 64 and 256 tokens, written only by the
+  // jobs that write output.
+  struct Case { std::vector<int32_t> lens; int64_t H; int interval; };
+  for (const Case& cs : {Case{{4096}, 1, 256}, Case{{4096, 100, 0, 3100}, 2, 64}, Case{{9000}, 1, 0}}) {
+    const int64_t D = 128, H = cs.H, N = int64_t(cs.lens.size());
+    const int64_t T = std::accumulate(cs.lens.begin(), cs.lens.end(), int64_t(0));
+    std::string tag = "N=" + std::to_string(N) + " H=" + std::to_string(H) + " interval=" + std::to_string(cs.interval);
+    REQUIRE(cuda::plan_kda_split(chunk0_of(cs.lens), int(H), cb->num_sms()).split());
+    Tensor q = randn({T, H, D}, rng), k = randn({T, H, D}, rng), v = randn({T, H, D}, rng);
+    normalise_heads(q, 1.f / std::sqrt(float(D)));
+    normalise_heads(k, 1.f);
+    Tensor gate = uniform({T, H, D}, rng, -1.f, -0.001f, false);  // slow decay: the state carries far
+    Tensor beta = uniform({T, H}, rng, 0.05f, 0.95f, false);
+    Tensor state0 = randn({N, H, D, D}, rng, 0.1f, false);
+    std::vector<int32_t> slot_ids(static_cast<size_t>(N));
+    std::iota(slot_ids.rbegin(), slot_ids.rend(), 0);
+    Tensor slots = ints(slot_ids), cu = cu_of(cs.lens);
+    int64_t M = 1, num = 0;
+    std::vector<int32_t> table;
+    if (cs.interval > 0) {
+      for (int32_t l : cs.lens) M = std::max<int64_t>(M, l / cs.interval);
+      table.assign(static_cast<size_t>(N * M), -1);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < cs.lens[size_t(n)] / cs.interval; ++j) table[size_t(n * M + j)] = int32_t(num++);
+    }
+    Tensor tbl = Tensor::from_i32({N, M}, cs.interval > 0 ? table : std::vector<int32_t>(size_t(N * M), -1));
+    Tensor ref_state = state0.clone(), ref_o = Tensor::zeros({T, H, D}), ref_ck = Tensor::zeros({std::max<int64_t>(num, 1), H, D, D});
+    ops::KdaParams ref{.q = q, .k = k, .v = v, .g = gate, .beta = beta, .state = ref_state, .slots = slots,
+                       .cu_seqlens = cu, .o = ref_o};
+    if (cs.interval > 0) {
+      ref.checkpoints = ref_ck;
+      ref.checkpoint_slots = tbl;
+      ref.checkpoint_interval = cs.interval;
+    }
+    bk.cpu->kda_recurrent(ref);
+    Tensor outs[2], states[2], cks[2];
+    for (int split = 1; split >= 0; --split) {
+      cb->set_kda_chunk_split(split != 0);
+      states[split] = g.from_host(state0, DType::F32);
+      outs[split] = poisoned(g, {T, H, D}, DType::BF16);
+      cks[split] = poisoned(g, {std::max<int64_t>(num, 1), H, D, D}, DType::F32);
+      ops::KdaParams p{.q = g.from_host(q, DType::BF16), .k = g.from_host(k, DType::BF16),
+                       .v = g.from_host(v, DType::BF16), .g = g.from_host(gate, DType::F32),
+                       .beta = g.from_host(beta, DType::F32), .state = states[split],
+                       .slots = g.from_host(slots, DType::I32), .cu_seqlens = g.from_host(cu, DType::I32),
+                       .o = outs[split]};
+      if (cs.interval > 0) {
+        p.checkpoints = cks[split];
+        p.checkpoint_slots = g.from_host(tbl, DType::I32);
+        p.checkpoint_interval = cs.interval;
+      }
+      g.kda_chunk(p);
+    }
+    cb->set_kda_chunk_split(true);
+    expect_close(g, outs[1], ref_o, tol("kda_out"), "split o vs cpu " + tag);
+    expect_close(g, states[1], ref_state, tol("kda_state"), "split state vs cpu " + tag);
+    if (cs.interval > 0) expect_close(g, cks[1], ref_ck, tol("kda_state"), "split checkpoints vs cpu " + tag);
+    // Against the unsplit scan on the same device: only the rounding of the segments' bf16 operands
+    // and the fix-up's fp32 products differ.
+    expect_close(g, outs[1], g.to_host(outs[0]), tol("kda_out"), "split o vs unsplit " + tag);
+    expect_close(g, states[1], g.to_host(states[0]), tol("kda_state"), "split state vs unsplit " + tag);
+  }
+}
