@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   auto fetch_wuq = [&](int c, int b) {
     const bf16* wk = work_tiles(work, c, H, h);
     rows128(WBuf + b * kC * kLdB, wk + kOffW);
-    rows128(QBuf + b * kC * kLdB, wk + kOffQg);
+    if (write_o) rows128(QBuf + b * kC * kLdB, wk + kOffQg);  // Q⊙e^Γ and M_qk serve only the output
     bf16* us = UBuf + b * kC * kLdV;
     if (zero_u) return;  // never read
     for (int idx = tid; idx < kC * (VT / 8); idx += kThreads) {
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     const bf16* wk = work_tiles(work, c, H, h);
     rows128(KdBuf + b * kC * kLdB, wk + kOffKd);
     bf16* mq = MqBuf + b * kC * kLdM;
-    for (int idx = tid; idx < kC * 8; idx += kThreads)
+    for (int idx = tid; write_o && idx < kC * 8; idx += kThreads)
       cp_async16(mq + (idx >> 3) * kLdM + (idx & 7) * 8, wk + kOffMq + (idx >> 3) * kC + (idx & 7) * 8);
     const float* gc = work_gc(work, c, H, h);
     if (tid < kD / 4) cp_async16(GcBuf + b * kD + 4 * tid, gc + 4 * tid);
@@ -194,15 +194,17 @@ __global__ void __launch_bounds__(32 * kWarps)
     for (int kk = 0; kk < kD / 16; ++kk) {
       uint32_t aw[4], aq[4];
       load_a(aw, Ws + 16 * mt * kLdB + 16 * kk, kLdB);
-      load_a(aq, Qs + 16 * mt * kLdB + 16 * kk, kLdB);
+      if (write_o) load_a(aq, Qs + 16 * mt * kLdB + 16 * kk, kLdB);
 #pragma unroll
       for (int gi = 0; gi < kAG; ++gi) {
         uint32_t b[4];
         load_b_nk(b, Sb + 16 * (ag0 + gi) * kLdB + 16 * kk, kLdB);
         mma_bf16(Va[gi][0], aw, b);
         mma_bf16(Va[gi][1], aw, b + 2);
-        mma_bf16(Oa[gi][0], aq, b);
-        mma_bf16(Oa[gi][1], aq, b + 2);
+        if (write_o) {
+          mma_bf16(Oa[gi][0], aq, b);
+          mma_bf16(Oa[gi][1], aq, b + 2);
+        }
       }
     }
 #pragma unroll
@@ -221,7 +223,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     cp_async_commit();
 
     // (b) O += M_qk V' (M_qk lower triangular: k tiles j ≤ mt), rows < len to the output.
-    for (int j = 0; j <= mt; ++j) {
+    for (int j = 0; write_o && j <= mt; ++j) {
       uint32_t am[4];
       load_a(am, Mq + 16 * mt * kLdM + 16 * j, kLdM);
 #pragma unroll
