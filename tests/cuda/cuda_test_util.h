@@ -13,6 +13,7 @@
 
 #include "common/core/tensor.h"
 #include "kernels/backend.h"
+#include "tests/kernels/kda_test_util.h"
 
 namespace k3::cudatest {
 
@@ -58,15 +59,11 @@ inline Tensor filled(Shape shape, float v) {
 }
 inline Tensor ints(std::vector<int32_t> v) { return Tensor::from_i32({int64_t(v.size())}, v); }
 
-// Rows of the last dimension scaled to norm `scale` (and rounded to bf16), as KDA's q and k are.
+// KDA's q and k as the CPU tests make them (rows of the last dimension scaled to norm `scale`), then
+// rounded to bf16, the device's operand type.
 inline void normalise_heads(Tensor& t, float scale) {
-  const int64_t D = t.dim(-1), rows = t.numel() / D;
-  for (int64_t r = 0; r < rows; ++r) {
-    float* p = t.f32() + r * D;
-    double ss = 0;
-    for (int64_t i = 0; i < D; ++i) ss += double(p[i]) * p[i];
-    for (int64_t i = 0; i < D; ++i) p[i] = round_bf16(float(p[i] * scale / std::sqrt(ss + 1e-6)));
-  }
+  k3::test::normalise_heads(t, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = round_bf16(t.f32()[i]);
 }
 
 // cu_seqlens of sequences of these lengths.
