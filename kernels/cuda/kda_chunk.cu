@@ -23,6 +23,9 @@
 //    Rows past a sequence's end are zero in every workspace tile (their β, K, Q, V are
 //    zero-filled), so they add nothing. Optional checkpoints: after a chunk that ends a multiple of
 //    the checkpoint interval, the fp32 state tile is also stored to the caller's checkpoint slot.
+//    Split scan (kda_split_plan.h, few heads and long sequences): the grid's rows are jobs, each a
+//    segment of a sequence scanned from its slot, zeros, the identity (with U = 0) or a carry slot,
+//    with or without output; a fix-up launch (kda_chunk_split.cu) chains the segments in between.
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"

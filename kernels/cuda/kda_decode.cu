@@ -132,9 +132,9 @@ __device__ __forceinline__ void prep_item(const KdaDecodeArgs& a, int b, int h, 
   }
 }
 
-// The recurrence step on kRows state rows from row0 (a warp's), read from `st` (shared memory) and
+// The recurrence step on a warp's kRowsPerWarp state rows from row0, read from `st` (shared memory) and
 // written to `dst_base` (the same shared rows when kToSmem, else the global state); o of item (b, h).
-template <int D, bool kToSmem, int kRows = kRowsPerWarp>
+template <int D, bool kToSmem>
 __device__ __forceinline__ void update_rows(const KdaDecodeArgs& a, int b, int h, float* st, float* dst_base,
                                             const ItemScratch<D>& sc, const float (&q)[D / 32],
                                             const float (&k)[D / 32], const float (&alpha)[D / 32], int row0,
@@ -143,9 +143,9 @@ __device__ __forceinline__ void update_rows(const KdaDecodeArgs& a, int b, int h
   const float beta = sc.beta;
   // Two passes over the rows (shared memory is cheap to re-read): s·k for all the rows first so
   // their warp reductions overlap, then the update, the store and s·q.
-  float kvr[kRows];
+  float kvr[kRowsPerWarp];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
+  for (int r = 0; r < kRowsPerWarp; ++r) {
     const float* x = st + (row0 + r) * D + lane * NV;
     float acc = 0.f;
 #pragma unroll
@@ -153,10 +153,10 @@ __device__ __forceinline__ void update_rows(const KdaDecodeArgs& a, int b, int h
     kvr[r] = acc;
   }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) kvr[r] = warp_sum(kvr[r]);
-  float ov[kRows];
+  for (int r = 0; r < kRowsPerWarp; ++r) kvr[r] = warp_sum(kvr[r]);
+  float ov[kRowsPerWarp];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
+  for (int r = 0; r < kRowsPerWarp; ++r) {
     const float* x = st + (row0 + r) * D + lane * NV;
     const float u = beta * (sc.vv[row0 + r] - kvr[r]);
     float v[NV];
@@ -177,11 +177,11 @@ __device__ __forceinline__ void update_rows(const KdaDecodeArgs& a, int b, int h
     }
   }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) ov[r] = warp_sum(ov[r]);
-  if (lane < kRows) {
+  for (int r = 0; r < kRowsPerWarp; ++r) ov[r] = warp_sum(ov[r]);
+  if (lane < kRowsPerWarp) {
     float mine = ov[0];
 #pragma unroll
-    for (int r = 1; r < kRows; ++r)
+    for (int r = 1; r < kRowsPerWarp; ++r)
       if (lane == r) mine = ov[r];
     a.o.set((int64_t(b) * a.H + h) * D + row0 + lane, mine);
   }
