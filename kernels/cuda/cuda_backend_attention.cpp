@@ -153,8 +153,9 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   Tensor seq0_t = Tensor::from_i32({int64_t(seq0.size())}, seq0);
   Tensor pass1_t = job_ints(split.pass1), pass3_t = job_ints(split.pass3);
   Tensor fixup_t = Tensor::from_i32({int64_t(split.fixup.size())}, split.fixup);
+  const Tensor no_ckpt = Tensor::from_i32({0}, {});  // staged as nothing
   const auto ptrs = device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t, &pass1_t, &pass3_t, &fixup_t,
-                                 a.ckpt ? &p.checkpoint_slots : &seq0_t});
+                                 a.ckpt ? &p.checkpoint_slots : &no_ckpt});
   a.slots = ptrs[0];
   a.cu_seqlens = ptrs[1];
   if (a.ckpt) a.ckpt_slots = ptrs[7];

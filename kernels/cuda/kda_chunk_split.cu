@@ -20,13 +20,11 @@ __global__ void __launch_bounds__(kThreads) kda_split_fixup_kernel(int H, const 
   float* xs = smem;                 // [16][128] this block's rows of S_start[p]
   float* abuf = smem + kRows * kD;  // [2][128][128] A_p, A_{p+1}
   const int r0 = blockIdx.x * kRows, h = blockIdx.y, i = blockIdx.z, tid = threadIdx.x;
-  const int P = fixup[2 * i], base = fixup[2 * i + 1];
+  const KdaSplitSlots slots{fixup[2 * i], fixup[2 * i + 1]};
+  const int P = slots.P;
   auto tile = [&](int slot) { return carry + (int64_t(slot) * H + h) * kD * kD; };
-  auto start_slot = [&](int p) { return base + p - 1; };
-  auto a_slot = [&](int p) { return base + (P - 1) + p - 1; };
-  auto b_slot = [&](int p) { return base + 2 * (P - 1) - 1 + p - 1; };
   auto fetch_a = [&](int p) {
-    const float* A = tile(a_slot(p));
+    const float* A = tile(slots.a(p));
     float* dst = abuf + (p & 1) * kD * kD;
     for (int idx = tid; idx < kD * kD / 4; idx += kThreads) cp_async16(dst + 4 * idx, A + 4 * idx);
     cp_async_commit();
@@ -34,14 +32,14 @@ __global__ void __launch_bounds__(kThreads) kda_split_fixup_kernel(int H, const 
   // Thread t owns row t / 16 and the 8 columns from 8 (t % 16) of the product.
   const int r = tid / 16, c0 = (tid % 16) * 8;
   auto load_b = [&](int p, float4& b0, float4& b1) {
-    const float* Bp = tile(b_slot(p)) + int64_t(r0 + r) * kD + c0;
+    const float* Bp = tile(slots.b(p)) + int64_t(r0 + r) * kD + c0;
     b0 = *reinterpret_cast<const float4*>(Bp);
     b1 = *reinterpret_cast<const float4*>(Bp + 4);
   };
   if (P < 3) return;
   fetch_a(1);
   for (int idx = tid; idx < kRows * kD / 4; idx += kThreads)
-    reinterpret_cast<float4*>(xs)[idx] = reinterpret_cast<const float4*>(tile(start_slot(1)) + int64_t(r0) * kD)[idx];
+    reinterpret_cast<float4*>(xs)[idx] = reinterpret_cast<const float4*>(tile(slots.start(1)) + int64_t(r0) * kD)[idx];
   float4 b0, b1;
   load_b(1, b0, b1);
   for (int p = 1; p <= P - 2; ++p) {
@@ -60,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) kda_split_fixup_kernel(int H, const 
       acc[4] += x * a1.x, acc[5] += x * a1.y, acc[6] += x * a1.z, acc[7] += x * a1.w;
     }
     __syncthreads();  // every thread is done reading xs
-    float* dst = tile(start_slot(p + 1)) + int64_t(r0 + r) * kD + c0;
+    float* dst = tile(slots.start(p + 1)) + int64_t(r0 + r) * kD + c0;
     const float4 o0 = make_float4(acc[0], acc[1], acc[2], acc[3]), o1 = make_float4(acc[4], acc[5], acc[6], acc[7]);
     *reinterpret_cast<float4*>(xs + r * kD + c0) = o0;
     *reinterpret_cast<float4*>(xs + r * kD + c0 + 4) = o1;

@@ -31,28 +31,25 @@ KdaSplitPlan plan_kda_split(const std::vector<int32_t>& seq_chunk0, int H, int n
       plan.pass1.push_back(whole(c0, c1, n));
       continue;
     }
-    const int base = plan.carry_slots;
-    plan.carry_slots += 3 * p_n - 5;
+    const KdaSplitSlots slots{p_n, plan.carry_slots};
+    plan.carry_slots += KdaSplitSlots::count(p_n);
     plan.max_segments = std::max(plan.max_segments, p_n);
-    plan.fixup.insert(plan.fixup.end(), {p_n, base});
-    auto start_slot = [&](int p) { return base + p - 1; };               // S_start[p], p >= 1
-    auto a_slot = [&](int p) { return base + (p_n - 1) + p - 1; };       // A[p], 1 <= p <= P-2
-    auto b_slot = [&](int p) { return base + 2 * (p_n - 1) - 1 + p - 1; };  // B[p]
+    plan.fixup.insert(plan.fixup.end(), {p_n, slots.base});
     auto seg_begin = [&](int p) { return c0 + p * seg; };
     auto seg_end = [&](int p) { return std::min(c1, c0 + (p + 1) * seg); };
     KdaScanJob first = whole(seg_begin(0), seg_end(0), n);
     first.out = KdaScanJob::kToCarry;
-    first.out_slot = start_slot(1);
+    first.out_slot = slots.start(1);
     plan.pass1.push_back(first);
     for (int p = 1; p <= p_n - 2; ++p) {
       KdaScanJob b = whole(seg_begin(p), seg_end(p), n);
       b.init = KdaScanJob::kZeros;
       b.out = KdaScanJob::kToCarry;
-      b.out_slot = b_slot(p);
+      b.out_slot = slots.b(p);
       b.flags = 0;
       KdaScanJob a = b;
       a.init = KdaScanJob::kIdentity;
-      a.out_slot = a_slot(p);
+      a.out_slot = slots.a(p);
       a.flags = KdaScanJob::kZeroU;
       plan.pass1.push_back(b);
       plan.pass1.push_back(a);
@@ -60,7 +57,7 @@ KdaSplitPlan plan_kda_split(const std::vector<int32_t>& seq_chunk0, int H, int n
     for (int p = 1; p <= p_n - 1; ++p) {
       KdaScanJob j = whole(seg_begin(p), seg_end(p), n);
       j.init = KdaScanJob::kFromCarry;
-      j.in_slot = start_slot(p);
+      j.in_slot = slots.start(p);
       j.out = p == p_n - 1 ? KdaScanJob::kToSeq : KdaScanJob::kDiscard;
       plan.pass3.push_back(j);
     }

@@ -24,8 +24,7 @@ namespace k3::cuda {
 
 struct KdaSplitPlan {
   std::vector<KdaScanJob> pass1, pass3;  // steps 1 and 3 (pass1 also holds every unsplit sequence)
-  // Step 2, per split sequence: (segments P, first carry slot); its carry slots are S_start[1..P-1],
-  // then A[1..P-2], then B[1..P-2].
+  // Step 2, per split sequence: (segments P, first carry slot), laid out as KdaSplitSlots says.
   std::vector<int32_t> fixup;
   int carry_slots = 0;
   int max_segments = 1;  // the most segments of one sequence (the fix-up chain's length + 2)

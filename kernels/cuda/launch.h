@@ -112,6 +112,15 @@ struct KdaScanJob {
   int32_t c_begin = 0, c_end = 0, seq = 0, init = kFromSeq, in_slot = 0, out = kToSeq, out_slot = 0, flags = kWriteO;
 };
 static_assert(sizeof(KdaScanJob) == 32, "uploaded as 8 int32 per job");
+// The carry slots of one split sequence of P segments, from `base`: S_start[1 .. P-1], then
+// A[1 .. P-2], then B[1 .. P-2]. Written by the plan's jobs and the fix-up, read by both.
+struct KdaSplitSlots {
+  int P = 0, base = 0;
+  __host__ __device__ int start(int p) const { return base + p - 1; }
+  __host__ __device__ int a(int p) const { return base + (P - 1) + p - 1; }
+  __host__ __device__ int b(int p) const { return base + 2 * (P - 1) + p - 2; }
+  __host__ __device__ static int count(int P) { return 3 * P - 5; }
+};
 // The split chunked form: `split` from plan_kda_split (built by the caller from the same chunk
 // table), its job tables on the device, `carry` holding kda_split_carry_floats(split, H) floats.
 struct KdaSplitPlan;
