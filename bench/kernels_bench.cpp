@@ -147,11 +147,7 @@ void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt
   lines.push_back(l);
 }
 
-// pipelined: CudaBackend::set_kda_decode_pipelined (a prep group of threads running ahead of an update
-// group), as "_pipelined". (The ring form, set_kda_decode_ring, is no longer timed: 0.49-0.51 of copy
-// bandwidth when last measured, docs/PERF.md.)
-void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vector<Line>& lines,
-                     bool pipelined = false) {
+void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vector<Line>& lines) {
   const int64_t D = 128, W = 4, P = H * D;
   const double state_bytes = double(B) * H * D * D * 4;
   const int64_t R = std::max<int64_t>(1, int64_t(std::ceil(256.0 * (1 << 20) / state_bytes)));  // rotate past L2
@@ -180,12 +176,8 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
       be.kda_decode({.qkv = qkv, .conv_w = conv_w, .conv_cache = cache, .f = f, .a_log = a_log, .dt_bias = dt, .b = b,
                      .state = state, .slots = slot_sets[r], .o = o, .heads = int(H)});
     });
-  const bool was_pipelined = be.kda_decode_pipelined();
-  be.set_kda_decode_pipelined(pipelined);
   const double us = time_graphs(be.stream(), quick ? 50 : 300, variants);
-  be.set_kda_decode_pipelined(was_pipelined);
-  Line l{.name = "kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H) + (pipelined ? "_pipelined" : ""),
-         .us = us};
+  Line l{.name = "kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H), .us = us};
   l.bytes = 2 * state_bytes + double(B) * 3 * P * 2 * (1 + 2 * (W - 1)) + double(B) * P * 2 * 2 + 3.0 * P * W * 4 +
             P * 4.0;
   l.flops = double(B) * H * 8.0 * D * D;
@@ -338,10 +330,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     }
   }
   if (wanted("kda_decode"))
-    for (int B : opts.decode_batches) {
-      kda_decode_case(be, B, 96, opts.quick, lines);
-      kda_decode_case(be, B, 96, opts.quick, lines, true);
-    }
+    for (int B : opts.decode_batches) kda_decode_case(be, B, 96, opts.quick, lines);
   if (wanted("mla_decode"))
     for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{
              {96, 32, 4096}, {96, 64, 8192}, {96, 128, 16384}, {64, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {

@@ -104,14 +104,6 @@ class CudaBackend final : public Backend {
   // wgmma kernel: the head groups of a request as one thread-block cluster (MlaDecodeArgs::wgmma_cluster).
   void set_mla_decode_cluster(bool on) { mla_cluster_ = on; }
   bool mla_decode_cluster() const { return mla_cluster_; }
-  // kda_decode by persistent blocks with a ring of state buffers, loading `ahead` (1 or 2) items
-  // ahead (kda_decode.cu), or (0, the default) one block per (request, head).
-  void set_kda_decode_ring(int ahead) { kda_ring_ = ahead; }
-  int kda_decode_ring() const { return kda_ring_; }
-  // kda_decode by pipelined persistent blocks (a prep group of threads running ahead of an update
-  // group, kda_decode.cu) instead of one block per (request, head).
-  void set_kda_decode_pipelined(bool on) { kda_pipelined_ = on; }
-  bool kda_decode_pipelined() const { return kda_pipelined_; }
   // kda_chunk: long sequences with few heads scanned as segments at once and fixed up
   // (kda_split_plan.h; default on), or each sequence as one chain of chunks.
   void set_kda_chunk_split(bool on) { kda_split_ = on; }
@@ -140,8 +132,6 @@ class CudaBackend final : public Backend {
   int mla_t32_ = 0;  // set_mla_decode_t32
   bool mla_seesaw_ = true;  // set_mla_decode_seesaw
   bool mla_cluster_ = false;  // set_mla_decode_cluster
-  int kda_ring_ = 0;  // set_kda_decode_ring
-  bool kda_pipelined_ = false;  // set_kda_decode_pipelined
   bool kda_split_ = true;  // set_kda_chunk_split
   bool batch_invariant_ = false;
   std::string device_name_;

@@ -205,8 +205,6 @@ void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {
   need_shape(op, "o", p.o, {a.B, a.H, a.D});
   a.g_min = p.g_min;
   a.softplus = p.form == ops::GateForm::Softplus;
-  a.ring_ahead = kda_ring_;
-  a.pipelined = kda_pipelined_;
   const auto rows = device_ints({&p.slots, own_conv_rows ? &p.conv_slots : &p.slots});
   a.slots = rows[0];
   a.conv_slots = rows[1];

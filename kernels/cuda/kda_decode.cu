@@ -13,6 +13,11 @@
 // the per-lane cp.async copies small grids used to take (docs/PERF.md).
 // One block owns all rows of its head, so the conv cache of a (request, head) has a single writer
 // (an earlier two-launch version split rows over blocks and needed a separate conv launch).
+// Persistent blocks measured slower on the H200 in every form tried and were removed: a ring of
+// state buffers, a prep group of threads running ahead of an update group, and a prep launch
+// followed by blocks streaming half-item units through a ring of five slots (0.71 / 0.76 of copy
+// bandwidth at B = 32 / 256 against 0.77 / 0.82 in the same call); so did L2 prefetch of the
+// states of later items (docs/PERF.md).
 #include <algorithm>
 
 #include "kernels/cuda/cuda_check.h"
@@ -26,12 +31,13 @@ namespace {
 
 constexpr int kRowsPerWarp = 16;
 
-// Bulk-copy-engine path (sm_90): the whole state moves between global and shared memory in a few
-// cp.async.bulk operations tracked by one mbarrier, instead of 16 per-thread copies and stores.
+// Bulk-copy-engine path (sm_90): the whole state moves into shared memory in a few cp.async.bulk
+// operations tracked by one mbarrier, instead of 16 per-thread copies.
 __device__ __forceinline__ void bulk_init(uint64_t* bar) { mbar_init(smem_u32(bar)); }
+// Copies `bytes` (a multiple of 16) into shared memory, counted on `bar`, in pieces the copy engine
+// takes at once.
 __device__ __forceinline__ void bulk_load(float* smem, const float* gmem, unsigned bytes, uint64_t* bar) {
-  const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned b = smem_u32(bar), d = smem_u32(smem);
   mbar_expect_tx(b, bytes);
   constexpr unsigned kPiece = 16384;
   for (unsigned off = 0; off < bytes; off += kPiece) {
@@ -42,24 +48,6 @@ __device__ __forceinline__ void bulk_load(float* smem, const float* gmem, unsign
   }
 }
 __device__ __forceinline__ void bulk_wait(uint64_t* bar) { mbar_wait(smem_u32(bar), 0); }
-// Issues a store of `bytes` from shared to global memory as one bulk group of the calling thread.
-__device__ __forceinline__ void bulk_store_issue(float* gmem, const float* smem, unsigned bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem), "r"(smem_u32(smem)),
-               "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// Waits until at most `kPending` of the calling thread's latest bulk groups may still read shared memory.
-template <int kPending>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
-}
-// The state of item `item` (= request * H + head) of a launch.
-template <int D>
-__device__ __forceinline__ float* state_of(const KdaDecodeArgs& a, int item) {
-  return a.state + (int64_t(a.slots[item / a.H]) * a.H + item % a.H) * D * D;
-}
-
 // Shared-memory scratch of one item (request, head) besides its state.
 template <int D>
 struct ItemScratch {
@@ -74,11 +62,9 @@ struct ItemScratch {
 struct QkScale {
   float q, k;
 };
-// `tid` is the thread's index among the 2D threads doing the prep; kBar = 0 syncs the whole block,
-// another id syncs just those 2D threads (a named barrier).
-template <int D, int kBar = 0>
-__device__ __forceinline__ QkScale prep_shared(const KdaDecodeArgs& a, int b, int h, int64_t slot, ItemScratch<D>& sc,
-                                               int tid = threadIdx.x) {
+template <int D>
+__device__ __forceinline__ QkScale prep_shared(const KdaDecodeArgs& a, int b, int h, int64_t slot, ItemScratch<D>& sc) {
+  const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5, H = a.H;
   const int64_t P = int64_t(H) * D;
   float sq = 0.f, sk = 0.f;
@@ -106,8 +92,7 @@ __device__ __forceinline__ QkScale prep_shared(const KdaDecodeArgs& a, int b, in
     sc.red[0][warp] = sq;
     sc.red[1][warp] = sk;
   }
-  if constexpr (kBar == 0) __syncthreads();
-  else asm volatile("bar.sync %0, %1;\n" ::"n"(kBar), "n"(2 * D) : "memory");
+  __syncthreads();
   float tq = 0.f, tk = 0.f;
 #pragma unroll
   for (int w = 0; w < D / 32; ++w) {  // the q/k warps are the first D/32
@@ -132,33 +117,33 @@ __device__ __forceinline__ void prep_item(const KdaDecodeArgs& a, int b, int h, 
   }
 }
 
-// The recurrence step on a warp's kRowsPerWarp state rows from row0, read from `st` (shared memory) and
-// written to `dst_base` (the same shared rows when kToSmem, else the global state); o of item (b, h).
-template <int D, bool kToSmem>
-__device__ __forceinline__ void update_rows(const KdaDecodeArgs& a, int b, int h, float* st, float* dst_base,
-                                            const ItemScratch<D>& sc, const float (&q)[D / 32],
-                                            const float (&k)[D / 32], const float (&alpha)[D / 32], int row0,
-                                            int lane) {
+// The recurrence step on a warp's kRows state rows: read from `st` (shared memory, the first of the
+// rows), written to `dst` (the same rows of the global state) straight from registers; vv: the v of
+// the first row; o of the first row at o_at.
+template <int D, int kRows>
+__device__ __forceinline__ void update_rows(const float* st, float* dst, const float* vv, float beta, FOut o,
+                                            int64_t o_at, const float (&q)[D / 32], const float (&k)[D / 32],
+                                            const float (&alpha)[D / 32], int lane) {
   constexpr int NV = D / 32;
-  const float beta = sc.beta;
+  static_assert(kRows <= 32, "one lane per row writes o");
   // Two passes over the rows (shared memory is cheap to re-read): s·k for all the rows first so
   // their warp reductions overlap, then the update, the store and s·q.
-  float kvr[kRowsPerWarp];
+  float kvr[kRows];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const float* x = st + (row0 + r) * D + lane * NV;
+  for (int r = 0; r < kRows; ++r) {
+    const float* x = st + r * D + lane * NV;
     float acc = 0.f;
 #pragma unroll
     for (int e = 0; e < NV; ++e) acc += x[e] * alpha[e] * k[e];
     kvr[r] = acc;
   }
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) kvr[r] = warp_sum(kvr[r]);
-  float ov[kRowsPerWarp];
+  for (int r = 0; r < kRows; ++r) kvr[r] = warp_sum(kvr[r]);
+  float ov[kRows];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const float* x = st + (row0 + r) * D + lane * NV;
-    const float u = beta * (sc.vv[row0 + r] - kvr[r]);
+  for (int r = 0; r < kRows; ++r) {
+    const float* x = st + r * D + lane * NV;
+    const float u = beta * (vv[r] - kvr[r]);
     float v[NV];
     float acc = 0.f;
 #pragma unroll
@@ -167,23 +152,18 @@ __device__ __forceinline__ void update_rows(const KdaDecodeArgs& a, int b, int h
       acc += v[e] * q[e];
     }
     ov[r] = acc;
-    float* dst = dst_base + (row0 + r) * D + lane * NV;
-    if constexpr (NV == 4) {
-      if constexpr (kToSmem) *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
-      else __stcs(reinterpret_cast<float4*>(dst), make_float4(v[0], v[1], v[2], v[3]));
-    } else {
-      if constexpr (kToSmem) *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
-      else __stcs(reinterpret_cast<float2*>(dst), make_float2(v[0], v[1]));
-    }
+    float* d = dst + r * D + lane * NV;
+    if constexpr (NV == 4) __stcs(reinterpret_cast<float4*>(d), make_float4(v[0], v[1], v[2], v[3]));
+    else __stcs(reinterpret_cast<float2*>(d), make_float2(v[0], v[1]));
   }
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) ov[r] = warp_sum(ov[r]);
-  if (lane < kRowsPerWarp) {
+  for (int r = 0; r < kRows; ++r) ov[r] = warp_sum(ov[r]);
+  if (lane < kRows) {
     float mine = ov[0];
 #pragma unroll
-    for (int r = 1; r < kRowsPerWarp; ++r)
+    for (int r = 1; r < kRows; ++r)
       if (lane == r) mine = ov[r];
-    a.o.set((int64_t(b) * a.H + h) * D + row0 + lane, mine);
+    o.set(o_at + lane, mine);
   }
 }
 
@@ -205,156 +185,9 @@ __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
   float q[NV], k[NV], alpha[NV];
   prep_item<D>(a, b, h, a.conv_slots[b], sc, q, k, alpha);
   bulk_wait(&bar);  // the barrier's init is ordered by prep_item's __syncthreads
-  update_rows<D, false>(a, b, h, st, S, sc, q, k, alpha, warp * kRowsPerWarp, lane);
-}
-
-// Persistent form: gridDim.x blocks (as many as fit at once) walk the (request, head) items with a
-// ring of kRing state buffers in shared memory, so the copy engine always has the next items'
-// states coming in and the last ones going out while the warps update the current one (the
-// one-block-per-item form leaves each SM's copy engine idle while all its blocks compute, and its
-// last wave half empty). The n-th item of a block uses buffer n mod kRing; loads run kAhead items
-// ahead. kAhead = 2 keeps two loads in flight but must wait at each item for the store just issued
-// to leave shared memory (its buffer is the next load's); kAhead = 1 lets that store drain for a
-// whole item. Thread 0 issues every copy (bulk groups and mbarrier arrivals are per thread).
-constexpr int kRing = 3;
-template <int D, int kAhead>
-__global__ void __launch_bounds__(D * 2, 1) kda_decode_ring_kernel(KdaDecodeArgs a) {
-  static_assert(kAhead >= 1 && kAhead < kRing, "a buffer for the current item, kAhead loading");
-  constexpr int NV = D / 32, kStateBytes = D * D * 4;
-  extern __shared__ __align__(16) float ring[];  // [kRing][D][D]
-  __shared__ __align__(16) ItemScratch<D> sc;
-  __shared__ uint64_t bars[kRing];
-  const int tid = threadIdx.x;
-  const int items = a.B * a.H;
-  if (tid == 0) {
-    for (int r = 0; r < kRing; ++r) mbar_init(smem_u32(&bars[r]));
-    for (int j = 0; j < kAhead; ++j) {  // the first kAhead items' loads in flight
-      const int item = blockIdx.x + j * gridDim.x;
-      if (item < items) bulk_load(ring + j * D * D, state_of<D>(a, item), kStateBytes, &bars[j]);
-    }
-  }
-  int n = 0;  // items this block has done
-  for (int item = blockIdx.x; item < items; item += gridDim.x, ++n) {
-    const int buf = n % kRing;
-    float* st = ring + buf * D * D;
-    if (tid == 0) {  // the load kAhead items ahead goes where item n + kAhead - kRing was stored from
-      const int ahead = item + kAhead * gridDim.x;
-      if (ahead < items) {
-        // Stores are one bulk group per item: the kRing - kAhead - 1 latest may still be reading.
-        bulk_wait_read<kRing - kAhead - 1>();
-        const int nb = (n + kAhead) % kRing;
-        bulk_load(ring + nb * D * D, state_of<D>(a, ahead), kStateBytes, &bars[nb]);
-      }
-    }
-    const int b = item / a.H, h = item % a.H;
-    float q[NV], k[NV], alpha[NV];
-    prep_item<D>(a, b, h, a.conv_slots[b], sc, q, k, alpha);  // its barrier also orders the mbarrier inits
-    mbar_wait(smem_u32(&bars[buf]), uint32_t(n / kRing) & 1u);
-    update_rows<D, true>(a, b, h, st, st, sc, q, k, alpha, (tid >> 5) * kRowsPerWarp, tid & 31);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our stores -> the copy engine
-    __syncthreads();  // every row is written; sc may be overwritten by the next item's prep
-    if (tid == 0) bulk_store_issue(state_of<D>(a, item), st, kStateBytes);
-  }
-  if (tid == 0) bulk_wait_read<0>();  // shared memory outlives the reads
-}
-
-// Pipelined persistent form: one block per SM of two groups of 2D threads. The prep group runs up
-// to two items ahead, writing each item's normalised q, k, decays, v and β into one of two scratch
-// slots; the update group takes them in order, updating each state in one of three shared-memory
-// buffers that one of its threads fills and drains with bulk copies (the load of item n + 2 goes
-// out as soon as item n is stored). So the copy engine, the prep's latency chain and the row update
-// overlap, where the ring form above ran prep and update one after the other in every block.
-// Named barriers between the groups (ids 3/4: slot s full, 5/6: slot s free; 1 and 2 are each
-// group's own) carry the hand-over; bar.arrive/bar.sync order the shared-memory writes before them.
-// Measured on the H200 it is slower than one block per item (0.66 / 0.72 of copy bandwidth at B = 32
-// / 256 against 0.74 / 0.85, docs/PERF.md): one block per SM keeps about one and a half 64 KiB loads
-// in flight, where three resident per-item blocks keep three. Kept as a switch, off.
-template <int D>
-__global__ void __launch_bounds__(D * 4, 1) kda_decode_pipelined_kernel(KdaDecodeArgs a) {
-  constexpr int NV = D / 32, kGroup = 2 * D, kBlock = 4 * D, kStateBytes = D * D * 4;
-  extern __shared__ __align__(16) float bufs[];  // [3][D][D]
-  __shared__ __align__(16) ItemScratch<D> sc[2];
-  __shared__ uint64_t bars[3];
-  const int items = a.B * a.H;
-  const bool prep_group = threadIdx.x < kGroup;
-  const int gtid = threadIdx.x - (prep_group ? 0 : kGroup);
-  const bool copier = !prep_group && gtid == 0;  // issues every bulk copy (bulk groups are per thread)
-  if (prep_group) {
-    int n = 0;
-    for (int item = blockIdx.x; item < items; item += gridDim.x, ++n) {
-      const int s = n & 1, b = item / a.H, h = item % a.H;
-      if (n >= 2) {  // the update group is done with item n - 2's slot
-        if (s == 0) asm volatile("bar.sync 5, %0;\n" ::"n"(kBlock) : "memory");
-        else asm volatile("bar.sync 6, %0;\n" ::"n"(kBlock) : "memory");
-      }
-      const QkScale nrm = prep_shared<D, 1>(a, b, h, a.conv_slots[b], sc[s], gtid);
-      if (gtid < D) {  // each thread scales the q/k channel it wrote (sc.red is all others read)
-        sc[s].qv[gtid] *= nrm.q;
-        sc[s].kv[gtid] *= nrm.k;
-      }
-      if (s == 0) asm volatile("bar.arrive 3, %0;\n" ::"n"(kBlock) : "memory");
-      else asm volatile("bar.arrive 4, %0;\n" ::"n"(kBlock) : "memory");
-    }
-    return;
-  }
-  if (copier) {
-    for (int r = 0; r < 3; ++r) mbar_init(smem_u32(&bars[r]));
-    for (int j = 0; j < 2; ++j) {
-      const int item = blockIdx.x + j * gridDim.x;
-      if (item < items) bulk_load(bufs + j * D * D, state_of<D>(a, item), kStateBytes, &bars[j]);
-    }
-  }
-  asm volatile("bar.sync 2, %0;\n" ::"n"(kGroup) : "memory");  // the mbarriers are initialised
-  int n = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x, ++n) {
-    const int s = n & 1, buf = n % 3, b = item / a.H, h = item % a.H;
-    float* st = bufs + buf * D * D;
-    if (s == 0) asm volatile("bar.sync 3, %0;\n" ::"n"(kBlock) : "memory");
-    else asm volatile("bar.sync 4, %0;\n" ::"n"(kBlock) : "memory");
-    mbar_wait(smem_u32(&bars[buf]), uint32_t(n / 3) & 1u);
-    const int lane = gtid & 31;
-    float q[NV], k[NV], alpha[NV];
-#pragma unroll
-    for (int e = 0; e < NV; ++e) {
-      q[e] = sc[s].qv[lane * NV + e];
-      k[e] = sc[s].kv[lane * NV + e];
-      alpha[e] = sc[s].al[lane * NV + e];
-    }
-    update_rows<D, true>(a, b, h, st, st, sc[s], q, k, alpha, (gtid >> 5) * kRowsPerWarp, lane);
-    if (item + 2 * gridDim.x < items) {  // the prep group will wait for this slot
-      if (s == 0) asm volatile("bar.arrive 5, %0;\n" ::"n"(kBlock) : "memory");
-      else asm volatile("bar.arrive 6, %0;\n" ::"n"(kBlock) : "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our stores -> the copy engine
-    asm volatile("bar.sync 2, %0;\n" ::"n"(kGroup) : "memory");     // every row of this item is written
-    if (copier) {
-      bulk_store_issue(state_of<D>(a, item), st, kStateBytes);
-      const int ahead = item + 2 * gridDim.x;
-      if (ahead < items) {  // its buffer held item n - 1: that store must have left shared memory
-        bulk_wait_read<1>();
-        const int nb = (n + 2) % 3;
-        bulk_load(bufs + nb * D * D, state_of<D>(a, ahead), kStateBytes, &bars[nb]);
-      }
-    }
-  }
-  if (copier) bulk_wait_read<0>();  // shared memory outlives the reads
-}
-
-// Launches a persistent kernel with as many blocks as fit on the device at once (at most one per item).
-void launch_persistent(void (*kern)(KdaDecodeArgs), const KdaDecodeArgs& a, int threads, int smem, cudaStream_t s) {
-  K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  int dev = 0, sms = 0, per_sm = 0;
-  K3_CUDA_OK(cudaGetDevice(&dev));
-  K3_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  K3_CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, threads, smem));
-  const int64_t items = int64_t(a.B) * a.H;
-  const int grid = int(std::min<int64_t>(items, int64_t(std::max(1, sms)) * std::max(1, per_sm)));
-  kern<<<grid, threads, smem, s>>>(a);
-}
-
-template <int D>
-void launch_pipelined(const KdaDecodeArgs& a, cudaStream_t s) {
-  launch_persistent(kda_decode_pipelined_kernel<D>, a, D * 4, 3 * D * D * 4, s);
+  const int row0 = warp * kRowsPerWarp;
+  update_rows<D, kRowsPerWarp>(st + row0 * D, S + row0 * D, sc.vv + row0, sc.beta, a.o,
+                               (int64_t(b) * H + h) * D + row0, q, k, alpha, lane);
 }
 
 template <int D>
@@ -364,21 +197,6 @@ void launch_per_item(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
   kda_decode_kernel<D><<<grid, D * 2, kSmem, s>>>(a);
 }
 
-template <int D>
-void launch_ring(const KdaDecodeArgs& a, cudaStream_t s) {
-  if (a.ring_ahead != 1 && a.ring_ahead != 2)
-    throw Error("kda_decode: ring_ahead " + std::to_string(a.ring_ahead) + " not in {0, 1, 2}");
-  launch_persistent(a.ring_ahead == 1 ? kda_decode_ring_kernel<D, 1> : kda_decode_ring_kernel<D, 2>, a, D * 2,
-                    kRing * D * D * 4, s);
-}
-
-template <int D>
-void launch_for(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
-  if (a.pipelined) launch_pipelined<D>(a, s);
-  else if (a.ring_ahead > 0) launch_ring<D>(a, s);
-  else launch_per_item<D>(a, grid, s);
-}
-
 }  // namespace
 
 void launch_kda_decode(const KdaDecodeArgs& a, cudaStream_t s) {
@@ -386,8 +204,8 @@ void launch_kda_decode(const KdaDecodeArgs& a, cudaStream_t s) {
   if (a.W < 1 || a.W > kMaxW) throw Error("kda_decode: conv width " + std::to_string(a.W) + " not in 1..8");
   const dim3 grid(a.H, a.B);
   switch (a.D) {
-    case 64: launch_for<64>(a, grid, s); break;
-    case 128: launch_for<128>(a, grid, s); break;
+    case 64: launch_per_item<64>(a, grid, s); break;
+    case 128: launch_per_item<128>(a, grid, s); break;
     default: throw Error("kda_decode: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
   }
   K3_CUDA_LAUNCHED("kda_decode_kernel");

@@ -145,13 +145,6 @@ struct KdaDecodeArgs {
   int B = 0, H = 0, D = 0, W = 0;
   float g_min = -5.f;
   bool softplus = false;  // Kimi Linear's gate form
-  // Persistent blocks walking the (request, head) items with a ring of state buffers (copies of the
-  // next items in flight while the current one updates) instead of one block per item
-  // (CudaBackend::set_kda_decode_ring): 0 = one block per item, 1 or 2 = loads that many items ahead.
-  int ring_ahead = 0;
-  // Pipelined persistent blocks (CudaBackend::set_kda_decode_pipelined): a prep group of threads
-  // running ahead of an update group, states in a ring of three buffers; overrides ring_ahead.
-  bool pipelined = false;
 };
 void launch_kda_decode(const KdaDecodeArgs& a, cudaStream_t s);
 

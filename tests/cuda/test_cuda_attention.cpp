@@ -215,16 +215,8 @@ TEST_CASE("cuda kda_decode matches cpu (conv + gate + delta rule, per-request sl
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
   std::mt19937 rng(24);
-  // (B, H) = (3, 2): fewer blocks than SMs; (40, 32): several waves of one block per item;
-  // each again on persistent blocks with the ring of state buffers (fewer blocks than items at
-  // (40, 32): every buffer and barrier phase is reused), and on pipelined persistent blocks (a
-  // prep group two items ahead of the update group: every scratch slot and buffer reused at (40, 32)).
-  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
-  REQUIRE(cb != nullptr);
-  for (auto [ring, pipelined] : std::vector<std::pair<int, int>>{{0, 0}, {1, 0}, {2, 0}, {0, 1}})
+  // (B, H) = (3, 2): fewer blocks than SMs; (40, 32): several waves of one block per item.
   for (auto [B, H, D] : std::vector<std::array<int64_t, 3>>{{3, 2, 64}, {3, 2, 128}, {40, 32, 64}, {40, 32, 128}}) {
-    cb->set_kda_decode_ring(ring);
-    cb->set_kda_decode_pipelined(pipelined != 0);
     const int64_t W = 4, P = H * D, num_slots = B + 2;
     Tensor qkv = randn({B, 3 * P}, rng), conv_w = randn({3 * P, W}, rng, 0.5f, false);
     Tensor conv_cache = randn({num_slots, W - 1, 3 * P}, rng);
@@ -245,15 +237,11 @@ TEST_CASE("cuda kda_decode matches cpu (conv + gate + delta rule, per-request sl
                   .conv_cache = gcache, .f = g.from_host(f, DType::BF16), .a_log = g.from_host(a_log, DType::F32),
                   .dt_bias = g.from_host(dt, DType::F32), .b = g.from_host(b, DType::BF16), .state = gstate,
                   .slots = g.from_host(slots, DType::I32), .o = go, .heads = int(H)});
-    const std::string tag = " B=" + std::to_string(B) + " H=" + std::to_string(H) + " D=" + std::to_string(D) +
-                            (ring ? " ring ahead " + std::to_string(ring) : "") +
-                            (pipelined ? " pipelined" : "");
+    const std::string tag = " B=" + std::to_string(B) + " H=" + std::to_string(H) + " D=" + std::to_string(D);
     expect_close(g, go, o, tol("kda_decode"), "kda_decode o" + tag);
     expect_close(g, gstate, state, tol("kda_decode"), "kda_decode state" + tag);
     expect_close(g, gcache, conv_cache, tol("kda_decode"), "kda_decode conv cache" + tag);
   }
-  cb->set_kda_decode_ring(0);
-  cb->set_kda_decode_pipelined(false);
 }
 
 // A unified cache region (engine/cache_region.h) gives a request a conv row apart from its state row, in
@@ -262,12 +250,7 @@ TEST_CASE("cuda kda_decode with conv rows apart from state rows matches cpu", "[
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
   std::mt19937 rng(25);
-  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
-  REQUIRE(cb != nullptr);
-  for (auto [ring, pipelined] : std::vector<std::pair<int, int>>{{0, 0}, {1, 0}, {0, 1}})
   for (auto [B, H, D] : std::vector<std::array<int64_t, 3>>{{3, 2, 64}, {40, 32, 128}}) {
-    cb->set_kda_decode_ring(ring);
-    cb->set_kda_decode_pipelined(pipelined != 0);
     const int64_t W = 4, P = H * D, state_rows = B + 2, conv_rows = 2 * B + 3;
     Tensor qkv = randn({B, 3 * P}, rng), conv_w = randn({3 * P, W}, rng, 0.5f, false);
     Tensor conv_cache = randn({conv_rows, W - 1, 3 * P}, rng);
@@ -293,13 +276,9 @@ TEST_CASE("cuda kda_decode with conv rows apart from state rows matches cpu", "[
                   .dt_bias = g.from_host(dt, DType::F32), .b = g.from_host(b, DType::BF16), .state = gstate,
                   .slots = g.from_host(slots, DType::I32), .conv_slots = g.from_host(conv_slots, DType::I32), .o = go,
                   .heads = int(H)});
-    const std::string tag = " B=" + std::to_string(B) + " H=" + std::to_string(H) + " D=" + std::to_string(D) +
-                            (ring ? " ring ahead " + std::to_string(ring) : "") +
-                            (pipelined ? " pipelined" : "");
+    const std::string tag = " B=" + std::to_string(B) + " H=" + std::to_string(H) + " D=" + std::to_string(D);
     expect_close(g, go, o, tol("kda_decode"), "kda_decode conv_slots o" + tag);
     expect_close(g, gstate, state, tol("kda_decode"), "kda_decode conv_slots state" + tag);
     expect_close(g, gcache, conv_cache, tol("kda_decode"), "kda_decode conv_slots conv cache" + tag);
   }
-  cb->set_kda_decode_ring(0);
-  cb->set_kda_decode_pipelined(false);
 }
