@@ -197,7 +197,12 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
 struct MlaVariant {
   bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true, cluster = false;
   int l2_prefetch = -1, t32 = 0;
+  // > 0: every request's pages are these few, so the cache rows stay in L2 and no tile waits for
+  // memory: how fast the kernel would run if its loads were hidden. A diagnostic, "_l2hot" (its
+  // bytes and floor are those of the real shape, which it does not move).
+  int hot_pages = 0;
   std::string suffix(int64_t H) const {
+    if (hot_pages > 0) return (seesaw ? "" : "_lockstep") + std::string("_l2hot");
     if (H < 64) return "";
     if (!wgmma) return "_mma";
     std::string s = t32 == 2 ? "_t32" : split_s ? "_splits" : !tma ? "_cpasync" : !seesaw ? "_lockstep" : "";
@@ -221,6 +226,8 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   std::vector<int32_t> perm(num_pages);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), std::mt19937(33));
+  if (v.hot_pages > 0)
+    for (size_t i = 0; i < perm.size(); ++i) perm[i] = perm[i % size_t(v.hot_pages)];
   Tensor table = be.from_host(Tensor::from_i32({B, pages_per}, perm), DType::I32);
   Tensor lens = dev_ints(be, std::vector<int32_t>(B, int32_t(ctx)));
   const float scale = 1.f / std::sqrt(192.f);
@@ -337,6 +344,8 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
       if (H >= 64) {
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.lazy = false});
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.hot_pages = 16});
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.seesaw = false, .hot_pages = 16});
         if (H > 64) mla_decode_case(be, B, H, ctx, opts.quick, lines, {.cluster = true});
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.seesaw = false});
         if (H % 64 != 0) mla_decode_case(be, B, H, ctx, opts.quick, lines, {.seesaw = false, .t32 = 1});

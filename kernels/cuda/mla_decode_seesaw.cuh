@@ -19,6 +19,11 @@
 // refills stage A, warp 4 stage B. Named barriers 1 ("A ready") and 2 ("B ready") hand P and the
 // maxima from one warpgroup to the other (bar.arrive by the producer, bar.sync by the consumer).
 // With an odd tile count the last pair has no B: WG 1 then only adds P_A V_A.
+// The seesaw waits for its rows: with every request's rows kept in L2 it runs 14-29 % faster
+// (k3-bench's "_l2hot" rows). Measured on the H200 and not kept, since none of them shortened that
+// wait: L2 prefetch of the tiles 2-6 ahead, the two head groups of a request sharing every tile by
+// multicast loads (a cluster of two, each block issuing half the boxes), and the refills' page ids
+// read from shared memory instead of the block table (docs/PERF.md).
 #pragma once
 #include "kernels/cuda/mla_decode_tiles.cuh"
 #include "kernels/cuda/mla_wgmma_layout.cuh"
