@@ -23,7 +23,9 @@
 // (k3-bench's "_l2hot" rows). Measured on the H200 and not kept, since none of them shortened that
 // wait: L2 prefetch of the tiles 2-6 ahead, the two head groups of a request sharing every tile by
 // multicast loads (a cluster of two, each block issuing half the boxes), and the refills' page ids
-// read from shared memory instead of the block table (docs/PERF.md).
+// read from shared memory instead of the block table; nor did staggering the pair (WG 1 computing
+// S_B after issuing P_A V_A, stage A released right after), which lost more by running S_A and S_B
+// one after the other than it gained (docs/PERF.md).
 #pragma once
 #include "kernels/cuda/mla_decode_tiles.cuh"
 #include "kernels/cuda/mla_wgmma_layout.cuh"
