@@ -117,20 +117,20 @@ __device__ __forceinline__ void prep_item(const KdaDecodeArgs& a, int b, int h, 
   }
 }
 
-// The recurrence step on a warp's kRows state rows: read from `st` (shared memory, the first of the
+// The recurrence step on a warp's kRowsPerWarp state rows: read from `st` (shared memory, the first of the
 // rows), written to `dst` (the same rows of the global state) straight from registers; vv: the v of
 // the first row; o of the first row at o_at.
-template <int D, int kRows>
+template <int D>
 __device__ __forceinline__ void update_rows(const float* st, float* dst, const float* vv, float beta, FOut o,
                                             int64_t o_at, const float (&q)[D / 32], const float (&k)[D / 32],
                                             const float (&alpha)[D / 32], int lane) {
   constexpr int NV = D / 32;
-  static_assert(kRows <= 32, "one lane per row writes o");
+  static_assert(kRowsPerWarp <= 32, "one lane per row writes o");
   // Two passes over the rows (shared memory is cheap to re-read): s·k for all the rows first so
   // their warp reductions overlap, then the update, the store and s·q.
-  float kvr[kRows];
+  float kvr[kRowsPerWarp];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
+  for (int r = 0; r < kRowsPerWarp; ++r) {
     const float* x = st + r * D + lane * NV;
     float acc = 0.f;
 #pragma unroll
@@ -138,10 +138,10 @@ __device__ __forceinline__ void update_rows(const float* st, float* dst, const f
     kvr[r] = acc;
   }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) kvr[r] = warp_sum(kvr[r]);
-  float ov[kRows];
+  for (int r = 0; r < kRowsPerWarp; ++r) kvr[r] = warp_sum(kvr[r]);
+  float ov[kRowsPerWarp];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
+  for (int r = 0; r < kRowsPerWarp; ++r) {
     const float* x = st + r * D + lane * NV;
     const float u = beta * (vv[r] - kvr[r]);
     float v[NV];
@@ -157,11 +157,11 @@ __device__ __forceinline__ void update_rows(const float* st, float* dst, const f
     else __stcs(reinterpret_cast<float2*>(d), make_float2(v[0], v[1]));
   }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) ov[r] = warp_sum(ov[r]);
-  if (lane < kRows) {
+  for (int r = 0; r < kRowsPerWarp; ++r) ov[r] = warp_sum(ov[r]);
+  if (lane < kRowsPerWarp) {
     float mine = ov[0];
 #pragma unroll
-    for (int r = 1; r < kRows; ++r)
+    for (int r = 1; r < kRowsPerWarp; ++r)
       if (lane == r) mine = ov[r];
     o.set(o_at + lane, mine);
   }
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
   prep_item<D>(a, b, h, a.conv_slots[b], sc, q, k, alpha);
   bulk_wait(&bar);  // the barrier's init is ordered by prep_item's __syncthreads
   const int row0 = warp * kRowsPerWarp;
-  update_rows<D, kRowsPerWarp>(st + row0 * D, S + row0 * D, sc.vv + row0, sc.beta, a.o,
+  update_rows<D>(st + row0 * D, S + row0 * D, sc.vv + row0, sc.beta, a.o,
                                (int64_t(b) * H + h) * D + row0, q, k, alpha, lane);
 }
 
