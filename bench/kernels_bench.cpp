@@ -15,6 +15,10 @@ void k3::bench::add_kernels_options(CLI::App& app, KernelsBenchOptions& o) {
   app.add_flag("--with-mma", o.with_mma, "also time the mma.sync MLA decode kernel at H >= 64 (_mma rows)");
   app.add_option("--decode-batches", o.decode_batches, "KDA decode batch sizes (H = 96, D = 128)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--kda-pieces", o.kda_pieces,
+                 "KDA prefill: piece counts of the overlapped form to time beside the plan's choice at "
+                 "T=8192/H=96, T=32768/H=32 and 256x100/H=96 (1: prep, then scan; lines _serial, _pN)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--only", o.only,
                  "comma-separated kernel families to time after the ceilings: kda_chunk, kda_decode, mla_decode, "
                  "lse_merge (default: all)");
@@ -96,9 +100,10 @@ Ceilings measure_ceilings(CudaBackend& be, bool quick, std::vector<Line>& lines)
 // (the prefix-cache checkpoints), counted as extra bytes written. `softplus`: gates without K3's lower
 // bound (Kimi Linear's form, down to -100 here), which take the run-sum variant of the prep launch.
 // `split` false: CudaBackend::set_kda_chunk_split(false), each sequence one chain of chunks even
-// where the plan would cut it into segments ("_nosplit").
+// where the plan would cut it into segments ("_nosplit"). `pieces` > 0: set_kda_chunk_pieces, the
+// overlapped form in that many pieces ("_pN"), or prep then scan for 1 ("_serial").
 void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt, bool softplus, bool quick,
-                    std::vector<Line>& lines, bool split = true) {
+                    std::vector<Line>& lines, bool split = true, int pieces = 0) {
   const int64_t D = 128, T = N * len;
   Tensor q = be.alloc({T, H, D}, DType::BF16), k = be.alloc({T, H, D}, DType::BF16), v = be.alloc({T, H, D}, DType::BF16);
   Tensor g = be.alloc({T, H, D}, DType::F32), beta = be.alloc({T, H}, DType::F32);
@@ -130,20 +135,25 @@ void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt
     p.checkpoint_interval = ckpt;
   }
   const bool was_split = be.kda_chunk_split();
+  const int was_pieces = be.kda_chunk_pieces();
   be.set_kda_chunk_split(split);
+  be.set_kda_chunk_pieces(pieces);
   const double us = time_eager(be.stream(), 2, quick ? 3 : 10, [&] { be.kda_chunk(p); });
   be.set_kda_chunk_split(was_split);
+  be.set_kda_chunk_pieces(was_pieces);
   const double C = 64, chunks = N * std::ceil(double(len) / 64);
   std::string name = N == 1 ? "kda_chunk_T" + std::to_string(T) + "_H" + std::to_string(H)
                             : "kda_chunk_N" + std::to_string(N) + "x" + std::to_string(len) + "_H" + std::to_string(H);
   if (ckpt > 0) name += "_ckpt" + std::to_string(ckpt);
   if (softplus) name += "_softplus";
   if (!split) name += "_nosplit";
+  if (pieces == 1) name += "_serial";
+  if (pieces > 1) name += "_p" + std::to_string(pieces);
   Line l{.name = name, .us = us};
   l.bytes = double(T) * H * D * (2 + 2 + 2 + 4 + 2) + double(T) * H * 4 + 2.0 * N * H * D * D * 4 +
             double(num_ckpt) * H * D * D * 4;
   l.flops = chunks * H * 2.0 * (5 * C * C * D + 3 * C * D * D);
-  if (ckpt == 0 && !softplus && split) l.refs = {{"fla chunk_kda", l.name}};
+  if (ckpt == 0 && !softplus && split && pieces == 0) l.refs = {{"fla chunk_kda", l.name}};
   lines.push_back(l);
 }
 
@@ -330,6 +340,9 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                                                                 {1, 32768, 32, 0, 1},
                                                                                 {256, 100, 96, 0, 1}})
       kda_chunk_case(be, N, len, H, int(ckpt), softplus != 0, opts.quick, lines);
+    // The overlapped form (the default where no sequence is cut) beside other piece counts.
+    for (auto [N, len, H] : std::vector<std::array<int64_t, 3>>{{1, 8192, 96}, {1, 32768, 32}, {256, 100, 96}})
+      for (int pieces : opts.kda_pieces) kda_chunk_case(be, N, len, H, 0, false, opts.quick, lines, true, pieces);
     // Few heads, long sequences: the segmented scan beside one chain per sequence.
     for (auto [len, H] : std::vector<std::array<int64_t, 2>>{{65536, 4}, {32768, 8}, {131072, 1}}) {
       if (H != 4) kda_chunk_case(be, 1, len, H, 0, false, opts.quick, lines);

@@ -108,6 +108,11 @@ class CudaBackend final : public Backend {
   // (kda_split_plan.h; default on), or each sequence as one chain of chunks.
   void set_kda_chunk_split(bool on) { kda_split_ = on; }
   bool kda_chunk_split() const { return kda_split_; }
+  // kda_chunk where no sequence is cut into segments: the chunk table in pieces whose scans overlap
+  // the prep of the next pieces (kda_piece_plan.h). 0 (default): the plan's choice; 1: prep, then
+  // scan, one after the other; k >= 2: k pieces.
+  void set_kda_chunk_pieces(int pieces) { kda_pieces_ = pieces; }
+  int kda_chunk_pieces() const { return kda_pieces_; }
   bool mla_decode_split_s() const { return mla_split_s_; }
 
   cudaStream_t stream() const { return stream_; }
@@ -133,6 +138,7 @@ class CudaBackend final : public Backend {
   bool mla_seesaw_ = true;  // set_mla_decode_seesaw
   bool mla_cluster_ = false;  // set_mla_decode_cluster
   bool kda_split_ = true;  // set_kda_chunk_split
+  int kda_pieces_ = 0;  // set_kda_chunk_pieces
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the
@@ -143,6 +149,17 @@ class CudaBackend final : public Backend {
   };
   std::shared_ptr<Stream> stream_owner_;
   cudaStream_t stream_ = nullptr;  // stream_owner_->stream
+  // A second stream, of the highest priority, that work forks onto and joins back from within one
+  // op (kda_chunk's overlapped scans); `fork` and `join` are the events of that hand-over.
+  struct SideStream {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+    SideStream();
+    ~SideStream();
+    SideStream(const SideStream&) = delete;
+    SideStream& operator=(const SideStream&) = delete;
+  };
+  std::unique_ptr<SideStream> side_;
   std::unique_ptr<CublasLtGemm> gemm_;  // created after cudaSetDevice
   DeviceBuffer work_;     // float workspaces (KDA chunk prefill)
   DeviceBuffer mla_work_; // MLA decode split partials (own buffer: a prefill does not move it)
