@@ -203,17 +203,18 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
 // transposed blocks for every group ("_t32"), S split over dims between the warpgroups
 // ("_splits"), KV tiles by per-thread cp.async instead of TMA ("_cpasync"), the L2 prefetch
 // (l2_prefetch >= 0, default off; no longer printed: slower in every measured call, "_pfN"); the
-// head groups of a request launched as one cluster ("_cluster").
+// head groups of a request launched as one cluster ("_cluster"). For H <= 16 (the mma.sync kernel's
+// 16-head blocks): small_tile 64, two stages of 64-token tiles instead of four of 32 ("_kt64").
 struct MlaVariant {
   bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true, cluster = false;
-  int l2_prefetch = -1, t32 = 0;
+  int l2_prefetch = -1, t32 = 0, small_tile = 32;
   // > 0: every request's pages are these few, so the cache rows stay in L2 and no tile waits for
   // memory: how fast the kernel would run if its loads were hidden. A diagnostic, "_l2hot" (its
   // bytes and floor are those of the real shape, which it does not move).
   int hot_pages = 0;
   std::string suffix(int64_t H) const {
     if (hot_pages > 0) return (seesaw ? "" : "_lockstep") + std::string("_l2hot");
-    if (H < 64) return "";
+    if (H < 64) return small_tile == 64 ? "_kt64" : "";
     if (!wgmma) return "_mma";
     std::string s = t32 == 2 ? "_t32" : split_s ? "_splits" : !tma ? "_cpasync" : !seesaw ? "_lockstep" : "";
     if (t32 == 1 && !seesaw) s += "_t32tail";
@@ -245,6 +246,8 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   const int was_pf = be.mla_decode_l2_prefetch(), was_t32 = be.mla_decode_t32();
   const bool was_tma = be.mla_decode_tma(), was_lazy = be.mla_decode_lazy_rescale(), was_seesaw = be.mla_decode_seesaw();
   const bool was_cluster = be.mla_decode_cluster();
+  const int was_small = be.mla_decode_small_tile();
+  be.set_mla_decode_small_tile(v.small_tile);
   be.set_mla_decode_seesaw(v.seesaw);
   be.set_mla_decode_cluster(v.cluster);
   be.set_mla_decode_tma(v.tma);
@@ -265,6 +268,7 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   be.set_mla_decode_t32(was_t32);
   be.set_mla_decode_seesaw(was_seesaw);
   be.set_mla_decode_cluster(was_cluster);
+  be.set_mla_decode_small_tile(was_small);
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
                  v.suffix(H),
          .us = us};
@@ -355,6 +359,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{
              {96, 32, 4096}, {96, 64, 8192}, {96, 128, 16384}, {64, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
+      if (H <= 16) mla_decode_case(be, B, H, ctx, opts.quick, lines, {.small_tile = 64});
       if (H >= 64) {
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.lazy = false});
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.hot_pages = 16});

@@ -104,6 +104,14 @@ class CudaBackend final : public Backend {
   // wgmma kernel: the head groups of a request as one thread-block cluster (MlaDecodeArgs::wgmma_cluster).
   void set_mla_decode_cluster(bool on) { mla_cluster_ = on; }
   bool mla_decode_cluster() const { return mla_cluster_; }
+  // mma.sync kernel at H <= 16: tokens per KV tile of the copy ring, 32 (default) or 64
+  // (MlaDecodeArgs::mma_small_tile).
+  void set_mla_decode_small_tile(int tokens) {
+    if (tokens != 32 && tokens != 64)
+      throw Error("mla_decode: small-head tile of " + std::to_string(tokens) + " tokens, not 32 or 64");
+    mla_small_tile_ = tokens;
+  }
+  int mla_decode_small_tile() const { return mla_small_tile_; }
   // kda_chunk: long sequences with few heads scanned as segments at once and fixed up
   // (kda_split_plan.h; default on), or each sequence as one chain of chunks.
   void set_kda_chunk_split(bool on) { kda_split_ = on; }
@@ -137,6 +145,7 @@ class CudaBackend final : public Backend {
   int mla_t32_ = 0;  // set_mla_decode_t32
   bool mla_seesaw_ = true;  // set_mla_decode_seesaw
   bool mla_cluster_ = false;  // set_mla_decode_cluster
+  int mla_small_tile_ = 32;  // set_mla_decode_small_tile
   bool kda_split_ = true;  // set_kda_chunk_split
   int kda_pieces_ = 0;  // set_kda_chunk_pieces
   bool batch_invariant_ = false;

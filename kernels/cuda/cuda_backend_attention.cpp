@@ -305,6 +305,7 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   a.wgmma_lazy_rescale = mla_lazy_;
   a.wgmma_seesaw = mla_seesaw_;
   a.wgmma_cluster = mla_cluster_;
+  a.mma_small_tile = mla_small_tile_;
   a.wgmma_t32 = mla_t32_;
   a.kv_rows = p.kv_cache.dim(0) * p.kv_cache.dim(1);
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});

@@ -201,6 +201,10 @@ struct MlaDecodeArgs {
   // wgmma kernel: the head groups of one (request, split) launched as one thread-block cluster (up to
   // 8 groups), so they run at the same time on one processing cluster. CudaBackend::set_mla_decode_cluster.
   bool wgmma_cluster = false;
+  // mma.sync kernel with one 16-head tile per block (H <= 16, memory-bound): tokens per KV tile of
+  // its copy ring, 32 (four stages, three tiles in flight while one is read) or 64 (two stages, one
+  // in flight). CudaBackend::set_mla_decode_small_tile.
+  int mma_small_tile = 32;
   int64_t kv_rows = 0;
 };
 // The wgmma kernel's head groups per request: g64 blocks of 64 heads, then g32 blocks of 32.
