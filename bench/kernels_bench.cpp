@@ -18,6 +18,7 @@ void k3::bench::add_kernels_options(CLI::App& app, KernelsBenchOptions& o) {
   app.add_option("--kda-pieces", o.kda_pieces,
                  "KDA prefill: piece counts of the overlapped form to time beside the plan's choice at "
                  "T=8192/H=96, T=32768/H=32 and 256x100/H=96 (1: prep, then scan; lines _serial, _pN)")
+      ->delimiter(',')
       ->check(CLI::PositiveNumber);
   app.add_option("--only", o.only,
                  "comma-separated kernel families to time after the ceilings: kda_chunk, kda_decode, mla_decode, "

@@ -26,6 +26,9 @@
 //    Split scan (kda_split_plan.h, few heads and long sequences): the grid's rows are jobs, each a
 //    segment of a sequence scanned from its slot, zeros, the identity (with U = 0) or a carry slot,
 //    with or without output; a fix-up launch (kda_chunk_split.cu) chains the segments in between.
+//    Overlapped (kda_piece_plan.h, where no sequence is cut): the chunk table in pieces, piece i's
+//    scan on a second stream as soon as piece i's prep is done, beside the prep of the later pieces;
+//    each piece's jobs continue their sequences from the slots, so the result is the same bits.
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"
