@@ -15,11 +15,6 @@ void k3::bench::add_kernels_options(CLI::App& app, KernelsBenchOptions& o) {
   app.add_flag("--with-mma", o.with_mma, "also time the mma.sync MLA decode kernel at H >= 64 (_mma rows)");
   app.add_option("--decode-batches", o.decode_batches, "KDA decode batch sizes (H = 96, D = 128)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--kda-pieces", o.kda_pieces,
-                 "KDA prefill: piece counts of the overlapped form to time beside the plan's choice at "
-                 "T=8192/H=96, T=32768/H=32 and 256x100/H=96 (1: prep, then scan; lines _serial, _pN)")
-      ->delimiter(',')
-      ->check(CLI::PositiveNumber);
   app.add_option("--only", o.only,
                  "comma-separated kernel families to time after the ceilings: kda_chunk, kda_decode, mla_decode, "
                  "lse_merge (default: all)");
@@ -101,10 +96,9 @@ Ceilings measure_ceilings(CudaBackend& be, bool quick, std::vector<Line>& lines)
 // (the prefix-cache checkpoints), counted as extra bytes written. `softplus`: gates without K3's lower
 // bound (Kimi Linear's form, down to -100 here), which take the run-sum variant of the prep launch.
 // `split` false: CudaBackend::set_kda_chunk_split(false), each sequence one chain of chunks even
-// where the plan would cut it into segments ("_nosplit"). `pieces` > 0: set_kda_chunk_pieces, the
-// overlapped form in that many pieces ("_pN"), or prep then scan for 1 ("_serial").
+// where the plan would cut it into segments ("_nosplit").
 void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt, bool softplus, bool quick,
-                    std::vector<Line>& lines, bool split = true, int pieces = 0) {
+                    std::vector<Line>& lines, bool split = true) {
   const int64_t D = 128, T = N * len;
   Tensor q = be.alloc({T, H, D}, DType::BF16), k = be.alloc({T, H, D}, DType::BF16), v = be.alloc({T, H, D}, DType::BF16);
   Tensor g = be.alloc({T, H, D}, DType::F32), beta = be.alloc({T, H}, DType::F32);
@@ -136,25 +130,20 @@ void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt
     p.checkpoint_interval = ckpt;
   }
   const bool was_split = be.kda_chunk_split();
-  const int was_pieces = be.kda_chunk_pieces();
   be.set_kda_chunk_split(split);
-  be.set_kda_chunk_pieces(pieces);
   const double us = time_eager(be.stream(), 2, quick ? 3 : 10, [&] { be.kda_chunk(p); });
   be.set_kda_chunk_split(was_split);
-  be.set_kda_chunk_pieces(was_pieces);
   const double C = 64, chunks = N * std::ceil(double(len) / 64);
   std::string name = N == 1 ? "kda_chunk_T" + std::to_string(T) + "_H" + std::to_string(H)
                             : "kda_chunk_N" + std::to_string(N) + "x" + std::to_string(len) + "_H" + std::to_string(H);
   if (ckpt > 0) name += "_ckpt" + std::to_string(ckpt);
   if (softplus) name += "_softplus";
   if (!split) name += "_nosplit";
-  if (pieces == 1) name += "_serial";
-  if (pieces > 1) name += "_p" + std::to_string(pieces);
   Line l{.name = name, .us = us};
   l.bytes = double(T) * H * D * (2 + 2 + 2 + 4 + 2) + double(T) * H * 4 + 2.0 * N * H * D * D * 4 +
             double(num_ckpt) * H * D * D * 4;
   l.flops = chunks * H * 2.0 * (5 * C * C * D + 3 * C * D * D);
-  if (ckpt == 0 && !softplus && split && pieces == 0) l.refs = {{"fla chunk_kda", l.name}};
+  if (ckpt == 0 && !softplus && split) l.refs = {{"fla chunk_kda", l.name}};
   lines.push_back(l);
 }
 
@@ -204,18 +193,17 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
 // transposed blocks for every group ("_t32"), S split over dims between the warpgroups
 // ("_splits"), KV tiles by per-thread cp.async instead of TMA ("_cpasync"), the L2 prefetch
 // (l2_prefetch >= 0, default off; no longer printed: slower in every measured call, "_pfN"); the
-// head groups of a request launched as one cluster ("_cluster"). For H <= 16 (the mma.sync kernel's
-// 16-head blocks): small_tile 64, two stages of 64-token tiles instead of four of 32 ("_kt64").
+// head groups of a request launched as one cluster ("_cluster").
 struct MlaVariant {
   bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true, cluster = false;
-  int l2_prefetch = -1, t32 = 0, small_tile = 32;
+  int l2_prefetch = -1, t32 = 0;
   // > 0: every request's pages are these few, so the cache rows stay in L2 and no tile waits for
   // memory: how fast the kernel would run if its loads were hidden. A diagnostic, "_l2hot" (its
   // bytes and floor are those of the real shape, which it does not move).
   int hot_pages = 0;
   std::string suffix(int64_t H) const {
     if (hot_pages > 0) return (seesaw ? "" : "_lockstep") + std::string("_l2hot");
-    if (H < 64) return small_tile == 64 ? "_kt64" : "";
+    if (H < 64) return "";
     if (!wgmma) return "_mma";
     std::string s = t32 == 2 ? "_t32" : split_s ? "_splits" : !tma ? "_cpasync" : !seesaw ? "_lockstep" : "";
     if (t32 == 1 && !seesaw) s += "_t32tail";
@@ -247,8 +235,6 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   const int was_pf = be.mla_decode_l2_prefetch(), was_t32 = be.mla_decode_t32();
   const bool was_tma = be.mla_decode_tma(), was_lazy = be.mla_decode_lazy_rescale(), was_seesaw = be.mla_decode_seesaw();
   const bool was_cluster = be.mla_decode_cluster();
-  const int was_small = be.mla_decode_small_tile();
-  be.set_mla_decode_small_tile(v.small_tile);
   be.set_mla_decode_seesaw(v.seesaw);
   be.set_mla_decode_cluster(v.cluster);
   be.set_mla_decode_tma(v.tma);
@@ -269,7 +255,6 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   be.set_mla_decode_t32(was_t32);
   be.set_mla_decode_seesaw(was_seesaw);
   be.set_mla_decode_cluster(was_cluster);
-  be.set_mla_decode_small_tile(was_small);
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
                  v.suffix(H),
          .us = us};
@@ -345,9 +330,6 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                                                                 {1, 32768, 32, 0, 1},
                                                                                 {256, 100, 96, 0, 1}})
       kda_chunk_case(be, N, len, H, int(ckpt), softplus != 0, opts.quick, lines);
-    // The overlapped form (the default where no sequence is cut) beside other piece counts.
-    for (auto [N, len, H] : std::vector<std::array<int64_t, 3>>{{1, 8192, 96}, {1, 32768, 32}, {256, 100, 96}})
-      for (int pieces : opts.kda_pieces) kda_chunk_case(be, N, len, H, 0, false, opts.quick, lines, true, pieces);
     // Few heads, long sequences: the segmented scan beside one chain per sequence.
     for (auto [len, H] : std::vector<std::array<int64_t, 2>>{{65536, 4}, {32768, 8}, {131072, 1}}) {
       if (H != 4) kda_chunk_case(be, 1, len, H, 0, false, opts.quick, lines);
@@ -360,7 +342,6 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{
              {96, 32, 4096}, {96, 64, 8192}, {96, 128, 16384}, {64, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
-      if (H <= 16) mla_decode_case(be, B, H, ctx, opts.quick, lines, {.small_tile = 64});
       if (H >= 64) {
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.lazy = false});
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.hot_pages = 16});

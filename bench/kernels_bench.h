@@ -28,8 +28,6 @@ struct KernelsBenchOptions {
   bool quick = false;     // fewer repetitions (smoke runs)
   bool with_mma = false;  // also time the mma.sync MLA decode kernel at H >= 64 ("_mma" rows)
   std::vector<int> decode_batches = {1, 32, 256};  // KDA decode batch sizes
-  // KDA prefill: piece counts of the overlapped form timed beside the default (1 = prep, then scan).
-  std::vector<int> kda_pieces = {1};
   std::string only;       // comma-separated kernel families to run (kda_chunk,kda_decode,mla_decode,lse_merge); empty = all
 };
 

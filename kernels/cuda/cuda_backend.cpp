@@ -26,7 +26,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   stream_owner_ = std::make_shared<Stream>();
   K3_CUDA_OK(cudaStreamCreateWithFlags(&stream_owner_->stream, cudaStreamNonBlocking));
   stream_ = stream_owner_->stream;
-  side_ = std::make_unique<SideStream>();
   // Activations are allocated and freed per op: keep freed blocks in the pool instead of returning
   // them to the driver at every synchronization (the default threshold of 0 would).
   cudaMemPool_t pool = nullptr;
@@ -45,26 +44,8 @@ CudaBackend::Stream::~Stream() {
   }
 }
 
-CudaBackend::SideStream::SideStream() {
-  int least = 0, greatest = 0;
-  K3_CUDA_OK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  K3_CUDA_OK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
-  K3_CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  K3_CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-}
-
-CudaBackend::SideStream::~SideStream() {
-  if (stream) {
-    cudaStreamSynchronize(stream);
-    cudaStreamDestroy(stream);
-  }
-  if (fork) cudaEventDestroy(fork);
-  if (join) cudaEventDestroy(join);
-}
-
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
-  side_.reset();
   gemm_.reset();
 }
 

@@ -104,23 +104,10 @@ class CudaBackend final : public Backend {
   // wgmma kernel: the head groups of a request as one thread-block cluster (MlaDecodeArgs::wgmma_cluster).
   void set_mla_decode_cluster(bool on) { mla_cluster_ = on; }
   bool mla_decode_cluster() const { return mla_cluster_; }
-  // mma.sync kernel at H <= 16: tokens per KV tile of the copy ring, 32 (default) or 64
-  // (MlaDecodeArgs::mma_small_tile).
-  void set_mla_decode_small_tile(int tokens) {
-    if (tokens != 32 && tokens != 64)
-      throw Error("mla_decode: small-head tile of " + std::to_string(tokens) + " tokens, not 32 or 64");
-    mla_small_tile_ = tokens;
-  }
-  int mla_decode_small_tile() const { return mla_small_tile_; }
   // kda_chunk: long sequences with few heads scanned as segments at once and fixed up
   // (kda_split_plan.h; default on), or each sequence as one chain of chunks.
   void set_kda_chunk_split(bool on) { kda_split_ = on; }
   bool kda_chunk_split() const { return kda_split_; }
-  // kda_chunk where no sequence is cut into segments: the chunk table in pieces whose scans overlap
-  // the prep of the next pieces (kda_piece_plan.h). 0 (default): the plan's choice; 1: prep, then
-  // scan, one after the other; k >= 2: k pieces.
-  void set_kda_chunk_pieces(int pieces) { kda_pieces_ = pieces; }
-  int kda_chunk_pieces() const { return kda_pieces_; }
   bool mla_decode_split_s() const { return mla_split_s_; }
 
   cudaStream_t stream() const { return stream_; }
@@ -145,9 +132,7 @@ class CudaBackend final : public Backend {
   int mla_t32_ = 0;  // set_mla_decode_t32
   bool mla_seesaw_ = true;  // set_mla_decode_seesaw
   bool mla_cluster_ = false;  // set_mla_decode_cluster
-  int mla_small_tile_ = 32;  // set_mla_decode_small_tile
   bool kda_split_ = true;  // set_kda_chunk_split
-  int kda_pieces_ = 0;  // set_kda_chunk_pieces
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the
@@ -158,17 +143,6 @@ class CudaBackend final : public Backend {
   };
   std::shared_ptr<Stream> stream_owner_;
   cudaStream_t stream_ = nullptr;  // stream_owner_->stream
-  // A second stream, of the highest priority, that work forks onto and joins back from within one
-  // op (kda_chunk's overlapped scans); `fork` and `join` are the events of that hand-over.
-  struct SideStream {
-    cudaStream_t stream = nullptr;
-    cudaEvent_t fork = nullptr, join = nullptr;
-    SideStream();
-    ~SideStream();
-    SideStream(const SideStream&) = delete;
-    SideStream& operator=(const SideStream&) = delete;
-  };
-  std::unique_ptr<SideStream> side_;
   std::unique_ptr<CublasLtGemm> gemm_;  // created after cudaSetDevice
   DeviceBuffer work_;     // float workspaces (KDA chunk prefill)
   DeviceBuffer mla_work_; // MLA decode split partials (own buffer: a prefill does not move it)

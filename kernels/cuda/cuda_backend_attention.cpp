@@ -8,7 +8,6 @@
 
 #include "kernels/cuda/arg_checks.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/kda_piece_plan.h"
 #include "kernels/cuda/kda_split_plan.h"
 #include "kernels/cuda/launch.h"
 
@@ -152,25 +151,17 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   };
   Tensor table_t = Tensor::from_i32({int64_t(table.size())}, table);
   Tensor seq0_t = Tensor::from_i32({int64_t(seq0.size())}, seq0);
-  // Otherwise the chunk table in pieces, each piece's scan beside the next pieces' prep (kda_piece_plan.h).
-  const KdaPiecePlan pieces =
-      split.split() || kda_pieces_ == 1 ? KdaPiecePlan{} : plan_kda_pieces(seq0, kda_pieces_);
-  Tensor pass1_t = job_ints(split.pass1), pass3_t = job_ints(split.pass3), pieces_t = job_ints(pieces.jobs);
+  Tensor pass1_t = job_ints(split.pass1), pass3_t = job_ints(split.pass3);
   Tensor fixup_t = Tensor::from_i32({int64_t(split.fixup.size())}, split.fixup);
   const Tensor no_ckpt = Tensor::from_i32({0}, {});  // staged as nothing
   const auto ptrs = device_ints({&p.slots, &p.cu_seqlens, &table_t, &seq0_t, &pass1_t, &pass3_t, &fixup_t,
-                                 a.ckpt ? &p.checkpoint_slots : &no_ckpt, &pieces_t});
+                                 a.ckpt ? &p.checkpoint_slots : &no_ckpt});
   a.slots = ptrs[0];
   a.cu_seqlens = ptrs[1];
   if (a.ckpt) a.ckpt_slots = ptrs[7];
   const int64_t work_floats = kda_chunk_workspace_floats(num_chunks, a.H);
   const int64_t carry_floats = kda_split_carry_floats(split, a.H);
   auto* work = static_cast<float*>(work_.ensure(size_t(work_floats + carry_floats) * 4 + 256));
-  if (pieces.used()) {
-    launch_kda_chunk_pieces(a, ptrs[2], num_chunks, work, pieces, reinterpret_cast<const KdaScanJob*>(ptrs[8]),
-                            num_sms_, stream_, side_->stream, side_->fork, side_->join);
-    return;
-  }
   if (!split.split()) {
     launch_kda_chunk(a, ptrs[2], ptrs[3], num_chunks, work, num_sms_, stream_);
     return;
@@ -305,7 +296,6 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   a.wgmma_lazy_rescale = mla_lazy_;
   a.wgmma_seesaw = mla_seesaw_;
   a.wgmma_cluster = mla_cluster_;
-  a.mma_small_tile = mla_small_tile_;
   a.wgmma_t32 = mla_t32_;
   a.kv_rows = p.kv_cache.dim(0) * p.kv_cache.dim(1);
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});

@@ -26,13 +26,9 @@
 //    Split scan (kda_split_plan.h, few heads and long sequences): the grid's rows are jobs, each a
 //    segment of a sequence scanned from its slot, zeros, the identity (with U = 0) or a carry slot,
 //    with or without output; a fix-up launch (kda_chunk_split.cu) chains the segments in between.
-//    Overlapped (kda_piece_plan.h, where no sequence is cut): the chunk table in pieces, piece i's
-//    scan on a second stream as soon as piece i's prep is done, beside the prep of the later pieces;
-//    each piece's jobs continue their sequences from the slots, so the result is the same bits.
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"
-#include "kernels/cuda/kda_piece_plan.h"
 #include "kernels/cuda/kda_split_plan.h"
 #include "kernels/cuda/mma.cuh"
 
@@ -353,28 +349,6 @@ void launch_kda_chunk(const KdaArgs& a, const int32_t* chunk_table, const int32_
   if (a.N == 0 || a.H == 0) return;
   if (num_chunks > 0) launch_kda_chunk_prep(a, chunk_table, num_chunks, work, s);
   scan(a, chunk_table, seq_chunk0, work, a.N, nullptr, nullptr, num_sms, s);
-}
-
-void launch_kda_chunk_pieces(const KdaArgs& a, const int32_t* chunk_table, int num_chunks, float* work,
-                             const KdaPiecePlan& pieces, const KdaScanJob* jobs, int num_sms, cudaStream_t s,
-                             cudaStream_t side, cudaEvent_t ready, cudaEvent_t done) {
-  if (a.K != kD || a.V != kD) throw Error("kda_chunk: the chunked kernel needs K = V = 128");
-  if (a.N == 0 || a.H == 0 || num_chunks == 0) return;
-  if (pieces.bounds.back() != num_chunks) throw Error("kda_chunk: the piece plan is for another chunk table");
-  for (int i = 0; i < pieces.pieces(); ++i) {
-    const int c0 = pieces.bounds[size_t(i)], c1 = pieces.bounds[size_t(i) + 1];
-    // Block c of a prep launch is chunk c of its table and workspace: offset both to the piece.
-    if (c1 > c0)
-      launch_kda_chunk_prep(a, chunk_table + 4 * int64_t(c0), c1 - c0,
-                            reinterpret_cast<char*>(work) + int64_t(c0) * a.H * kWorkBytes, s);
-    // The wait takes the event's latest record, this piece's: one event serves every piece.
-    K3_CUDA_OK(cudaEventRecord(ready, s));
-    K3_CUDA_OK(cudaStreamWaitEvent(side, ready, 0));
-    const int j0 = pieces.job0[size_t(i)], j1 = pieces.job0[size_t(i) + 1];
-    if (j1 > j0) scan(a, chunk_table, nullptr, work, j1 - j0, jobs + j0, nullptr, num_sms, side);
-  }
-  K3_CUDA_OK(cudaEventRecord(done, side));
-  K3_CUDA_OK(cudaStreamWaitEvent(s, done, 0));
 }
 
 void launch_kda_chunk_split(const KdaArgs& a, const int32_t* chunk_table, int num_chunks, float* work,

@@ -98,15 +98,6 @@ void launch_kda_recurrent(const KdaArgs& a, cudaStream_t s);
 int64_t kda_chunk_workspace_floats(int64_t num_chunks, int H);
 void launch_kda_chunk(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, int num_chunks,
                       float* work, int num_sms, cudaStream_t s);
-// The same, overlapped (kda_piece_plan.h): piece i's prep on `s`, its scan on `side` once `ready`
-// (recorded on `s` after that prep) has fired; `done`, recorded on `side` after the last scan, is
-// waited for on `s`, so work queued on `s` afterwards sees the whole result. `jobs`: the plan's jobs
-// on the device. Events and the side stream belong to the caller.
-struct KdaPiecePlan;
-struct KdaScanJob;
-void launch_kda_chunk_pieces(const KdaArgs& a, const int32_t* chunk_table, int num_chunks, float* work,
-                             const KdaPiecePlan& pieces, const KdaScanJob* jobs, int num_sms, cudaStream_t s,
-                             cudaStream_t side, cudaEvent_t ready, cudaEvent_t done);
 
 // A long sequence's chunk chain cut into segments that scan at the same time (kda_chunk_split.cu,
 // docs/MODEL.md §2.4): the scan's grid rows are then jobs instead of sequences. A job scans chunks
@@ -201,10 +192,6 @@ struct MlaDecodeArgs {
   // wgmma kernel: the head groups of one (request, split) launched as one thread-block cluster (up to
   // 8 groups), so they run at the same time on one processing cluster. CudaBackend::set_mla_decode_cluster.
   bool wgmma_cluster = false;
-  // mma.sync kernel with one 16-head tile per block (H <= 16, memory-bound): tokens per KV tile of
-  // its copy ring, 32 (four stages, three tiles in flight while one is read) or 64 (two stages, one
-  // in flight). CudaBackend::set_mla_decode_small_tile.
-  int mma_small_tile = 32;
   int64_t kv_rows = 0;
 };
 // The wgmma kernel's head groups per request: g64 blocks of 64 heads, then g32 blocks of 32.

@@ -51,7 +51,7 @@ struct MmaCfg {
   // Two resident blocks when their shared memory (plus the 1 KB the runtime reserves) fits the SM.
   static constexpr int kMinBlocks = 2 * (kSmem + 1024) <= 228 * 1024 ? 2 : 1;
   static_assert(kPlanTok % KT == 0, "tiles must not straddle split boundaries");
-  static_assert(kNO % 2 == 0, "V fragments are loaded two n8 tiles at a time");
+  static_assert(kNT % 2 == 0 && kNO % 2 == 0, "B fragments are loaded two n8 tiles at a time");
   static_assert(kSmem <= 227 * 1024, "shared memory budget of one block");
 };
 
@@ -169,11 +169,6 @@ __global__ void __launch_bounds__(MmaCfg<HT, WS, KT, NS>::kThreads, MmaCfg<HT, W
         load_b_nk(bfr, k_w + jp * 16 * kLdK + ks * 16, kLdK);
         mma_bf16(sacc[ks % C::kSAcc][2 * jp], af, bfr);
         mma_bf16(sacc[ks % C::kSAcc][2 * jp + 1], af, bfr + 2);
-      }
-      if constexpr (C::kNT % 2 == 1) {  // an odd last n8 tile (8 tokens per warp: 32-token tiles, 4 warps)
-        uint32_t bfr[2];
-        load_b_nk1(bfr, k_w + (C::kNT - 1) * 8 * kLdK + ks * 16, kLdK);
-        mma_bf16(sacc[ks % C::kSAcc][C::kNT - 1], af, bfr);
       }
     }
     // Scale, mask tokens past the end, partial row max over this warp's tokens.
@@ -438,12 +433,7 @@ void launch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float*
     launch_mla_decode_wgmma(a, plan, part_o, part_lse, s);  // mla_decode_wgmma.cu
   } else {
     switch (heads_per_block(a.H)) {
-      // One 16-head tile per block is memory-bound: 32-token tiles in four stages keep three tiles
-      // (112 KB) in flight per SM where 64-token tiles in two keep one (74 KB), in the same memory.
-      case 16:
-        if (a.mma_small_tile == 64) launch_mma<1, 4, 64, 2>(a, plan, part_o, part_lse, s);
-        else launch_mma<1, 4, 32, 4>(a, plan, part_o, part_lse, s);
-        break;
+      case 16: launch_mma<1, 4, 64, 2>(a, plan, part_o, part_lse, s); break;
       case 32: launch_mma<2, 2, 64, 2>(a, plan, part_o, part_lse, s); break;
       default: launch_mma<3, 2, 64, 2>(a, plan, part_o, part_lse, s); break;
     }

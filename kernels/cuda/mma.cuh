@@ -72,11 +72,6 @@ __device__ __forceinline__ void load_b_nk(uint32_t b[4], const __nv_bfloat16* ti
   const int l = threadIdx.x & 31;
   ldmatrix_x4(b, tile + ((l & 7) + (l >> 4) * 8) * ld + ((l >> 3) & 1) * 8);
 }
-// The B fragment of one n8 tile (b[0..1]) from storage [n][k]: the first two matrices of load_b_nk.
-__device__ __forceinline__ void load_b_nk1(uint32_t b[2], const __nv_bfloat16* tile, int ld) {
-  const int l = threadIdx.x & 31;
-  ldmatrix_x2(b, tile + (l & 7) * ld + ((l >> 3) & 1) * 8);
-}
 // The same from storage [k][n] (n contiguous, e.g. V rows when computing P V).
 __device__ __forceinline__ void load_b_kn(uint32_t b[4], const __nv_bfloat16* tile, int ld) {
   const int l = threadIdx.x & 31;

@@ -86,12 +86,7 @@ TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused page
   REQUIRE(cb != nullptr);
   cb->set_mla_decode_wgmma(false);
   check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, "mla_decode");
-  // H <= 16 blocks: the ring of 32-token tiles (the default, above) and of 64-token tiles.
-  cb->set_mla_decode_small_tile(64);
-  check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, "mla_decode small tile 64");
-  cb->set_mla_decode_small_tile(32);
   cb->set_mla_decode_wgmma(true);
-  REQUIRE_THROWS_WITH(cb->set_mla_decode_small_tile(48), Catch::Matchers::Contains("not 32 or 64"));
 }
 
 // The Hopper wgmma kernel (mla_decode_wgmma.cu), the default for H >= 64: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
