@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
   bulk_wait(&bar);  // the barrier's init is ordered by prep_item's __syncthreads
   const int row0 = warp * kRowsPerWarp;
   update_rows<D>(st + row0 * D, S + row0 * D, sc.vv + row0, sc.beta, a.o,
-                               (int64_t(b) * H + h) * D + row0, q, k, alpha, lane);
+                 (int64_t(b) * H + h) * D + row0, q, k, alpha, lane);
 }
 
 template <int D>
