@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "deploy/node_commands.h"
-#include "tests/deploy/local_slurm.h"  // free_tcp_port
+#include "common/core/free_port.h"
 #include "tests/deploy/serving_checks.h"
 #include "tests/support/generate_reference.h"
 #include "tests/transfer/process_guard.h"
@@ -75,13 +75,17 @@ TEST_CASE("nodes started before the router join it, and a node restarted mid-run
 
   Nodes n;
   n.spec.model = model;
-  n.spec.port = test::free_tcp_port();
+  // One block of consecutive free ports for the whole layout: HTTP, control, the decode rank, prefill stage 1
+  // (prefill_port + 1) and a metrics port per node (metrics_port + 0, 1, 2). Picked apart, the derived
+  // ports (metrics_port + 1, ...) were never checked and could be held by another process's connection.
+  const int base = free_tcp_ports(8);
+  REQUIRE(base > 0);
+  n.spec.port = base;
   n.spec.prefill = {{.id = "p", .stages = 2, .chunk_size = 16}};
   n.spec.decode = {{.id = "d", .ranks = 1}};
   n.spec.heartbeat_ms = 200;
   n.spec.heartbeat_misses = 5;
-  n.ports = {.control_port = test::free_tcp_port(), .decode_port = test::free_tcp_port(),
-             .prefill_port = test::free_tcp_port() - 1, .metrics_port = test::free_tcp_port()};
+  n.ports = {.control_port = base + 1, .decode_port = base + 2, .prefill_port = base + 2, .metrics_port = base + 4};
   n.ctx.bin_dir = K3_BIN_DIR;
   n.ctx.model = model;
   n.ctx.keys_dir = dir + "/keys";

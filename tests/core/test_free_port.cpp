@@ -1,0 +1,61 @@
+#include <catch2/catch.hpp>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "common/core/free_port.h"
+
+using namespace k3;
+
+namespace {
+
+bool can_listen(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE("a picked block of ports is free, consecutive and outside the ephemeral range") {
+  int eph_lo = 32768, eph_hi = 60999;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> eph_lo >> eph_hi;
+  for (int count : {1, 3, 8}) {
+    const int base = free_tcp_ports(count);
+    INFO("count " << count << " base " << base);
+    REQUIRE(base > 0);
+    REQUIRE(base + count - 1 <= 65535);
+    CHECK((base + count - 1 < eph_lo || base > eph_hi));
+    for (int k = 0; k < count; ++k) CHECK(can_listen(base + k));
+  }
+  const int one = free_tcp_port();
+  CHECK((one < eph_lo || one > eph_hi));
+  CHECK(can_listen(one));
+  CHECK(free_tcp_ports(0) == 0);
+}
+
+TEST_CASE("a port held by a listener is never picked") {
+  // Hold one port, then ask for many blocks: none may contain it.
+  const int held_port = free_tcp_port();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(held_port));
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  for (int i = 0; i < 2000; ++i) {
+    const int base = free_tcp_ports(16);
+    REQUIRE(base > 0);
+    REQUIRE(!(base <= held_port && held_port < base + 16));
+  }
+  ::close(fd);
+}
