@@ -53,7 +53,11 @@ TEST_CASE("the rendered sbatch script serves k3-tiny on a real local Slurm and s
   const std::string model = dir.path() + "/model";
   REQUIRE(run_command(std::string(K3_BIN_DIR) + "/k3-genweights --preset k3-tiny --seed 0 --out " + model +
                       " --quiet >/dev/null").exit_code == 0);
-  const int http_port = k3::test::free_tcp_port();
+  // Every port of the job from one block of free ones: HTTP, control, the decode rank, prefill stage 1
+  // (--prefill-port + 1) and a metrics port per node (--metrics-port + 0, 1, 2).
+  const int base = k3::free_tcp_ports(7);
+  REQUIRE(base > 0);
+  const int http_port = base;
   const json spec = {{"model", model},
                      {"router", {{"port", http_port}}},
                      {"prefill", json::array({{{"id", "p"}, {"stages", 2}, {"chunk_size", 16}}})},
@@ -61,11 +65,12 @@ TEST_CASE("the rendered sbatch script serves k3-tiny on a real local Slurm and s
                      {"threads", 1},
                      {"timeouts", {{"heartbeat_ms", 200}, {"heartbeat_misses", 10}}}};
   std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
-  const int decode_port = k3::test::free_tcp_port(), stage1_port = k3::test::free_tcp_port();
+  const int decode_port = base + 2, stage1_port = base + 3;
   auto rendered = run_command(std::string(K3_BIN_DIR) + "/k3-cluster render --target slurm --spec " + dir.path() +
                               "/spec.json --out " + dir.path() + " --job-name k3slurmtest --control-port " +
-                              std::to_string(k3::test::free_tcp_port()) + " --decode-port " + std::to_string(decode_port) +
-                              " --prefill-port " + std::to_string(stage1_port - 1));
+                              std::to_string(base + 1) + " --decode-port " + std::to_string(decode_port) +
+                              " --prefill-port " + std::to_string(stage1_port - 1) + " --metrics-port " +
+                              std::to_string(base + 4));
   REQUIRE(rendered.exit_code == 0);
 
   auto submitted = run_command("cd " + dir.path() + " && " + slurm.env() + "sbatch --parsable k3slurmtest.sbatch");
