@@ -5,8 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <fstream>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace k3 {
@@ -24,32 +26,51 @@ PortRange ephemeral_range() {
   return r;
 }
 
-// A socket bound to 127.0.0.1:port, or -1. No SO_REUSEADDR: a port with connections still in TIME_WAIT
+// A TCP socket bound to 127.0.0.1:port (port 0: one the kernel picks), closed when it goes out of
+// scope; not bound when the port is taken. No SO_REUSEADDR: a port with connections still in TIME_WAIT
 // counts as taken, which only makes the pick more careful.
-int bind_port(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
+class BoundSocket {
+ public:
+  explicit BoundSocket(int port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    if (fd_ < 0) return;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
   }
-  return fd;
-}
+  ~BoundSocket() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  BoundSocket(BoundSocket&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  BoundSocket(const BoundSocket&) = delete;
+  BoundSocket& operator=(const BoundSocket&) = delete;
+  BoundSocket& operator=(BoundSocket&&) = delete;
 
-bool block_is_free(int base, int count) {
-  std::vector<int> fds;
-  bool free = true;
-  for (int k = 0; k < count && free; ++k) {
-    const int fd = bind_port(base + k);
-    if (fd < 0) free = false;
-    else fds.push_back(fd);
+  bool bound() const { return fd_ >= 0; }
+  int port() const {
+    sockaddr_in a{};
+    socklen_t len = sizeof a;
+    if (fd_ < 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) return 0;
+    return ntohs(a.sin_port);
   }
-  for (int fd : fds) ::close(fd);
-  return free;
+
+ private:
+  int fd_;
+};
+
+// All `count` ports bound at once, so that none of them is counted free because another was released.
+bool block_is_free(int base, int count) {
+  std::vector<BoundSocket> held;
+  held.reserve(static_cast<size_t>(count));
+  for (int k = 0; k < count; ++k) {
+    held.emplace_back(base + k);
+    if (!held.back().bound()) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -75,16 +96,8 @@ int free_tcp_ports(int count) {
 
 int free_tcp_port() {
   if (const int port = free_tcp_ports(1); port != 0) return port;
-  // Every candidate taken: fall back to a port the kernel picks (inside the ephemeral range).
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  // Every candidate taken: a port the kernel picks (inside the ephemeral range).
+  return BoundSocket(0).port();
 }
 
 }  // namespace k3
