@@ -12,15 +12,22 @@ using namespace k3;
 
 namespace {
 
-bool can_listen(int port) {
+// A socket listening on 127.0.0.1:port, or -1 when the port is taken.
+int listen_on(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1) == 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1) == 0) return fd;
   ::close(fd);
-  return ok;
+  return -1;
+}
+
+bool can_listen(int port) {
+  const int fd = listen_on(port);
+  if (fd >= 0) ::close(fd);
+  return fd >= 0;
 }
 
 }  // namespace
@@ -45,13 +52,8 @@ TEST_CASE("a picked block of ports is free, consecutive and outside the ephemera
 TEST_CASE("a port held by a listener is never picked") {
   // Hold one port, then ask for many blocks: none may contain it.
   const int held_port = free_tcp_port();
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(held_port));
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(fd, 1) == 0);
+  const int fd = listen_on(held_port);
+  REQUIRE(fd >= 0);
   for (int i = 0; i < 2000; ++i) {
     const int base = free_tcp_ports(16);
     REQUIRE(base > 0);
