@@ -70,8 +70,9 @@ struct ScanCfg {
   static constexpr int kSmem = kOffGc + kBufB * kD * 4;
 };
 
+// Eight warps are held to 128 registers so that two blocks share an SM, as four warps' 246 do.
 template <int VT, int kWarps, int kStages>
-__global__ void __launch_bounds__(32 * kWarps)
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     kda_chunk_scan_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
                           const KdaScanJob* jobs, float* carry) {
   using Cfg = ScanCfg<VT, kWarps, kStages>;
@@ -327,12 +328,16 @@ void launch_scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* se
 // <64,8,2> 2.11 / 3.23, <16,4,2> 2.46 / 3.18. Wide V tiles halve the redundant W·Sᵀ/Q·Sᵀ
 // operand traffic per state row but leave SMs idle when heads x sequences are few; a grid of at
 // most one block per SM can afford double buffers for every tile. `rows`: sequences, or jobs.
+// The wide grid runs eight warps: at T=8192,H=96 its 192 blocks leave most SMs one block, and a
+// profile showed that block's four warps stalled on their own dependent products most cycles
+// (one warp per scheduler); eight halve each warp's chain: the scan alone 704 instead of 730 us
+// (H200, 2026-12-03).
 void scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work, int rows,
           const KdaScanJob* jobs, float* carry, int num_sms, cudaStream_t s) {
   const int64_t sms = num_sms;
   const int64_t blocks32 = int64_t(kD / 32) * a.H * rows;
   if (blocks32 >= 2 * sms)
-    launch_scan<64, 4, 1>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s);
+    launch_scan<64, 8, 1>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s);
   else if (blocks32 <= sms)
     launch_scan<32, 4, 3>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s);
   else
