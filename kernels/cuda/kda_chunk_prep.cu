@@ -2,6 +2,7 @@
 // (chunk, head), all chunks in parallel, bf16 tensor-core operands (mma.sync, fp32 accumulate).
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fast_exp2.cuh"
 #include "kernels/cuda/kda_chunk_layout.cuh"
 #include "kernels/cuda/kda_chunk_runs.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -42,12 +43,9 @@ __device__ __forceinline__ float exp_gate(float x) {
   if constexpr (kUnbounded) {
     return __expf(x);
   } else {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
+    return fast_exp2(x);
   }
 }
-constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr int kLdX = 52;  // fp32 pitch of the [16][48] block-row scratch of the solve
 

@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fast_exp2.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -30,7 +31,6 @@ constexpr int kR = 512, kDr = 64, kDk = kR + kDr;
 constexpr int kPlanTok = 64;            // split lengths are multiples of this (and of every tile size)
 constexpr int kLdK = kDk + 8;           // bf16 pitch of Q and KV rows: +16 B, ldmatrix rows on distinct banks
 constexpr int kChunksPerRow = kDk / 8;  // 16-byte copies per cache row
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // HT head tiles of 16 per block, WS warps per head tile, KT tokens per KV tile, NS ring stages.
 template <int HT, int WS, int KT, int NS>
@@ -55,11 +55,6 @@ struct MmaCfg {
   static_assert(kSmem <= 227 * 1024, "shared memory budget of one block");
 };
 
-__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx(-inf) = +0: masked scores vanish
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Issues the copies of tokens [t0, t0+kTok) into `dst` (rows past `end` are zero-filled, never read:
 // unused cache rows may hold NaN). Eight lanes copy one row, 128 contiguous bytes per instruction,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/fast_exp2.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -19,13 +20,6 @@ constexpr int kTok = 64;              // tokens per KV tile (plan_mla_decode spl
 constexpr int kDimAtoms = kDk / 64;   // 9 dim chunks of 64
 constexpr int kChunks = kDk / 8;      // 16-byte chunks per row (72)
 constexpr int kTileBytes = kDimAtoms * (kTok / 8) * wg::kAtomBytes;  // 73728
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx(-inf) = +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // log2 of the page size when it is a power of two (shift and mask), else -1 (divide).
 __device__ __forceinline__ int page_shift_of(int page_size) {
