@@ -85,7 +85,8 @@ TEST_CASE("nodes started before the router join it, and a node restarted mid-run
   n.spec.decode = {{.id = "d", .ranks = 1}};
   n.spec.heartbeat_ms = 200;
   n.spec.heartbeat_misses = 5;
-  n.ports = {.control_port = base + 1, .decode_port = base + 2, .prefill_port = base + 2, .metrics_port = base + 4};
+  const int stage1_port = base + 3;  // stage 0 binds no prefill port: stage i listens on prefill_port + i
+  n.ports = {.control_port = base + 1, .decode_port = base + 2, .prefill_port = stage1_port - 1, .metrics_port = base + 4};
   n.ctx.bin_dir = K3_BIN_DIR;
   n.ctx.model = model;
   n.ctx.keys_dir = dir + "/keys";
