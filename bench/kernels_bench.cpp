@@ -15,6 +15,8 @@ void k3::bench::add_kernels_options(CLI::App& app, KernelsBenchOptions& o) {
   app.add_flag("--with-mma", o.with_mma, "also time the mma.sync MLA decode kernel at H >= 64 (_mma rows)");
   app.add_option("--decode-batches", o.decode_batches, "KDA decode batch sizes (H = 96, D = 128)")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--kda-scan-mma", o.kda_scan_mma,
+               "also time the main KDA prefill rows with the scan's wide grid on mma.sync (_mma rows)");
   app.add_option("--only", o.only,
                  "comma-separated kernel families to time after the ceilings: kda_chunk, kda_decode, mla_decode, "
                  "lse_merge (default: all)");
@@ -98,7 +100,7 @@ Ceilings measure_ceilings(CudaBackend& be, bool quick, std::vector<Line>& lines)
 // `split` false: CudaBackend::set_kda_chunk_split(false), each sequence one chain of chunks even
 // where the plan would cut it into segments ("_nosplit").
 void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt, bool softplus, bool quick,
-                    std::vector<Line>& lines, bool split = true) {
+                    std::vector<Line>& lines, bool split = true, const std::string& suffix = "") {
   const int64_t D = 128, T = N * len;
   Tensor q = be.alloc({T, H, D}, DType::BF16), k = be.alloc({T, H, D}, DType::BF16), v = be.alloc({T, H, D}, DType::BF16);
   Tensor g = be.alloc({T, H, D}, DType::F32), beta = be.alloc({T, H}, DType::F32);
@@ -139,11 +141,12 @@ void kda_chunk_case(CudaBackend& be, int64_t N, int64_t len, int64_t H, int ckpt
   if (ckpt > 0) name += "_ckpt" + std::to_string(ckpt);
   if (softplus) name += "_softplus";
   if (!split) name += "_nosplit";
+  name += suffix;
   Line l{.name = name, .us = us};
   l.bytes = double(T) * H * D * (2 + 2 + 2 + 4 + 2) + double(T) * H * 4 + 2.0 * N * H * D * D * 4 +
             double(num_ckpt) * H * D * D * 4;
   l.flops = chunks * H * 2.0 * (5 * C * C * D + 3 * C * D * D);
-  if (ckpt == 0 && !softplus && split) l.refs = {{"fla chunk_kda", l.name}};
+  if (ckpt == 0 && !softplus && split && suffix.empty()) l.refs = {{"fla chunk_kda", l.name}};
   lines.push_back(l);
 }
 
@@ -330,6 +333,13 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                                                                 {1, 32768, 32, 0, 1},
                                                                                 {256, 100, 96, 0, 1}})
       kda_chunk_case(be, N, len, H, int(ckpt), softplus != 0, opts.quick, lines);
+    if (opts.kda_scan_mma) {
+      be.set_kda_chunk_scan_wgmma(false);
+      for (auto [N, len, H, ckpt] : std::vector<std::array<int64_t, 4>>{
+               {1, 8192, 96, 0}, {1, 8192, 96, 64}, {1, 32768, 32, 0}, {256, 100, 96, 0}})
+        kda_chunk_case(be, N, len, H, int(ckpt), false, opts.quick, lines, true, "_mma");
+      be.set_kda_chunk_scan_wgmma(true);
+    }
     // Few heads, long sequences: the segmented scan beside one chain per sequence.
     for (auto [len, H] : std::vector<std::array<int64_t, 2>>{{65536, 4}, {32768, 8}, {131072, 1}}) {
       if (H != 4) kda_chunk_case(be, 1, len, H, 0, false, opts.quick, lines);

@@ -108,6 +108,9 @@ class CudaBackend final : public Backend {
   // (kda_split_plan.h; default on), or each sequence as one chain of chunks.
   void set_kda_chunk_split(bool on) { kda_split_ = on; }
   bool kda_chunk_split() const { return kda_split_; }
+  // kda_chunk: the scan's wide grid (>= 2 blocks of 32 rows per SM) on wgmma (KdaArgs::scan_wgmma,
+  // default on: 7 % less prefill time at T = 8192, H = 96 on the H200) or on mma.sync.
+  void set_kda_chunk_scan_wgmma(bool on) { kda_scan_wgmma_ = on; }
   bool mla_decode_split_s() const { return mla_split_s_; }
 
   cudaStream_t stream() const { return stream_; }
@@ -133,6 +136,7 @@ class CudaBackend final : public Backend {
   bool mla_seesaw_ = true;  // set_mla_decode_seesaw
   bool mla_cluster_ = false;  // set_mla_decode_cluster
   bool kda_split_ = true;  // set_kda_chunk_split
+  bool kda_scan_wgmma_ = true;  // set_kda_chunk_scan_wgmma
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the

@@ -26,9 +26,14 @@
 //    Split scan (kda_split_plan.h, few heads and long sequences): the grid's rows are jobs, each a
 //    segment of a sequence scanned from its slot, zeros, the identity (with U = 0) or a carry slot,
 //    with or without output; a fix-up launch (kda_chunk_split.cu) chains the segments in between.
+//    Wide grids (>= 2 blocks of 32 rows per SM) run the same jobs on wgmma instead
+//    (kda_chunk_scan_wg.cuh: one warpgroup per 64 rows, four asynchronous products a chunk), unless
+//    the backend is told otherwise (CudaBackend::set_kda_chunk_scan_wgmma); narrow grids keep the
+//    mma.sync blocks, whose smaller row tiles give more blocks.
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"
+#include "kernels/cuda/kda_chunk_scan_wg.cuh"
 #include "kernels/cuda/kda_split_plan.h"
 #include "kernels/cuda/mma.cuh"
 
@@ -336,7 +341,13 @@ void scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk
           const KdaScanJob* jobs, float* carry, int num_sms, cudaStream_t s) {
   const int64_t sms = num_sms;
   const int64_t blocks32 = int64_t(kD / 32) * a.H * rows;
-  if (blocks32 >= 2 * sms)
+  if (blocks32 >= 2 * sms && a.scan_wgmma) {
+    auto* kern = kda_chunk::kda_chunk_scan_wg_kernel;
+    K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kda_chunk::ScanWg::kSmem));
+    kern<<<dim3(kD / 64, a.H, rows), kda_chunk::ScanWg::kThreads, kda_chunk::ScanWg::kSmem, s>>>(
+        a, chunk_table, seq_chunk0, work, jobs, carry);
+    K3_CUDA_LAUNCHED("kda_chunk_scan_wg_kernel");
+  } else if (blocks32 >= 2 * sms)
     launch_scan<64, 8, 1>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s);
   else if (blocks32 <= sms)
     launch_scan<32, 4, 3>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s);

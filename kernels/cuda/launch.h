@@ -82,6 +82,8 @@ struct KdaArgs {
   float* ckpt = nullptr;                 // [ckpt slots, H, V, K]; null: none
   const int32_t* ckpt_slots = nullptr;   // [N, ckpt_m] device
   int ckpt_m = 0, ckpt_interval = 0;
+  // The scan's wide grid on wgmma (kda_chunk_scan_wg.cuh) instead of mma.sync (CudaBackend switch).
+  bool scan_wgmma = false;
 };
 // The checkpoint slot for `done` tokens of sequence n, or -1 (device and host).
 __host__ __device__ inline int kda_ckpt_slot(const KdaArgs& a, int n, int done) {

@@ -179,3 +179,54 @@ TEST_CASE("cuda kda_chunk split into segments matches the cpu recurrence and the
     expect_close(g, states[1], g.to_host(states[0]), tol("kda_state"), "split state vs unsplit " + tag);
   }
 }
+
+// The scan's wide grid on wgmma (CudaBackend::set_kda_chunk_scan_wgmma) against the CPU recurrence
+// and the mma.sync scan: several sequences (one empty, one shorter than a chunk), checkpoints every
+// 64 tokens, a grid of >= 2 blocks per SM of 32 rows so that the wide scan runs.
+TEST_CASE("cuda kda_chunk wide scan on wgmma matches the cpu recurrence and the mma.sync scan", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  std::mt19937 rng(53);
+  const std::vector<int32_t> lens{700, 64, 1300, 5, 0};
+  const int64_t D = 128, N = int64_t(lens.size()), H = (2 * cb->num_sms() + 4 * N - 1) / (4 * N) + 1;
+  const int64_t T = std::accumulate(lens.begin(), lens.end(), int64_t(0));
+  Tensor q = randn({T, H, D}, rng), k = randn({T, H, D}, rng), v = randn({T, H, D}, rng);
+  normalise_heads(q, 1.f / std::sqrt(float(D)));
+  normalise_heads(k, 1.f);
+  Tensor gate = uniform({T, H, D}, rng, -1.f, -0.001f, false), beta = uniform({T, H}, rng, 0.05f, 0.95f, false);
+  Tensor state0 = randn({N, H, D, D}, rng, 0.1f, false);
+  std::vector<int32_t> slot_ids(static_cast<size_t>(N)), table;
+  std::iota(slot_ids.rbegin(), slot_ids.rend(), 0);
+  int64_t M = 1, num = 0;
+  for (int32_t l : lens) M = std::max<int64_t>(M, l / 64);
+  table.assign(static_cast<size_t>(N * M), -1);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < lens[size_t(n)] / 64; ++j) table[size_t(n * M + j)] = int32_t(num++);
+  Tensor slots = ints(slot_ids), cu = cu_of(lens), tbl = Tensor::from_i32({N, M}, table);
+  Tensor ref_state = state0.clone(), ref_o = Tensor::zeros({T, H, D}), ref_ck = Tensor::zeros({num, H, D, D});
+  bk.cpu->kda_recurrent({.q = q, .k = k, .v = v, .g = gate, .beta = beta, .state = ref_state, .slots = slots,
+                         .cu_seqlens = cu, .o = ref_o, .checkpoints = ref_ck, .checkpoint_slots = tbl,
+                         .checkpoint_interval = 64});
+  Tensor outs[2], states[2], cks[2];
+  for (int wgmma = 0; wgmma < 2; ++wgmma) {
+    cb->set_kda_chunk_scan_wgmma(wgmma != 0);
+    states[wgmma] = g.from_host(state0, DType::F32);
+    outs[wgmma] = poisoned(g, {T, H, D}, DType::BF16);
+    cks[wgmma] = poisoned(g, {num, H, D, D}, DType::F32);
+    g.kda_chunk({.q = g.from_host(q, DType::BF16), .k = g.from_host(k, DType::BF16), .v = g.from_host(v, DType::BF16),
+                 .g = g.from_host(gate, DType::F32), .beta = g.from_host(beta, DType::F32), .state = states[wgmma],
+                 .slots = g.from_host(slots, DType::I32), .cu_seqlens = g.from_host(cu, DType::I32), .o = outs[wgmma],
+                 .checkpoints = cks[wgmma], .checkpoint_slots = g.from_host(tbl, DType::I32), .checkpoint_interval = 64});
+  }
+  cb->set_kda_chunk_scan_wgmma(true);
+  for (int wgmma = 0; wgmma < 2; ++wgmma) {
+    const std::string tag = wgmma ? "wgmma scan" : "mma.sync scan";
+    expect_close(g, outs[wgmma], ref_o, tol("kda_out"), tag + " o vs cpu");
+    expect_close(g, states[wgmma], ref_state, tol("kda_state"), tag + " state vs cpu");
+    expect_close(g, cks[wgmma], ref_ck, tol("kda_state"), tag + " checkpoints vs cpu");
+  }
+  expect_close(g, outs[1], g.to_host(outs[0]), tol("kda_out"), "wgmma o vs mma.sync");
+  expect_close(g, states[1], g.to_host(states[0]), tol("kda_state"), "wgmma state vs mma.sync");
+}

@@ -1,0 +1,237 @@
+// KDA chunked prefill, scan on wgmma (sm_90a): one warpgroup per (sequence or job, head, 64 rows of
+// V), chunks in order, the same jobs and results as kda_chunk_scan_kernel<64, ...> (kda_chunk.cu).
+// Each chunk is four asynchronous products instead of per-warp mma.sync chains:
+//   (a) V' = U − W Sᵀ and O = (Q⊙e^Γ) Sᵀ   m64n64, K = 128: A = W, Q⊙e^Γ [tok][k], B = S [v][k] (both K-major)
+//   (b) O += M_qk V'                        m64n64, K = 64:  A = M_qk [tok][tok'] K-major, B = V' [tok'][v] MN-major
+//   (c) S = Diag_k(e^{Γ_C}) S + V'ᵀ K_d     m64n64 x 2 (k halves), K = 64: A = V' read MN-major, B = K_d [tok][k] MN-major
+// Every operand tile sits in shared memory as 128B-swizzle atoms (wg::op_offset); the state stays in
+// the two fp32 accumulators of (c) for the whole sequence, with its bf16 copy rewritten each chunk
+// for (a). Accumulator element d[4j + e] of warp w: row 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1).
+#pragma once
+#include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/kda_chunk_layout.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace k3::cuda::kda_chunk {
+
+struct ScanWg {
+  static constexpr int kThreads = 128;
+  static constexpr int kLdU = 72;                        // bf16 pitch of the [64][64] U slice (threads only)
+  static constexpr int kOffW = 0;                        // [64 tok][128 k] op layout, 16 KiB
+  static constexpr int kOffQ = kOffW + 16384;            // Q⊙e^Γ, same
+  static constexpr int kOffKd = kOffQ + 16384;           // K⊙e^{Γ_C−Γ}, same
+  static constexpr int kOffS = kOffKd + 16384;           // bf16 S [64 v][128 k], same
+  static constexpr int kOffMq = kOffS + 16384;           // M_qk [64][64], 8 KiB
+  static constexpr int kOffVp = kOffMq + 8192;           // V' [64 tok][64 v], 8 KiB
+  static constexpr int kOffU = kOffVp + 8192;            // [64][72] bf16
+  static constexpr int kOffGc = kOffU + kC * kLdU * 2;   // fp32 [128]
+  static constexpr int kSmem = kOffGc + kD * 4 + 1024;   // + alignment slack (atoms on 1024 bytes)
+};
+
+__global__ void __launch_bounds__(ScanWg::kThreads, 2)
+    kda_chunk_scan_wg_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
+                             const KdaScanJob* jobs, float* carry) {
+  constexpr int VT = 64, kThreads = ScanWg::kThreads;
+  extern __shared__ __align__(1024) unsigned char smraw_wg[];
+  unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smraw_wg) + 1023) & ~uintptr_t(1023));
+  const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  bf16* Us = reinterpret_cast<bf16*>(sm + ScanWg::kOffU);
+  float* Gc = reinterpret_cast<float*>(sm + ScanWg::kOffGc);
+  const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x, warp = tid >> 5;
+  const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int v0 = vt * VT;
+  KdaScanJob job;
+  if (jobs != nullptr) {
+    job = jobs[n];
+  } else {
+    job.c_begin = seq_chunk0[n];
+    job.c_end = seq_chunk0[n + 1];
+    job.seq = n;
+  }
+  const int c_begin = job.c_begin, c_end = job.c_end, seq = job.seq;
+  const bool write_o = (job.flags & KdaScanJob::kWriteO) != 0, zero_u = (job.flags & KdaScanJob::kZeroU) != 0;
+  auto state_at = [&](int which, int slot) -> float* {
+    if (which == KdaScanJob::kToSeq) return a.state + (int64_t(a.slots[seq]) * H + h) * kD * kD + int64_t(v0) * kD;
+    if (which == KdaScanJob::kToCarry) return carry + (int64_t(slot) * H + h) * kD * kD + int64_t(v0) * kD;
+    return nullptr;
+  };
+  const float* init = job.init == KdaScanJob::kFromSeq     ? state_at(KdaScanJob::kToSeq, 0)
+                      : job.init == KdaScanJob::kFromCarry ? state_at(KdaScanJob::kToCarry, job.in_slot)
+                                                           : nullptr;
+  float* final_state = state_at(job.out, job.out_slot);
+
+  // [64][128] bf16 rows -> op layout (16-byte chunk ch of row r at op_offset(r, ch)).
+  auto rows128 = [&](int off, const bf16* src) {
+    for (int idx = tid; idx < kC * 16; idx += kThreads)
+      cp_async16(sm + off + wg::op_offset(idx >> 4, idx & 15), src + (idx >> 4) * kD + (idx & 15) * 8);
+  };
+  auto fetch_wuq = [&](int c) {
+    const bf16* wk = work_tiles(work, c, H, h);
+    rows128(ScanWg::kOffW, wk + kOffW);
+    if (write_o) rows128(ScanWg::kOffQ, wk + kOffQg);
+    if (zero_u) return;
+    for (int idx = tid; idx < kC * (VT / 8); idx += kThreads) {
+      const int r = idx / (VT / 8), c8 = (idx % (VT / 8)) * 8;
+      cp_async16(Us + r * ScanWg::kLdU + c8, wk + kOffU + r * kD + v0 + c8);
+    }
+  };
+  auto fetch_kmg = [&](int c) {
+    const bf16* wk = work_tiles(work, c, H, h);
+    rows128(ScanWg::kOffKd, wk + kOffKd);
+    for (int idx = tid; write_o && idx < kC * 8; idx += kThreads)
+      cp_async16(sm + ScanWg::kOffMq + wg::op_offset(idx >> 3, idx & 7), wk + kOffMq + (idx >> 3) * kC + (idx & 7) * 8);
+    const float* gc = work_gc(work, c, H, h);
+    if (tid < kD / 4) cp_async16(Gc + 4 * tid, gc + 4 * tid);
+  };
+
+  // The state: S[b][4j + e] = S[v][k], v = 16 warp + g + 8 (e >> 1), k = 64 b + 8 j + 2 t + (e & 1).
+  float S[2][32];
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = 16 * warp + g + 8 * hf, col = 64 * b + 8 * j + 2 * t;
+        const float2 f = init != nullptr ? *reinterpret_cast<const float2*>(init + r * kD + col)
+                         : job.init == KdaScanJob::kIdentity
+                             ? make_float2(v0 + r == col ? 1.f : 0.f, v0 + r == col + 1 ? 1.f : 0.f)
+                             : make_float2(0.f, 0.f);
+        S[b][4 * j + 2 * hf] = f.x;
+        S[b][4 * j + 2 * hf + 1] = f.y;
+      }
+  auto store_sb = [&] {
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = 16 * warp + g + 8 * hf, col = 64 * b + 8 * j + 2 * t;
+          *reinterpret_cast<uint32_t*>(sm + ScanWg::kOffS + wg::op_offset(r, col >> 3) + (col & 7) * 2) =
+              pack_bf16(S[b][4 * j + 2 * hf], S[b][4 * j + 2 * hf + 1]);
+        }
+    wg::fence_proxy_async();
+  };
+  auto store_state = [&](float* dst, bool streaming) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = 16 * warp + g + 8 * hf, col = 64 * b + 8 * j + 2 * t;
+          const float2 x = make_float2(S[b][4 * j + 2 * hf], S[b][4 * j + 2 * hf + 1]);
+          if (streaming) __stcs(reinterpret_cast<float2*>(dst + r * kD + col), x);
+          else *reinterpret_cast<float2*>(dst + r * kD + col) = x;
+        }
+  };
+  store_sb();
+  if (c_begin < c_end) {
+    fetch_wuq(c_begin);
+    fetch_kmg(c_begin);
+  }
+  cp_async_commit();
+
+  for (int c = c_begin; c < c_end; ++c) {
+    const int t0 = chunk_table[4 * c], len = chunk_table[4 * c + 1];
+    const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * chunk_table[4 * c + 3] + len) : -1;
+    const bool has_next = c + 1 < c_end;
+    cp_async_wait<0>();
+    wg::fence_proxy_async();  // cp.async writes -> the async proxy wgmma reads through
+    __syncthreads();
+
+    // (a) V' = U − W Sᵀ, O = (Q⊙e^Γ) Sᵀ.
+    float Va[32], Oa[32];
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      const uint32_t off = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
+      const uint64_t ds = wg::make_desc(sbase + ScanWg::kOffS + off);
+      wg::mma_m64n64<0>(Va, wg::make_desc(sbase + ScanWg::kOffW + off), ds, ks > 0);
+      if (write_o) wg::mma_m64n64<0>(Oa, wg::make_desc(sbase + ScanWg::kOffQ + off), ds, ks > 0);
+    }
+    wg::commit();
+    wg::wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      wg::reg_fence(Va[i]);
+      wg::reg_fence(Oa[i]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = 16 * warp + g + 8 * hf, col = 8 * j + 2 * t;
+        const float2 u = zero_u ? make_float2(0.f, 0.f)
+                                : bf2_to_f2(*reinterpret_cast<const uint32_t*>(Us + r * ScanWg::kLdU + col));
+        *reinterpret_cast<uint32_t*>(sm + ScanWg::kOffVp + wg::op_offset(r, col >> 3) + (col & 7) * 2) =
+            pack_bf16(u.x - Va[4 * j + 2 * hf], u.y - Va[4 * j + 2 * hf + 1]);
+      }
+    wg::fence_proxy_async();
+    __syncthreads();  // V' complete; W, U, Q⊙e^Γ and the bf16 state are no longer read this chunk
+    if (has_next) fetch_wuq(c + 1);
+    cp_async_commit();
+
+    // (b) O += M_qk V', rows < len to the output.
+    if (write_o) {
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk)
+        wg::mma_m64n64<1>(Oa, wg::make_desc(sbase + ScanWg::kOffMq + kk * 32),
+                          wg::make_desc(sbase + ScanWg::kOffVp + 2 * kk * wg::kAtomBytes));
+      wg::commit();
+      wg::wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) wg::reg_fence(Oa[i]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = 16 * warp + g + 8 * hf, col = v0 + 8 * j + 2 * t;
+          if (r < len) {
+            const int64_t o = ((int64_t(t0) + r) * H + h) * kD + col;
+            const float x0 = Oa[4 * j + 2 * hf], x1 = Oa[4 * j + 2 * hf + 1];
+            if (a.o.bf16) *reinterpret_cast<uint32_t*>(static_cast<bf16*>(a.o.p) + o) = pack_bf16(x0, x1);
+            else *reinterpret_cast<float2*>(static_cast<float*>(a.o.p) + o) = make_float2(x0, x1);
+          }
+        }
+    }
+
+    // (c) S = Diag_k(e^{Γ_C}) S + V'ᵀ K_d.
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 d = *reinterpret_cast<const float2*>(Gc + 64 * b + 8 * j + 2 * t);
+        S[b][4 * j] *= d.x;
+        S[b][4 * j + 1] *= d.y;
+        S[b][4 * j + 2] *= d.x;
+        S[b][4 * j + 3] *= d.y;
+      }
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) {
+      const uint64_t dv = wg::make_desc(sbase + ScanWg::kOffVp + 2 * kk * wg::kAtomBytes);
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+        wg::mma_m64n64_ab<1, 1>(S[b], dv, wg::make_desc(sbase + ScanWg::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes));
+    }
+    wg::commit();
+    wg::wait<0>();
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) wg::reg_fence(S[b][i]);
+    __syncthreads();  // every warpgroup row has left (a): the bf16 state may be rewritten; K_d, M_qk, V' free
+    store_sb();
+    if (has_next) fetch_kmg(c + 1);
+    cp_async_commit();
+    if (ck >= 0) store_state(a.ckpt + (int64_t(ck) * H + h) * kD * kD + int64_t(v0) * kD, true);
+  }
+  cp_async_wait<0>();
+  if (final_state != nullptr) store_state(final_state, false);
+}
+
+}  // namespace k3::cuda::kda_chunk
