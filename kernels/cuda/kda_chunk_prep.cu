@@ -16,13 +16,18 @@ constexpr int kPrepThreads = 256;
 
 // 64 token rows x 128 of one head -> bf16 shared rows (pitch kLdB); rows >= len become zeros.
 // bf16 input streams by cp.async (the caller commits); fp32 input is converted on the way.
+// Thread tid copies columns 8·(tid % 16) ..+7 of rows tid / 16 + 16i: its addresses are one base
+// plus fixed steps (the loop with a division per element cost 8 % of the prep's instructions).
 __device__ __forceinline__ void stage_bf16(bf16* dst, FIn src, int64_t row0, int64_t tok_stride, int len) {
   const int tid = threadIdx.x;
   if (src.bf16) {
-    const auto* p = static_cast<const bf16*>(src.p);
-    for (int idx = tid; idx < kC * (kD / 8); idx += kPrepThreads) {
-      const int r = idx / (kD / 8), c8 = (idx % (kD / 8)) * 8;
-      cp_async16(dst + r * kLdB + c8, p + row0 + (r < len ? r : 0) * tok_stride + c8, r < len);
+    static_assert(kPrepThreads == 16 * 16, "16 threads a row, 16 rows a step");
+    const int c8 = (tid & 15) * 8, r0 = tid >> 4;
+    const bf16* p = static_cast<const bf16*>(src.p) + row0 + c8;
+#pragma unroll
+    for (int i = 0; i < kC / 16; ++i) {
+      const int r = r0 + 16 * i;
+      cp_async16(dst + r * kLdB + c8, p + (r < len ? r : 0) * tok_stride, r < len);
     }
   } else {
     const auto* p = static_cast<const float*>(src.p);
@@ -35,46 +40,44 @@ __device__ __forceinline__ void stage_bf16(bf16* dst, FIn src, int64_t row0, int
   }
 }
 
-// e^x for the prep's exponents. The bounded gate keeps Γ in base-2 units (Γ·log2 e, scaled once in
-// the cumsum), so each exponential is a single ex2 instead of a multiply and an ex2: 8 % less prep
-// time on the H200 (docs/PERF.md). The unbounded variant's run sums stay natural (__expf).
-template <bool kUnbounded>
-__device__ __forceinline__ float exp_gate(float x) {
-  if constexpr (kUnbounded) {
-    return __expf(x);
-  } else {
-    return fast_exp2(x);
-  }
-}
-
 constexpr int kLdX = 52;  // fp32 pitch of the [16][48] block-row scratch of the solve
 
 // ---------------------------------------------------------------------------------------------
-// Γ = cumsum(g) (fp32, base-2 units: Γ·log2 e), then, overlapped where the data allows:
-//  * M_kk, M_qk: the scaled operands are built straight into mma fragments (registers) by the
-//    warp that multiplies them: 10 tiles (R ≥ ct) of 16x16, each tile one warp, M_kk and M_qk of
-//    a tile sharing the B fragment and the A-side exponentials (an earlier version staged 16-row
-//    stripes in shared memory: 4 x 2 barriers, most warps idle during a stripe's products; the
-//    whole prefill went from 2.06 to 1.58 ms at T = 8192, H = 96 on the H200 with this kernel);
+// Γ = cumsum(g) (fp32, base-2 units: Γ·log2 e), then (bounded gate):
+//  * one elementwise pass builds every scaled operand once, each element by one thread: Q⊙e^Γ and
+//    K⊙e^{Γ_C−Γ} (to the workspace), K⊙e^Γ (for W), and the operands of the M tiles, all ≤ 1:
+//      A_K[r] = K_r ⊙ 2^{Γ_r − Γ_{16R}}, A_Q[r] = Q_r ⊙ 2^{Γ_r − Γ_{16R}}   (R = ⌊r/16⌋),
+//      Bh[s]  = K_s ⊙ 2^{Γ_{16c+15} − Γ_s}                                (c = ⌊s/16⌋);
+//  * the 10 tiles (R ≥ c) of 16x16 of M_kk, then of M_qk, multiply A's rows 16R.. by Bh's rows
+//    16c.., scaled along k by d_{R,c} = 2^{Γ_{16R} − Γ_{16c+15}} (one bf16x2 multiply per B
+//    register): the three exponents add up to Γ_r − Γ_s. d is ≤ 1 left of the diagonal and
+//    ≤ e^{75} on it (15 gates ≥ −5), inside the bf16 exponent range like every product
+//    (≤ 128·|k|·|q|·e^{75}). An earlier form built the scaled operands tile by tile in registers:
+//    with their conversions, 30 % of the prep's instructions;
 //  * V streams in with q, k, g at the start (its own buffer), as a second cp.async group that is
 //    only waited for before W/U;
 //  * the 16x16 diagonal blocks of T are solved in registers by warps 0-1 (one lane per column)
-//    while warps 2-7 do the Q⊙e^Γ / K⊙e^{Γ_C−Γ} / K⊙e^Γ pass, then the block rows below them;
+//    while warps 2-7 compute the M_qk tiles, then the block rows below them;
 //  * W and U are split so that every warp does 5 k-tile steps (row tiles mt and 3 − mt).
-// 102 KB of shared memory: still two blocks per SM.
+// 105 KB of shared memory: still two blocks per SM.
 // ---------------------------------------------------------------------------------------------
-constexpr int kPrepOffG = 0;                                  // fp32 Γ [64][136]; later bf16 Tβ and fp32 X
-constexpr int kPrepOffK = kPrepOffG + kC * kLdG * 4;            // bf16 K [64][136]; later K⊙e^Γ
-constexpr int kPrepOffQ = kPrepOffK + kC * kLdB * 2;            // bf16 Q [64][136]; later fp32 T [64][68]
+constexpr int kPrepOffG = 0;                                  // fp32 Γ [64][136]; then bf16 Bh and K⊙e^Γ; then Tβ and fp32 X over Bh
+constexpr int kPrepOffK = kPrepOffG + kC * kLdG * 4;            // bf16 K [64][136]; then A_K (unbounded: K⊙e^Γ)
+constexpr int kPrepOffQ = kPrepOffK + kC * kLdB * 2;            // bf16 Q [64][136]; then A_Q; then fp32 T [64][68]
 constexpr int kPrepOffV = kPrepOffQ + kC * kLdB * 2;            // bf16 V [64][136]
 constexpr int kPrepOffMk = kPrepOffV + kC * kLdB * 2;           // fp32 β-scaled strict-lower M_kk [64][68]
 constexpr int kPrepOffBeta = kPrepOffMk + kC * kLdT * 4;        // fp32 β [64]
-constexpr int kPrepSmem = kPrepOffBeta + kC * 4;
-constexpr int kPrepOffX = kC * kLdM * 2;                      // X scratch of the solve, after Tβ (both over Γ)
+constexpr int kPrepOffD = kPrepOffBeta + kC * 4;                // bf16 d_{R,c} [10][128]
+constexpr int kNumMTiles = 10;                                  // (R, c ≤ R), tile index R(R+1)/2 + c
+constexpr int kPrepSmem = kPrepOffD + kNumMTiles * kD * 2;
+constexpr int kPrepOffKg = kPrepOffG + kC * kLdB * 2;           // bf16 K⊙e^Γ [64][136], second half of Γ
+constexpr int kPrepOffX = kC * kLdM * 2;                      // X scratch of the solve, after Tβ (both over Bh)
 static_assert(kC * kLdT * 4 <= kC * kLdB * 2, "T must fit over Q");
 static_assert(kC * kLdB * 2 <= kC * kLdT * 4, "the W / U staging tiles [64][136] must fit over T / M_kk");
-static_assert(kPrepOffX % 16 == 0 && kPrepOffX + 16 * kLdX * 4 <= kC * kLdG * 4, "Tβ and X must fit over Γ");
-static_assert(kPrepOffK % 16 == 0 && kPrepOffQ % 16 == 0 && kPrepOffV % 16 == 0 && kPrepOffMk % 16 == 0);
+static_assert(2 * kC * kLdB * 2 <= kC * kLdG * 4, "Bh and K⊙e^Γ must fit over Γ");
+static_assert(kPrepOffX % 16 == 0 && kPrepOffX + 16 * kLdX * 4 <= kPrepOffKg, "Tβ and X must fit over Bh");
+static_assert(kPrepOffK % 16 == 0 && kPrepOffQ % 16 == 0 && kPrepOffV % 16 == 0 && kPrepOffMk % 16 == 0 &&
+              kPrepOffD % 16 == 0 && kPrepOffKg % 16 == 0);
 static_assert(2 * (kPrepSmem + 1024) <= 228 * 1024, "two blocks per SM");
 // Unbounded gate (kda_chunk_runs.cuh): G keeps the raw gates; the run sums Pe, Se [64][136] and the
 // per-column runs [15][128] follow, fp32. 178 KB: one block per SM.
@@ -85,84 +88,132 @@ constexpr int kPrepSmemUnbounded = kPrepOffRuns + kRuns * kD * 4;
 static_assert(kPrepOffPe % 16 == 0 && kPrepOffRuns % 16 == 0);
 static_assert(kPrepSmemUnbounded + 1024 <= 228 * 1024, "one block per SM");
 
-// Tiles (R, ct0 .. ct0+NT−1), all ≤ R, of M_kk (strict lower, times β_r, fp32 smem) and M_qk
-// (lower incl. the diagonal, bf16 workspace) by the calling warp. Rows r = n + (0..15), n = 16R:
-// A operands K_r, Q_r times e^{Γ_r−Γ_n} (≤ 1, r ≥ n), built once per k step and shared by the NT
-// tiles; columns s = 16ct + (0..15): B operand K_s times e^{Γ_n−Γ_s}, ≤ 1 for s ≤ n and ≤ e^{75}
-// for n < s ≤ n+15 (diagonal tile only): at most 15 gates of g ≥ −5 between them. So every
-// operand, and every product (≤ 128·|k|·|q|·e^{75}), stays inside the fp32 = bf16 exponent range;
-// kUnbounded (tiles left of the diagonal only, ct0 + NT − 1 < R): the same two factors from the run
-// sums of kda_chunk_runs.cuh instead of differences of Γ = G, e^{Pe[r]} and e^{Se[s] + bridge},
-// both ≤ 1 for any g ≤ 0.
-// Fragment element (mma.cuh): A reg 2·kh + hf = (row g + 8hf, cols 16kk + 8kh + 2t, +1);
-// B reg 2·hf + kh = (n-row g + 8hf, k-cols 16kk + 8kh + 2t, +1): regs 0,1 the first n8 tile.
-template <int NT, bool kUnbounded>
-__device__ __forceinline__ void prep_m_tiles(int R, int ct0, const float* G, const bf16* Ks, const bf16* Qs,
-                                             float* Mk, const float* beta, bf16* mq_out, const float* Pe,
-                                             const float* Se, const float* runs) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int n = 16 * R;
-  float acc[NT][2][2][4] = {};  // [tile][M_kk, M_qk][n8 tile]
-#pragma unroll 4  // full unrolling costs 128 registers and a spill (NT = 1)
+__device__ __forceinline__ int m_tile_index(int R, int c) { return R * (R + 1) / 2 + c; }
+
+// The tiles (R, c0 .. c0+NT−1) of A (rows 16R..16R+15, A_K or A_Q) x (Bh ⊙ d_{R,c})ᵀ into acc,
+// by the calling warp; A's fragment is loaded once per k step for the NT tiles. d: bf16 pairs
+// [10][64]. B reg 2·hf + kh holds (n-row g + 8hf, k-cols 16kk + 8kh + 2t, +1), so it takes the d
+// pair 8kk + 4kh + t (mma.cuh).
+template <int NT>
+__device__ __forceinline__ void staged_m_tiles(float (&acc)[NT][2][4], const bf16* A, const bf16* Bh,
+                                               const uint32_t* d, int R, int c0) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+#pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
-    uint32_t ak[4], aq[4], b[NT][4];
-#pragma unroll
-    for (int kh = 0; kh < 2; ++kh) {
-      const int c = 16 * kk + 8 * kh + 2 * t;
-      const float2 gn = kUnbounded ? make_float2(0.f, 0.f) : *reinterpret_cast<const float2*>(G + n * kLdG + c);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = n + g + 8 * hf;
-        float f0, f1;  // e^{Γ_r − Γ_n}
-        if constexpr (kUnbounded) {
-          const float2 pe = *reinterpret_cast<const float2*>(Pe + r * kLdG + c);
-          f0 = __expf(pe.x), f1 = __expf(pe.y);
-        } else {
-          const float2 gr = *reinterpret_cast<const float2*>(G + r * kLdG + c);
-          f0 = exp_gate<false>(gr.x - gn.x), f1 = exp_gate<false>(gr.y - gn.y);
-        }
-        const float2 k2 = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Ks + r * kLdB + c));
-        const float2 q2 = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Qs + r * kLdB + c));
-        ak[2 * kh + hf] = pack_bf16(k2.x * f0, k2.y * f1);
-        aq[2 * kh + hf] = pack_bf16(q2.x * f0, q2.y * f1);
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          const int s = 16 * (ct0 + i) + g + 8 * hf;
-          float e0, e1;  // e^{Γ_n − Γ_s}
-          if constexpr (kUnbounded) {
-            const float2 se = *reinterpret_cast<const float2*>(Se + s * kLdG + c);
-            const float2 br = *reinterpret_cast<const float2*>(runs + run_bridge(ct0 + i, R) * kD + c);
-            e0 = __expf(se.x + br.x), e1 = __expf(se.y + br.y);
-          } else {
-            const float2 gs = *reinterpret_cast<const float2*>(G + s * kLdG + c);
-            e0 = exp_gate<false>(gn.x - gs.x), e1 = exp_gate<false>(gn.y - gs.y);
-          }
-          const float2 ks = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Ks + s * kLdB + c));
-          b[i][2 * hf + kh] = pack_bf16(ks.x * e0, ks.y * e1);
-        }
-      }
-    }
+    uint32_t a[4];
+    load_a(a, A + 16 * R * kLdB + 16 * kk, kLdB);
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
-      mma_bf16(acc[i][0][0], ak, b[i]);
-      mma_bf16(acc[i][0][1], ak, b[i] + 2);
-      mma_bf16(acc[i][1][0], aq, b[i]);
-      mma_bf16(acc[i][1][1], aq, b[i] + 2);
+      uint32_t b[4];
+      load_b_nk(b, Bh + 16 * (c0 + i) * kLdB + 16 * kk, kLdB);
+      const uint32_t* dv = d + m_tile_index(R, c0 + i) * (kD / 2) + 8 * kk + t;
+      const uint32_t d0 = dv[0], d1 = dv[4];
+      b[0] = mul_bf16x2(b[0], d0);
+      b[1] = mul_bf16x2(b[1], d1);
+      b[2] = mul_bf16x2(b[2], d0);
+      b[3] = mul_bf16x2(b[3], d1);
+      mma_bf16(acc[i][0], a, b);
+      mma_bf16(acc[i][1], a, b + 2);
     }
   }
+}
+
+// M_kk tiles: β_r-scaled, strictly lower (zeros on and above the diagonal), fp32 to Mk.
+template <int NT>
+__device__ __forceinline__ void store_mkk_tiles(const float (&acc)[NT][2][4], int R, int c0, float* Mk,
+                                                const float* beta) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int r = n + g + 8 * hf, s = 16 * (ct0 + i) + 8 * j + 2 * t;
-        const float x0 = acc[i][0][j][2 * hf], x1 = acc[i][0][j][2 * hf + 1];
-        Mk[r * kLdT + s] = s < r ? beta[r] * x0 : 0.f;
-        Mk[r * kLdT + s + 1] = s + 1 < r ? beta[r] * x1 : 0.f;
-        const float y0 = acc[i][1][j][2 * hf], y1 = acc[i][1][j][2 * hf + 1];
-        *reinterpret_cast<uint32_t*>(mq_out + r * kC + s) = pack_bf16(s <= r ? y0 : 0.f, s + 1 <= r ? y1 : 0.f);
+        const int r = 16 * R + g + 8 * hf, s = 16 * (c0 + i) + 8 * j + 2 * t;
+        const float br = beta[r];
+        *reinterpret_cast<float2*>(Mk + r * kLdT + s) =
+            make_float2(s < r ? br * acc[i][j][2 * hf] : 0.f, s + 1 < r ? br * acc[i][j][2 * hf + 1] : 0.f);
       }
+}
+
+// M_qk tiles: lower with the diagonal (zeros above), bf16 to the workspace (pitch kC).
+template <int NT>
+__device__ __forceinline__ void store_mqk_tiles(const float (&acc)[NT][2][4], int R, int c0, bf16* mq_out) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = 16 * R + g + 8 * hf, s = 16 * (c0 + i) + 8 * j + 2 * t;
+        *reinterpret_cast<uint32_t*>(mq_out + r * kC + s) =
+            pack_bf16(s <= r ? acc[i][j][2 * hf] : 0.f, s + 1 <= r ? acc[i][j][2 * hf + 1] : 0.f);
+      }
+}
+
+template <int NT>
+__device__ __forceinline__ void mkk_tiles(int R, int c0, const bf16* Ak, const bf16* Bh, const uint32_t* d,
+                                          float* Mk, const float* beta) {
+  float acc[NT][2][4];
+  staged_m_tiles<NT>(acc, Ak, Bh, d, R, c0);
+  store_mkk_tiles<NT>(acc, R, c0, Mk, beta);
+}
+
+template <int NT>
+__device__ __forceinline__ void mqk_tiles(int R, int c0, const bf16* Aq, const bf16* Bh, const uint32_t* d,
+                                          bf16* mq_out) {
+  float acc[NT][2][4];
+  staged_m_tiles<NT>(acc, Aq, Bh, d, R, c0);
+  store_mqk_tiles<NT>(acc, R, c0, mq_out);
+}
+
+// Unbounded gate: tile (R, ct < R), left of the diagonal, of M_kk and M_qk by the calling warp, the
+// scaled operands built in registers from the run sums of kda_chunk_runs.cuh: rows r = 16R + (0..15)
+// K_r, Q_r times e^{Pe[r]}, columns s = 16ct + (0..15) K_s times e^{Se[s] + bridge}, both ≤ 1 for
+// any g ≤ 0. Fragment element (mma.cuh): A reg 2·kh + hf = (row g + 8hf, cols 16kk + 8kh + 2t, +1);
+// B reg 2·hf + kh = (n-row g + 8hf, k-cols 16kk + 8kh + 2t, +1): regs 0,1 the first n8 tile.
+__device__ __forceinline__ void runs_m_tile(int R, int ct, const bf16* Ks, const bf16* Qs, float* Mk,
+                                            const float* beta, bf16* mq_out, const float* Pe, const float* Se,
+                                            const float* runs) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int n = 16 * R;
+  float acc_k[1][2][4] = {}, acc_q[1][2][4] = {};
+#pragma unroll 4  // full unrolling costs 128 registers and a spill
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t ak[4], aq[4], b[4];
+#pragma unroll
+    for (int kh = 0; kh < 2; ++kh) {
+      const int c = 16 * kk + 8 * kh + 2 * t;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = n + g + 8 * hf;
+        const float2 pe = *reinterpret_cast<const float2*>(Pe + r * kLdG + c);
+        const float f0 = __expf(pe.x), f1 = __expf(pe.y);
+        const float2 k2 = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Ks + r * kLdB + c));
+        const float2 q2 = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Qs + r * kLdB + c));
+        ak[2 * kh + hf] = pack_bf16(k2.x * f0, k2.y * f1);
+        aq[2 * kh + hf] = pack_bf16(q2.x * f0, q2.y * f1);
+        const int s = 16 * ct + g + 8 * hf;
+        const float2 se = *reinterpret_cast<const float2*>(Se + s * kLdG + c);
+        const float2 br = *reinterpret_cast<const float2*>(runs + run_bridge(ct, R) * kD + c);
+        const float2 ks = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Ks + s * kLdB + c));
+        b[2 * hf + kh] = pack_bf16(ks.x * __expf(se.x + br.x), ks.y * __expf(se.y + br.y));
+      }
+    }
+    mma_bf16(acc_k[0][0], ak, b);
+    mma_bf16(acc_k[0][1], ak, b + 2);
+    mma_bf16(acc_q[0][0], aq, b);
+    mma_bf16(acc_q[0][1], aq, b + 2);
+  }
+  store_mkk_tiles<1>(acc_k, R, ct, Mk, beta);
+  store_mqk_tiles<1>(acc_q, R, ct, mq_out);
 }
 
 // Column lc = tid % 16 of the inverse of the unit lower diagonal block d0 = tid & ~15 of I + M, for
@@ -181,53 +232,102 @@ __device__ __forceinline__ void solve_diag_column(const float* Mk, float t[16]) 
   }
 }
 
-// Block rows i = 1..3 of T as in solve_block_rows (same sums, k and m ascending), with thread
-// (a = tid % 16, b = 4·(tid / 16)) for the 64i outputs of float4 width: a warp covers one row
-// per lane pair and two adjacent b groups of one 16-column block, so its k range (from the
-// block of b) is uniform, T and X reads are broadcasts of two addresses, and M / T_ii rows are
-// read as float4 (16 rows of pitch 68: two wavefronts).
+// Block rows i = 1..3 of T (T_ii solved): T_{i,<i} = −T_ii X, X = M_{i,<i} T_{<i,<i}, on tf32
+// tensor cores (10-bit mantissa: finer than the bf16 that Tβ is rounded to next). Warp w < 2i takes
+// the 8 columns n0 = 8w of block row i: X's tile (k from n0's block on: T is zero above it), through
+// the warp's own columns of the scratch Xs into B fragments, then −T_ii X into T. Step i reads only
+// rows < 16i and T_ii, which step i does not write. (The fp32 form with one thread per 4 outputs was
+// 11 % of the prep's instructions.)
 __device__ __forceinline__ void solve_block_rows(const float* Mk, float* Tm, float* Xs) {
-  const int tid = threadIdx.x, a = tid & 15, b = (tid >> 4) * 4;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  static_assert(kPrepThreads / 32 >= 2 * (kC / 16 - 1), "one warp per 8 columns of the last block row");
+#pragma unroll 1
   for (int i = 1; i < kC / 16; ++i) {
-    if (tid < 64 * i) {
-      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-      const float* mrow = Mk + (16 * i + a) * kLdT;
-      for (int k0 = b & ~15; k0 < 16 * i; k0 += 4) {  // T[k][b..b+3] = 0 for k < the block of b
-        const float4 m4 = *reinterpret_cast<const float4*>(mrow + k0);
-        const float mv[4] = {m4.x, m4.y, m4.z, m4.w};
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const float4 tv = *reinterpret_cast<const float4*>(Tm + (k0 + u) * kLdT + b);
-          x.x += mv[u] * tv.x;
-          x.y += mv[u] * tv.y;
-          x.z += mv[u] * tv.z;
-          x.w += mv[u] * tv.w;
-        }
+    if (warp < 2 * i) {
+      const int n0 = 8 * warp, r0 = 16 * i;
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int k0 = n0 & ~15; k0 < r0; k0 += 8) {
+        const float* m = Mk + (r0 + g) * kLdT + k0 + t;
+        const uint32_t af[4] = {to_tf32(m[0]), to_tf32(m[8 * kLdT]), to_tf32(m[4]), to_tf32(m[8 * kLdT + 4])};
+        const uint32_t bf[2] = {to_tf32(Tm[(k0 + t) * kLdT + n0 + g]), to_tf32(Tm[(k0 + t + 4) * kLdT + n0 + g])};
+        mma_tf32(x, af, bf);
       }
-      *reinterpret_cast<float4*>(Xs + a * kLdX + b) = x;
-    }
-    __syncthreads();
-    if (tid < 64 * i) {
-      float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
-      const float* trow = Tm + (16 * i + a) * kLdT + 16 * i;
+      float* xw = Xs + n0;
+      *reinterpret_cast<float2*>(xw + g * kLdX + 2 * t) = make_float2(x[0], x[1]);
+      *reinterpret_cast<float2*>(xw + (g + 8) * kLdX + 2 * t) = make_float2(x[2], x[3]);
+      __syncwarp();
+      float y[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int m0 = 0; m0 < 16; m0 += 4) {
-        const float4 t4 = *reinterpret_cast<const float4*>(trow + m0);
-        const float tv[4] = {t4.x, t4.y, t4.z, t4.w};
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const float4 xv = *reinterpret_cast<const float4*>(Xs + (m0 + u) * kLdX + b);
-          y.x -= tv[u] * xv.x;
-          y.y -= tv[u] * xv.y;
-          y.z -= tv[u] * xv.z;
-          y.w -= tv[u] * xv.w;
-        }
+      for (int m0 = 0; m0 < 16; m0 += 8) {
+        const float* tr = Tm + (r0 + g) * kLdT + r0 + m0 + t;
+        const uint32_t af[4] = {to_tf32(tr[0]), to_tf32(tr[8 * kLdT]), to_tf32(tr[4]), to_tf32(tr[8 * kLdT + 4])};
+        const uint32_t bf[2] = {to_tf32(xw[(m0 + t) * kLdX + g]), to_tf32(xw[(m0 + t + 4) * kLdX + g])};
+        mma_tf32(y, af, bf);
       }
-      // Columns b < 16i only: nobody reads them in this step (the T_ii reads are columns ≥ 16i).
-      *reinterpret_cast<float4*>(Tm + (16 * i + a) * kLdT + b) = y;
+      *reinterpret_cast<float2*>(Tm + (r0 + g) * kLdT + n0 + 2 * t) = make_float2(-y[0], -y[1]);
+      *reinterpret_cast<float2*>(Tm + (r0 + g + 8) * kLdT + n0 + 2 * t) = make_float2(-y[2], -y[3]);
     }
     __syncthreads();
   }
+}
+
+// Bounded gate, the elementwise pass (Γ in base-2 units in G): thread (rows 16R + tid/16 for
+// R = 0..3, columns c8 = 8·(tid % 16) ..+7) writes Q⊙e^Γ, K⊙e^{Γ_C−Γ} to the workspace and A_K, A_Q
+// over K, Q (each element read and written by its own thread), and returns Bh and K⊙e^Γ of its
+// rows in registers: they go over Γ, which other threads still read. Then d_{R,c} and e^{Γ_C}.
+// Γ_C = Γ_63: rows past len have g = 0, so Γ_63 = Γ_{len-1}.
+__device__ __forceinline__ void bounded_pass(const float* G, bf16* Ks, bf16* Qs, uint32_t* d, bf16* wk,
+                                             float* gc_out, uint4 (&bh)[4], uint4 (&kg)[4]) {
+  const int tid = threadIdx.x, c8 = (tid & 15) * 8, rr = tid >> 4;
+  float gl[8];
+  *reinterpret_cast<float4*>(gl) = *reinterpret_cast<const float4*>(G + (kC - 1) * kLdG + c8);
+  *reinterpret_cast<float4*>(gl + 4) = *reinterpret_cast<const float4*>(G + (kC - 1) * kLdG + c8 + 4);
+#pragma unroll
+  for (int R = 0; R < kC / 16; ++R) {
+    const int r = 16 * R + rr;
+    float gr[8], ga[8], gb[8];
+    *reinterpret_cast<float4*>(gr) = *reinterpret_cast<const float4*>(G + r * kLdG + c8);
+    *reinterpret_cast<float4*>(gr + 4) = *reinterpret_cast<const float4*>(G + r * kLdG + c8 + 4);
+    *reinterpret_cast<float4*>(ga) = *reinterpret_cast<const float4*>(G + 16 * R * kLdG + c8);
+    *reinterpret_cast<float4*>(ga + 4) = *reinterpret_cast<const float4*>(G + 16 * R * kLdG + c8 + 4);
+    *reinterpret_cast<float4*>(gb) = *reinterpret_cast<const float4*>(G + (16 * R + 15) * kLdG + c8);
+    *reinterpret_cast<float4*>(gb + 4) = *reinterpret_cast<const float4*>(G + (16 * R + 15) * kLdG + c8 + 4);
+    uint4* qp = reinterpret_cast<uint4*>(Qs + r * kLdB + c8);
+    uint4* kp = reinterpret_cast<uint4*>(Ks + r * kLdB + c8);
+    const uint4 q8 = *qp, k8 = *kp;
+    const uint32_t* qw = &q8.x;
+    const uint32_t* kw = &k8.x;
+    uint4 qg, kd, ak, aq;
+    uint32_t *qgw = &qg.x, *kdw = &kd.x, *akw = &ak.x, *aqw = &aq.x, *bhw = &bh[R].x, *kgw = &kg[R].x;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i0 = 2 * e, i1 = 2 * e + 1;
+      const float2 q2 = bf2_to_f2(qw[e]), k2 = bf2_to_f2(kw[e]);
+      const float eg0 = fast_exp2(gr[i0]), eg1 = fast_exp2(gr[i1]);                    // e^Γ_r
+      const float ed0 = fast_exp2(gl[i0] - gr[i0]), ed1 = fast_exp2(gl[i1] - gr[i1]);  // e^{Γ_C − Γ_r}
+      const float ea0 = fast_exp2(gr[i0] - ga[i0]), ea1 = fast_exp2(gr[i1] - ga[i1]);  // e^{Γ_r − Γ_16R}
+      const float eb0 = fast_exp2(gb[i0] - gr[i0]), eb1 = fast_exp2(gb[i1] - gr[i1]);  // e^{Γ_16R+15 − Γ_r}
+      qgw[e] = pack_bf16(q2.x * eg0, q2.y * eg1);
+      kgw[e] = pack_bf16(k2.x * eg0, k2.y * eg1);
+      kdw[e] = pack_bf16(k2.x * ed0, k2.y * ed1);
+      akw[e] = pack_bf16(k2.x * ea0, k2.y * ea1);
+      aqw[e] = pack_bf16(q2.x * ea0, q2.y * ea1);
+      bhw[e] = pack_bf16(k2.x * eb0, k2.y * eb1);
+    }
+    *reinterpret_cast<uint4*>(wk + kOffQg + r * kD + c8) = qg;
+    *reinterpret_cast<uint4*>(wk + kOffKd + r * kD + c8) = kd;
+    *kp = ak;
+    *qp = aq;
+  }
+  // d_{R,c} = 2^{Γ_16R − Γ_16c+15} as bf16 pairs [10][64]; e^{Γ_C} (fp32) to the workspace.
+  for (int idx = tid; idx < kNumMTiles * (kD / 2); idx += kPrepThreads) {
+    const int tile = idx / (kD / 2), k = 2 * (idx % (kD / 2));
+    const int R = tile < 1 ? 0 : tile < 3 ? 1 : tile < 6 ? 2 : 3, cc = tile - R * (R + 1) / 2;
+    const float2 gn = *reinterpret_cast<const float2*>(G + 16 * R * kLdG + k);
+    const float2 ge = *reinterpret_cast<const float2*>(G + (16 * cc + 15) * kLdG + k);
+    d[idx] = pack_bf16(fast_exp2(gn.x - ge.x), fast_exp2(gn.y - ge.y));
+  }
+  if (tid < kD) gc_out[tid] = fast_exp2(G[(kC - 1) * kLdG + tid]);
 }
 
 // kUnbounded: the gate may fall below K3's −5 (kda_chunk_runs.cuh); otherwise the bounded scheme.
@@ -236,6 +336,8 @@ __global__ void __launch_bounds__(kPrepThreads, kUnbounded ? 1 : 2)
     kda_chunk_prep_kernel(KdaArgs a, const int32_t* chunk_table, void* work) {
   extern __shared__ __align__(128) unsigned char smraw[];
   float* G = reinterpret_cast<float*>(smraw + kPrepOffG);
+  bf16* Bh = reinterpret_cast<bf16*>(smraw + kPrepOffG);
+  bf16* Kg = reinterpret_cast<bf16*>(smraw + kPrepOffKg);
   bf16* Tb = reinterpret_cast<bf16*>(smraw + kPrepOffG);
   float* Xs = reinterpret_cast<float*>(smraw + kPrepOffG + kPrepOffX);
   bf16* Ks = reinterpret_cast<bf16*>(smraw + kPrepOffK);
@@ -244,6 +346,7 @@ __global__ void __launch_bounds__(kPrepThreads, kUnbounded ? 1 : 2)
   bf16* Vs = reinterpret_cast<bf16*>(smraw + kPrepOffV);
   float* Mk = reinterpret_cast<float*>(smraw + kPrepOffMk);
   float* beta = reinterpret_cast<float*>(smraw + kPrepOffBeta);
+  uint32_t* dvec = reinterpret_cast<uint32_t*>(smraw + kPrepOffD);
   float* Pe = kUnbounded ? reinterpret_cast<float*>(smraw + kPrepOffPe) : nullptr;
   float* Se = kUnbounded ? reinterpret_cast<float*>(smraw + kPrepOffSe) : nullptr;
   float* runs = kUnbounded ? reinterpret_cast<float*>(smraw + kPrepOffRuns) : nullptr;
@@ -258,9 +361,14 @@ __global__ void __launch_bounds__(kPrepThreads, kUnbounded ? 1 : 2)
 
   // Group 1: g, k, q (needed first); group 2: v (needed only by U, at the end).
   const int64_t row0 = (int64_t(t0) * H + h) * kD, tok_stride = int64_t(H) * kD;
-  for (int idx = tid; idx < kC * (kD / 4); idx += kPrepThreads) {
-    const int r = idx / (kD / 4), c4 = (idx % (kD / 4)) * 4;
-    cp_async16(G + r * kLdG + c4, a.g + row0 + (r < len ? r : 0) * tok_stride + c4, r < len);
+  {
+    const int c4 = (tid & 31) * 4, r0 = tid >> 5;  // 32 threads a row, 8 rows a step
+    const float* gp = a.g + row0 + c4;
+#pragma unroll
+    for (int i = 0; i < kC / 8; ++i) {
+      const int r = r0 + 8 * i;
+      cp_async16(G + r * kLdG + c4, gp + (r < len ? r : 0) * tok_stride, r < len);
+    }
   }
   stage_bf16(Ks, a.k, row0, tok_stride, len);
   stage_bf16(Qs, a.q, row0, tok_stride, len);
@@ -268,16 +376,67 @@ __global__ void __launch_bounds__(kPrepThreads, kUnbounded ? 1 : 2)
   stage_bf16(Vs, a.v, row0, tok_stride, len);
   cp_async_commit();
   if (tid < kC) beta[tid] = tid < len ? a.beta[(int64_t(t0) + tid) * H + h] : 0.f;
-  // The strictly upper 16x16 tiles of M_qk are never computed; zero them so the workspace is defined.
-  for (int idx = tid; idx < kC * kC / 2; idx += kPrepThreads) {
-    const int r = idx / (kC / 2), s = (idx % (kC / 2)) * 2;
-    if (s / 16 > r / 16) *reinterpret_cast<uint32_t*>(wk + kOffMq + r * kC + s) = 0u;
+  // The strictly upper 16x16 tiles of M_qk are never computed; zero them so the workspace is
+  // defined: row r of block R from column 16(R+1) on, in 16-byte stores, four threads a row.
+  {
+    const int r = tid >> 2, from = 16 * (r / 16 + 1);
+    for (int s = from + 8 * (tid & 3); s < kC; s += 32) *reinterpret_cast<uint4*>(wk + kOffMq + r * kC + s) = uint4{};
   }
   cp_async_wait<1>();
   __syncthreads();
+  float tcol[16];
   if constexpr (kUnbounded) {  // G keeps the raw gates; the run sums beside it
     gate_run_sums(G, Pe, Se, runs);
     __syncthreads();
+    // The 6 tiles left of the diagonal, one per warp 0..5: (3,0), (3,1), (3,2), (2,0), (2,1), (1,0);
+    // then the 4 diagonal tiles pair by pair, by all warps (6 and 7 start on them at once).
+    if (warp < 6) {
+      const int R = warp < 3 ? 3 : warp < 5 ? 2 : 1, ct = warp < 3 ? warp : warp < 5 ? warp - 3 : 0;
+      runs_m_tile(R, ct, Ks, Qs, Mk, beta, wk + kOffMq, Pe, Se, runs);
+    }
+    diag_tiles_by_pairs(G, Ks, Qs, Mk, beta, wk + kOffMq);
+    __syncthreads();  // M_kk complete; K, Q are no longer read raw
+    if (warp < 2) {
+      solve_diag_column(Mk, tcol);
+    } else {
+      // Q⊙e^Γ and K⊙e^{Γ_C−Γ} to the workspace; K becomes K⊙e^Γ in place (each element read and
+      // written by one thread), reusing e^Γ. Exponents xe = Γ_r, xd = Γ_C − Γ_r from the runs.
+      for (int idx = tid - 64; idx < kC * (kD / 8); idx += kPrepThreads - 64) {
+        const int r = idx / (kD / 8), c8 = (idx % (kD / 8)) * 8;
+        const uint4 q8 = *reinterpret_cast<const uint4*>(Qs + r * kLdB + c8);
+        uint4* kp = reinterpret_cast<uint4*>(Ks + r * kLdB + c8);
+        const uint4 k8 = *kp;
+        float xe[8], xd[8];
+        const float* head = runs + (kRunHead + r / 16) * kD + c8;
+        const float* tail = runs + (kRunTail + r / 16) * kD + c8;
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {  // 16-byte aligned: pitches and c8 are multiples of 4 floats
+          const float4 hd = *reinterpret_cast<const float4*>(head + e), pe = *reinterpret_cast<const float4*>(Pe + r * kLdG + c8 + e);
+          const float4 tl = *reinterpret_cast<const float4*>(tail + e), se = *reinterpret_cast<const float4*>(Se + r * kLdG + c8 + e);
+          xe[e] = hd.x + pe.x, xe[e + 1] = hd.y + pe.y, xe[e + 2] = hd.z + pe.z, xe[e + 3] = hd.w + pe.w;
+          xd[e] = se.x + tl.x, xd[e + 1] = se.y + tl.y, xd[e + 2] = se.z + tl.z, xd[e + 3] = se.w + tl.w;
+        }
+        const uint32_t* qw = &q8.x;
+        const uint32_t* kw = &k8.x;
+        uint4 qo, ko, kg;
+        uint32_t* qow = &qo.x;
+        uint32_t* kow = &ko.x;
+        uint32_t* kgw = &kg.x;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float e0 = __expf(xe[2 * e]), e1 = __expf(xe[2 * e + 1]);
+          const float d0 = __expf(xd[2 * e]), d1 = __expf(xd[2 * e + 1]);
+          const float2 q2 = bf2_to_f2(qw[e]), k2 = bf2_to_f2(kw[e]);
+          qow[e] = pack_bf16(q2.x * e0, q2.y * e1);
+          kow[e] = pack_bf16(k2.x * d0, k2.y * d1);
+          kgw[e] = pack_bf16(k2.x * e0, k2.y * e1);
+        }
+        *reinterpret_cast<uint4*>(wk + kOffQg + r * kD + c8) = qo;
+        *reinterpret_cast<uint4*>(wk + kOffKd + r * kD + c8) = ko;
+        *kp = kg;
+      }
+      if (tid - 64 < kD) gc_out[tid - 64] = __expf(runs[kRunAll * kD + tid - 64]);
+    }
   } else {  // Γ = cumsum(g)·log2 e down each column: two halves of 32 rows, the upper half adds the lower total.
     const int col = tid & (kD - 1), r0 = (tid >> 7) * 32;
     float run[32];
@@ -298,83 +457,38 @@ __global__ void __launch_bounds__(kPrepThreads, kUnbounded ? 1 : 2)
       for (int r = 0; r < 32; ++r) G[(r0 + r) * kLdG + col] = run[r] + off;
     }
     __syncthreads();
-  }
-  if constexpr (kUnbounded) {
-    // The 6 tiles left of the diagonal, one per warp 0..5: (3,0), (3,1), (3,2), (2,0), (2,1), (1,0);
-    // then the 4 diagonal tiles pair by pair, by all warps (6 and 7 start on them at once).
-    if (warp < 6) {
-      const int R = warp < 3 ? 3 : warp < 5 ? 2 : 1, ct = warp < 3 ? warp : warp < 5 ? warp - 3 : 0;
-      prep_m_tiles<1, true>(R, ct, G, Ks, Qs, Mk, beta, wk + kOffMq, Pe, Se, runs);
+    uint4 bh[4], kg[4];
+    bounded_pass(G, Ks, Qs, dvec, wk, gc_out, bh, kg);
+    __syncthreads();  // Γ is dead: Bh and K⊙e^Γ go over it
+    {
+      const int c8 = (tid & 15) * 8, rr = tid >> 4;
+#pragma unroll
+      for (int R = 0; R < kC / 16; ++R) {
+        *reinterpret_cast<uint4*>(Bh + (16 * R + rr) * kLdB + c8) = bh[R];
+        *reinterpret_cast<uint4*>(Kg + (16 * R + rr) * kLdB + c8) = kg[R];
+      }
     }
-    diag_tiles_by_pairs(G, Ks, Qs, Mk, beta, wk + kOffMq);
-  } else {
-    // The 10 tiles (R, ct ≤ R): warps 0 and 1 take (3, 0..1) and (3, 2..3), sharing their A side
-    // (24 instead of 32 exponentials per lane and k step); warps 2..7 one each of (0,0), (1,0),
-    // (1,1), (2,0), (2,1), (2,2).
+    __syncthreads();
+    // M_kk's 10 tiles: warps 0 and 1 take (3, 0..1) and (3, 2..3), sharing their A fragments;
+    // warps 2..7 one each of (0,0), (1,0), (1,1), (2,0), (2,1), (2,2).
     if (warp < 2) {
-      prep_m_tiles<2, false>(3, 2 * warp, G, Ks, Qs, Mk, beta, wk + kOffMq, nullptr, nullptr, nullptr);
+      mkk_tiles<2>(3, 2 * warp, Ks, Bh, dvec, Mk, beta);
     } else {
-      const int tile = warp - 2, R = tile < 1 ? 0 : tile < 3 ? 1 : 2, ct = tile - R * (R + 1) / 2;
-      prep_m_tiles<1, false>(R, ct, G, Ks, Qs, Mk, beta, wk + kOffMq, nullptr, nullptr, nullptr);
+      const int tile = warp - 2, R = tile < 1 ? 0 : tile < 3 ? 1 : 2;
+      mkk_tiles<1>(R, tile - R * (R + 1) / 2, Ks, Bh, dvec, Mk, beta);
+    }
+    __syncthreads();  // M_kk complete
+    // Warps 0-1 solve T's diagonal blocks while warps 2-7 compute M_qk's tiles: (3, 0..1),
+    // (3, 2..3), (2, 0..1), (1, 0..1), then (2, 2) and (0, 0).
+    if (warp < 2) {
+      solve_diag_column(Mk, tcol);
+    } else if (warp < 6) {
+      mqk_tiles<2>(warp < 4 ? 3 : warp == 4 ? 2 : 1, warp == 3 ? 2 : 0, Qs, Bh, dvec, wk + kOffMq);
+    } else {
+      mqk_tiles<1>(warp == 6 ? 2 : 0, warp == 6 ? 2 : 0, Qs, Bh, dvec, wk + kOffMq);
     }
   }
-  __syncthreads();  // M_kk complete; K, Q are no longer read raw
-
-  float tcol[16];
-  if (warp < 2) {
-    solve_diag_column(Mk, tcol);
-  } else {
-    // Q⊙e^Γ and K⊙e^{Γ_C−Γ} to the workspace (Γ_C = Γ_63: rows past len have g = 0, so
-    // Γ_63 = Γ_{len-1}); K becomes K⊙e^Γ in place (each element read and written by one thread),
-    // reusing e^Γ. Exponents xe = Γ_r, xd = Γ_C − Γ_r: from Γ = G, or (unbounded) from the runs.
-    for (int idx = tid - 64; idx < kC * (kD / 8); idx += kPrepThreads - 64) {
-      const int r = idx / (kD / 8), c8 = (idx % (kD / 8)) * 8;
-      const uint4 q8 = *reinterpret_cast<const uint4*>(Qs + r * kLdB + c8);
-      uint4* kp = reinterpret_cast<uint4*>(Ks + r * kLdB + c8);
-      const uint4 k8 = *kp;
-      float xe[8], xd[8];
-      if constexpr (kUnbounded) {
-        const float* head = runs + (kRunHead + r / 16) * kD + c8;
-        const float* tail = runs + (kRunTail + r / 16) * kD + c8;
-#pragma unroll
-        for (int e = 0; e < 8; e += 4) {  // 16-byte aligned: pitches and c8 are multiples of 4 floats
-          const float4 hd = *reinterpret_cast<const float4*>(head + e), pe = *reinterpret_cast<const float4*>(Pe + r * kLdG + c8 + e);
-          const float4 tl = *reinterpret_cast<const float4*>(tail + e), se = *reinterpret_cast<const float4*>(Se + r * kLdG + c8 + e);
-          xe[e] = hd.x + pe.x, xe[e + 1] = hd.y + pe.y, xe[e + 2] = hd.z + pe.z, xe[e + 3] = hd.w + pe.w;
-          xd[e] = se.x + tl.x, xd[e + 1] = se.y + tl.y, xd[e + 2] = se.z + tl.z, xd[e + 3] = se.w + tl.w;
-        }
-      } else {
-        float gl[8];
-        *reinterpret_cast<float4*>(xe) = *reinterpret_cast<const float4*>(G + r * kLdG + c8);
-        *reinterpret_cast<float4*>(xe + 4) = *reinterpret_cast<const float4*>(G + r * kLdG + c8 + 4);
-        *reinterpret_cast<float4*>(gl) = *reinterpret_cast<const float4*>(G + (kC - 1) * kLdG + c8);
-        *reinterpret_cast<float4*>(gl + 4) = *reinterpret_cast<const float4*>(G + (kC - 1) * kLdG + c8 + 4);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) xd[e] = gl[e] - xe[e];
-      }
-      const uint32_t* qw = &q8.x;
-      const uint32_t* kw = &k8.x;
-      uint4 qo, ko, kg;
-      uint32_t* qow = &qo.x;
-      uint32_t* kow = &ko.x;
-      uint32_t* kgw = &kg.x;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float e0 = exp_gate<kUnbounded>(xe[2 * e]), e1 = exp_gate<kUnbounded>(xe[2 * e + 1]);
-        const float d0 = exp_gate<kUnbounded>(xd[2 * e]), d1 = exp_gate<kUnbounded>(xd[2 * e + 1]);
-        const float2 q2 = bf2_to_f2(qw[e]), k2 = bf2_to_f2(kw[e]);
-        qow[e] = pack_bf16(q2.x * e0, q2.y * e1);
-        kow[e] = pack_bf16(k2.x * d0, k2.y * d1);
-        kgw[e] = pack_bf16(k2.x * e0, k2.y * e1);
-      }
-      *reinterpret_cast<uint4*>(wk + kOffQg + r * kD + c8) = qo;
-      *reinterpret_cast<uint4*>(wk + kOffKd + r * kD + c8) = ko;
-      *kp = kg;
-    }
-    if (tid - 64 < kD)
-      gc_out[tid - 64] = exp_gate<kUnbounded>(kUnbounded ? runs[kRunAll * kD + tid - 64] : G[(kC - 1) * kLdG + tid - 64]);
-  }
-  __syncthreads();  // Q and Γ are dead: T goes over Q, Tβ and X over Γ
+  __syncthreads();  // Q (A_Q) and Bh are dead: T goes over Q, Tβ and X over Bh
   if (warp < 2) {
     const int d0 = tid & ~15, lc = tid & 15;
 #pragma unroll
@@ -382,12 +496,21 @@ __global__ void __launch_bounds__(kPrepThreads, kUnbounded ? 1 : 2)
   }
   __syncthreads();
   solve_block_rows(Mk, Tm, Xs);
-  // Tβ (bf16) over the dead Γ. T's blocks above the diagonal were never written (stale shared
-  // memory): Tβ gets explicit zeros there, without reading them (W/U never read them either).
-  for (int idx = tid; idx < kC * (kC / 2); idx += kPrepThreads) {
-    const int r = idx / (kC / 2), s = (idx % (kC / 2)) * 2;
-    *reinterpret_cast<uint32_t*>(Tb + r * kLdM + s) =
-        s / 16 <= r / 16 ? pack_bf16(Tm[r * kLdT + s] * beta[s], Tm[r * kLdT + s + 1] * beta[s + 1]) : 0u;
+  // Tβ (bf16). T's blocks above the diagonal were never written (stale shared memory): Tβ gets
+  // explicit zeros there, without reading them (W/U never read them either).
+  {
+    const int s = 2 * (tid & 31), r0 = tid >> 5;  // columns s, s + 1 of rows r0 + 8i
+    const float b0 = beta[s], b1 = beta[s + 1];
+#pragma unroll
+    for (int i = 0; i < kC / 8; ++i) {
+      const int r = r0 + 8 * i;
+      uint32_t x = 0u;
+      if (s / 16 <= r / 16) {
+        const float2 tv = *reinterpret_cast<const float2*>(Tm + r * kLdT + s);
+        x = pack_bf16(tv.x * b0, tv.y * b1);
+      }
+      *reinterpret_cast<uint32_t*>(Tb + r * kLdM + s) = x;
+    }
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -397,7 +520,7 @@ __global__ void __launch_bounds__(kPrepThreads, kUnbounded ? 1 : 2)
   // shared memory (W over the dead T, U over the dead M_kk) and leave in 16-byte row-contiguous
   // stores instead of 4-byte fragment-shaped ones (8 rows x 16 bytes per warp store).
   const int p = warp & 1, quarter = warp >> 1, g = lane >> 2, t = lane & 3;
-  const bf16* Bsrc = quarter < 2 ? Ks : Vs;
+  const bf16* Bsrc = quarter < 2 ? (kUnbounded ? Ks : Kg) : Vs;
   bf16* Wst = reinterpret_cast<bf16*>(smraw + kPrepOffQ);
   bf16* Ust = reinterpret_cast<bf16*>(smraw + kPrepOffMk);
   bf16* dst = quarter < 2 ? Wst : Ust;
@@ -428,11 +551,14 @@ __global__ void __launch_bounds__(kPrepThreads, kUnbounded ? 1 : 2)
         }
   }
   __syncthreads();
-  for (int idx = tid; idx < 2 * kC * (kD / 8); idx += kPrepThreads) {
-    const int which = idx / (kC * (kD / 8)), r = (idx / (kD / 8)) % kC, c8 = (idx % (kD / 8)) * 8;
-    const bf16* src = which == 0 ? Wst : Ust;
-    *reinterpret_cast<uint4*>(wk + (which == 0 ? kOffW : kOffU) + r * kD + c8) =
-        *reinterpret_cast<const uint4*>(src + r * kLdB + c8);
+  {
+    const int c8 = (tid & 15) * 8, r0 = tid >> 4;  // 16 threads a row: one 256-byte row per store
+#pragma unroll
+    for (int i = 0; i < kC / 16; ++i) {
+      const int r = r0 + 16 * i;
+      *reinterpret_cast<uint4*>(wk + kOffW + r * kD + c8) = *reinterpret_cast<const uint4*>(Wst + r * kLdB + c8);
+      *reinterpret_cast<uint4*>(wk + kOffU + r * kD + c8) = *reinterpret_cast<const uint4*>(Ust + r * kLdB + c8);
+    }
   }
 }
 
