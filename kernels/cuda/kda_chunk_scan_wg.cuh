@@ -127,18 +127,28 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
           else *reinterpret_cast<float2*>(dst + r * kD + col) = x;
         }
   };
+  // Two cp.async groups a chunk: W, Q⊙e^Γ, U (read by (a)) and K_d, M_qk, e^{Γ_C} (read by (b), (c)).
+  // Each is waited for only where it is first read, so the second one lands while (a) runs.
   store_sb();
-  if (c_begin < c_end) {
-    fetch_wuq(c_begin);
-    fetch_kmg(c_begin);
-  }
+  if (c_begin < c_end) fetch_wuq(c_begin);
+  cp_async_commit();
+  if (c_begin < c_end) fetch_kmg(c_begin);
   cp_async_commit();
 
+  // The chunk table's entries one chunk ahead: their global loads stay off the per-chunk chain.
+  int next_t0 = 0, next_len = 0, next_idx = 0;
+  auto read_table = [&](int cc) {
+    next_t0 = chunk_table[4 * cc];
+    next_len = chunk_table[4 * cc + 1];
+    next_idx = chunk_table[4 * cc + 3];
+  };
+  if (c_begin < c_end) read_table(c_begin);
   for (int c = c_begin; c < c_end; ++c) {
-    const int t0 = chunk_table[4 * c], len = chunk_table[4 * c + 1];
-    const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * chunk_table[4 * c + 3] + len) : -1;
+    const int t0 = next_t0, len = next_len;
+    const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * next_idx + len) : -1;
     const bool has_next = c + 1 < c_end;
-    cp_async_wait<0>();
+    if (has_next) read_table(c + 1);
+    cp_async_wait<1>();       // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
     wg::fence_proxy_async();  // cp.async writes -> the async proxy wgmma reads through
     __syncthreads();
 
@@ -173,18 +183,45 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
     __syncthreads();  // V' complete; W, U, Q⊙e^Γ and the bf16 state are no longer read this chunk
     if (has_next) fetch_wuq(c + 1);
     cp_async_commit();
+    cp_async_wait<1>();  // this chunk's K_d, M_qk, e^{Γ_C} (the next chunk's W group may be in flight)
+    wg::fence_proxy_async();
+    __syncthreads();
 
-    // (b) O += M_qk V', rows < len to the output.
+    // (b) O += M_qk V' and (c) S = Diag_k(e^{Γ_C}) S + V'ᵀ K_d, issued together (independent
+    // accumulators, both reading V'): one wait for both instead of one each.
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 d = *reinterpret_cast<const float2*>(Gc + 64 * b + 8 * j + 2 * t);
+        S[b][4 * j] *= d.x;
+        S[b][4 * j + 1] *= d.y;
+        S[b][4 * j + 2] *= d.x;
+        S[b][4 * j + 3] *= d.y;
+      }
+    wg::fence();
     if (write_o) {
-      wg::fence();
 #pragma unroll
       for (int kk = 0; kk < kC / 16; ++kk)
         wg::mma_m64n64<1>(Oa, wg::make_desc(sbase + ScanWg::kOffMq + kk * 32),
                           wg::make_desc(sbase + ScanWg::kOffVp + 2 * kk * wg::kAtomBytes));
-      wg::commit();
-      wg::wait<0>();
+    }
 #pragma unroll
-      for (int i = 0; i < 32; ++i) wg::reg_fence(Oa[i]);
+    for (int kk = 0; kk < kC / 16; ++kk) {
+      const uint64_t dv = wg::make_desc(sbase + ScanWg::kOffVp + 2 * kk * wg::kAtomBytes);
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+        wg::mma_m64n64_ab<1, 1>(S[b], dv, wg::make_desc(sbase + ScanWg::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes));
+    }
+    wg::commit();
+    wg::wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) wg::reg_fence(Oa[i]);
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) wg::reg_fence(S[b][i]);
+    if (write_o) {  // rows < len to the output
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -198,32 +235,6 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
           }
         }
     }
-
-    // (c) S = Diag_k(e^{Γ_C}) S + V'ᵀ K_d.
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 d = *reinterpret_cast<const float2*>(Gc + 64 * b + 8 * j + 2 * t);
-        S[b][4 * j] *= d.x;
-        S[b][4 * j + 1] *= d.y;
-        S[b][4 * j + 2] *= d.x;
-        S[b][4 * j + 3] *= d.y;
-      }
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < kC / 16; ++kk) {
-      const uint64_t dv = wg::make_desc(sbase + ScanWg::kOffVp + 2 * kk * wg::kAtomBytes);
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-        wg::mma_m64n64_ab<1, 1>(S[b], dv, wg::make_desc(sbase + ScanWg::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes));
-    }
-    wg::commit();
-    wg::wait<0>();
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int i = 0; i < 32; ++i) wg::reg_fence(S[b][i]);
     __syncthreads();  // every warpgroup row has left (a): the bf16 state may be rewritten; K_d, M_qk, V' free
     store_sb();
     if (has_next) fetch_kmg(c + 1);
