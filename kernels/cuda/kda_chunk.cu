@@ -1,13 +1,14 @@
 // KDA chunked prefill (docs/MODEL.md §2.4, chunk C = 64, K = V = 128), two launches, bf16 tensor-core
-// operands (mma.sync m16n8k16, fp32 accumulate) throughout:
+// operands (mma.sync m16n8k16 and, in the wide scan, wgmma; fp32 accumulate) throughout:
 //
 //  prep (one block per (chunk, head), all chunks in parallel): Γ = cumsum(g) inside the chunk (fp32);
-//    M_kk, M_qk on 16-row tiles with the tile's first row n as the exponent reference,
-//    exp(Γ_r − Γ_s) = exp(Γ_r − Γ_n)·exp(Γ_n − Γ_s): the left factor is ≤ 1 and the right one
-//    ≤ e^{75} because the lower-bounded gate (g ≥ −5) limits a 16-token tile to 80 nats (s ≤ n+15:
-//    at most 15 gates), so both factors and the products (≤ 128·|k|·|q|·e^{75}) stay inside the
-//    fp32 = bf16 exponent range (e^{88}); every tile is a dense bf16 product;
-//    T = (I + M_kk)^{-1} by 16x16 diagonal blocks then block rows (fp32), Tβ = T·Diag(β) (bf16);
+//    M_kk, M_qk on 16x16 tiles (R, c ≤ R) with three exponent references,
+//    exp(Γ_r − Γ_s) = exp(Γ_r − Γ_16R)·exp(Γ_16c+15 − Γ_s)·exp(Γ_16R − Γ_16c+15): the first two are
+//    ≤ 1 and staged once per block as bf16 operands; the third, a vector along k, is ≤ 1 left of
+//    the diagonal and ≤ e^{75} on it because the lower-bounded gate (g ≥ −5) limits 15 gates to
+//    75 nats, so every factor and product (≤ 128·|k|·|q|·e^{75}) stays inside the fp32 = bf16
+//    exponent range (e^{88}); every tile is a dense bf16 product;
+//    T = (I + M_kk)^{-1} by 16x16 diagonal blocks (fp32) then block rows (tf32 mma), Tβ = T·Diag(β) (bf16);
 //    W = Tβ (K⊙e^Γ), U = Tβ V (tensor cores); Q⊙e^Γ, K⊙e^{Γ_C−Γ}, M_qk (bf16), e^{Γ_C} (fp32)
 //    -> workspace (kda_chunk_layout.cuh). e^Γ, e^{Γ_C−Γ} ≤ 1 (g ≤ 0); tiny ones underflow to 0,
 //    which is their limit. The kernel is in kda_chunk_prep.cu.
