@@ -129,6 +129,7 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   }
   a.unbounded_gate = !p.bounded_gate;
   a.scan_wgmma = kda_scan_wgmma_;
+  a.scan_wg_rows = kda_scan_wg_rows_;
   check_kda_checkpoints("kda_chunk", p, a, 64, stream_);
   const std::vector<int32_t> cu = host_ints(p.cu_seqlens, stream_);
   K3_CHECK(!cu.empty() && cu.front() == 0 && cu.back() == c.T, "kda_chunk: cu_seqlens must run from 0 to T");

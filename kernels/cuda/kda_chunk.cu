@@ -30,11 +30,14 @@
 //    Wide grids (>= 2 blocks of 32 rows per SM) run the same jobs on wgmma instead
 //    (kda_chunk_scan_wg.cuh: one warpgroup per 64 rows, four asynchronous products a chunk), unless
 //    the backend is told otherwise (CudaBackend::set_kda_chunk_scan_wgmma); narrow grids keep the
-//    mma.sync blocks, whose smaller row tiles give more blocks.
+//    mma.sync blocks, whose smaller row tiles give more blocks. CudaBackend::set_kda_chunk_scan_wg_rows(32)
+//    picks the wgmma scan in 32-row blocks (kda_chunk_scan_wg32.cuh: the state transposed, three
+//    blocks per SM); it is not the default until a rule says for which grids it wins.
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg.cuh"
+#include "kernels/cuda/kda_chunk_scan_wg32.cuh"
 #include "kernels/cuda/kda_split_plan.h"
 #include "kernels/cuda/mma.cuh"
 
@@ -342,7 +345,13 @@ void scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk
           const KdaScanJob* jobs, float* carry, int num_sms, cudaStream_t s) {
   const int64_t sms = num_sms;
   const int64_t blocks32 = int64_t(kD / 32) * a.H * rows;
-  if (blocks32 >= 2 * sms && a.scan_wgmma) {
+  if (blocks32 >= 2 * sms && a.scan_wgmma && a.scan_wg_rows == 32) {
+    auto* kern = kda_chunk::kda_chunk_scan_wg32_kernel;
+    K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kda_chunk::ScanWg32::kSmem));
+    kern<<<dim3(kD / 32, a.H, rows), kda_chunk::ScanWg32::kThreads, kda_chunk::ScanWg32::kSmem, s>>>(
+        a, chunk_table, seq_chunk0, work, jobs, carry);
+    K3_CUDA_LAUNCHED("kda_chunk_scan_wg32_kernel");
+  } else if (blocks32 >= 2 * sms && a.scan_wgmma) {
     auto* kern = kda_chunk::kda_chunk_scan_wg_kernel;
     K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kda_chunk::ScanWg::kSmem));
     kern<<<dim3(kD / 64, a.H, rows), kda_chunk::ScanWg::kThreads, kda_chunk::ScanWg::kSmem, s>>>(

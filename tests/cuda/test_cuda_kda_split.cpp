@@ -180,9 +180,10 @@ TEST_CASE("cuda kda_chunk split into segments matches the cpu recurrence and the
   }
 }
 
-// The scan's wide grid on wgmma (CudaBackend::set_kda_chunk_scan_wgmma) against the CPU recurrence
-// and the mma.sync scan: several sequences (one empty, one shorter than a chunk), checkpoints every
-// 64 tokens, a grid of >= 2 blocks per SM of 32 rows so that the wide scan runs.
+// The scan's wide grid on wgmma (CudaBackend::set_kda_chunk_scan_wgmma), in blocks of 64 and of 32
+// rows of V (set_kda_chunk_scan_wg_rows), against the CPU recurrence and the mma.sync scan: several
+// sequences (one empty, one shorter than a chunk), checkpoints every 64 tokens, a grid of >= 2 blocks
+// per SM of 32 rows so that the wide scan runs.
 TEST_CASE("cuda kda_chunk wide scan on wgmma matches the cpu recurrence and the mma.sync scan", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
@@ -209,9 +210,11 @@ TEST_CASE("cuda kda_chunk wide scan on wgmma matches the cpu recurrence and the 
   bk.cpu->kda_recurrent({.q = q, .k = k, .v = v, .g = gate, .beta = beta, .state = ref_state, .slots = slots,
                          .cu_seqlens = cu, .o = ref_o, .checkpoints = ref_ck, .checkpoint_slots = tbl,
                          .checkpoint_interval = 64});
-  Tensor outs[2], states[2], cks[2];
-  for (int wgmma = 0; wgmma < 2; ++wgmma) {
+  constexpr int kForms = 3;  // mma.sync, wgmma 64 rows, wgmma 32 rows
+  Tensor outs[kForms], states[kForms], cks[kForms];
+  for (int wgmma = 0; wgmma < kForms; ++wgmma) {
     cb->set_kda_chunk_scan_wgmma(wgmma != 0);
+    cb->set_kda_chunk_scan_wg_rows(wgmma == 2 ? 32 : 64);
     states[wgmma] = g.from_host(state0, DType::F32);
     outs[wgmma] = poisoned(g, {T, H, D}, DType::BF16);
     cks[wgmma] = poisoned(g, {num, H, D, D}, DType::F32);
@@ -221,12 +224,16 @@ TEST_CASE("cuda kda_chunk wide scan on wgmma matches the cpu recurrence and the 
                  .checkpoints = cks[wgmma], .checkpoint_slots = g.from_host(tbl, DType::I32), .checkpoint_interval = 64});
   }
   cb->set_kda_chunk_scan_wgmma(true);
-  for (int wgmma = 0; wgmma < 2; ++wgmma) {
-    const std::string tag = wgmma ? "wgmma scan" : "mma.sync scan";
+  cb->set_kda_chunk_scan_wg_rows(64);
+  for (int wgmma = 0; wgmma < kForms; ++wgmma) {
+    const std::string tag = wgmma == 2 ? "wgmma 32-row scan" : wgmma ? "wgmma scan" : "mma.sync scan";
     expect_close(g, outs[wgmma], ref_o, tol("kda_out"), tag + " o vs cpu");
     expect_close(g, states[wgmma], ref_state, tol("kda_state"), tag + " state vs cpu");
     expect_close(g, cks[wgmma], ref_ck, tol("kda_state"), tag + " checkpoints vs cpu");
   }
-  expect_close(g, outs[1], g.to_host(outs[0]), tol("kda_out"), "wgmma o vs mma.sync");
-  expect_close(g, states[1], g.to_host(states[0]), tol("kda_state"), "wgmma state vs mma.sync");
+  for (int wgmma = 1; wgmma < kForms; ++wgmma) {
+    const std::string tag = wgmma == 2 ? "wgmma 32-row" : "wgmma";
+    expect_close(g, outs[wgmma], g.to_host(outs[0]), tol("kda_out"), tag + " o vs mma.sync");
+    expect_close(g, states[wgmma], g.to_host(states[0]), tol("kda_state"), tag + " state vs mma.sync");
+  }
 }
