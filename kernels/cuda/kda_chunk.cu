@@ -36,6 +36,7 @@
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"
+#include "kernels/cuda/kda_chunk_scan_job.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg32.cuh"
 #include "kernels/cuda/kda_split_plan.h"
@@ -98,26 +99,9 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x, warp = tid >> 5;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int v0 = vt * VT;
-  // Block row n: sequence n from its slot, output written, back to its slot; or (split scan) job n.
-  KdaScanJob job;
-  if (jobs != nullptr) {
-    job = jobs[n];
-  } else {
-    job.c_begin = seq_chunk0[n];
-    job.c_end = seq_chunk0[n + 1];
-    job.seq = n;
-  }
+  const ScanBlockJob job = scan_block_job(a, seq_chunk0, jobs, carry, n, h, v0);
   const int c_begin = job.c_begin, c_end = job.c_end, seq = job.seq;
-  const bool write_o = (job.flags & KdaScanJob::kWriteO) != 0, zero_u = (job.flags & KdaScanJob::kZeroU) != 0;
-  auto state_at = [&](int which, int slot) -> float* {  // this block's V tile of a state, or null
-    if (which == KdaScanJob::kToSeq) return a.state + (int64_t(a.slots[seq]) * H + h) * kD * kD + int64_t(v0) * kD;
-    if (which == KdaScanJob::kToCarry) return carry + (int64_t(slot) * H + h) * kD * kD + int64_t(v0) * kD;
-    return nullptr;
-  };
-  const float* init = job.init == KdaScanJob::kFromSeq     ? state_at(KdaScanJob::kToSeq, 0)
-                      : job.init == KdaScanJob::kFromCarry ? state_at(KdaScanJob::kToCarry, job.in_slot)
-                                                           : nullptr;
-  float* final_state = state_at(job.out, job.out_slot);
+  const bool write_o = job.write_o, zero_u = job.zero_u;
 
   auto rows128 = [&](bf16* dst, const bf16* src) {  // [64][128] bf16 -> pitch kLdB
     for (int idx = tid; idx < kC * 16; idx += kThreads)
@@ -154,13 +138,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int r = 16 * srt + g + 8 * hf, col = 16 * (sc0 + gi) + 8 * jn + 2 * t;
-        // Zeros, or the identity (row v0 + r has its one in column v0 + r), when no state is read.
-        const float2 f = init != nullptr ? *reinterpret_cast<const float2*>(init + r * kD + col)
-                         : job.init == KdaScanJob::kIdentity
-                             ? make_float2(v0 + r == col ? 1.f : 0.f, v0 + r == col + 1 ? 1.f : 0.f)
-                             : make_float2(0.f, 0.f);
-        S[gi][jn][2 * hf] = f.x;
-        S[gi][jn][2 * hf + 1] = f.y;
+        S[gi][jn][2 * hf] = scan_init_value(job, v0, r, col);
+        S[gi][jn][2 * hf + 1] = scan_init_value(job, v0, r, col + 1);
       }
   auto store_sb = [&] {
 #pragma unroll
@@ -254,12 +233,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = 16 * mt + g + 8 * hf, col = v0 + 16 * (ag0 + gi) + 8 * jn + 2 * t;
-          if (write_o && r < len) {
-            const int64_t o = ((int64_t(t0) + r) * H + h) * kD + col;
-            const float x0 = Oa[gi][jn][2 * hf], x1 = Oa[gi][jn][2 * hf + 1];
-            if (a.o.bf16) *reinterpret_cast<uint32_t*>(static_cast<bf16*>(a.o.p) + o) = pack_bf16(x0, x1);
-            else *reinterpret_cast<float2*>(static_cast<float*>(a.o.p) + o) = make_float2(x0, x1);
-          }
+          if (write_o && r < len) store_o_pair(a, t0, r, h, col, Oa[gi][jn][2 * hf], Oa[gi][jn][2 * hf + 1]);
         }
 
     // (c) S = Diag_k(e^{Γ_C}) S + V'ᵀ (K⊙e^{Γ_C−Γ}), then its bf16 copy for the next chunk (nobody
@@ -309,7 +283,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     }
   }
   cp_async_wait<0>();
-  if (final_state == nullptr) return;
+  if (job.final_state == nullptr) return;
 #pragma unroll
   for (int gi = 0; gi < kSG; ++gi)
 #pragma unroll
@@ -317,7 +291,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int r = 16 * srt + g + 8 * hf, col = 16 * (sc0 + gi) + 8 * jn + 2 * t;
-        *reinterpret_cast<float2*>(final_state + r * kD + col) =
+        *reinterpret_cast<float2*>(job.final_state + r * kD + col) =
             make_float2(S[gi][jn][2 * hf], S[gi][jn][2 * hf + 1]);
       }
 }

@@ -124,38 +124,35 @@ __device__ __forceinline__ void staged_m_tiles(float (&acc)[NT][2][4], const bf1
   }
 }
 
-// M_kk tiles: β_r-scaled, strictly lower (zeros on and above the diagonal), fp32 to Mk.
-template <int NT>
-__device__ __forceinline__ void store_mkk_tiles(const float (&acc)[NT][2][4], int R, int c0, float* Mk,
-                                                const float* beta) {
+// f(r, s, x0, x1) for each accumulator pair of tiles (R, c0 .. c0+NT−1): row r, columns s, s + 1.
+template <int NT, typename F>
+__device__ __forceinline__ void each_tile_pair(const float (&acc)[NT][2][4], int R, int c0, F&& f) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = 16 * R + g + 8 * hf, s = 16 * (c0 + i) + 8 * j + 2 * t;
-        const float br = beta[r];
-        *reinterpret_cast<float2*>(Mk + r * kLdT + s) =
-            make_float2(s < r ? br * acc[i][j][2 * hf] : 0.f, s + 1 < r ? br * acc[i][j][2 * hf + 1] : 0.f);
-      }
+      for (int hf = 0; hf < 2; ++hf)
+        f(16 * R + g + 8 * hf, 16 * (c0 + i) + 8 * j + 2 * t, acc[i][j][2 * hf], acc[i][j][2 * hf + 1]);
+}
+
+// M_kk tiles: β_r-scaled, strictly lower (zeros on and above the diagonal), fp32 to Mk.
+template <int NT>
+__device__ __forceinline__ void store_mkk_tiles(const float (&acc)[NT][2][4], int R, int c0, float* Mk,
+                                                const float* beta) {
+  each_tile_pair<NT>(acc, R, c0, [&](int r, int s, float x0, float x1) {
+    const float br = beta[r];
+    *reinterpret_cast<float2*>(Mk + r * kLdT + s) = make_float2(s < r ? br * x0 : 0.f, s + 1 < r ? br * x1 : 0.f);
+  });
 }
 
 // M_qk tiles: lower with the diagonal (zeros above), bf16 to the workspace (pitch kC).
 template <int NT>
 __device__ __forceinline__ void store_mqk_tiles(const float (&acc)[NT][2][4], int R, int c0, bf16* mq_out) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = 16 * R + g + 8 * hf, s = 16 * (c0 + i) + 8 * j + 2 * t;
-        *reinterpret_cast<uint32_t*>(mq_out + r * kC + s) =
-            pack_bf16(s <= r ? acc[i][j][2 * hf] : 0.f, s + 1 <= r ? acc[i][j][2 * hf + 1] : 0.f);
-      }
+  each_tile_pair<NT>(acc, R, c0, [&](int r, int s, float x0, float x1) {
+    *reinterpret_cast<uint32_t*>(mq_out + r * kC + s) = pack_bf16(s <= r ? x0 : 0.f, s + 1 <= r ? x1 : 0.f);
+  });
 }
 
 template <int NT>

@@ -10,6 +10,7 @@
 #pragma once
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/kda_chunk_layout.cuh"
+#include "kernels/cuda/kda_chunk_scan_job.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -29,10 +30,45 @@ struct ScanWg {
   static constexpr int kSmem = kOffGc + kD * 4 + 1024;   // + alignment slack (atoms on 1024 bytes)
 };
 
+// The cp.async copies of one chunk's workspace tiles into a wgmma scan block's shared memory, in
+// the two groups the scan waits for separately: W, Q⊙e^Γ, U (wuq) and K_d, M_qk, e^{Γ_C} (kmg).
+// L: the block's layout (ScanWg, ScanWg32: the same offsets by name); VT rows of V from v0.
+template <class L, int VT>
+struct ScanWgFetch {
+  unsigned char* sm;
+  void* work;
+  int H, h, v0, tid;
+  bool write_o, zero_u;
+  // [64][128] bf16 rows -> op layout (16-byte chunk ch of row r at op_offset(r, ch)).
+  __device__ __forceinline__ void rows128(int off, const bf16* src) const {
+    for (int idx = tid; idx < kC * 16; idx += L::kThreads)
+      cp_async16(sm + off + wg::op_offset(idx >> 4, idx & 15), src + (idx >> 4) * kD + (idx & 15) * 8);
+  }
+  __device__ __forceinline__ void wuq(int c) const {
+    const bf16* wk = work_tiles(work, c, H, h);
+    rows128(L::kOffW, wk + kOffW);
+    if (write_o) rows128(L::kOffQ, wk + kOffQg);
+    if (zero_u) return;
+    bf16* us = reinterpret_cast<bf16*>(sm + L::kOffU);
+    for (int idx = tid; idx < kC * (VT / 8); idx += L::kThreads) {
+      const int r = idx / (VT / 8), c8 = (idx % (VT / 8)) * 8;
+      cp_async16(us + r * L::kLdU + c8, wk + kOffU + r * kD + v0 + c8);
+    }
+  }
+  __device__ __forceinline__ void kmg(int c) const {
+    const bf16* wk = work_tiles(work, c, H, h);
+    rows128(L::kOffKd, wk + kOffKd);
+    for (int idx = tid; write_o && idx < kC * 8; idx += L::kThreads)
+      cp_async16(sm + L::kOffMq + wg::op_offset(idx >> 3, idx & 7), wk + kOffMq + (idx >> 3) * kC + (idx & 7) * 8);
+    const float* gc = work_gc(work, c, H, h);
+    if (tid < kD / 4) cp_async16(reinterpret_cast<float*>(sm + L::kOffGc) + 4 * tid, gc + 4 * tid);
+  }
+};
+
 __global__ void __launch_bounds__(ScanWg::kThreads, 2)
     kda_chunk_scan_wg_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
                              const KdaScanJob* jobs, float* carry) {
-  constexpr int VT = 64, kThreads = ScanWg::kThreads;
+  constexpr int VT = 64;
   extern __shared__ __align__(1024) unsigned char smraw_wg[];
   unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smraw_wg) + 1023) & ~uintptr_t(1023));
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
@@ -41,113 +77,56 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x, warp = tid >> 5;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int v0 = vt * VT;
-  KdaScanJob job;
-  if (jobs != nullptr) {
-    job = jobs[n];
-  } else {
-    job.c_begin = seq_chunk0[n];
-    job.c_end = seq_chunk0[n + 1];
-    job.seq = n;
-  }
+  const ScanBlockJob job = scan_block_job(a, seq_chunk0, jobs, carry, n, h, v0);
   const int c_begin = job.c_begin, c_end = job.c_end, seq = job.seq;
-  const bool write_o = (job.flags & KdaScanJob::kWriteO) != 0, zero_u = (job.flags & KdaScanJob::kZeroU) != 0;
-  auto state_at = [&](int which, int slot) -> float* {
-    if (which == KdaScanJob::kToSeq) return a.state + (int64_t(a.slots[seq]) * H + h) * kD * kD + int64_t(v0) * kD;
-    if (which == KdaScanJob::kToCarry) return carry + (int64_t(slot) * H + h) * kD * kD + int64_t(v0) * kD;
-    return nullptr;
-  };
-  const float* init = job.init == KdaScanJob::kFromSeq     ? state_at(KdaScanJob::kToSeq, 0)
-                      : job.init == KdaScanJob::kFromCarry ? state_at(KdaScanJob::kToCarry, job.in_slot)
-                                                           : nullptr;
-  float* final_state = state_at(job.out, job.out_slot);
+  const bool write_o = job.write_o, zero_u = job.zero_u;
 
-  // [64][128] bf16 rows -> op layout (16-byte chunk ch of row r at op_offset(r, ch)).
-  auto rows128 = [&](int off, const bf16* src) {
-    for (int idx = tid; idx < kC * 16; idx += kThreads)
-      cp_async16(sm + off + wg::op_offset(idx >> 4, idx & 15), src + (idx >> 4) * kD + (idx & 15) * 8);
-  };
-  auto fetch_wuq = [&](int c) {
-    const bf16* wk = work_tiles(work, c, H, h);
-    rows128(ScanWg::kOffW, wk + kOffW);
-    if (write_o) rows128(ScanWg::kOffQ, wk + kOffQg);
-    if (zero_u) return;
-    for (int idx = tid; idx < kC * (VT / 8); idx += kThreads) {
-      const int r = idx / (VT / 8), c8 = (idx % (VT / 8)) * 8;
-      cp_async16(Us + r * ScanWg::kLdU + c8, wk + kOffU + r * kD + v0 + c8);
-    }
-  };
-  auto fetch_kmg = [&](int c) {
-    const bf16* wk = work_tiles(work, c, H, h);
-    rows128(ScanWg::kOffKd, wk + kOffKd);
-    for (int idx = tid; write_o && idx < kC * 8; idx += kThreads)
-      cp_async16(sm + ScanWg::kOffMq + wg::op_offset(idx >> 3, idx & 7), wk + kOffMq + (idx >> 3) * kC + (idx & 7) * 8);
-    const float* gc = work_gc(work, c, H, h);
-    if (tid < kD / 4) cp_async16(Gc + 4 * tid, gc + 4 * tid);
-  };
+  const ScanWgFetch<ScanWg, VT> fetch{sm, work, H, h, v0, tid, write_o, zero_u};
 
   // The state: S[b][4j + e] = S[v][k], v = 16 warp + g + 8 (e >> 1), k = 64 b + 8 j + 2 t + (e & 1).
+  // each_pair(f) calls f(&S[b][4j + 2hf], v, k) for each of this thread's 32 pairs (k, k + 1).
   float S[2][32];
-#pragma unroll
-  for (int b = 0; b < 2; ++b)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = 16 * warp + g + 8 * hf, col = 64 * b + 8 * j + 2 * t;
-        const float2 f = init != nullptr ? *reinterpret_cast<const float2*>(init + r * kD + col)
-                         : job.init == KdaScanJob::kIdentity
-                             ? make_float2(v0 + r == col ? 1.f : 0.f, v0 + r == col + 1 ? 1.f : 0.f)
-                             : make_float2(0.f, 0.f);
-        S[b][4 * j + 2 * hf] = f.x;
-        S[b][4 * j + 2 * hf + 1] = f.y;
-      }
-  auto store_sb = [&] {
+  auto each_pair = [&](auto&& f) {
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int r = 16 * warp + g + 8 * hf, col = 64 * b + 8 * j + 2 * t;
-          *reinterpret_cast<uint32_t*>(sm + ScanWg::kOffS + wg::op_offset(r, col >> 3) + (col & 7) * 2) =
-              pack_bf16(S[b][4 * j + 2 * hf], S[b][4 * j + 2 * hf + 1]);
-        }
+        for (int hf = 0; hf < 2; ++hf) f(&S[b][4 * j + 2 * hf], 16 * warp + g + 8 * hf, 64 * b + 8 * j + 2 * t);
+  };
+  each_pair([&](float* x, int r, int col) {
+    x[0] = scan_init_value(job, v0, r, col);
+    x[1] = scan_init_value(job, v0, r, col + 1);
+  });
+  auto store_sb = [&] {
+    each_pair([&](const float* x, int r, int col) {
+      *reinterpret_cast<uint32_t*>(sm + ScanWg::kOffS + wg::op_offset(r, col >> 3) + (col & 7) * 2) = pack_bf16(x[0], x[1]);
+    });
     wg::fence_proxy_async();
   };
   auto store_state = [&](float* dst, bool streaming) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int r = 16 * warp + g + 8 * hf, col = 64 * b + 8 * j + 2 * t;
-          const float2 x = make_float2(S[b][4 * j + 2 * hf], S[b][4 * j + 2 * hf + 1]);
-          if (streaming) __stcs(reinterpret_cast<float2*>(dst + r * kD + col), x);
-          else *reinterpret_cast<float2*>(dst + r * kD + col) = x;
-        }
+    each_pair([&](const float* x, int r, int col) {
+      const float2 v = make_float2(x[0], x[1]);
+      if (streaming) __stcs(reinterpret_cast<float2*>(dst + r * kD + col), v);
+      else *reinterpret_cast<float2*>(dst + r * kD + col) = v;
+    });
   };
   // Two cp.async groups a chunk: W, Q⊙e^Γ, U (read by (a)) and K_d, M_qk, e^{Γ_C} (read by (b), (c)).
   // Each is waited for only where it is first read, so the second one lands while (a) runs.
   store_sb();
-  if (c_begin < c_end) fetch_wuq(c_begin);
+  if (c_begin < c_end) fetch.wuq(c_begin);
   cp_async_commit();
-  if (c_begin < c_end) fetch_kmg(c_begin);
+  if (c_begin < c_end) fetch.kmg(c_begin);
   cp_async_commit();
 
   // The chunk table's entries one chunk ahead: their global loads stay off the per-chunk chain.
-  int next_t0 = 0, next_len = 0, next_idx = 0;
-  auto read_table = [&](int cc) {
-    next_t0 = chunk_table[4 * cc];
-    next_len = chunk_table[4 * cc + 1];
-    next_idx = chunk_table[4 * cc + 3];
-  };
-  if (c_begin < c_end) read_table(c_begin);
+  ChunkAhead next;
+  if (c_begin < c_end) next.read(chunk_table, c_begin);
   for (int c = c_begin; c < c_end; ++c) {
-    const int t0 = next_t0, len = next_len;
-    const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * next_idx + len) : -1;
+    const int t0 = next.t0, len = next.len;
+    const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * next.idx + len) : -1;
     const bool has_next = c + 1 < c_end;
-    if (has_next) read_table(c + 1);
+    if (has_next) next.read(chunk_table, c + 1);
     cp_async_wait<1>();       // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
     wg::fence_proxy_async();  // cp.async writes -> the async proxy wgmma reads through
     __syncthreads();
@@ -181,7 +160,7 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
       }
     wg::fence_proxy_async();
     __syncthreads();  // V' complete; W, U, Q⊙e^Γ and the bf16 state are no longer read this chunk
-    if (has_next) fetch_wuq(c + 1);
+    if (has_next) fetch.wuq(c + 1);
     cp_async_commit();
     cp_async_wait<1>();  // this chunk's K_d, M_qk, e^{Γ_C} (the next chunk's W group may be in flight)
     wg::fence_proxy_async();
@@ -227,22 +206,17 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = 16 * warp + g + 8 * hf, col = v0 + 8 * j + 2 * t;
-          if (r < len) {
-            const int64_t o = ((int64_t(t0) + r) * H + h) * kD + col;
-            const float x0 = Oa[4 * j + 2 * hf], x1 = Oa[4 * j + 2 * hf + 1];
-            if (a.o.bf16) *reinterpret_cast<uint32_t*>(static_cast<bf16*>(a.o.p) + o) = pack_bf16(x0, x1);
-            else *reinterpret_cast<float2*>(static_cast<float*>(a.o.p) + o) = make_float2(x0, x1);
-          }
+          if (r < len) store_o_pair(a, t0, r, h, col, Oa[4 * j + 2 * hf], Oa[4 * j + 2 * hf + 1]);
         }
     }
     __syncthreads();  // every warpgroup row has left (a): the bf16 state may be rewritten; K_d, M_qk, V' free
     store_sb();
-    if (has_next) fetch_kmg(c + 1);
+    if (has_next) fetch.kmg(c + 1);
     cp_async_commit();
     if (ck >= 0) store_state(a.ckpt + (int64_t(ck) * H + h) * kD * kD + int64_t(v0) * kD, true);
   }
   cp_async_wait<0>();
-  if (final_state != nullptr) store_state(final_state, false);
+  if (job.final_state != nullptr) store_state(job.final_state, false);
 }
 
 }  // namespace k3::cuda::kda_chunk

@@ -13,6 +13,8 @@
 #pragma once
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/kda_chunk_layout.cuh"
+#include "kernels/cuda/kda_chunk_scan_job.cuh"
+#include "kernels/cuda/kda_chunk_scan_wg.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -41,7 +43,7 @@ static_assert(3 * (ScanWg32::kSmem + 1024) <= 228 * 1024, "three blocks per SM")
 __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
     kda_chunk_scan_wg32_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
                                const KdaScanJob* jobs, float* carry) {
-  constexpr int VT = ScanWg32::kRows, kThreads = ScanWg32::kThreads;
+  constexpr int VT = ScanWg32::kRows;
   extern __shared__ __align__(1024) unsigned char smraw_wg32[];
   unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smraw_wg32) + 1023) & ~uintptr_t(1023));
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
@@ -50,108 +52,50 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x, warp = tid >> 5;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int v0 = vt * VT;
-  KdaScanJob job;
-  if (jobs != nullptr) {
-    job = jobs[n];
-  } else {
-    job.c_begin = seq_chunk0[n];
-    job.c_end = seq_chunk0[n + 1];
-    job.seq = n;
-  }
+  const ScanBlockJob job = scan_block_job(a, seq_chunk0, jobs, carry, n, h, v0);
   const int c_begin = job.c_begin, c_end = job.c_end, seq = job.seq;
-  const bool write_o = (job.flags & KdaScanJob::kWriteO) != 0, zero_u = (job.flags & KdaScanJob::kZeroU) != 0;
-  auto state_at = [&](int which, int slot) -> float* {
-    if (which == KdaScanJob::kToSeq) return a.state + (int64_t(a.slots[seq]) * H + h) * kD * kD + int64_t(v0) * kD;
-    if (which == KdaScanJob::kToCarry) return carry + (int64_t(slot) * H + h) * kD * kD + int64_t(v0) * kD;
-    return nullptr;
-  };
-  const float* init = job.init == KdaScanJob::kFromSeq     ? state_at(KdaScanJob::kToSeq, 0)
-                      : job.init == KdaScanJob::kFromCarry ? state_at(KdaScanJob::kToCarry, job.in_slot)
-                                                           : nullptr;
-  float* final_state = state_at(job.out, job.out_slot);
+  const bool write_o = job.write_o, zero_u = job.zero_u;
 
-  // [64][128] bf16 rows -> 64-row op layout.
-  auto rows128 = [&](int off, const bf16* src) {
-    for (int idx = tid; idx < kC * 16; idx += kThreads)
-      cp_async16(sm + off + wg::op_offset(idx >> 4, idx & 15), src + (idx >> 4) * kD + (idx & 15) * 8);
-  };
-  auto fetch_wuq = [&](int c) {
-    const bf16* wk = work_tiles(work, c, H, h);
-    rows128(ScanWg32::kOffW, wk + kOffW);
-    if (write_o) rows128(ScanWg32::kOffQ, wk + kOffQg);
-    if (zero_u) return;
-    for (int idx = tid; idx < kC * (VT / 8); idx += kThreads) {
-      const int r = idx / (VT / 8), c8 = (idx % (VT / 8)) * 8;
-      cp_async16(Us + r * ScanWg32::kLdU + c8, wk + kOffU + r * kD + v0 + c8);
-    }
-  };
-  auto fetch_kmg = [&](int c) {
-    const bf16* wk = work_tiles(work, c, H, h);
-    rows128(ScanWg32::kOffKd, wk + kOffKd);
-    for (int idx = tid; write_o && idx < kC * 8; idx += kThreads)
-      cp_async16(sm + ScanWg32::kOffMq + wg::op_offset(idx >> 3, idx & 7), wk + kOffMq + (idx >> 3) * kC + (idx & 7) * 8);
-    const float* gc = work_gc(work, c, H, h);
-    if (tid < kD / 4) cp_async16(Gc + 4 * tid, gc + 4 * tid);
-  };
+  const ScanWgFetch<ScanWg32, VT> fetch{sm, work, H, h, v0, tid, write_o, zero_u};
 
   // The state, transposed: ST[b][4j + e] = S[v][k], k = 64 b + 16 warp + g + 8 (e >> 1),
-  // v = 8 j + 2 t + (e & 1) (rows of V relative to v0).
+  // v = 8 j + 2 t + (e & 1) (rows of V relative to v0). each_elem(f) calls f(ST[b][4j + e], v, k).
   float ST[2][16];
-#pragma unroll
-  for (int b = 0; b < 2; ++b)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int k = 64 * b + 16 * warp + g + 8 * (e >> 1), v = 8 * j + 2 * t + (e & 1);
-        ST[b][4 * j + e] = init != nullptr                        ? init[v * kD + k]
-                           : job.init == KdaScanJob::kIdentity ? (v0 + v == k ? 1.f : 0.f)
-                                                               : 0.f;
-      }
-  auto store_sb = [&] {  // bf16 S [v][k] from the transposed accumulators
+  auto each_elem = [&](auto&& f) {
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int k = 64 * b + 16 * warp + g + 8 * (e >> 1), v = 8 * j + 2 * t + (e & 1);
-          *reinterpret_cast<bf16*>(sm + ScanWg32::kOffS + ScanWg32::off32(v, k >> 3) + (k & 7) * 2) =
-              __float2bfloat16_rn(ST[b][4 * j + e]);
-        }
+        for (int e = 0; e < 4; ++e) f(ST[b][4 * j + e], 8 * j + 2 * t + (e & 1), 64 * b + 16 * warp + g + 8 * (e >> 1));
+  };
+  each_elem([&](float& x, int v, int k) { x = scan_init_value(job, v0, v, k); });
+  auto store_sb = [&] {  // bf16 S [v][k] from the transposed accumulators
+    each_elem([&](float x, int v, int k) {
+      *reinterpret_cast<bf16*>(sm + ScanWg32::kOffS + ScanWg32::off32(v, k >> 3) + (k & 7) * 2) = __float2bfloat16_rn(x);
+    });
     wg::fence_proxy_async();
   };
   auto store_state = [&](float* dst, bool streaming) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int k = 64 * b + 16 * warp + g + 8 * (e >> 1), v = 8 * j + 2 * t + (e & 1);
-          if (streaming) __stcs(dst + v * kD + k, ST[b][4 * j + e]);
-          else dst[v * kD + k] = ST[b][4 * j + e];
-        }
+    each_elem([&](float x, int v, int k) {
+      if (streaming) __stcs(dst + v * kD + k, x);
+      else dst[v * kD + k] = x;
+    });
   };
   // Two cp.async groups a chunk, as in the 64-row scan: W, Q⊙e^Γ, U, then K_d, M_qk, e^{Γ_C}.
   store_sb();
-  if (c_begin < c_end) fetch_wuq(c_begin);
+  if (c_begin < c_end) fetch.wuq(c_begin);
   cp_async_commit();
-  if (c_begin < c_end) fetch_kmg(c_begin);
+  if (c_begin < c_end) fetch.kmg(c_begin);
   cp_async_commit();
 
-  int next_t0 = 0, next_len = 0, next_idx = 0;
-  auto read_table = [&](int cc) {
-    next_t0 = chunk_table[4 * cc];
-    next_len = chunk_table[4 * cc + 1];
-    next_idx = chunk_table[4 * cc + 3];
-  };
-  if (c_begin < c_end) read_table(c_begin);
+  ChunkAhead next;
+  if (c_begin < c_end) next.read(chunk_table, c_begin);
   for (int c = c_begin; c < c_end; ++c) {
-    const int t0 = next_t0, len = next_len;
-    const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * next_idx + len) : -1;
+    const int t0 = next.t0, len = next.len;
+    const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * next.idx + len) : -1;
     const bool has_next = c + 1 < c_end;
-    if (has_next) read_table(c + 1);
+    if (has_next) next.read(chunk_table, c + 1);
     cp_async_wait<1>();
     wg::fence_proxy_async();
     __syncthreads();
@@ -187,7 +131,7 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
       }
     wg::fence_proxy_async();
     __syncthreads();  // V'ᵀ complete; W, U, Q⊙e^Γ and the bf16 state are no longer read this chunk
-    if (has_next) fetch_wuq(c + 1);
+    if (has_next) fetch.wuq(c + 1);
     cp_async_commit();
     cp_async_wait<1>();  // this chunk's K_d, M_qk, e^{Γ_C}
     wg::fence_proxy_async();
@@ -233,22 +177,17 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = 16 * warp + g + 8 * hf, col = v0 + 8 * j + 2 * t;
-          if (r < len) {
-            const int64_t o = ((int64_t(t0) + r) * H + h) * kD + col;
-            const float x0 = Oa[4 * j + 2 * hf], x1 = Oa[4 * j + 2 * hf + 1];
-            if (a.o.bf16) *reinterpret_cast<uint32_t*>(static_cast<bf16*>(a.o.p) + o) = pack_bf16(x0, x1);
-            else *reinterpret_cast<float2*>(static_cast<float*>(a.o.p) + o) = make_float2(x0, x1);
-          }
+          if (r < len) store_o_pair(a, t0, r, h, col, Oa[4 * j + 2 * hf], Oa[4 * j + 2 * hf + 1]);
         }
     }
     __syncthreads();  // every row has left (a): the bf16 state may be rewritten; K_d, M_qk, V'ᵀ free
     store_sb();
-    if (has_next) fetch_kmg(c + 1);
+    if (has_next) fetch.kmg(c + 1);
     cp_async_commit();
     if (ck >= 0) store_state(a.ckpt + (int64_t(ck) * H + h) * kD * kD + int64_t(v0) * kD, true);
   }
   cp_async_wait<0>();
-  if (final_state != nullptr) store_state(final_state, false);
+  if (job.final_state != nullptr) store_state(job.final_state, false);
 }
 
 }  // namespace k3::cuda::kda_chunk
