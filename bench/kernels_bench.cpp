@@ -15,8 +15,8 @@ void k3::bench::add_kernels_options(CLI::App& app, KernelsBenchOptions& o) {
   app.add_flag("--with-mma", o.with_mma, "also time the mma.sync MLA decode kernel at H >= 64 (_mma rows)");
   app.add_option("--decode-batches", o.decode_batches, "KDA decode batch sizes (H = 96, D = 128)")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--kda-scan-wg32", o.kda_scan_wg32,
-               "also time the main KDA prefill rows with the wgmma scan in 32-row blocks (_wg32 rows)");
+  app.add_flag("--kda-scan-rows", o.kda_scan_rows,
+               "also time KDA prefill rows with the wgmma scan held to 64- and to 32-row blocks (_wg64, _wg32 rows)");
   app.add_flag("--kda-scan-mma", o.kda_scan_mma,
                "also time the main KDA prefill rows with the scan's wide grid on mma.sync (_mma rows)");
   app.add_option("--only", o.only,
@@ -335,12 +335,14 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                                                                 {1, 32768, 32, 0, 1},
                                                                                 {256, 100, 96, 0, 1}})
       kda_chunk_case(be, N, len, H, int(ckpt), softplus != 0, opts.quick, lines);
-    if (opts.kda_scan_wg32) {
-      be.set_kda_chunk_scan_wg_rows(32);
-      for (auto [N, len, H, ckpt] : std::vector<std::array<int64_t, 4>>{
-               {1, 8192, 96, 0}, {1, 8192, 96, 64}, {1, 32768, 32, 0}, {256, 100, 96, 0}})
-        kda_chunk_case(be, N, len, H, int(ckpt), false, opts.quick, lines, true, "_wg32");
-      be.set_kda_chunk_scan_wg_rows(64);
+    if (opts.kda_scan_rows) {
+      for (int wg_rows : {64, 32}) {
+        be.set_kda_chunk_scan_wg_rows(wg_rows);
+        for (auto [N, len, H, ckpt] : std::vector<std::array<int64_t, 4>>{
+                 {1, 8192, 96, 0}, {1, 8192, 96, 64}, {2, 8192, 64, 0}, {256, 100, 96, 0}})
+          kda_chunk_case(be, N, len, H, int(ckpt), false, opts.quick, lines, true, "_wg" + std::to_string(wg_rows));
+      }
+      be.set_kda_chunk_scan_wg_rows(0);
     }
     if (opts.kda_scan_mma) {
       be.set_kda_chunk_scan_wgmma(false);

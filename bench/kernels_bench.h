@@ -28,7 +28,7 @@ struct KernelsBenchOptions {
   bool quick = false;     // fewer repetitions (smoke runs)
   bool with_mma = false;  // also time the mma.sync MLA decode kernel at H >= 64 ("_mma" rows)
   std::vector<int> decode_batches = {1, 32, 256};  // KDA decode batch sizes
-  bool kda_scan_wg32 = false;  // also time the main KDA prefill rows with the 32-row wgmma scan ("_wg32")
+  bool kda_scan_rows = false;  // also time KDA prefill rows with the wgmma scan held to 64 / 32 rows ("_wg64", "_wg32")
   bool kda_scan_mma = false;  // also time the main KDA prefill rows with the wide scan on mma.sync ("_mma")
   std::string only;       // comma-separated kernel families to run (kda_chunk,kda_decode,mla_decode,lse_merge); empty = all
 };

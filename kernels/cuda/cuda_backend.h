@@ -111,10 +111,11 @@ class CudaBackend final : public Backend {
   // kda_chunk: the scan's wide grid (>= 2 blocks of 32 rows per SM) on wgmma (KdaArgs::scan_wgmma,
   // default on: 7 % less prefill time at T = 8192, H = 96 on the H200) or on mma.sync.
   void set_kda_chunk_scan_wgmma(bool on) { kda_scan_wgmma_ = on; }
-  // Rows of V per block of that scan: 64 (default) or 32 (three blocks per SM instead of two).
+  // Rows of V per block of that scan: 64, 32 (three blocks per SM instead of two), or 0 (default):
+  // 32 where its grid fits one wave, else 64 (kda_chunk.cu, scan()).
   void set_kda_chunk_scan_wg_rows(int rows) {
-    if (rows != 32 && rows != 64)
-      throw Error("kda_chunk: wgmma scan rows " + std::to_string(rows) + " must be 32 or 64");
+    if (rows != 0 && rows != 32 && rows != 64)
+      throw Error("kda_chunk: wgmma scan rows " + std::to_string(rows) + " must be 0 (by the grid), 32 or 64");
     kda_scan_wg_rows_ = rows;
   }
   bool mla_decode_split_s() const { return mla_split_s_; }
@@ -143,7 +144,7 @@ class CudaBackend final : public Backend {
   bool mla_cluster_ = false;  // set_mla_decode_cluster
   bool kda_split_ = true;  // set_kda_chunk_split
   bool kda_scan_wgmma_ = true;  // set_kda_chunk_scan_wgmma
-  int kda_scan_wg_rows_ = 64;  // set_kda_chunk_scan_wg_rows
+  int kda_scan_wg_rows_ = 0;  // set_kda_chunk_scan_wg_rows
   bool batch_invariant_ = false;
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the

@@ -84,7 +84,8 @@ struct KdaArgs {
   int ckpt_m = 0, ckpt_interval = 0;
   // The scan's wide grid on wgmma (kda_chunk_scan_wg.cuh) instead of mma.sync (CudaBackend switch).
   bool scan_wgmma = false;
-  int scan_wg_rows = 64;  // rows of V per wgmma scan block: 64 (kda_chunk_scan_wg.cuh) or 32 (_wg32.cuh)
+  // Rows of V per wgmma scan block: 64 (kda_chunk_scan_wg.cuh), 32 (_wg32.cuh), or 0: by the grid.
+  int scan_wg_rows = 0;
 };
 // The checkpoint slot for `done` tokens of sequence n, or -1 (device and host).
 __host__ __device__ inline int kda_ckpt_slot(const KdaArgs& a, int n, int done) {

@@ -52,7 +52,7 @@ TEST_CASE("cuda kda chunked and recurrent match the cpu recurrence", "[cuda]") {
   auto& g = *bk.gpu;
   std::mt19937 rng(23);
   // The head counts pick each scan shape of kda_chunk.cu on a 132-SM H200: 4·H·N scan blocks of
-  // 32 rows <= 132 -> <32,4,3>, 160 -> <32,4,2>, 288 -> the wide grid (wgmma by default).
+  // 32 rows <= 132 -> <32,4,3>, 160 -> <32,4,2>, 288 -> the wide grid (wgmma, 32-row blocks by default).
   struct Batch { std::vector<int32_t> lens; int64_t H; };
   const std::vector<Batch> batches = {{{1}, 2}, {{64}, 2}, {{100, 0, 129, 1}, 2}, {{300}, 2}, {{200}, 40},
                                       {{130, 70}, 36}};

@@ -224,7 +224,7 @@ TEST_CASE("cuda kda_chunk wide scan on wgmma matches the cpu recurrence and the 
                  .checkpoints = cks[wgmma], .checkpoint_slots = g.from_host(tbl, DType::I32), .checkpoint_interval = 64});
   }
   cb->set_kda_chunk_scan_wgmma(true);
-  cb->set_kda_chunk_scan_wg_rows(64);
+  cb->set_kda_chunk_scan_wg_rows(0);
   for (int wgmma = 0; wgmma < kForms; ++wgmma) {
     const std::string tag = wgmma == 2 ? "wgmma 32-row scan" : wgmma ? "wgmma scan" : "mma.sync scan";
     expect_close(g, outs[wgmma], ref_o, tol("kda_out"), tag + " o vs cpu");
