@@ -39,6 +39,7 @@
 #include "kernels/cuda/kda_chunk_scan_job.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg32.cuh"
+#include "kernels/cuda/kda_scan_form.h"
 #include "kernels/cuda/kda_split_plan.h"
 #include "kernels/cuda/mma.cuh"
 
@@ -306,42 +307,36 @@ void launch_scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* se
   K3_CUDA_LAUNCHED("kda_chunk_scan_kernel");
 }
 
-// Scan shape by grid size (H200 sweep, 2026-11-29, ms at T=8192,H=96 / T=32768,H=32):
-// <V tile, warps, stages> = <32,4,2> 2.20 / -, <32,4,3> 2.19 / 2.90, <64,4,1> 2.07 / 3.53,
-// <64,8,2> 2.11 / 3.23, <16,4,2> 2.46 / 3.18. Wide V tiles halve the redundant W·Sᵀ/Q·Sᵀ
-// operand traffic per state row but leave SMs idle when heads x sequences are few; a grid of at
-// most one block per SM can afford double buffers for every tile. `rows`: sequences, or jobs.
-// The wide grid runs eight warps: at T=8192,H=96 its 192 blocks leave most SMs one block, and a
-// profile showed that block's four warps stalled on their own dependent products most cycles
-// (one warp per scheduler); eight halve each warp's chain: the scan alone 704 instead of 730 us
-// (H200, 2026-12-03).
+// The scan kernel for the grid (kda_scan_form.h: the thresholds and the measurements behind them).
+// `rows`: sequences, or jobs. The mma.sync shapes, H200 sweep 2026-11-29, ms at T=8192,H=96 /
+// T=32768,H=32: <V tile, warps, stages> = <32,4,2> 2.20 / -, <32,4,3> 2.19 / 2.90, <64,4,1> 2.07 / 3.53,
+// <64,8,2> 2.11 / 3.23, <16,4,2> 2.46 / 3.18. Wide V tiles halve the redundant W·Sᵀ/Q·Sᵀ operand
+// traffic per state row but leave SMs idle when heads x sequences are few; a grid of at most one
+// block per SM can afford double buffers for every tile. The wide mma.sync grid runs eight warps
+// (the scan alone 704 instead of 730 us with four, H200, 2026-12-03).
 void scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work, int rows,
           const KdaScanJob* jobs, float* carry, int num_sms, cudaStream_t s) {
-  const int64_t sms = num_sms;
-  const int64_t blocks32 = int64_t(kD / 32) * a.H * rows;
-  // The wgmma scan in 32-row blocks (three per SM) where its grid fits one wave: at T = 8192,
-  // H = 96, 384 blocks fill 0.97 of a wave where the 64-row scan's 192 fill 0.73 (2.4 % less prefill
-  // time, 5.8 % with checkpoints every 64 tokens, H200). Past a wave, the 64-row blocks win: each
-  // workspace tile is read by two blocks instead of four (10 % at 256 x 100 tokens, H = 96).
-  const bool wg32 = a.scan_wg_rows == 32 || (a.scan_wg_rows == 0 && blocks32 <= 3 * sms);
-  if (blocks32 >= 2 * sms && a.scan_wgmma && wg32) {
-    auto* kern = kda_chunk::kda_chunk_scan_wg32_kernel;
-    K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kda_chunk::ScanWg32::kSmem));
-    kern<<<dim3(kD / 32, a.H, rows), kda_chunk::ScanWg32::kThreads, kda_chunk::ScanWg32::kSmem, s>>>(
-        a, chunk_table, seq_chunk0, work, jobs, carry);
-    K3_CUDA_LAUNCHED("kda_chunk_scan_wg32_kernel");
-  } else if (blocks32 >= 2 * sms && a.scan_wgmma) {
-    auto* kern = kda_chunk::kda_chunk_scan_wg_kernel;
-    K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kda_chunk::ScanWg::kSmem));
-    kern<<<dim3(kD / 64, a.H, rows), kda_chunk::ScanWg::kThreads, kda_chunk::ScanWg::kSmem, s>>>(
-        a, chunk_table, seq_chunk0, work, jobs, carry);
-    K3_CUDA_LAUNCHED("kda_chunk_scan_wg_kernel");
-  } else if (blocks32 >= 2 * sms)
-    launch_scan<64, 8, 1>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s);
-  else if (blocks32 <= sms)
-    launch_scan<32, 4, 3>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s);
-  else
-    launch_scan<32, 4, 2>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s);
+  switch (pick_kda_scan_form(a.H, rows, num_sms, a.scan_wgmma, a.scan_wg_rows)) {
+    case KdaScanForm::kWg32: {
+      auto* kern = kda_chunk::kda_chunk_scan_wg32_kernel;
+      K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kda_chunk::ScanWg32::kSmem));
+      kern<<<dim3(kD / 32, a.H, rows), kda_chunk::ScanWg32::kThreads, kda_chunk::ScanWg32::kSmem, s>>>(
+          a, chunk_table, seq_chunk0, work, jobs, carry);
+      K3_CUDA_LAUNCHED("kda_chunk_scan_wg32_kernel");
+      return;
+    }
+    case KdaScanForm::kWg64: {
+      auto* kern = kda_chunk::kda_chunk_scan_wg_kernel;
+      K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kda_chunk::ScanWg::kSmem));
+      kern<<<dim3(kD / 64, a.H, rows), kda_chunk::ScanWg::kThreads, kda_chunk::ScanWg::kSmem, s>>>(
+          a, chunk_table, seq_chunk0, work, jobs, carry);
+      K3_CUDA_LAUNCHED("kda_chunk_scan_wg_kernel");
+      return;
+    }
+    case KdaScanForm::kMma64: launch_scan<64, 8, 1>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s); return;
+    case KdaScanForm::kMma32x3: launch_scan<32, 4, 3>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s); return;
+    case KdaScanForm::kMma32x2: launch_scan<32, 4, 2>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s); return;
+  }
 }
 
 }  // namespace

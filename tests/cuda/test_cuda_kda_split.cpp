@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <numeric>
 #include <set>
+#include <string>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/kda_scan_form.h"
 #include "kernels/cuda/kda_split_plan.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/tolerances.h"
@@ -106,6 +108,30 @@ TEST_CASE("kda split plan: who is cut, and job tables that cover every chunk onc
     const auto plan = cuda::plan_kda_split(c0, H, sms);
     if (plan.split()) check_plan(plan, c0);
   }
+}
+
+TEST_CASE("kda scan form: by the grid's blocks per wave", "[cuda][plan]") {
+  using cuda::KdaScanForm;
+  using cuda::pick_kda_scan_form;
+  // 132 SMs: 32-row blocks (4 per sequence and head) <= 132 -> three-stage mma.sync, < 264 -> two
+  // stages, >= 264 -> the wide grid: wgmma in 32-row blocks while they fit one wave of three per SM
+  // (<= 396), in 64-row blocks past it.
+  CHECK(pick_kda_scan_form(32, 1, 132, true, 0) == KdaScanForm::kMma32x3);  // T = 32768, H = 32
+  CHECK(pick_kda_scan_form(33, 1, 132, true, 0) == KdaScanForm::kMma32x3);  // 132 blocks: one per SM
+  CHECK(pick_kda_scan_form(34, 1, 132, true, 0) == KdaScanForm::kMma32x2);
+  CHECK(pick_kda_scan_form(65, 1, 132, true, 0) == KdaScanForm::kMma32x2);
+  CHECK(pick_kda_scan_form(66, 1, 132, true, 0) == KdaScanForm::kWg32);
+  CHECK(pick_kda_scan_form(96, 1, 132, true, 0) == KdaScanForm::kWg32);     // T = 8192, H = 96
+  CHECK(pick_kda_scan_form(99, 1, 132, true, 0) == KdaScanForm::kWg32);
+  CHECK(pick_kda_scan_form(100, 1, 132, true, 0) == KdaScanForm::kWg64);
+  CHECK(pick_kda_scan_form(96, 256, 132, true, 0) == KdaScanForm::kWg64);   // 256 x 100 tokens
+  CHECK(pick_kda_scan_form(64, 2, 132, true, 0) == KdaScanForm::kWg64);     // 2 x 8192, H = 64
+  // The backend's switches: wgmma off, or its block rows held.
+  CHECK(pick_kda_scan_form(96, 1, 132, false, 0) == KdaScanForm::kMma64);
+  CHECK(pick_kda_scan_form(96, 1, 132, true, 64) == KdaScanForm::kWg64);
+  CHECK(pick_kda_scan_form(96, 256, 132, true, 32) == KdaScanForm::kWg32);
+  CHECK(pick_kda_scan_form(32, 1, 132, true, 32) == KdaScanForm::kMma32x3);  // narrow grids stay mma.sync
+  CHECK(std::string(cuda::kda_scan_form_name(KdaScanForm::kWg32)) == "wgmma 32-row");
 }
 
 TEST_CASE("cuda kda_chunk split into segments matches the cpu recurrence and the unsplit scan", "[cuda]") {

@@ -1,0 +1,31 @@
+#include "kernels/cuda/kda_scan_form.h"
+
+namespace k3::cuda {
+
+// Thresholds in blocks of 32 rows (4 per sequence and head). The mma.sync shapes come from an H200
+// sweep (2026-11-29); the wgmma split from 2026-12-03: at T = 8192, H = 96, 384 blocks of 32 rows fill
+// 0.97 of a wave where 192 of 64 rows fill 0.73 (2.4 % less prefill time), while past a wave the
+// 64-row blocks win because each workspace tile is read by two blocks instead of four (10 % at
+// 256 x 100 tokens, H = 96). docs/PERF.md, "Kernels, tenth pass".
+KdaScanForm pick_kda_scan_form(int64_t H, int64_t rows, int num_sms, bool wgmma, int wg_rows) {
+  const int64_t sms = num_sms, blocks32 = 4 * H * rows;
+  if (blocks32 >= 2 * sms) {
+    if (!wgmma) return KdaScanForm::kMma64;
+    const bool wg32 = wg_rows == 32 || (wg_rows == 0 && blocks32 <= 3 * sms);
+    return wg32 ? KdaScanForm::kWg32 : KdaScanForm::kWg64;
+  }
+  return blocks32 <= sms ? KdaScanForm::kMma32x3 : KdaScanForm::kMma32x2;
+}
+
+const char* kda_scan_form_name(KdaScanForm f) {
+  switch (f) {
+    case KdaScanForm::kMma32x3: return "mma.sync 32-row, 3 stages";
+    case KdaScanForm::kMma32x2: return "mma.sync 32-row, 2 stages";
+    case KdaScanForm::kMma64: return "mma.sync 64-row";
+    case KdaScanForm::kWg64: return "wgmma 64-row";
+    case KdaScanForm::kWg32: return "wgmma 32-row";
+  }
+  return "?";
+}
+
+}  // namespace k3::cuda
