@@ -307,6 +307,16 @@ void launch_scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* se
   K3_CUDA_LAUNCHED("kda_chunk_scan_kernel");
 }
 
+// A wgmma scan kernel (layout L, VT rows of V a block) over the grid (row tiles, heads, rows).
+template <class L, int VT, class Kernel>
+void launch_scan_wg(Kernel* kern, const char* name, const KdaArgs& a, const int32_t* chunk_table,
+                    const int32_t* seq_chunk0, void* work, int rows, const KdaScanJob* jobs, float* carry,
+                    cudaStream_t s) {
+  K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
+  kern<<<dim3(kD / VT, a.H, rows), L::kThreads, L::kSmem, s>>>(a, chunk_table, seq_chunk0, work, jobs, carry);
+  K3_CUDA_LAUNCHED(name);
+}
+
 // The scan kernel for the grid (kda_scan_form.h: the thresholds and the measurements behind them).
 // `rows`: sequences, or jobs. The mma.sync shapes, H200 sweep 2026-11-29, ms at T=8192,H=96 /
 // T=32768,H=32: <V tile, warps, stages> = <32,4,2> 2.20 / -, <32,4,3> 2.19 / 2.90, <64,4,1> 2.07 / 3.53,
@@ -317,22 +327,12 @@ void launch_scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* se
 void scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work, int rows,
           const KdaScanJob* jobs, float* carry, int num_sms, cudaStream_t s) {
   switch (pick_kda_scan_form(a.H, rows, num_sms, a.scan_wgmma, a.scan_wg_rows)) {
-    case KdaScanForm::kWg32: {
-      auto* kern = kda_chunk::kda_chunk_scan_wg32_kernel;
-      K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kda_chunk::ScanWg32::kSmem));
-      kern<<<dim3(kD / 32, a.H, rows), kda_chunk::ScanWg32::kThreads, kda_chunk::ScanWg32::kSmem, s>>>(
-          a, chunk_table, seq_chunk0, work, jobs, carry);
-      K3_CUDA_LAUNCHED("kda_chunk_scan_wg32_kernel");
-      return;
-    }
-    case KdaScanForm::kWg64: {
-      auto* kern = kda_chunk::kda_chunk_scan_wg_kernel;
-      K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kda_chunk::ScanWg::kSmem));
-      kern<<<dim3(kD / 64, a.H, rows), kda_chunk::ScanWg::kThreads, kda_chunk::ScanWg::kSmem, s>>>(
-          a, chunk_table, seq_chunk0, work, jobs, carry);
-      K3_CUDA_LAUNCHED("kda_chunk_scan_wg_kernel");
-      return;
-    }
+    case KdaScanForm::kWg32:
+      return launch_scan_wg<kda_chunk::ScanWg32, 32>(kda_chunk::kda_chunk_scan_wg32_kernel, "kda_chunk_scan_wg32_kernel", a,
+                                                     chunk_table, seq_chunk0, work, rows, jobs, carry, s);
+    case KdaScanForm::kWg64:
+      return launch_scan_wg<kda_chunk::ScanWg, 64>(kda_chunk::kda_chunk_scan_wg_kernel, "kda_chunk_scan_wg_kernel", a,
+                                                   chunk_table, seq_chunk0, work, rows, jobs, carry, s);
     case KdaScanForm::kMma64: launch_scan<64, 8, 1>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s); return;
     case KdaScanForm::kMma32x3: launch_scan<32, 4, 3>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s); return;
     case KdaScanForm::kMma32x2: launch_scan<32, 4, 2>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s); return;
