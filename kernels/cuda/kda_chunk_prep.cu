@@ -4,6 +4,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fast_exp2.cuh"
 #include "kernels/cuda/kda_chunk_layout.cuh"
+#include "kernels/cuda/kda_chunk_prep_tiles.cuh"
 #include "kernels/cuda/kda_chunk_runs.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -68,7 +69,6 @@ constexpr int kPrepOffV = kPrepOffQ + kC * kLdB * 2;            // bf16 V [64][1
 constexpr int kPrepOffMk = kPrepOffV + kC * kLdB * 2;           // fp32 β-scaled strict-lower M_kk [64][68]
 constexpr int kPrepOffBeta = kPrepOffMk + kC * kLdT * 4;        // fp32 β [64]
 constexpr int kPrepOffD = kPrepOffBeta + kC * 4;                // bf16 d_{R,c} [10][128]
-constexpr int kNumMTiles = 10;                                  // (R, c ≤ R), tile index R(R+1)/2 + c
 constexpr int kPrepSmem = kPrepOffD + kNumMTiles * kD * 2;
 constexpr int kPrepOffKg = kPrepOffG + kC * kLdB * 2;           // bf16 K⊙e^Γ [64][136], second half of Γ
 constexpr int kPrepOffX = kC * kLdM * 2;                      // X scratch of the solve, after Tβ (both over Bh)
@@ -87,131 +87,6 @@ constexpr int kPrepOffRuns = kPrepOffSe + kC * kLdG * 4;
 constexpr int kPrepSmemUnbounded = kPrepOffRuns + kRuns * kD * 4;
 static_assert(kPrepOffPe % 16 == 0 && kPrepOffRuns % 16 == 0);
 static_assert(kPrepSmemUnbounded + 1024 <= 228 * 1024, "one block per SM");
-
-__device__ __forceinline__ int m_tile_index(int R, int c) { return R * (R + 1) / 2 + c; }
-
-// The tiles (R, c0 .. c0+NT−1) of A (rows 16R..16R+15, A_K or A_Q) x (Bh ⊙ d_{R,c})ᵀ into acc,
-// by the calling warp; A's fragment is loaded once per k step for the NT tiles. d: bf16 pairs
-// [10][64]. B reg 2·hf + kh holds (n-row g + 8hf, k-cols 16kk + 8kh + 2t, +1), so it takes the d
-// pair 8kk + 4kh + t (mma.cuh).
-template <int NT>
-__device__ __forceinline__ void staged_m_tiles(float (&acc)[NT][2][4], const bf16* A, const bf16* Bh,
-                                               const uint32_t* d, int R, int c0) {
-  const int t = threadIdx.x & 3;
-#pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    uint32_t a[4];
-    load_a(a, A + 16 * R * kLdB + 16 * kk, kLdB);
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      uint32_t b[4];
-      load_b_nk(b, Bh + 16 * (c0 + i) * kLdB + 16 * kk, kLdB);
-      const uint32_t* dv = d + m_tile_index(R, c0 + i) * (kD / 2) + 8 * kk + t;
-      const uint32_t d0 = dv[0], d1 = dv[4];
-      b[0] = mul_bf16x2(b[0], d0);
-      b[1] = mul_bf16x2(b[1], d1);
-      b[2] = mul_bf16x2(b[2], d0);
-      b[3] = mul_bf16x2(b[3], d1);
-      mma_bf16(acc[i][0], a, b);
-      mma_bf16(acc[i][1], a, b + 2);
-    }
-  }
-}
-
-// f(r, s, x0, x1) for each accumulator pair of tiles (R, c0 .. c0+NT−1): row r, columns s, s + 1.
-template <int NT, typename F>
-__device__ __forceinline__ void each_tile_pair(const float (&acc)[NT][2][4], int R, int c0, F&& f) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
-        f(16 * R + g + 8 * hf, 16 * (c0 + i) + 8 * j + 2 * t, acc[i][j][2 * hf], acc[i][j][2 * hf + 1]);
-}
-
-// M_kk tiles: β_r-scaled, strictly lower (zeros on and above the diagonal), fp32 to Mk.
-template <int NT>
-__device__ __forceinline__ void store_mkk_tiles(const float (&acc)[NT][2][4], int R, int c0, float* Mk,
-                                                const float* beta) {
-  each_tile_pair<NT>(acc, R, c0, [&](int r, int s, float x0, float x1) {
-    const float br = beta[r];
-    *reinterpret_cast<float2*>(Mk + r * kLdT + s) = make_float2(s < r ? br * x0 : 0.f, s + 1 < r ? br * x1 : 0.f);
-  });
-}
-
-// M_qk tiles: lower with the diagonal (zeros above), bf16 to the workspace (pitch kC).
-template <int NT>
-__device__ __forceinline__ void store_mqk_tiles(const float (&acc)[NT][2][4], int R, int c0, bf16* mq_out) {
-  each_tile_pair<NT>(acc, R, c0, [&](int r, int s, float x0, float x1) {
-    *reinterpret_cast<uint32_t*>(mq_out + r * kC + s) = pack_bf16(s <= r ? x0 : 0.f, s + 1 <= r ? x1 : 0.f);
-  });
-}
-
-template <int NT>
-__device__ __forceinline__ void mkk_tiles(int R, int c0, const bf16* Ak, const bf16* Bh, const uint32_t* d,
-                                          float* Mk, const float* beta) {
-  float acc[NT][2][4];
-  staged_m_tiles<NT>(acc, Ak, Bh, d, R, c0);
-  store_mkk_tiles<NT>(acc, R, c0, Mk, beta);
-}
-
-template <int NT>
-__device__ __forceinline__ void mqk_tiles(int R, int c0, const bf16* Aq, const bf16* Bh, const uint32_t* d,
-                                          bf16* mq_out) {
-  float acc[NT][2][4];
-  staged_m_tiles<NT>(acc, Aq, Bh, d, R, c0);
-  store_mqk_tiles<NT>(acc, R, c0, mq_out);
-}
-
-// Unbounded gate: tile (R, ct < R), left of the diagonal, of M_kk and M_qk by the calling warp, the
-// scaled operands built in registers from the run sums of kda_chunk_runs.cuh: rows r = 16R + (0..15)
-// K_r, Q_r times e^{Pe[r]}, columns s = 16ct + (0..15) K_s times e^{Se[s] + bridge}, both ≤ 1 for
-// any g ≤ 0. Fragment element (mma.cuh): A reg 2·kh + hf = (row g + 8hf, cols 16kk + 8kh + 2t, +1);
-// B reg 2·hf + kh = (n-row g + 8hf, k-cols 16kk + 8kh + 2t, +1): regs 0,1 the first n8 tile.
-__device__ __forceinline__ void runs_m_tile(int R, int ct, const bf16* Ks, const bf16* Qs, float* Mk,
-                                            const float* beta, bf16* mq_out, const float* Pe, const float* Se,
-                                            const float* runs) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int n = 16 * R;
-  float acc_k[1][2][4] = {}, acc_q[1][2][4] = {};
-#pragma unroll 4  // full unrolling costs 128 registers and a spill
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    uint32_t ak[4], aq[4], b[4];
-#pragma unroll
-    for (int kh = 0; kh < 2; ++kh) {
-      const int c = 16 * kk + 8 * kh + 2 * t;
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = n + g + 8 * hf;
-        const float2 pe = *reinterpret_cast<const float2*>(Pe + r * kLdG + c);
-        const float f0 = __expf(pe.x), f1 = __expf(pe.y);
-        const float2 k2 = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Ks + r * kLdB + c));
-        const float2 q2 = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Qs + r * kLdB + c));
-        ak[2 * kh + hf] = pack_bf16(k2.x * f0, k2.y * f1);
-        aq[2 * kh + hf] = pack_bf16(q2.x * f0, q2.y * f1);
-        const int s = 16 * ct + g + 8 * hf;
-        const float2 se = *reinterpret_cast<const float2*>(Se + s * kLdG + c);
-        const float2 br = *reinterpret_cast<const float2*>(runs + run_bridge(ct, R) * kD + c);
-        const float2 ks = bf2_to_f2(*reinterpret_cast<const uint32_t*>(Ks + s * kLdB + c));
-        b[2 * hf + kh] = pack_bf16(ks.x * __expf(se.x + br.x), ks.y * __expf(se.y + br.y));
-      }
-    }
-    mma_bf16(acc_k[0][0], ak, b);
-    mma_bf16(acc_k[0][1], ak, b + 2);
-    mma_bf16(acc_q[0][0], aq, b);
-    mma_bf16(acc_q[0][1], aq, b + 2);
-  }
-  store_mkk_tiles<1>(acc_k, R, ct, Mk, beta);
-  store_mqk_tiles<1>(acc_q, R, ct, mq_out);
-}
 
 // Column lc = tid % 16 of the inverse of the unit lower diagonal block d0 = tid & ~15 of I + M, for
 // tid < 64, by forward substitution in registers: t_r = δ_{r,lc} − Σ_{s<r} M_rs t_s, where the
@@ -318,8 +193,7 @@ __device__ __forceinline__ void bounded_pass(const float* G, bf16* Ks, bf16* Qs,
   }
   // d_{R,c} = 2^{Γ_16R − Γ_16c+15} as bf16 pairs [10][64]; e^{Γ_C} (fp32) to the workspace.
   for (int idx = tid; idx < kNumMTiles * (kD / 2); idx += kPrepThreads) {
-    const int tile = idx / (kD / 2), k = 2 * (idx % (kD / 2));
-    const int R = tile < 1 ? 0 : tile < 3 ? 1 : tile < 6 ? 2 : 3, cc = tile - R * (R + 1) / 2;
+    const int tile = idx / (kD / 2), k = 2 * (idx % (kD / 2)), R = m_tile_row(tile), cc = tile - m_tile_index(R, 0);
     const float2 gn = *reinterpret_cast<const float2*>(G + 16 * R * kLdG + k);
     const float2 ge = *reinterpret_cast<const float2*>(G + (16 * cc + 15) * kLdG + k);
     d[idx] = pack_bf16(fast_exp2(gn.x - ge.x), fast_exp2(gn.y - ge.y));
@@ -471,8 +345,8 @@ __global__ void __launch_bounds__(kPrepThreads, kUnbounded ? 1 : 2)
     if (warp < 2) {
       mkk_tiles<2>(3, 2 * warp, Ks, Bh, dvec, Mk, beta);
     } else {
-      const int tile = warp - 2, R = tile < 1 ? 0 : tile < 3 ? 1 : 2;
-      mkk_tiles<1>(R, tile - R * (R + 1) / 2, Ks, Bh, dvec, Mk, beta);
+      const int tile = warp - 2, R = m_tile_row(tile);
+      mkk_tiles<1>(R, tile - m_tile_index(R, 0), Ks, Bh, dvec, Mk, beta);
     }
     __syncthreads();  // M_kk complete
     // Warps 0-1 solve T's diagonal blocks while warps 2-7 compute M_qk's tiles: (3, 0..1),
