@@ -116,27 +116,10 @@ __device__ __forceinline__ void mma_m64n32_kk(float (&d)[16], uint64_t da, uint6
   mma_m64n32<0, 0>(d, da, db, scale_d);
 }
 
-// D[64 x 64] (+)= A[64 x 16] * B[16 x 64]; A K-major, B MN-major when kTransB (imm-trans-b = 1: B
-// stored [k][n], n contiguous) else K-major like mma_m64n32_kk. Same accumulator layout as above with
-// j = 0..7. scale_d = 0 overwrites D.
-template <int kTransB>
-__device__ __forceinline__ void mma_m64n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d = 1) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(scale_d), "n"(kTransB));
-}
-
-__device__ __forceinline__ void mma_m64n64_kt(float (&d)[32], uint64_t da, uint64_t db) { mma_m64n64<1>(d, da, db); }
-
-// As mma_m64n64, with A MN-major too when kTransA (bf16 only: A stored [k][m], m contiguous; for
-// M = 64 one atom along M and two along K per k16 step, placed as an MN-major B of N = 64).
+// D[64 x 64] (+)= A[64 x 16] * B[16 x 64]. As mma_m64n32: kTransA / kTransB = 1 (bf16 only) read
+// the operand MN-major (stored [k][m] or [k][n], m or n contiguous; an A of M = 64 is one atom along
+// M, two along K per k16 step, the placement of an MN-major B of N = 64), 0 K-major. Same
+// accumulator layout as above with j = 0..7. scale_d = 0 overwrites D.
 template <int kTransA, int kTransB>
 __device__ __forceinline__ void mma_m64n64_ab(float (&d)[32], uint64_t da, uint64_t db, int scale_d = 1) {
   asm volatile(
@@ -150,6 +133,14 @@ __device__ __forceinline__ void mma_m64n64_ab(float (&d)[32], uint64_t da, uint6
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db), "r"(scale_d), "n"(kTransA), "n"(kTransB));
 }
+
+// A K-major; B MN-major when kTransB, else K-major like mma_m64n32_kk.
+template <int kTransB>
+__device__ __forceinline__ void mma_m64n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d = 1) {
+  mma_m64n64_ab<0, kTransB>(d, da, db, scale_d);
+}
+
+__device__ __forceinline__ void mma_m64n64_kt(float (&d)[32], uint64_t da, uint64_t db) { mma_m64n64<1>(d, da, db); }
 
 // D[64 x 256] += A[64 x 16] * B[16 x 256]; A K-major, B MN-major spanning 4 atoms along N. B's
 // descriptor must carry the stride between its N atoms in LBO and the 8-row group stride along K
