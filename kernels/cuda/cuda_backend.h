@@ -112,7 +112,7 @@ class CudaBackend final : public Backend {
   // default on: 7 % less prefill time at T = 8192, H = 96 on the H200) or on mma.sync.
   void set_kda_chunk_scan_wgmma(bool on) { kda_scan_wgmma_ = on; }
   // Rows of V per block of that scan: 64, 32 (three blocks per SM instead of two), or 0 (default):
-  // 32 where its grid fits one wave, else 64 (kda_chunk.cu, scan()).
+  // 32 where its grid fits one wave, else 64 (kda_scan_form.h).
   void set_kda_chunk_scan_wg_rows(int rows) {
     if (rows != 0 && rows != 32 && rows != 64)
       throw Error("kda_chunk: wgmma scan rows " + std::to_string(rows) + " must be 0 (by the grid), 32 or 64");

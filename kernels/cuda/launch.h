@@ -82,9 +82,9 @@ struct KdaArgs {
   float* ckpt = nullptr;                 // [ckpt slots, H, V, K]; null: none
   const int32_t* ckpt_slots = nullptr;   // [N, ckpt_m] device
   int ckpt_m = 0, ckpt_interval = 0;
-  // The scan's wide grid on wgmma (kda_chunk_scan_wg.cuh) instead of mma.sync (CudaBackend switch).
-  bool scan_wgmma = false;
-  // Rows of V per wgmma scan block: 64 (kda_chunk_scan_wg.cuh), 32 (_wg32.cuh), or 0: by the grid.
+  // The scan's wide grid on wgmma instead of mma.sync, and the rows of V per wgmma block (64, 32,
+  // or 0: by the grid); kda_scan_form.h picks the kernel. CudaBackend's switches, same defaults.
+  bool scan_wgmma = true;
   int scan_wg_rows = 0;
 };
 // The checkpoint slot for `done` tokens of sequence n, or -1 (device and host).
