@@ -4,6 +4,7 @@
 #pragma once
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -71,6 +72,24 @@ inline Tensor cu_of(const std::vector<int32_t>& lens) {
   std::vector<int32_t> cu{0};
   for (int32_t l : lens) cu.push_back(cu.back() + l);
   return ints(cu);
+}
+
+// KDA checkpoint slots for checkpoints every `interval` tokens (ops::KdaParams::checkpoint_slots):
+// slots[n][j] numbers sequence n's checkpoint j in order (0 .. num-1), -1 past its end; M columns,
+// the most checkpoints of any sequence plus `extra_cols`, at least 1.
+struct CheckpointTable {
+  std::vector<int32_t> slots;
+  int64_t M = 1, num = 0;
+};
+inline CheckpointTable checkpoint_table(const std::vector<int32_t>& lens, int interval, int64_t extra_cols = 0) {
+  CheckpointTable t;
+  int64_t most = 0;
+  for (int32_t l : lens) most = std::max<int64_t>(most, l / interval);
+  t.M = std::max<int64_t>(1, most + extra_cols);
+  t.slots.assign(lens.size() * size_t(t.M), -1);
+  for (size_t n = 0; n < lens.size(); ++n)
+    for (int64_t j = 0; j < lens[n] / interval; ++j) t.slots[n * size_t(t.M) + size_t(j)] = int32_t(t.num++);
+  return t;
 }
 
 // A device output filled with NaN: an element the kernel forgets to write fails the comparison.

@@ -169,17 +169,13 @@ TEST_CASE("cuda kda checkpoints match the cpu recurrence's (chunked kernel and t
     Tensor state0 = randn({N, H, D, D}, rng, 0.1f, false);
     // Every reachable checkpoint gets a slot (shuffled), so the poisoned tensor must be fully written;
     // the table is one column wider than needed (its -1 entries are past every sequence's end).
-    int64_t M = 0, num = 0;
-    for (int32_t l : lens) M = std::max<int64_t>(M, l / cs.interval);
-    ++M;
-    std::vector<int32_t> table(static_cast<size_t>(N * M), -1);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t j = 0; j < lens[size_t(n)] / cs.interval; ++j) table[size_t(n * M + j)] = int32_t(num++);
+    CheckpointTable ct = checkpoint_table(lens, cs.interval, /*extra_cols=*/1);
+    const int64_t num = ct.num;
     std::vector<int32_t> perm(static_cast<size_t>(num));
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
-    for (auto& e : table) e = e < 0 ? e : perm[size_t(e)];
-    Tensor tbl = Tensor::from_i32({N, M}, table), slots = ints({4, 3, 2, 1, 0}), cu = cu_of(lens);
+    for (auto& e : ct.slots) e = e < 0 ? e : perm[size_t(e)];
+    Tensor tbl = Tensor::from_i32({N, ct.M}, ct.slots), slots = ints({4, 3, 2, 1, 0}), cu = cu_of(lens);
     Tensor ref_state = state0.clone(), ref_o = Tensor::zeros({T, H, D}), ref_ck = Tensor::zeros({num, H, D, D});
     bk.cpu->kda_recurrent({.q = q, .k = k, .v = v, .g = gate, .beta = beta, .state = ref_state, .slots = slots,
                            .cu_seqlens = cu, .o = ref_o, .checkpoints = ref_ck, .checkpoint_slots = tbl,

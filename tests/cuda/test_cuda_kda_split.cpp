@@ -159,15 +159,10 @@ TEST_CASE("cuda kda_chunk split into segments matches the cpu recurrence and the
     std::vector<int32_t> slot_ids(static_cast<size_t>(N));
     std::iota(slot_ids.rbegin(), slot_ids.rend(), 0);
     Tensor slots = ints(slot_ids), cu = cu_of(cs.lens);
-    int64_t M = 1, num = 0;
-    std::vector<int32_t> table;
-    if (cs.interval > 0) {
-      for (int32_t l : cs.lens) M = std::max<int64_t>(M, l / cs.interval);
-      table.assign(static_cast<size_t>(N * M), -1);
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t j = 0; j < cs.lens[size_t(n)] / cs.interval; ++j) table[size_t(n * M + j)] = int32_t(num++);
-    }
-    Tensor tbl = Tensor::from_i32({N, M}, cs.interval > 0 ? table : std::vector<int32_t>(size_t(N * M), -1));
+    const CheckpointTable ct = cs.interval > 0 ? checkpoint_table(cs.lens, cs.interval)
+                                               : CheckpointTable{std::vector<int32_t>(size_t(N), -1)};
+    const int64_t num = ct.num;
+    Tensor tbl = Tensor::from_i32({N, ct.M}, ct.slots);
     Tensor ref_state = state0.clone(), ref_o = Tensor::zeros({T, H, D}), ref_ck = Tensor::zeros({std::max<int64_t>(num, 1), H, D, D});
     ops::KdaParams ref{.q = q, .k = k, .v = v, .g = gate, .beta = beta, .state = ref_state, .slots = slots,
                        .cu_seqlens = cu, .o = ref_o};
@@ -224,14 +219,11 @@ TEST_CASE("cuda kda_chunk wide scan on wgmma matches the cpu recurrence and the 
   normalise_heads(k, 1.f);
   Tensor gate = uniform({T, H, D}, rng, -1.f, -0.001f, false), beta = uniform({T, H}, rng, 0.05f, 0.95f, false);
   Tensor state0 = randn({N, H, D, D}, rng, 0.1f, false);
-  std::vector<int32_t> slot_ids(static_cast<size_t>(N)), table;
+  std::vector<int32_t> slot_ids(static_cast<size_t>(N));
   std::iota(slot_ids.rbegin(), slot_ids.rend(), 0);
-  int64_t M = 1, num = 0;
-  for (int32_t l : lens) M = std::max<int64_t>(M, l / 64);
-  table.assign(static_cast<size_t>(N * M), -1);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t j = 0; j < lens[size_t(n)] / 64; ++j) table[size_t(n * M + j)] = int32_t(num++);
-  Tensor slots = ints(slot_ids), cu = cu_of(lens), tbl = Tensor::from_i32({N, M}, table);
+  const CheckpointTable ct = checkpoint_table(lens, 64);
+  const int64_t num = ct.num;
+  Tensor slots = ints(slot_ids), cu = cu_of(lens), tbl = Tensor::from_i32({N, ct.M}, ct.slots);
   Tensor ref_state = state0.clone(), ref_o = Tensor::zeros({T, H, D}), ref_ck = Tensor::zeros({num, H, D, D});
   bk.cpu->kda_recurrent({.q = q, .k = k, .v = v, .g = gate, .beta = beta, .state = ref_state, .slots = slots,
                          .cu_seqlens = cu, .o = ref_o, .checkpoints = ref_ck, .checkpoint_slots = tbl,
