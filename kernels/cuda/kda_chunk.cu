@@ -41,6 +41,7 @@
 #include "kernels/cuda/kda_chunk_scan_wg32.cuh"
 #include "kernels/cuda/kda_scan_form.h"
 #include "kernels/cuda/kda_split_plan.h"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/mma.cuh"
 
 namespace k3::cuda {
@@ -307,13 +308,29 @@ void launch_scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* se
   K3_CUDA_LAUNCHED("kda_chunk_scan_kernel");
 }
 
+// The tensor maps of the wgmma scans' bulk copies over the workspace of num_chunks chunks (zeros
+// when there are none: no block then copies anything).
+kda_chunk::KdaScanMaps scan_maps(void* work, int64_t num_chunks, int H) {
+  kda_chunk::KdaScanMaps m{};
+  if (num_chunks <= 0) return m;
+  const int64_t tiles = num_chunks * H;
+  if (tiles * kda_chunk::kTileRows64 > 0x7fffffff)
+    throw Error("kda_chunk: " + std::to_string(num_chunks) + " chunks x " + std::to_string(H) +
+                " heads exceed the scan's copy coordinates; split the call");
+  m.tiles = make_bf16_tensor_map(work, tiles * kda_chunk::kTileRows128, 128, 64, 64, true);
+  m.mq = make_bf16_tensor_map(work, tiles * kda_chunk::kTileRows64, 64, 64, 64, true);
+  m.u32 = make_bf16_tensor_map(work, tiles * kda_chunk::kTileRows128, 128, 32, 64, false);
+  return m;
+}
+
 // A wgmma scan kernel (layout L, VT rows of V a block) over the grid (row tiles, heads, rows).
 template <class L, int VT, class Kernel>
 void launch_scan_wg(Kernel* kern, const char* name, const KdaArgs& a, const int32_t* chunk_table,
-                    const int32_t* seq_chunk0, void* work, int rows, const KdaScanJob* jobs, float* carry,
-                    cudaStream_t s) {
+                    const int32_t* seq_chunk0, void* work, int num_chunks, int rows, const KdaScanJob* jobs,
+                    float* carry, cudaStream_t s) {
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
-  kern<<<dim3(kD / VT, a.H, rows), L::kThreads, L::kSmem, s>>>(a, chunk_table, seq_chunk0, work, jobs, carry);
+  kern<<<dim3(kD / VT, a.H, rows), L::kThreads, L::kSmem, s>>>(a, chunk_table, seq_chunk0, work, jobs, carry,
+                                                               scan_maps(work, num_chunks, a.H));
   K3_CUDA_LAUNCHED(name);
 }
 
@@ -324,15 +341,15 @@ void launch_scan_wg(Kernel* kern, const char* name, const KdaArgs& a, const int3
 // traffic per state row but leave SMs idle when heads x sequences are few; a grid of at most one
 // block per SM can afford double buffers for every tile. The wide mma.sync grid runs eight warps
 // (the scan alone 704 instead of 730 us with four, H200, 2026-12-03).
-void scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work, int rows,
-          const KdaScanJob* jobs, float* carry, int num_sms, cudaStream_t s) {
+void scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work, int num_chunks,
+          int rows, const KdaScanJob* jobs, float* carry, int num_sms, cudaStream_t s) {
   switch (pick_kda_scan_form(a.H, rows, num_sms, a.scan_wgmma, a.scan_wg_rows)) {
     case KdaScanForm::kWg32:
       return launch_scan_wg<kda_chunk::ScanWg32, 32>(kda_chunk::kda_chunk_scan_wg32_kernel, "kda_chunk_scan_wg32_kernel", a,
-                                                     chunk_table, seq_chunk0, work, rows, jobs, carry, s);
+                                                     chunk_table, seq_chunk0, work, num_chunks, rows, jobs, carry, s);
     case KdaScanForm::kWg64:
       return launch_scan_wg<kda_chunk::ScanWg, 64>(kda_chunk::kda_chunk_scan_wg_kernel, "kda_chunk_scan_wg_kernel", a,
-                                                   chunk_table, seq_chunk0, work, rows, jobs, carry, s);
+                                                   chunk_table, seq_chunk0, work, num_chunks, rows, jobs, carry, s);
     case KdaScanForm::kMma64: launch_scan<64, 8, 1>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s); return;
     case KdaScanForm::kMma32x3: launch_scan<32, 4, 3>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s); return;
     case KdaScanForm::kMma32x2: launch_scan<32, 4, 2>(a, chunk_table, seq_chunk0, work, rows, jobs, carry, s); return;
@@ -348,7 +365,7 @@ void launch_kda_chunk(const KdaArgs& a, const int32_t* chunk_table, const int32_
   if (a.K != kD || a.V != kD) throw Error("kda_chunk: the chunked kernel needs K = V = 128");
   if (a.N == 0 || a.H == 0) return;
   if (num_chunks > 0) launch_kda_chunk_prep(a, chunk_table, num_chunks, work, s);
-  scan(a, chunk_table, seq_chunk0, work, a.N, nullptr, nullptr, num_sms, s);
+  scan(a, chunk_table, seq_chunk0, work, num_chunks, a.N, nullptr, nullptr, num_sms, s);
 }
 
 void launch_kda_chunk_split(const KdaArgs& a, const int32_t* chunk_table, int num_chunks, float* work,
@@ -357,9 +374,9 @@ void launch_kda_chunk_split(const KdaArgs& a, const int32_t* chunk_table, int nu
   if (a.K != kD || a.V != kD) throw Error("kda_chunk: the chunked kernel needs K = V = 128");
   if (a.N == 0 || a.H == 0) return;
   if (num_chunks > 0) launch_kda_chunk_prep(a, chunk_table, num_chunks, work, s);
-  scan(a, chunk_table, nullptr, work, int(split.pass1.size()), pass1, carry, num_sms, s);
+  scan(a, chunk_table, nullptr, work, num_chunks, int(split.pass1.size()), pass1, carry, num_sms, s);
   launch_kda_split_fixup(a.H, int(split.fixup.size() / 2), split.max_segments, fixup, carry, s);
-  scan(a, chunk_table, nullptr, work, int(split.pass3.size()), pass3, carry, num_sms, s);
+  scan(a, chunk_table, nullptr, work, num_chunks, int(split.pass3.size()), pass3, carry, num_sms, s);
 }
 
 }  // namespace k3::cuda

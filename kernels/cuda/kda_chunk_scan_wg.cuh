@@ -8,9 +8,9 @@
 // the two fp32 accumulators of (c) for the whole sequence, with its bf16 copy rewritten each chunk
 // for (a). Accumulator element d[4j + e] of warp w: row 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1).
 #pragma once
-#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/kda_chunk_layout.cuh"
 #include "kernels/cuda/kda_chunk_scan_job.cuh"
+#include "kernels/cuda/kda_chunk_scan_tma.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -18,61 +18,26 @@ namespace k3::cuda::kda_chunk {
 
 struct ScanWg {
   static constexpr int kThreads = 128;
-  static constexpr int kLdU = 72;                        // bf16 pitch of the [64][64] U slice (threads only)
   static constexpr int kOffW = 0;                        // [64 tok][128 k] op layout, 16 KiB
   static constexpr int kOffQ = kOffW + 16384;            // Q⊙e^Γ, same
   static constexpr int kOffKd = kOffQ + 16384;           // K⊙e^{Γ_C−Γ}, same
   static constexpr int kOffS = kOffKd + 16384;           // bf16 S [64 v][128 k], same
   static constexpr int kOffMq = kOffS + 16384;           // M_qk [64][64], 8 KiB
   static constexpr int kOffVp = kOffMq + 8192;           // V' [64 tok][64 v], 8 KiB
-  static constexpr int kOffU = kOffVp + 8192;            // [64][72] bf16
-  static constexpr int kOffGc = kOffU + kC * kLdU * 2;   // fp32 [128]
-  static constexpr int kSmem = kOffGc + kD * 4 + 1024;   // + alignment slack (atoms on 1024 bytes)
-};
-
-// The cp.async copies of one chunk's workspace tiles into a wgmma scan block's shared memory, in
-// the two groups the scan waits for separately: W, Q⊙e^Γ, U (wuq) and K_d, M_qk, e^{Γ_C} (kmg).
-// L: the block's layout (ScanWg, ScanWg32: the same offsets by name); VT rows of V from v0.
-template <class L, int VT>
-struct ScanWgFetch {
-  unsigned char* sm;
-  void* work;
-  int H, h, v0, tid;
-  bool write_o, zero_u;
-  // [64][128] bf16 rows -> op layout (16-byte chunk ch of row r at op_offset(r, ch)).
-  __device__ __forceinline__ void rows128(int off, const bf16* src) const {
-    for (int idx = tid; idx < kC * 16; idx += L::kThreads)
-      cp_async16(sm + off + wg::op_offset(idx >> 4, idx & 15), src + (idx >> 4) * kD + (idx & 15) * 8);
-  }
-  __device__ __forceinline__ void wuq(int c) const {
-    const bf16* wk = work_tiles(work, c, H, h);
-    rows128(L::kOffW, wk + kOffW);
-    if (write_o) rows128(L::kOffQ, wk + kOffQg);
-    if (zero_u) return;
-    bf16* us = reinterpret_cast<bf16*>(sm + L::kOffU);
-    for (int idx = tid; idx < kC * (VT / 8); idx += L::kThreads) {
-      const int r = idx / (VT / 8), c8 = (idx % (VT / 8)) * 8;
-      cp_async16(us + r * L::kLdU + c8, wk + kOffU + r * kD + v0 + c8);
-    }
-  }
-  __device__ __forceinline__ void kmg(int c) const {
-    const bf16* wk = work_tiles(work, c, H, h);
-    rows128(L::kOffKd, wk + kOffKd);
-    for (int idx = tid; write_o && idx < kC * 8; idx += L::kThreads)
-      cp_async16(sm + L::kOffMq + wg::op_offset(idx >> 3, idx & 7), wk + kOffMq + (idx >> 3) * kC + (idx & 7) * 8);
-    const float* gc = work_gc(work, c, H, h);
-    if (tid < kD / 4) cp_async16(reinterpret_cast<float*>(sm + L::kOffGc) + 4 * tid, gc + 4 * tid);
-  }
+  static constexpr int kOffU = kOffVp + 8192;            // U [64 tok][64 v], op layout (the copy's box), 8 KiB
+  static constexpr int kOffGc = kOffU + 8192;            // fp32 [128]
+  static constexpr int kOffBar = kOffGc + kD * 4;        // two mbarriers
+  static constexpr int kSmem = kOffBar + 16 + 1024;      // + alignment slack (atoms on 1024 bytes)
 };
 
 __global__ void __launch_bounds__(ScanWg::kThreads, 2)
     kda_chunk_scan_wg_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
-                             const KdaScanJob* jobs, float* carry) {
+                             const KdaScanJob* jobs, float* carry,
+                             const __grid_constant__ KdaScanMaps maps) {
   constexpr int VT = 64;
   extern __shared__ __align__(1024) unsigned char smraw_wg[];
   unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smraw_wg) + 1023) & ~uintptr_t(1023));
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
-  bf16* Us = reinterpret_cast<bf16*>(sm + ScanWg::kOffU);
   float* Gc = reinterpret_cast<float*>(sm + ScanWg::kOffGc);
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x, warp = tid >> 5;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -81,7 +46,13 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
   const int c_begin = job.c_begin, c_end = job.c_end, seq = job.seq;
   const bool write_o = job.write_o, zero_u = job.zero_u;
 
-  const ScanWgFetch<ScanWg, VT> fetch{sm, work, H, h, v0, tid, write_o, zero_u};
+  const uint32_t bar_a = sbase + ScanWg::kOffBar, bar_b = bar_a + 8;
+  const ScanWgTma<ScanWg, VT> fetch{sbase, &maps, work, H, h, v0, write_o, zero_u, bar_a, bar_b};
+  if (tid == 0) {
+    mbar_init(bar_a);
+    mbar_init(bar_b);
+  }
+  __syncthreads();
 
   // The state: S[b][4j + e] = S[v][k], v = 16 warp + g + 8 (e >> 1), k = 64 b + 8 j + 2 t + (e & 1).
   // each_pair(f) calls f(&S[b][4j + 2hf], v, k) for each of this thread's 32 pairs (k, k + 1).
@@ -114,10 +85,11 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
   // Two cp.async groups a chunk: W, Q⊙e^Γ, U (read by (a)) and K_d, M_qk, e^{Γ_C} (read by (b), (c)).
   // Each is waited for only where it is first read, so the second one lands while (a) runs.
   store_sb();
-  if (c_begin < c_end) fetch.wuq(c_begin);
-  cp_async_commit();
-  if (c_begin < c_end) fetch.kmg(c_begin);
-  cp_async_commit();
+  if (tid == 0 && c_begin < c_end) {
+    fetch.wuq(c_begin);
+    fetch.kmg(c_begin);
+  }
+  uint32_t phase_a = 0, phase_b = 0;  // the parity each barrier's next completion has
 
   // The chunk table's entries one chunk ahead: their global loads stay off the per-chunk chain.
   ChunkAhead next;
@@ -127,9 +99,9 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
     const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * next.idx + len) : -1;
     const bool has_next = c + 1 < c_end;
     if (has_next) next.read(chunk_table, c + 1);
-    cp_async_wait<1>();       // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
-    wg::fence_proxy_async();  // cp.async writes -> the async proxy wgmma reads through
-    __syncthreads();
+    mbar_wait(bar_a, phase_a);  // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
+    phase_a ^= 1;
+    __syncthreads();            // and every thread's bf16 state copy
 
     // (a) V' = U − W Sᵀ, O = (Q⊙e^Γ) Sᵀ.
     float Va[32], Oa[32];
@@ -154,17 +126,15 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
       for (int hf = 0; hf < 2; ++hf) {
         const int r = 16 * warp + g + 8 * hf, col = 8 * j + 2 * t;
         const float2 u = zero_u ? make_float2(0.f, 0.f)
-                                : bf2_to_f2(*reinterpret_cast<const uint32_t*>(Us + r * ScanWg::kLdU + col));
+                                : bf2_to_f2(u_pair<VT>(sm + ScanWg::kOffU, r, col));
         *reinterpret_cast<uint32_t*>(sm + ScanWg::kOffVp + wg::op_offset(r, col >> 3) + (col & 7) * 2) =
             pack_bf16(u.x - Va[4 * j + 2 * hf], u.y - Va[4 * j + 2 * hf + 1]);
       }
     wg::fence_proxy_async();
     __syncthreads();  // V' complete; W, U, Q⊙e^Γ and the bf16 state are no longer read this chunk
-    if (has_next) fetch.wuq(c + 1);
-    cp_async_commit();
-    cp_async_wait<1>();  // this chunk's K_d, M_qk, e^{Γ_C} (the next chunk's W group may be in flight)
-    wg::fence_proxy_async();
-    __syncthreads();
+    if (tid == 0 && has_next) fetch.wuq(c + 1);
+    mbar_wait(bar_b, phase_b);  // this chunk's K_d, M_qk, e^{Γ_C} (the next chunk's W group may be in flight)
+    phase_b ^= 1;
 
     // (b) O += M_qk V' and (c) S = Diag_k(e^{Γ_C}) S + V'ᵀ K_d, issued together (independent
     // accumulators, both reading V'): one wait for both instead of one each.
@@ -211,11 +181,9 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
     }
     __syncthreads();  // every warpgroup row has left (a): the bf16 state may be rewritten; K_d, M_qk, V' free
     store_sb();
-    if (has_next) fetch.kmg(c + 1);
-    cp_async_commit();
+    if (tid == 0 && has_next) fetch.kmg(c + 1);
     if (ck >= 0) store_state(a.ckpt + (int64_t(ck) * H + h) * kD * kD + int64_t(v0) * kD, true);
   }
-  cp_async_wait<0>();
   if (job.final_state != nullptr) store_state(job.final_state, false);
 }
 

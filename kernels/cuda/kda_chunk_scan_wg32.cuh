@@ -11,9 +11,9 @@
 // V'ᵀ and the bf16 copy of S are written transposed from the accumulators (2-byte stores).
 // Accumulator element d[4j + e] of warp w: row 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1).
 #pragma once
-#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/kda_chunk_layout.cuh"
 #include "kernels/cuda/kda_chunk_scan_job.cuh"
+#include "kernels/cuda/kda_chunk_scan_tma.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -22,16 +22,16 @@ namespace k3::cuda::kda_chunk {
 
 struct ScanWg32 {
   static constexpr int kThreads = 128, kRows = 32;
-  static constexpr int kLdU = 40;                        // bf16 pitch of the [64][32] U slice (threads only)
   static constexpr int kOffW = 0;                        // [64 tok][128 k] op layout, 16 KiB
   static constexpr int kOffQ = kOffW + 16384;            // Q⊙e^Γ, same
   static constexpr int kOffKd = kOffQ + 16384;           // K⊙e^{Γ_C−Γ}, same
   static constexpr int kOffS = kOffKd + 16384;           // bf16 S [32 v][128 k], 32-row op layout, 8 KiB
   static constexpr int kOffMq = kOffS + 8192;            // M_qk [64][64], 8 KiB
   static constexpr int kOffVt = kOffMq + 8192;           // V'ᵀ [32 v][64 tok], 32-row op layout, 4 KiB
-  static constexpr int kOffU = kOffVt + 4096;            // [64][40] bf16
-  static constexpr int kOffGc = kOffU + kC * kLdU * 2;   // fp32 [128]
-  static constexpr int kSmem = kOffGc + kD * 4 + 1024;   // + alignment slack (atoms on 1024 bytes)
+  static constexpr int kOffU = kOffVt + 4096;            // U [64 tok][32 v] row-major (the copy's box), 4 KiB
+  static constexpr int kOffGc = kOffU + 4096;            // fp32 [128]
+  static constexpr int kOffBar = kOffGc + kD * 4;        // two mbarriers
+  static constexpr int kSmem = kOffBar + 16 + 1024;      // + alignment slack (atoms on 1024 bytes)
   // Byte offset of 16-byte chunk `chunk` of row `row` of a 32-row operand: the 4 atoms of one
   // 64-element column block consecutive (8-row group stride 1024), column blocks 4096 apart.
   static __device__ __forceinline__ uint32_t off32(int row, int chunk) {
@@ -42,12 +42,12 @@ static_assert(3 * (ScanWg32::kSmem + 1024) <= 228 * 1024, "three blocks per SM")
 
 __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
     kda_chunk_scan_wg32_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
-                               const KdaScanJob* jobs, float* carry) {
+                               const KdaScanJob* jobs, float* carry,
+                             const __grid_constant__ KdaScanMaps maps) {
   constexpr int VT = ScanWg32::kRows;
   extern __shared__ __align__(1024) unsigned char smraw_wg32[];
   unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smraw_wg32) + 1023) & ~uintptr_t(1023));
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
-  bf16* Us = reinterpret_cast<bf16*>(sm + ScanWg32::kOffU);
   float* Gc = reinterpret_cast<float*>(sm + ScanWg32::kOffGc);
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x, warp = tid >> 5;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -56,7 +56,13 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
   const int c_begin = job.c_begin, c_end = job.c_end, seq = job.seq;
   const bool write_o = job.write_o, zero_u = job.zero_u;
 
-  const ScanWgFetch<ScanWg32, VT> fetch{sm, work, H, h, v0, tid, write_o, zero_u};
+  const uint32_t bar_a = sbase + ScanWg32::kOffBar, bar_b = bar_a + 8;
+  const ScanWgTma<ScanWg32, VT> fetch{sbase, &maps, work, H, h, v0, write_o, zero_u, bar_a, bar_b};
+  if (tid == 0) {
+    mbar_init(bar_a);
+    mbar_init(bar_b);
+  }
+  __syncthreads();
 
   // The state, transposed: ST[b][4j + e] = S[v][k], k = 64 b + 16 warp + g + 8 (e >> 1),
   // v = 8 j + 2 t + (e & 1) (rows of V relative to v0). each_elem(f) calls f(ST[b][4j + e], v, k).
@@ -84,10 +90,11 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
   };
   // Two cp.async groups a chunk, as in the 64-row scan: W, Q⊙e^Γ, U, then K_d, M_qk, e^{Γ_C}.
   store_sb();
-  if (c_begin < c_end) fetch.wuq(c_begin);
-  cp_async_commit();
-  if (c_begin < c_end) fetch.kmg(c_begin);
-  cp_async_commit();
+  if (tid == 0 && c_begin < c_end) {
+    fetch.wuq(c_begin);
+    fetch.kmg(c_begin);
+  }
+  uint32_t phase_a = 0, phase_b = 0;  // the parity each barrier's next completion has
 
   ChunkAhead next;
   if (c_begin < c_end) next.read(chunk_table, c_begin);
@@ -96,9 +103,9 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
     const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * next.idx + len) : -1;
     const bool has_next = c + 1 < c_end;
     if (has_next) next.read(chunk_table, c + 1);
-    cp_async_wait<1>();
-    wg::fence_proxy_async();
-    __syncthreads();
+    mbar_wait(bar_a, phase_a);  // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
+    phase_a ^= 1;
+    __syncthreads();            // and every thread's bf16 state copy
 
     // (a) V' = U − W Sᵀ, O = (Q⊙e^Γ) Sᵀ.
     float Va[16], Oa[16];
@@ -124,18 +131,16 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
       for (int hf = 0; hf < 2; ++hf) {
         const int r = 16 * warp + g + 8 * hf, v = 8 * j + 2 * t;
         const float2 u = zero_u ? make_float2(0.f, 0.f)
-                                : bf2_to_f2(*reinterpret_cast<const uint32_t*>(Us + r * ScanWg32::kLdU + v));
+                                : bf2_to_f2(u_pair<VT>(sm + ScanWg32::kOffU, r, v));
         unsigned char* col = sm + ScanWg32::kOffVt + (r & 7) * 2;
         *reinterpret_cast<bf16*>(col + ScanWg32::off32(v, r >> 3)) = __float2bfloat16_rn(u.x - Va[4 * j + 2 * hf]);
         *reinterpret_cast<bf16*>(col + ScanWg32::off32(v + 1, r >> 3)) = __float2bfloat16_rn(u.y - Va[4 * j + 2 * hf + 1]);
       }
     wg::fence_proxy_async();
     __syncthreads();  // V'ᵀ complete; W, U, Q⊙e^Γ and the bf16 state are no longer read this chunk
-    if (has_next) fetch.wuq(c + 1);
-    cp_async_commit();
-    cp_async_wait<1>();  // this chunk's K_d, M_qk, e^{Γ_C}
-    wg::fence_proxy_async();
-    __syncthreads();
+    if (tid == 0 && has_next) fetch.wuq(c + 1);
+    mbar_wait(bar_b, phase_b);  // this chunk's K_d, M_qk, e^{Γ_C} (the next chunk's W group may be in flight)
+    phase_b ^= 1;
 
     // (b) O += M_qk V' and (c) Sᵀ = Diag(e^{Γ_C}) Sᵀ + K_dᵀ V', under one wait.
 #pragma unroll
@@ -182,11 +187,9 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
     }
     __syncthreads();  // every row has left (a): the bf16 state may be rewritten; K_d, M_qk, V'ᵀ free
     store_sb();
-    if (has_next) fetch.kmg(c + 1);
-    cp_async_commit();
+    if (tid == 0 && has_next) fetch.kmg(c + 1);
     if (ck >= 0) store_state(a.ckpt + (int64_t(ck) * H + h) * kD * kD + int64_t(v0) * kD, true);
   }
-  cp_async_wait<0>();
   if (job.final_state != nullptr) store_state(job.final_state, false);
 }
 

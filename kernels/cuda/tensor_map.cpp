@@ -27,17 +27,25 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 void load_tensor_map_encoder() { (void)encoder(); }
 
 CUtensorMap make_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols, int box_rows) {
+  return make_bf16_tensor_map(base, rows, cols, 64, box_rows, true);
+}
+
+CUtensorMap make_bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int box_cols, int box_rows,
+                                 bool swizzle128) {
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0) throw Error("tensor map: base address is not 16-byte aligned");
-  if (cols % 8 != 0 || cols < 64) throw Error("tensor map: cols " + std::to_string(cols) + " is not a multiple of 8 >= 64");
+  if (cols % 8 != 0 || cols < box_cols) throw Error("tensor map: cols " + std::to_string(cols) + " is not a multiple of 8 >= the box's");
   if (rows <= 0 || rows > (int64_t(1) << 32)) throw Error("tensor map: rows " + std::to_string(rows) + " out of range");
   if (box_rows < 1 || box_rows > 256) throw Error("tensor map: box_rows " + std::to_string(box_rows) + " not in 1..256");
+  if (swizzle128 ? box_cols != 64 : (box_cols % 8 != 0 || box_cols < 8 || box_cols > 256))
+    throw Error("tensor map: box_cols " + std::to_string(box_cols) + (swizzle128 ? " must be 64 with the 128B swizzle" : " not a multiple of 8 in 8..256"));
   CUtensorMap map{};
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};  // innermost first
   const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};              // bytes between rows
-  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
+  const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
-                               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                               swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) throw Error("tensor map: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)));
   return map;

@@ -15,6 +15,11 @@ namespace k3::cuda {
 // k3::Error naming the argument the driver refused.
 CUtensorMap make_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols, int box_rows);
 
+// The same with boxes of box_cols x box_rows, with the 128B swizzle (box_cols = 64) or without it
+// (box_cols a multiple of 8 up to 256: rows land row-major, box_cols elements each).
+CUtensorMap make_bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int box_cols, int box_rows,
+                                 bool swizzle128);
+
 // Looks the driver's encoder up now (once per process; CudaBackend does it at construction, so the
 // lookup never happens inside a CUDA graph capture). Throws k3::Error if the driver lacks it.
 void load_tensor_map_encoder();
