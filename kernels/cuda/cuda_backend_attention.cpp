@@ -64,7 +64,7 @@ KdaCheck check_kda(const char* op, const ops::KdaParams& p) {
 
 // The optional checkpoint output (ops::KdaParams): interval a multiple of `multiple_of`, table
 // [N, M] I32, slots distinct and inside the checkpoint tensor (read on the host: a prefill call).
-// Sets a.ckpt / ckpt_m / ckpt_interval; a.ckpt_slots is set by the caller from device_ints.
+// Sets a.ckpt / ckpt_num_slots / ckpt_m / ckpt_interval; a.ckpt_slots is set by the caller from device_ints.
 void check_kda_checkpoints(const char* op, const ops::KdaParams& p, KdaArgs& a, int multiple_of, cudaStream_t s) {
   if (p.checkpoint_interval == 0) return;
   const int I = p.checkpoint_interval;
@@ -90,6 +90,7 @@ void check_kda_checkpoints(const char* op, const ops::KdaParams& p, KdaArgs& a, 
     used[size_t(tbl[i])] = true;
   }
   a.ckpt = ck;
+  a.ckpt_num_slots = num;
   a.ckpt_m = int(p.checkpoint_slots.dim(1));
   a.ckpt_interval = I;
 }

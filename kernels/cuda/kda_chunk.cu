@@ -309,17 +309,25 @@ void launch_scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* se
 }
 
 // The tensor maps of the wgmma scans' bulk copies over the workspace of num_chunks chunks (zeros
-// when there are none: no block then copies anything).
-kda_chunk::KdaScanMaps scan_maps(void* work, int64_t num_chunks, int H) {
+// when there are none: no block then copies anything), and over the checkpoint slots when asked for.
+kda_chunk::KdaScanMaps scan_maps(const KdaArgs& a, void* work, int64_t num_chunks) {
   kda_chunk::KdaScanMaps m{};
   if (num_chunks <= 0) return m;
-  const int64_t tiles = num_chunks * H;
+  const int64_t tiles = num_chunks * a.H;
   if (tiles * kda_chunk::kTileRows64 > 0x7fffffff)
-    throw Error("kda_chunk: " + std::to_string(num_chunks) + " chunks x " + std::to_string(H) +
+    throw Error("kda_chunk: " + std::to_string(num_chunks) + " chunks x " + std::to_string(a.H) +
                 " heads exceed the scan's copy coordinates; split the call");
   m.tiles = make_bf16_tensor_map(work, tiles * kda_chunk::kTileRows128, 128, 64, 64, true);
   m.mq = make_bf16_tensor_map(work, tiles * kda_chunk::kTileRows64, 64, 64, 64, true);
   m.u32 = make_bf16_tensor_map(work, tiles * kda_chunk::kTileRows128, 128, 32, 64, false);
+  if (a.ckpt != nullptr) {
+    const int64_t rows = a.ckpt_num_slots * a.H * kD;
+    if (a.ckpt_num_slots <= 0) throw Error("kda_chunk: checkpoints given without their slot count");
+    if (rows > 0x7fffffff)
+      throw Error("kda_chunk: " + std::to_string(a.ckpt_num_slots) + " checkpoint slots x " + std::to_string(a.H) +
+                  " heads exceed the scan's copy coordinates");
+    m.ckpt = make_f32_tensor_map_sw128(a.ckpt, rows, kD, 32);
+  }
   return m;
 }
 
@@ -330,7 +338,7 @@ void launch_scan_wg(Kernel* kern, const char* name, const KdaArgs& a, const int3
                     float* carry, cudaStream_t s) {
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
   kern<<<dim3(kD / VT, a.H, rows), L::kThreads, L::kSmem, s>>>(a, chunk_table, seq_chunk0, work, jobs, carry,
-                                                               scan_maps(work, num_chunks, a.H));
+                                                               scan_maps(a, work, num_chunks));
   K3_CUDA_LAUNCHED(name);
 }
 

@@ -17,8 +17,10 @@ namespace k3::cuda::kda_chunk {
 //         boxes of 64 x 64 with the 128B swizzle (one k half of a [64][128] operand: 8 atoms);
 //  mq:    bf16 rows of 64 (kTileRows64 a tile, M_qk at +512), the same boxes;
 //  u32:   rows of 128, boxes of 32 x 64 without swizzle (a 32-row block's slice of U, row-major).
+// And the checkpoint slots [slot][head][v][k] as fp32 rows of 128 (row (slot·H + head)·128 + v):
+//  ckpt:  boxes of 32 k x 32 v with the 128B swizzle, stored from a block's staging buffer.
 struct KdaScanMaps {
-  CUtensorMap tiles, mq, u32;
+  CUtensorMap tiles, mq, u32, ckpt;
 };
 constexpr int kTileRows128 = int(kWorkBytes / 256), kTileRows64 = int(kWorkBytes / 128);
 static_assert(kWorkBytes % 256 == 0 && kOffMq * 2 == 512 * 128, "M_qk at row 512 of the 64-wide view");
@@ -55,7 +57,29 @@ struct ScanWgTma {
     if (write_o) tma_load_2d(sbase + L::kOffMq, &maps->mq, 0, t * kTileRows64 + 512, bar_b);
     bulk_load(sbase + L::kOffGc, work_gc(work, c, H, h), kD * 4, bar_b);
   }
+  // The staged state (ckpt_stage_offset) to checkpoint slot `slot`; returns once the copy engine has
+  // read the staging buffer, which the next chunk's copies may then overwrite.
+  __device__ __forceinline__ void ckpt(int slot) const {
+    const int row = (slot * H + h) * kD + v0;
+#pragma unroll
+    for (int half = 0; half < VT / 32; ++half)
+#pragma unroll
+      for (int kb = 0; kb < kD / 32; ++kb)
+        tma_store_2d(&maps->ckpt, 32 * kb, row + 32 * half, sbase + uint32_t(L::ckpt_half(half) + kb * 4096));
+    bulk_commit();
+    bulk_wait_read_all();
+  }
 };
+
+// Where a scan block stages its fp32 state [VT v][128 k] for the bulk store to a checkpoint slot:
+// 32-row halves at L::ckpt_half(0), L::ckpt_half(1) (buffers free between the chunk's last product
+// and the next chunk's K_d copy), each four 4 KiB boxes of 32 k in the 128B swizzle. The swizzle
+// spreads both scans' per-thread writes over all 32 banks. Byte offset of element (v, k):
+template <class L>
+__device__ __forceinline__ uint32_t ckpt_stage_offset(int v, int k) {
+  return uint32_t(L::ckpt_half(v >> 5) + (k >> 5) * 4096 + (v & 31) * 128 + ((((k & 31) >> 2) ^ (v & 7)) << 4) +
+                  (k & 3) * 4);
+}
 
 // Element pair (r, col), (r, col + 1) of the block's U slice as the copy left it: the 64-row block's
 // box in the 128B swizzle, the 32-row block's row-major.

@@ -28,7 +28,11 @@ struct ScanWg {
   static constexpr int kOffGc = kOffU + 8192;            // fp32 [128]
   static constexpr int kOffBar = kOffGc + kD * 4;        // two mbarriers
   static constexpr int kSmem = kOffBar + 16 + 1024;      // + alignment slack (atoms on 1024 bytes)
+  // A checkpoint's fp32 state [64][128] is staged in two 16 KiB halves: rows 0-31 in the K_d buffer,
+  // rows 32-63 in M_qk and V' together (kda_chunk_scan_tma.cuh).
+  static constexpr int ckpt_half(int half) { return half == 0 ? kOffKd : kOffMq; }
 };
+static_assert(ScanWg::kOffVp == ScanWg::kOffMq + 8192 && ScanWg::kOffMq % 1024 == 0, "M_qk and V' hold 32 state rows");
 
 __global__ void __launch_bounds__(ScanWg::kThreads, 2)
     kda_chunk_scan_wg_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
@@ -75,11 +79,9 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
     });
     wg::fence_proxy_async();
   };
-  auto store_state = [&](float* dst, bool streaming) {
+  auto store_state = [&](float* dst) {
     each_pair([&](const float* x, int r, int col) {
-      const float2 v = make_float2(x[0], x[1]);
-      if (streaming) __stcs(reinterpret_cast<float2*>(dst + r * kD + col), v);
-      else *reinterpret_cast<float2*>(dst + r * kD + col) = v;
+      *reinterpret_cast<float2*>(dst + r * kD + col) = make_float2(x[0], x[1]);
     });
   };
   // Two cp.async groups a chunk: W, Q⊙e^Γ, U (read by (a)) and K_d, M_qk, e^{Γ_C} (read by (b), (c)).
@@ -181,10 +183,17 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
     }
     __syncthreads();  // every warpgroup row has left (a): the bf16 state may be rewritten; K_d, M_qk, V' free
     store_sb();
+    if (ck >= 0) {  // the state through the free K_d, M_qk and V' buffers to its checkpoint slot
+      each_pair([&](const float* x, int r, int col) {
+        *reinterpret_cast<float2*>(sm + ckpt_stage_offset<ScanWg>(r, col)) = make_float2(x[0], x[1]);
+      });
+      wg::fence_proxy_async();
+      __syncthreads();
+      if (tid == 0) fetch.ckpt(ck);
+    }
     if (tid == 0 && has_next) fetch.kmg(c + 1);
-    if (ck >= 0) store_state(a.ckpt + (int64_t(ck) * H + h) * kD * kD + int64_t(v0) * kD, true);
   }
-  if (job.final_state != nullptr) store_state(job.final_state, false);
+  if (job.final_state != nullptr) store_state(job.final_state);
 }
 
 }  // namespace k3::cuda::kda_chunk

@@ -32,6 +32,8 @@ struct ScanWg32 {
   static constexpr int kOffGc = kOffU + 4096;            // fp32 [128]
   static constexpr int kOffBar = kOffGc + kD * 4;        // two mbarriers
   static constexpr int kSmem = kOffBar + 16 + 1024;      // + alignment slack (atoms on 1024 bytes)
+  // A checkpoint's fp32 state [32][128] is staged in the K_d buffer (kda_chunk_scan_tma.cuh).
+  static constexpr int ckpt_half(int) { return kOffKd; }
   // Byte offset of 16-byte chunk `chunk` of row `row` of a 32-row operand: the 4 atoms of one
   // 64-element column block consecutive (8-row group stride 1024), column blocks 4096 apart.
   static __device__ __forceinline__ uint32_t off32(int row, int chunk) {
@@ -82,12 +84,7 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
     });
     wg::fence_proxy_async();
   };
-  auto store_state = [&](float* dst, bool streaming) {
-    each_elem([&](float x, int v, int k) {
-      if (streaming) __stcs(dst + v * kD + k, x);
-      else dst[v * kD + k] = x;
-    });
-  };
+  auto store_state = [&](float* dst) { each_elem([&](float x, int v, int k) { dst[v * kD + k] = x; }); };
   // Two cp.async groups a chunk, as in the 64-row scan: W, Q⊙e^Γ, U, then K_d, M_qk, e^{Γ_C}.
   store_sb();
   if (tid == 0 && c_begin < c_end) {
@@ -187,10 +184,15 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
     }
     __syncthreads();  // every row has left (a): the bf16 state may be rewritten; K_d, M_qk, V'ᵀ free
     store_sb();
+    if (ck >= 0) {  // the state through the free K_d buffer to its checkpoint slot, in one bulk store
+      each_elem([&](float x, int v, int k) { *reinterpret_cast<float*>(sm + ckpt_stage_offset<ScanWg32>(v, k)) = x; });
+      wg::fence_proxy_async();
+      __syncthreads();
+      if (tid == 0) fetch.ckpt(ck);
+    }
     if (tid == 0 && has_next) fetch.kmg(c + 1);
-    if (ck >= 0) store_state(a.ckpt + (int64_t(ck) * H + h) * kD * kD + int64_t(v0) * kD, true);
   }
-  if (job.final_state != nullptr) store_state(job.final_state, false);
+  if (job.final_state != nullptr) store_state(job.final_state);
 }
 
 }  // namespace k3::cuda::kda_chunk

@@ -79,7 +79,8 @@ struct KdaArgs {
   bool unbounded_gate = false;
   // Optional checkpoints (ops::KdaParams): after (j+1)·ckpt_interval tokens of sequence n the state
   // goes to ckpt + slot·H·V·K, slot = ckpt_slots[n·ckpt_m + j] when j < ckpt_m and slot >= 0.
-  float* ckpt = nullptr;                 // [ckpt slots, H, V, K]; null: none
+  float* ckpt = nullptr;                 // [ckpt_num_slots, H, V, K]; null: none
+  int64_t ckpt_num_slots = 0;
   const int32_t* ckpt_slots = nullptr;   // [N, ckpt_m] device
   int ckpt_m = 0, ckpt_interval = 0;
   // The scan's wide grid on wgmma instead of mma.sync, and the rows of V per wgmma block (64, 32,

@@ -1,6 +1,6 @@
 // Tensor maps for the Hopper tensor memory accelerator (TMA, cp.async.bulk.tensor): the descriptor
 // a kernel hands to one bulk instruction to copy a whole 2-D box of a global array into shared
-// memory, already in the 128-byte swizzled layout that wgmma reads (wgmma.cuh). Encoding goes
+// memory (or back out of it), already in the 128-byte swizzled layout that wgmma reads (wgmma.cuh). Encoding goes
 // through the driver (cuTensorMapEncodeTiled), reached via the runtime's entry-point lookup so the
 // library does not link libcuda itself.
 #pragma once
@@ -19,6 +19,11 @@ CUtensorMap make_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t c
 // (box_cols a multiple of 8 up to 256: rows land row-major, box_cols elements each).
 CUtensorMap make_bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int box_cols, int box_rows,
                                  bool swizzle128);
+
+// Row-major fp32 array [rows][cols] (cols a multiple of 4) in boxes of box_rows x 32 elements (128
+// bytes) with the 128B swizzle: for bulk stores of fp32 tiles that threads wrote into shared memory
+// in the swizzled layout (which keeps their 4-byte writes free of bank conflicts).
+CUtensorMap make_f32_tensor_map_sw128(void* base, int64_t rows, int64_t cols, int box_rows);
 
 // Looks the driver's encoder up now (once per process; CudaBackend does it at construction, so the
 // lookup never happens inside a CUDA graph capture). Throws k3::Error if the driver lacks it.
