@@ -8,6 +8,8 @@
 // the two fp32 accumulators of (c) for the whole sequence, with its bf16 copy rewritten each chunk
 // for (a). Accumulator element d[4j + e] of warp w: row 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1).
 #pragma once
+#include <type_traits>
+
 #include "kernels/cuda/kda_chunk_layout.cuh"
 #include "kernels/cuda/kda_chunk_scan_job.cuh"
 #include "kernels/cuda/kda_chunk_scan_tma.cuh"
@@ -93,106 +95,123 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
   }
   uint32_t phase_a = 0, phase_b = 0;  // the parity each barrier's next completion has
 
-  // The chunk table's entries one chunk ahead: their global loads stay off the per-chunk chain.
-  ChunkAhead next;
-  if (c_begin < c_end) next.read(chunk_table, c_begin);
-  for (int c = c_begin; c < c_end; ++c) {
-    const int t0 = next.t0, len = next.len;
-    const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * next.idx + len) : -1;
-    const bool has_next = c + 1 < c_end;
-    if (has_next) next.read(chunk_table, c + 1);
-    mbar_wait(bar_a, phase_a);  // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
-    phase_a ^= 1;
-    __syncthreads();            // and every thread's bf16 state copy
+  // The chunk loop with write_o as a constant: a wgmma group that runs only when O is written
+  // would make ptxas serialize every wgmma of the kernel (C7514) once the two groups of a
+  // product overlap.
+  auto chunks = [&](auto write_o_c) {
+    constexpr bool kO = decltype(write_o_c)::value;
+    // The chunk table's entries one chunk ahead: their global loads stay off the per-chunk chain.
+    ChunkAhead next;
+    if (c_begin < c_end) next.read(chunk_table, c_begin);
+    for (int c = c_begin; c < c_end; ++c) {
+      const int t0 = next.t0, len = next.len;
+      const int ck = kO ? kda_ckpt_slot(a, seq, 64 * next.idx + len) : -1;
+      const bool has_next = c + 1 < c_end;
+      if (has_next) next.read(chunk_table, c + 1);
+      mbar_wait(bar_a, phase_a);  // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
+      phase_a ^= 1;
+      __syncthreads();            // and every thread's bf16 state copy
 
-    // (a) V' = U − W Sᵀ, O = (Q⊙e^Γ) Sᵀ.
-    float Va[32], Oa[32];
-    wg::fence();
+      // (a) V' = U − W Sᵀ, O = (Q⊙e^Γ) Sᵀ.
+      float Va[32], Oa[32];
+      wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      const uint32_t off = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
-      const uint64_t ds = wg::make_desc(sbase + ScanWg::kOffS + off);
-      wg::mma_m64n64<0>(Va, wg::make_desc(sbase + ScanWg::kOffW + off), ds, ks > 0);
-      if (write_o) wg::mma_m64n64<0>(Oa, wg::make_desc(sbase + ScanWg::kOffQ + off), ds, ks > 0);
-    }
-    wg::commit();
-    wg::wait<0>();
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      wg::reg_fence(Va[i]);
-      wg::reg_fence(Oa[i]);
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = 16 * warp + g + 8 * hf, col = 8 * j + 2 * t;
-        const float2 u = zero_u ? make_float2(0.f, 0.f)
-                                : bf2_to_f2(u_pair<VT>(sm + ScanWg::kOffU, r, col));
-        *reinterpret_cast<uint32_t*>(sm + ScanWg::kOffVp + wg::op_offset(r, col >> 3) + (col & 7) * 2) =
-            pack_bf16(u.x - Va[4 * j + 2 * hf], u.y - Va[4 * j + 2 * hf + 1]);
+      for (int ks = 0; ks < kD / 16; ++ks) {
+        const uint32_t off = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
+        const uint64_t ds = wg::make_desc(sbase + ScanWg::kOffS + off);
+        wg::mma_m64n64<0>(Va, wg::make_desc(sbase + ScanWg::kOffW + off), ds, ks > 0);
       }
-    wg::fence_proxy_async();
-    __syncthreads();  // V' complete; W, U, Q⊙e^Γ and the bf16 state are no longer read this chunk
-    if (tid == 0 && has_next) fetch.wuq(c + 1);
-    mbar_wait(bar_b, phase_b);  // this chunk's K_d, M_qk, e^{Γ_C} (the next chunk's W group may be in flight)
-    phase_b ^= 1;
-
-    // (b) O += M_qk V' and (c) S = Diag_k(e^{Γ_C}) S + V'ᵀ K_d, issued together (independent
-    // accumulators, both reading V'): one wait for both instead of one each.
+      wg::commit();
+      if constexpr (kO) {
 #pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 d = *reinterpret_cast<const float2*>(Gc + 64 * b + 8 * j + 2 * t);
-        S[b][4 * j] *= d.x;
-        S[b][4 * j + 1] *= d.y;
-        S[b][4 * j + 2] *= d.x;
-        S[b][4 * j + 3] *= d.y;
+        for (int ks = 0; ks < kD / 16; ++ks) {
+          const uint32_t off = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
+          wg::mma_m64n64<0>(Oa, wg::make_desc(sbase + ScanWg::kOffQ + off), wg::make_desc(sbase + ScanWg::kOffS + off), ks > 0);
+        }
       }
-    wg::fence();
-    if (write_o) {
+      wg::commit();
+      wg::wait<1>();  // W Sᵀ is done; (Q⊙e^Γ) Sᵀ may still run while V' is formed
 #pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk)
-        wg::mma_m64n64<1>(Oa, wg::make_desc(sbase + ScanWg::kOffMq + kk * 32),
-                          wg::make_desc(sbase + ScanWg::kOffVp + 2 * kk * wg::kAtomBytes));
-    }
-#pragma unroll
-    for (int kk = 0; kk < kC / 16; ++kk) {
-      const uint64_t dv = wg::make_desc(sbase + ScanWg::kOffVp + 2 * kk * wg::kAtomBytes);
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-        wg::mma_m64n64_ab<1, 1>(S[b], dv, wg::make_desc(sbase + ScanWg::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes));
-    }
-    wg::commit();
-    wg::wait<0>();
-#pragma unroll
-    for (int i = 0; i < 32; ++i) wg::reg_fence(Oa[i]);
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int i = 0; i < 32; ++i) wg::reg_fence(S[b][i]);
-    if (write_o) {  // rows < len to the output
+      for (int i = 0; i < 32; ++i) wg::reg_fence(Va[i]);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int r = 16 * warp + g + 8 * hf, col = v0 + 8 * j + 2 * t;
-          if (r < len) store_o_pair(a, t0, r, h, col, Oa[4 * j + 2 * hf], Oa[4 * j + 2 * hf + 1]);
+          const int r = 16 * warp + g + 8 * hf, col = 8 * j + 2 * t;
+          const float2 u = zero_u ? make_float2(0.f, 0.f)
+                                  : bf2_to_f2(u_pair<VT>(sm + ScanWg::kOffU, r, col));
+          *reinterpret_cast<uint32_t*>(sm + ScanWg::kOffVp + wg::op_offset(r, col >> 3) + (col & 7) * 2) =
+              pack_bf16(u.x - Va[4 * j + 2 * hf], u.y - Va[4 * j + 2 * hf + 1]);
         }
-    }
-    __syncthreads();  // every warpgroup row has left (a): the bf16 state may be rewritten; K_d, M_qk, V' free
-    store_sb();
-    if (ck >= 0) {  // the state through the free K_d, M_qk and V' buffers to its checkpoint slot
-      each_pair([&](const float* x, int r, int col) {
-        *reinterpret_cast<float2*>(sm + ckpt_stage_offset<ScanWg>(r, col)) = make_float2(x[0], x[1]);
-      });
+      wg::wait<0>();  // (Q⊙e^Γ) Sᵀ: its reads end before the next chunk's copies overwrite Q⊙e^Γ
+#pragma unroll
+      for (int i = 0; i < 32; ++i) wg::reg_fence(Oa[i]);
       wg::fence_proxy_async();
-      __syncthreads();
-      if (tid == 0) fetch.ckpt(ck);
+      __syncthreads();  // V' complete; W, U, Q⊙e^Γ and the bf16 state are no longer read this chunk
+      if (tid == 0 && has_next) fetch.wuq(c + 1);
+      mbar_wait(bar_b, phase_b);  // this chunk's K_d, M_qk, e^{Γ_C} (the next chunk's W group may be in flight)
+      phase_b ^= 1;
+
+      // (c) S = Diag_k(e^{Γ_C}) S + V'ᵀ K_d, then (b) O += M_qk V' as a second group: the bf16 copy of
+      // the new state is written while (b) runs.
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float2 d = *reinterpret_cast<const float2*>(Gc + 64 * b + 8 * j + 2 * t);
+          S[b][4 * j] *= d.x;
+          S[b][4 * j + 1] *= d.y;
+          S[b][4 * j + 2] *= d.x;
+          S[b][4 * j + 3] *= d.y;
+        }
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk) {
+        const uint64_t dv = wg::make_desc(sbase + ScanWg::kOffVp + 2 * kk * wg::kAtomBytes);
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+          wg::mma_m64n64_ab<1, 1>(S[b], dv, wg::make_desc(sbase + ScanWg::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes));
+      }
+      wg::commit();
+      if constexpr (kO) {
+#pragma unroll
+        for (int kk = 0; kk < kC / 16; ++kk)
+          wg::mma_m64n64<1>(Oa, wg::make_desc(sbase + ScanWg::kOffMq + kk * 32),
+                            wg::make_desc(sbase + ScanWg::kOffVp + 2 * kk * wg::kAtomBytes));
+      }
+      wg::commit();
+      wg::wait<1>();
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) wg::reg_fence(S[b][i]);
+      store_sb();  // (a) of this chunk, its only reader, ended before the barrier above
+      wg::wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) wg::reg_fence(Oa[i]);
+      if constexpr (kO) {  // rows < len to the output
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int r = 16 * warp + g + 8 * hf, col = v0 + 8 * j + 2 * t;
+            if (r < len) store_o_pair(a, t0, r, h, col, Oa[4 * j + 2 * hf], Oa[4 * j + 2 * hf + 1]);
+          }
+      }
+      __syncthreads();  // K_d, M_qk, V' are free
+      if (ck >= 0) {  // the state through the free K_d, M_qk and V' buffers to its checkpoint slot
+        each_pair([&](const float* x, int r, int col) {
+          *reinterpret_cast<float2*>(sm + ckpt_stage_offset<ScanWg>(r, col)) = make_float2(x[0], x[1]);
+        });
+        wg::fence_proxy_async();
+        __syncthreads();
+        if (tid == 0) fetch.ckpt(ck);
+      }
+      if (tid == 0 && has_next) fetch.kmg(c + 1);
     }
-    if (tid == 0 && has_next) fetch.kmg(c + 1);
-  }
+  };
+  if (write_o) chunks(std::true_type{});
+  else chunks(std::false_type{});
   if (job.final_state != nullptr) store_state(job.final_state);
 }
 

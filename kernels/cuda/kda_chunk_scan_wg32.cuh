@@ -11,6 +11,8 @@
 // V'ᵀ and the bf16 copy of S are written transposed from the accumulators (2-byte stores).
 // Accumulator element d[4j + e] of warp w: row 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1).
 #pragma once
+#include <type_traits>
+
 #include "kernels/cuda/kda_chunk_layout.cuh"
 #include "kernels/cuda/kda_chunk_scan_job.cuh"
 #include "kernels/cuda/kda_chunk_scan_tma.cuh"
@@ -93,105 +95,124 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
   }
   uint32_t phase_a = 0, phase_b = 0;  // the parity each barrier's next completion has
 
-  ChunkAhead next;
-  if (c_begin < c_end) next.read(chunk_table, c_begin);
-  for (int c = c_begin; c < c_end; ++c) {
-    const int t0 = next.t0, len = next.len;
-    const int ck = write_o ? kda_ckpt_slot(a, seq, 64 * next.idx + len) : -1;
-    const bool has_next = c + 1 < c_end;
-    if (has_next) next.read(chunk_table, c + 1);
-    mbar_wait(bar_a, phase_a);  // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
-    phase_a ^= 1;
-    __syncthreads();            // and every thread's bf16 state copy
+  // The chunk loop with write_o as a constant: a wgmma group that runs only when O is written
+  // would make ptxas serialize every wgmma of the kernel (C7514) once the two groups of a
+  // product overlap.
+  auto chunks = [&](auto write_o_c) {
+    constexpr bool kO = decltype(write_o_c)::value;
+    ChunkAhead next;
+    if (c_begin < c_end) next.read(chunk_table, c_begin);
+    for (int c = c_begin; c < c_end; ++c) {
+      const int t0 = next.t0, len = next.len;
+      const int ck = kO ? kda_ckpt_slot(a, seq, 64 * next.idx + len) : -1;
+      const bool has_next = c + 1 < c_end;
+      if (has_next) next.read(chunk_table, c + 1);
+      mbar_wait(bar_a, phase_a);  // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
+      phase_a ^= 1;
+      __syncthreads();            // and every thread's bf16 state copy
 
-    // (a) V' = U − W Sᵀ, O = (Q⊙e^Γ) Sᵀ.
-    float Va[16], Oa[16];
-    wg::fence();
+      // (a) V' = U − W Sᵀ, O = (Q⊙e^Γ) Sᵀ.
+      float Va[16], Oa[16];
+      wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
-      const uint64_t ds = wg::make_desc(sbase + ScanWg32::kOffS + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
-      wg::mma_m64n32<0, 0>(Va, wg::make_desc(sbase + ScanWg32::kOffW + off_a), ds, ks > 0);
-      if (write_o) wg::mma_m64n32<0, 0>(Oa, wg::make_desc(sbase + ScanWg32::kOffQ + off_a), ds, ks > 0);
-    }
-    wg::commit();
-    wg::wait<0>();
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      wg::reg_fence(Va[i]);
-      wg::reg_fence(Oa[i]);
-    }
-    // V'ᵀ [v][tok] (bf16) from the [tok][v] accumulators.
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = 16 * warp + g + 8 * hf, v = 8 * j + 2 * t;
-        const float2 u = zero_u ? make_float2(0.f, 0.f)
-                                : bf2_to_f2(u_pair<VT>(sm + ScanWg32::kOffU, r, v));
-        unsigned char* col = sm + ScanWg32::kOffVt + (r & 7) * 2;
-        *reinterpret_cast<bf16*>(col + ScanWg32::off32(v, r >> 3)) = __float2bfloat16_rn(u.x - Va[4 * j + 2 * hf]);
-        *reinterpret_cast<bf16*>(col + ScanWg32::off32(v + 1, r >> 3)) = __float2bfloat16_rn(u.y - Va[4 * j + 2 * hf + 1]);
+      for (int ks = 0; ks < kD / 16; ++ks) {
+        const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
+        const uint64_t ds = wg::make_desc(sbase + ScanWg32::kOffS + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
+        wg::mma_m64n32<0, 0>(Va, wg::make_desc(sbase + ScanWg32::kOffW + off_a), ds, ks > 0);
       }
-    wg::fence_proxy_async();
-    __syncthreads();  // V'ᵀ complete; W, U, Q⊙e^Γ and the bf16 state are no longer read this chunk
-    if (tid == 0 && has_next) fetch.wuq(c + 1);
-    mbar_wait(bar_b, phase_b);  // this chunk's K_d, M_qk, e^{Γ_C} (the next chunk's W group may be in flight)
-    phase_b ^= 1;
-
-    // (b) O += M_qk V' and (c) Sᵀ = Diag(e^{Γ_C}) Sᵀ + K_dᵀ V', under one wait.
+      wg::commit();
+      if constexpr (kO) {
 #pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float d = Gc[64 * b + 16 * warp + g + 8 * hf];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          ST[b][4 * j + 2 * hf] *= d;
-          ST[b][4 * j + 2 * hf + 1] *= d;
+        for (int ks = 0; ks < kD / 16; ++ks) {
+          const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
+          const uint64_t ds = wg::make_desc(sbase + ScanWg32::kOffS + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
+          wg::mma_m64n32<0, 0>(Oa, wg::make_desc(sbase + ScanWg32::kOffQ + off_a), ds, ks > 0);
         }
       }
-    wg::fence();
-    if (write_o) {
+      wg::commit();
+      wg::wait<1>();  // W Sᵀ is done; (Q⊙e^Γ) Sᵀ may still run while V' is formed
 #pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk)
-        wg::mma_m64n32<0, 0>(Oa, wg::make_desc(sbase + ScanWg32::kOffMq + kk * 32),
-                             wg::make_desc(sbase + ScanWg32::kOffVt + kk * 32));
-    }
-#pragma unroll
-    for (int kk = 0; kk < kC / 16; ++kk) {
-      const uint64_t dv = wg::make_desc(sbase + ScanWg32::kOffVt + kk * 32);
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-        wg::mma_m64n32<1, 0>(ST[b], wg::make_desc(sbase + ScanWg32::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes), dv);
-    }
-    wg::commit();
-    wg::wait<0>();
-#pragma unroll
-    for (int i = 0; i < 16; ++i) wg::reg_fence(Oa[i]);
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int i = 0; i < 16; ++i) wg::reg_fence(ST[b][i]);
-    if (write_o) {  // rows < len to the output
+      for (int i = 0; i < 16; ++i) wg::reg_fence(Va[i]);
+      // V'ᵀ [v][tok] (bf16) from the [tok][v] accumulators.
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int r = 16 * warp + g + 8 * hf, col = v0 + 8 * j + 2 * t;
-          if (r < len) store_o_pair(a, t0, r, h, col, Oa[4 * j + 2 * hf], Oa[4 * j + 2 * hf + 1]);
+          const int r = 16 * warp + g + 8 * hf, v = 8 * j + 2 * t;
+          const float2 u = zero_u ? make_float2(0.f, 0.f)
+                                  : bf2_to_f2(u_pair<VT>(sm + ScanWg32::kOffU, r, v));
+          unsigned char* col = sm + ScanWg32::kOffVt + (r & 7) * 2;
+          *reinterpret_cast<bf16*>(col + ScanWg32::off32(v, r >> 3)) = __float2bfloat16_rn(u.x - Va[4 * j + 2 * hf]);
+          *reinterpret_cast<bf16*>(col + ScanWg32::off32(v + 1, r >> 3)) = __float2bfloat16_rn(u.y - Va[4 * j + 2 * hf + 1]);
         }
-    }
-    __syncthreads();  // every row has left (a): the bf16 state may be rewritten; K_d, M_qk, V'ᵀ free
-    store_sb();
-    if (ck >= 0) {  // the state through the free K_d buffer to its checkpoint slot, in one bulk store
-      each_elem([&](float x, int v, int k) { *reinterpret_cast<float*>(sm + ckpt_stage_offset<ScanWg32>(v, k)) = x; });
+      wg::wait<0>();  // (Q⊙e^Γ) Sᵀ: its reads end before the next chunk's copies overwrite Q⊙e^Γ
+#pragma unroll
+      for (int i = 0; i < 16; ++i) wg::reg_fence(Oa[i]);
       wg::fence_proxy_async();
-      __syncthreads();
-      if (tid == 0) fetch.ckpt(ck);
+      __syncthreads();  // V'ᵀ complete; W, U, Q⊙e^Γ and the bf16 state are no longer read this chunk
+      if (tid == 0 && has_next) fetch.wuq(c + 1);
+      mbar_wait(bar_b, phase_b);  // this chunk's K_d, M_qk, e^{Γ_C} (the next chunk's W group may be in flight)
+      phase_b ^= 1;
+
+      // (c) Sᵀ = Diag(e^{Γ_C}) Sᵀ + K_dᵀ V', then (b) O += M_qk V' as a second group: the bf16 copy of
+      // the new state is written while (b) runs.
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float d = Gc[64 * b + 16 * warp + g + 8 * hf];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            ST[b][4 * j + 2 * hf] *= d;
+            ST[b][4 * j + 2 * hf + 1] *= d;
+          }
+        }
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk) {
+        const uint64_t dv = wg::make_desc(sbase + ScanWg32::kOffVt + kk * 32);
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+          wg::mma_m64n32<1, 0>(ST[b], wg::make_desc(sbase + ScanWg32::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes), dv);
+      }
+      wg::commit();
+      if constexpr (kO) {
+#pragma unroll
+        for (int kk = 0; kk < kC / 16; ++kk)
+          wg::mma_m64n32<0, 0>(Oa, wg::make_desc(sbase + ScanWg32::kOffMq + kk * 32),
+                               wg::make_desc(sbase + ScanWg32::kOffVt + kk * 32));
+      }
+      wg::commit();
+      wg::wait<1>();
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) wg::reg_fence(ST[b][i]);
+      store_sb();  // (a) of this chunk, its only reader, ended before the barrier above
+      wg::wait<0>();
+#pragma unroll
+      for (int i = 0; i < 16; ++i) wg::reg_fence(Oa[i]);
+      if constexpr (kO) {  // rows < len to the output
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int r = 16 * warp + g + 8 * hf, col = v0 + 8 * j + 2 * t;
+            if (r < len) store_o_pair(a, t0, r, h, col, Oa[4 * j + 2 * hf], Oa[4 * j + 2 * hf + 1]);
+          }
+      }
+      __syncthreads();  // K_d, M_qk, V'ᵀ are free
+      if (ck >= 0) {  // the state through the free K_d buffer to its checkpoint slot, in one bulk store
+        each_elem([&](float x, int v, int k) { *reinterpret_cast<float*>(sm + ckpt_stage_offset<ScanWg32>(v, k)) = x; });
+        wg::fence_proxy_async();
+        __syncthreads();
+        if (tid == 0) fetch.ckpt(ck);
+      }
+      if (tid == 0 && has_next) fetch.kmg(c + 1);
     }
-    if (tid == 0 && has_next) fetch.kmg(c + 1);
-  }
+  };
+  if (write_o) chunks(std::true_type{});
+  else chunks(std::false_type{});
   if (job.final_state != nullptr) store_state(job.final_state);
 }
 

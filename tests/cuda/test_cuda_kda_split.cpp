@@ -1,6 +1,7 @@
 // The split chunked KDA scan (kernels/cuda/kda_split_plan.h): the plan's job tables (host only, run
 // everywhere), and on a GPU the split scan against the CPU recurrence and against the unsplit scan.
 #include <algorithm>
+#include <array>
 #include <numeric>
 #include <set>
 #include <string>
@@ -253,5 +254,65 @@ TEST_CASE("cuda kda_chunk wide scan on wgmma matches the cpu recurrence and the 
     const std::string tag = wgmma == 2 ? "wgmma 32-row" : "wgmma";
     expect_close(g, outs[wgmma], g.to_host(outs[0]), tol("kda_out"), tag + " o vs mma.sync");
     expect_close(g, states[wgmma], g.to_host(states[0]), tol("kda_state"), tag + " state vs mma.sync");
+  }
+}
+
+// Split jobs on the wgmma scans: where the plan's first step is a wide grid (a long sequence at few
+// heads: T = 65536, H = 4 on the H200), the middle segments' B and A jobs run the wgmma kernels
+// with no output (their write_o-false path) and the true pass with output and checkpoints every
+// 256 tokens. Against the same call unsplit (one chain per head, the narrow mma.sync scan).
+TEST_CASE("cuda kda_chunk split jobs on the wgmma scans match the unsplit scan", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  const int64_t D = 128;
+  int64_t H = 0;
+  int32_t len = 0;
+  for (auto [l, h] : std::vector<std::array<int64_t, 2>>{{65536, 4}, {65536, 8}, {131072, 4}}) {
+    const cuda::KdaSplitPlan plan = cuda::plan_kda_split(chunk0_of({int32_t(l)}), int(h), cb->num_sms());
+    const auto form = cuda::pick_kda_scan_form(h, int64_t(plan.pass1.size()), cb->num_sms(), true, 0);
+    if (plan.split() && (form == cuda::KdaScanForm::kWg32 || form == cuda::KdaScanForm::kWg64)) {
+      len = int32_t(l);
+      H = h;
+      break;
+    }
+  }
+  if (H == 0) {
+    WARN("no candidate shape gives this GPU's split plan a wide first step; skipped");
+    return;
+  }
+  INFO("T = " << len << ", H = " << H);
+  std::mt19937 rng(71);
+  const std::vector<int32_t> lens{len};
+  Tensor q = randn({len, H, D}, rng), k = randn({len, H, D}, rng), v = randn({len, H, D}, rng);
+  normalise_heads(q, 1.f / std::sqrt(float(D)));
+  normalise_heads(k, 1.f);
+  Tensor gate = uniform({len, H, D}, rng, -1.f, -0.001f, false), beta = uniform({len, H}, rng, 0.05f, 0.95f, false);
+  Tensor state0 = randn({1, H, D, D}, rng, 0.1f, false);
+  const CheckpointTable ct = checkpoint_table(lens, 256);
+  Tensor tbl = Tensor::from_i32({1, ct.M}, ct.slots);
+  // Unsplit; then split with the wgmma scan in 32-row and in 64-row blocks.
+  constexpr int kRuns = 3;
+  Tensor outs[kRuns], states[kRuns], cks[kRuns];
+  for (int run = 0; run < kRuns; ++run) {
+    cb->set_kda_chunk_split(run > 0);
+    cb->set_kda_chunk_scan_wg_rows(run == 2 ? 64 : 32);
+    states[run] = g.from_host(state0, DType::F32);
+    outs[run] = poisoned(g, {len, H, D}, DType::BF16);
+    cks[run] = poisoned(g, {ct.num, H, D, D}, DType::F32);
+    g.kda_chunk({.q = g.from_host(q, DType::BF16), .k = g.from_host(k, DType::BF16), .v = g.from_host(v, DType::BF16),
+                 .g = g.from_host(gate, DType::F32), .beta = g.from_host(beta, DType::F32), .state = states[run],
+                 .slots = g.from_host(ints({0}), DType::I32), .cu_seqlens = g.from_host(cu_of(lens), DType::I32),
+                 .o = outs[run], .checkpoints = cks[run], .checkpoint_slots = g.from_host(tbl, DType::I32),
+                 .checkpoint_interval = 256});
+  }
+  cb->set_kda_chunk_split(true);
+  cb->set_kda_chunk_scan_wg_rows(0);
+  for (int run = 1; run < kRuns; ++run) {
+    const std::string tag = run == 1 ? "split, wgmma 32-row" : "split, wgmma 64-row";
+    expect_close(g, outs[run], g.to_host(outs[0]), tol("kda_out"), tag + " o vs unsplit");
+    expect_close(g, states[run], g.to_host(states[0]), tol("kda_state"), tag + " state vs unsplit");
+    expect_close(g, cks[run], g.to_host(cks[0]), tol("kda_state"), tag + " checkpoints vs unsplit");
   }
 }
