@@ -33,6 +33,8 @@
 //    mma.sync blocks, whose smaller row tiles give more blocks. Wide grids that fit one wave of
 //    32-row blocks run the wgmma scan in 32-row blocks (kda_chunk_scan_wg32.cuh: the state
 //    transposed, three blocks per SM), wider ones in 64-row blocks (CudaBackend::set_kda_chunk_scan_wg_rows).
+//    The wgmma scans take their tiles by TMA bulk copies (kda_chunk_scan_tma.cuh) and write a
+//    checkpoint by staging the state in a free tile buffer and one bulk store.
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"

@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
       *reinterpret_cast<float2*>(dst + r * kD + col) = make_float2(x[0], x[1]);
     });
   };
-  // Two cp.async groups a chunk: W, Q⊙e^Γ, U (read by (a)) and K_d, M_qk, e^{Γ_C} (read by (b), (c)).
+  // Two groups of bulk copies a chunk, each on its mbarrier: W, Q⊙e^Γ, U (read by (a)) and K_d, M_qk,
+  // e^{Γ_C} (read by (b), (c)).
   // Each is waited for only where it is first read, so the second one lands while (a) runs.
   store_sb();
   if (tid == 0 && c_begin < c_end) {

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
     wg::fence_proxy_async();
   };
   auto store_state = [&](float* dst) { each_elem([&](float x, int v, int k) { dst[v * kD + k] = x; }); };
-  // Two cp.async groups a chunk, as in the 64-row scan: W, Q⊙e^Γ, U, then K_d, M_qk, e^{Γ_C}.
+  // Two groups of bulk copies a chunk, as in the 64-row scan: W, Q⊙e^Γ, U, then K_d, M_qk, e^{Γ_C}.
   store_sb();
   if (tid == 0 && c_begin < c_end) {
     fetch.wuq(c_begin);

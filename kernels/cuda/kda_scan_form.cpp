@@ -6,7 +6,11 @@ namespace k3::cuda {
 // sweep (2026-11-29); the wgmma split from 2026-12-03: at T = 8192, H = 96, 384 blocks of 32 rows fill
 // 0.97 of a wave where 192 of 64 rows fill 0.73 (2.4 % less prefill time), while past a wave the
 // 64-row blocks win because each workspace tile is read by two blocks instead of four (10 % at
-// 256 x 100 tokens, H = 96). docs/PERF.md, "Kernels, tenth pass".
+// 256 x 100 tokens, H = 96). docs/PERF.md, "Kernels, tenth pass". Since the scans take their tiles
+// by bulk copies and overlap each product's two groups (eleventh pass), the two forms are level at
+// T = 8192, H = 96 (1083-1089 µs in 64-row blocks, 1093-1118 in 32-row ones, three calls); the
+// 32-row form still wins with checkpoints every 64 tokens in two of three and at 2 x 8192, H = 64
+// loses by 24 %, so the boundary stays where the wave arithmetic puts it.
 KdaScanForm pick_kda_scan_form(int64_t H, int64_t rows, int num_sms, bool wgmma, int wg_rows) {
   const int64_t sms = num_sms, blocks32 = 4 * H * rows;
   if (blocks32 >= 2 * sms) {
