@@ -26,8 +26,15 @@ constexpr int kTileRows128 = int(kWorkBytes / 256), kTileRows64 = int(kWorkBytes
 static_assert(kWorkBytes % 256 == 0 && kOffMq * 2 == 512 * 128, "M_qk at row 512 of the 64-wide view");
 
 #if defined(__CUDACC__)
-// L: the block's layout (ScanWg, ScanWg32); VT rows of V from v0. bar_a counts W, Q⊙e^Γ, U; bar_b
-// counts K_d, M_qk, e^{Γ_C}. Called by one thread.
+// A wgmma scan block's dynamic shared memory from its 1024-byte boundary (the 128B-swizzle atoms;
+// each layout's kSmem holds the slack).
+__device__ __forceinline__ unsigned char* scan_wg_smem(unsigned char* raw) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
+
+// L: the block's layout (ScanWg, ScanWg32); VT rows of V from v0. Two mbarriers at L::kOffBar:
+// bar_a counts W, Q⊙e^Γ, U; bar_b counts K_d, M_qk, e^{Γ_C}. The copies and the checkpoint store
+// are issued by one thread; every thread waits.
 template <class L, int VT>
 struct ScanWgTma {
   uint32_t sbase;
@@ -35,27 +42,47 @@ struct ScanWgTma {
   void* work;
   int H, h, v0;
   bool write_o, zero_u;
-  uint32_t bar_a, bar_b;
+  uint32_t phase_a = 0, phase_b = 0;  // the parity each barrier's next completion has
+  __device__ __forceinline__ uint32_t bar_a() const { return sbase + L::kOffBar; }
+  __device__ __forceinline__ uint32_t bar_b() const { return sbase + L::kOffBar + 8; }
+  // Every thread: thread 0 sets the barriers up, and the block barrier orders that before any
+  // copy names them.
+  __device__ __forceinline__ void init(int tid) const {
+    if (tid == 0) {
+      mbar_init(bar_a());
+      mbar_init(bar_b());
+    }
+    __syncthreads();
+  }
+  // Every thread: until the chunk's first (W, Q⊙e^Γ, U) or second (K_d, M_qk, e^{Γ_C}) group is in.
+  __device__ __forceinline__ void wait_wuq() {
+    mbar_wait(bar_a(), phase_a);
+    phase_a ^= 1;
+  }
+  __device__ __forceinline__ void wait_kmg() {
+    mbar_wait(bar_b(), phase_b);
+    phase_b ^= 1;
+  }
   __device__ __forceinline__ void wuq(int c) const {
     const int row = (c * H + h) * kTileRows128;
     const uint32_t bytes = 16384u + (write_o ? 16384u : 0u) + (zero_u ? 0u : uint32_t(kC * VT * 2));
-    mbar_expect_tx(bar_a, bytes);
+    mbar_expect_tx(bar_a(), bytes);
     for (int kh = 0; kh < 2; ++kh) {
-      tma_load_2d(sbase + L::kOffW + kh * 8192, &maps->tiles, 64 * kh, row, bar_a);
-      if (write_o) tma_load_2d(sbase + L::kOffQ + kh * 8192, &maps->tiles, 64 * kh, row + 128, bar_a);
+      tma_load_2d(sbase + L::kOffW + kh * 8192, &maps->tiles, 64 * kh, row, bar_a());
+      if (write_o) tma_load_2d(sbase + L::kOffQ + kh * 8192, &maps->tiles, 64 * kh, row + 128, bar_a());
     }
     if (zero_u) return;
-    if constexpr (VT == 64) tma_load_2d(sbase + L::kOffU, &maps->tiles, v0, row + 64, bar_a);
-    else tma_load_2d(sbase + L::kOffU, &maps->u32, v0, row + 64, bar_a);
+    if constexpr (VT == 64) tma_load_2d(sbase + L::kOffU, &maps->tiles, v0, row + 64, bar_a());
+    else tma_load_2d(sbase + L::kOffU, &maps->u32, v0, row + 64, bar_a());
   }
   __device__ __forceinline__ void kmg(int c) const {
     const int t = c * H + h;
     const uint32_t bytes = 16384u + (write_o ? 8192u : 0u) + uint32_t(kD * 4);
-    mbar_expect_tx(bar_b, bytes);
+    mbar_expect_tx(bar_b(), bytes);
     for (int kh = 0; kh < 2; ++kh)
-      tma_load_2d(sbase + L::kOffKd + kh * 8192, &maps->tiles, 64 * kh, t * kTileRows128 + 192, bar_b);
-    if (write_o) tma_load_2d(sbase + L::kOffMq, &maps->mq, 0, t * kTileRows64 + 512, bar_b);
-    bulk_load(sbase + L::kOffGc, work_gc(work, c, H, h), kD * 4, bar_b);
+      tma_load_2d(sbase + L::kOffKd + kh * 8192, &maps->tiles, 64 * kh, t * kTileRows128 + 192, bar_b());
+    if (write_o) tma_load_2d(sbase + L::kOffMq, &maps->mq, 0, t * kTileRows64 + 512, bar_b());
+    bulk_load(sbase + L::kOffGc, work_gc(work, c, H, h), kD * 4, bar_b());
   }
   // The staged state (ckpt_stage_offset) to checkpoint slot `slot`; returns once the copy engine has
   // read the staging buffer, which the next chunk's copies may then overwrite.

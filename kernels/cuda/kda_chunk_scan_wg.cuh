@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
                              const __grid_constant__ KdaScanMaps maps) {
   constexpr int VT = 64;
   extern __shared__ __align__(1024) unsigned char smraw_wg[];
-  unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smraw_wg) + 1023) & ~uintptr_t(1023));
+  unsigned char* sm = scan_wg_smem(smraw_wg);
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
   float* Gc = reinterpret_cast<float*>(sm + ScanWg::kOffGc);
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x, warp = tid >> 5;
@@ -52,13 +52,8 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
   const int c_begin = job.c_begin, c_end = job.c_end, seq = job.seq;
   const bool write_o = job.write_o, zero_u = job.zero_u;
 
-  const uint32_t bar_a = sbase + ScanWg::kOffBar, bar_b = bar_a + 8;
-  const ScanWgTma<ScanWg, VT> fetch{sbase, &maps, work, H, h, v0, write_o, zero_u, bar_a, bar_b};
-  if (tid == 0) {
-    mbar_init(bar_a);
-    mbar_init(bar_b);
-  }
-  __syncthreads();
+  ScanWgTma<ScanWg, VT> fetch{sbase, &maps, work, H, h, v0, write_o, zero_u};
+  fetch.init(tid);
 
   // The state: S[b][4j + e] = S[v][k], v = 16 warp + g + 8 (e >> 1), k = 64 b + 8 j + 2 t + (e & 1).
   // each_pair(f) calls f(&S[b][4j + 2hf], v, k) for each of this thread's 32 pairs (k, k + 1).
@@ -94,7 +89,6 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
     fetch.wuq(c_begin);
     fetch.kmg(c_begin);
   }
-  uint32_t phase_a = 0, phase_b = 0;  // the parity each barrier's next completion has
 
   // The chunk loop with write_o as a constant: a wgmma group that runs only when O is written
   // would make ptxas serialize every wgmma of the kernel (C7514) once the two groups of a
@@ -109,9 +103,8 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
       const int ck = kO ? kda_ckpt_slot(a, seq, 64 * next.idx + len) : -1;
       const bool has_next = c + 1 < c_end;
       if (has_next) next.read(chunk_table, c + 1);
-      mbar_wait(bar_a, phase_a);  // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
-      phase_a ^= 1;
-      __syncthreads();            // and every thread's bf16 state copy
+      fetch.wait_wuq();  // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
+      __syncthreads();   // and every thread's bf16 state copy
 
       // (a) V' = U − W Sᵀ, O = (Q⊙e^Γ) Sᵀ.
       float Va[32], Oa[32];
@@ -150,8 +143,7 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
       wg::fence_proxy_async();
       __syncthreads();  // V' complete; W, U, Q⊙e^Γ and the bf16 state are no longer read this chunk
       if (tid == 0 && has_next) fetch.wuq(c + 1);
-      mbar_wait(bar_b, phase_b);  // this chunk's K_d, M_qk, e^{Γ_C} (the next chunk's W group may be in flight)
-      phase_b ^= 1;
+      fetch.wait_kmg();  // this chunk's K_d, M_qk, e^{Γ_C} (the next chunk's W group may be in flight)
 
       // (c) S = Diag_k(e^{Γ_C}) S + V'ᵀ K_d, then (b) O += M_qk V' as a second group: the bf16 copy of
       // the new state is written while (b) runs.
