@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
   extern __shared__ __align__(1024) unsigned char smraw_wg[];
   unsigned char* sm = scan_wg_smem(smraw_wg);
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  const wg::DescBase desc(sbase);
   float* Gc = reinterpret_cast<float*>(sm + ScanWg::kOffGc);
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x, warp = tid >> 5;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -112,15 +113,15 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
 #pragma unroll
       for (int ks = 0; ks < kD / 16; ++ks) {
         const uint32_t off = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
-        const uint64_t ds = wg::make_desc(sbase + ScanWg::kOffS + off);
-        wg::mma_m64n64<0>(Va, wg::make_desc(sbase + ScanWg::kOffW + off), ds, ks > 0);
+        const uint64_t ds = desc.at(ScanWg::kOffS + off);
+        wg::mma_m64n64<0>(Va, desc.at(ScanWg::kOffW + off), ds, ks > 0);
       }
       wg::commit();
       if constexpr (kO) {
 #pragma unroll
         for (int ks = 0; ks < kD / 16; ++ks) {
           const uint32_t off = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
-          wg::mma_m64n64<0>(Oa, wg::make_desc(sbase + ScanWg::kOffQ + off), wg::make_desc(sbase + ScanWg::kOffS + off), ks > 0);
+          wg::mma_m64n64<0>(Oa, desc.at(ScanWg::kOffQ + off), desc.at(ScanWg::kOffS + off), ks > 0);
         }
       }
       wg::commit();
@@ -160,17 +161,17 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < kC / 16; ++kk) {
-        const uint64_t dv = wg::make_desc(sbase + ScanWg::kOffVp + 2 * kk * wg::kAtomBytes);
+        const uint64_t dv = desc.at(ScanWg::kOffVp + 2 * kk * wg::kAtomBytes);
 #pragma unroll
         for (int b = 0; b < 2; ++b)
-          wg::mma_m64n64_ab<1, 1>(S[b], dv, wg::make_desc(sbase + ScanWg::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes));
+          wg::mma_m64n64_ab<1, 1>(S[b], dv, desc.at(ScanWg::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes));
       }
       wg::commit();
       if constexpr (kO) {
 #pragma unroll
         for (int kk = 0; kk < kC / 16; ++kk)
-          wg::mma_m64n64<1>(Oa, wg::make_desc(sbase + ScanWg::kOffMq + kk * 32),
-                            wg::make_desc(sbase + ScanWg::kOffVp + 2 * kk * wg::kAtomBytes));
+          wg::mma_m64n64<1>(Oa, desc.at(ScanWg::kOffMq + kk * 32),
+                            desc.at(ScanWg::kOffVp + 2 * kk * wg::kAtomBytes));
       }
       wg::commit();
       wg::wait<1>();

@@ -41,6 +41,39 @@ struct ScanWg32 {
   static __device__ __forceinline__ uint32_t off32(int row, int chunk) {
     return uint32_t(((chunk >> 3) * 4 + (row >> 3)) * wg::kAtomBytes) + wg::sw128_offset(row & 7, chunk & 7);
   }
+  // The bf16 copy S [v][k] (32-row layout at shared address s) of a warpgroup's transposed state
+  // ST[b][4j + e] (the kernel's comment), in four transposed matrix stores where 2-byte stores took
+  // 32: fragment (b, e >> 1, j) is rows k = 64 b + 16 warp + 8 (e >> 1) + 0..7 by columns
+  // v = 8 j .. 8 j + 7, and its transpose is 8 rows v of one 16-byte chunk, 8 b + 2 warp + (e >> 1).
+  static __device__ __forceinline__ void store_state_bf16(uint32_t s, const float (&ST)[2][16], int warp, int lane) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int eh = 0; eh < 2; ++eh) {
+        uint32_t r[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) r[j] = pack_bf16(ST[b][4 * j + 2 * eh], ST[b][4 * j + 2 * eh + 1]);
+        stmatrix_x4_trans(s + off32(lane, 8 * b + 2 * warp + eh), r);
+      }
+  }
+  // V'ᵀ [v][tok] (32-row layout at shared address s) from the [tok][v] accumulators Va of W Sᵀ and
+  // the block's U slice (u(r, v): the pair at columns v, v + 1 of row r): fragment (j, hf) is rows
+  // tok = 16 warp + 8 hf + 0..7 by columns v = 8 j .. 8 j + 7; its transpose, chunk 2 warp + hf.
+  template <class UPair>
+  static __device__ __forceinline__ void store_vt(uint32_t s, const float (&Va)[16], bool zero_u, UPair&& u,
+                                                  int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      uint32_t r[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 uu = zero_u ? make_float2(0.f, 0.f) : bf2_to_f2(u(16 * warp + g + 8 * hf, 8 * j + 2 * t));
+        r[j] = pack_bf16(uu.x - Va[4 * j + 2 * hf], uu.y - Va[4 * j + 2 * hf + 1]);
+      }
+      stmatrix_x4_trans(s + off32(lane, 2 * warp + hf), r);
+    }
+  }
 };
 static_assert(3 * (ScanWg32::kSmem + 1024) <= 228 * 1024, "three blocks per SM");
 
@@ -52,6 +85,7 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
   extern __shared__ __align__(1024) unsigned char smraw_wg32[];
   unsigned char* sm = scan_wg_smem(smraw_wg32);
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  const wg::DescBase desc(sbase);
   float* Gc = reinterpret_cast<float*>(sm + ScanWg32::kOffGc);
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x, warp = tid >> 5;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -76,9 +110,7 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
   };
   each_elem([&](float& x, int v, int k) { x = scan_init_value(job, v0, v, k); });
   auto store_sb = [&] {  // bf16 S [v][k] from the transposed accumulators
-    each_elem([&](float x, int v, int k) {
-      *reinterpret_cast<bf16*>(sm + ScanWg32::kOffS + ScanWg32::off32(v, k >> 3) + (k & 7) * 2) = __float2bfloat16_rn(x);
-    });
+    ScanWg32::store_state_bf16(sbase + ScanWg32::kOffS, ST, warp, lane);
     wg::fence_proxy_async();
   };
   auto store_state = [&](float* dst) { each_elem([&](float x, int v, int k) { dst[v * kD + k] = x; }); };
@@ -110,16 +142,16 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
 #pragma unroll
       for (int ks = 0; ks < kD / 16; ++ks) {
         const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
-        const uint64_t ds = wg::make_desc(sbase + ScanWg32::kOffS + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
-        wg::mma_m64n32<0, 0>(Va, wg::make_desc(sbase + ScanWg32::kOffW + off_a), ds, ks > 0);
+        const uint64_t ds = desc.at(ScanWg32::kOffS + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
+        wg::mma_m64n32<0, 0>(Va, desc.at(ScanWg32::kOffW + off_a), ds, ks > 0);
       }
       wg::commit();
       if constexpr (kO) {
 #pragma unroll
         for (int ks = 0; ks < kD / 16; ++ks) {
           const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
-          const uint64_t ds = wg::make_desc(sbase + ScanWg32::kOffS + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
-          wg::mma_m64n32<0, 0>(Oa, wg::make_desc(sbase + ScanWg32::kOffQ + off_a), ds, ks > 0);
+          const uint64_t ds = desc.at(ScanWg32::kOffS + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
+          wg::mma_m64n32<0, 0>(Oa, desc.at(ScanWg32::kOffQ + off_a), ds, ks > 0);
         }
       }
       wg::commit();
@@ -127,17 +159,8 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
 #pragma unroll
       for (int i = 0; i < 16; ++i) wg::reg_fence(Va[i]);
       // V'ᵀ [v][tok] (bf16) from the [tok][v] accumulators.
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int r = 16 * warp + g + 8 * hf, v = 8 * j + 2 * t;
-          const float2 u = zero_u ? make_float2(0.f, 0.f)
-                                  : bf2_to_f2(u_pair<VT>(sm + ScanWg32::kOffU, r, v));
-          unsigned char* col = sm + ScanWg32::kOffVt + (r & 7) * 2;
-          *reinterpret_cast<bf16*>(col + ScanWg32::off32(v, r >> 3)) = __float2bfloat16_rn(u.x - Va[4 * j + 2 * hf]);
-          *reinterpret_cast<bf16*>(col + ScanWg32::off32(v + 1, r >> 3)) = __float2bfloat16_rn(u.y - Va[4 * j + 2 * hf + 1]);
-        }
+      ScanWg32::store_vt(sbase + ScanWg32::kOffVt, Va, zero_u,
+                         [&](int r, int v) { return u_pair<VT>(sm + ScanWg32::kOffU, r, v); }, warp, lane);
       wg::wait<0>();  // (Q⊙e^Γ) Sᵀ: its reads end before the next chunk's copies overwrite Q⊙e^Γ
 #pragma unroll
       for (int i = 0; i < 16; ++i) wg::reg_fence(Oa[i]);
@@ -162,17 +185,16 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < kC / 16; ++kk) {
-        const uint64_t dv = wg::make_desc(sbase + ScanWg32::kOffVt + kk * 32);
+        const uint64_t dv = desc.at(ScanWg32::kOffVt + kk * 32);
 #pragma unroll
         for (int b = 0; b < 2; ++b)
-          wg::mma_m64n32<1, 0>(ST[b], wg::make_desc(sbase + ScanWg32::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes), dv);
+          wg::mma_m64n32<1, 0>(ST[b], desc.at(ScanWg32::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes), dv);
       }
       wg::commit();
       if constexpr (kO) {
 #pragma unroll
         for (int kk = 0; kk < kC / 16; ++kk)
-          wg::mma_m64n32<0, 0>(Oa, wg::make_desc(sbase + ScanWg32::kOffMq + kk * 32),
-                               wg::make_desc(sbase + ScanWg32::kOffVt + kk * 32));
+          wg::mma_m64n32<0, 0>(Oa, desc.at(ScanWg32::kOffMq + kk * 32), desc.at(ScanWg32::kOffVt + kk * 32));
       }
       wg::commit();
       wg::wait<1>();

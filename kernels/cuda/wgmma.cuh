@@ -74,6 +74,19 @@ __host__ __device__ constexpr uint64_t make_desc(uint32_t saddr, uint32_t lbo = 
          (uint64_t((sbo & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// The descriptors of operands at byte offsets from one base: the base's descriptor is built once and
+// an offset (a multiple of 16) is added to its 14-bit address field, one integer add per descriptor
+// where make_desc of a run-time address costs five. Shared addresses stay below 2^18, so the field
+// does not overflow.
+struct DescBase {
+  uint32_t lo, hi;
+  __host__ __device__ constexpr explicit DescBase(uint32_t saddr, uint32_t lbo = kGroupStride, uint32_t sbo = kGroupStride)
+      : lo(uint32_t(make_desc(saddr, lbo, sbo))), hi(uint32_t(make_desc(saddr, lbo, sbo) >> 32)) {}
+  __host__ __device__ constexpr uint64_t at(uint32_t off) const { return (uint64_t(hi) << 32) | (lo + (off >> 4)); }
+};
+static_assert(DescBase(0x1400).at(0x2A20) == make_desc(0x3E20) && DescBase(0x37000).at(0x8000) == make_desc(0x3F000),
+              "an offset added to a base descriptor gives the offset address's descriptor");
+
 #if defined(__CUDACC__)
 // Orders this thread's earlier register accesses before the following wgmma.mma_async (PTX ISA,
 // instruction "wgmma.fence"): needed before the first wgmma of a batch and whenever its accumulator
