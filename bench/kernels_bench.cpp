@@ -16,7 +16,8 @@ void k3::bench::add_kernels_options(CLI::App& app, KernelsBenchOptions& o) {
   app.add_option("--decode-batches", o.decode_batches, "KDA decode batch sizes (H = 96, D = 128)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--kda-scan-rows", o.kda_scan_rows,
-               "also time KDA prefill rows with the wgmma scan held to 64- and to 32-row blocks (_wg64, _wg32 rows)");
+               "also time KDA prefill rows with the wgmma scan held to 64- and to 32-row blocks and to a head per "
+               "block (_wg64, _wg32, _wg128 rows)");
   app.add_flag("--kda-scan-mma", o.kda_scan_mma,
                "also time the main KDA prefill rows with the scan's wide grid on mma.sync (_mma rows)");
   app.add_option("--only", o.only,
@@ -339,13 +340,13 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     // not: it runs the narrow mma.sync scan whatever the switches say), one just past the 32-row
     // scan's one-wave boundary among them.
     const std::vector<std::array<int64_t, 4>> wide_cases = {
-        {1, 8192, 96, 0}, {1, 8192, 96, 64}, {2, 8192, 64, 0}, {256, 100, 96, 0}};
+        {1, 8192, 96, 0}, {1, 8192, 96, 64}, {1, 8192, 96, 256}, {2, 8192, 64, 0}, {256, 100, 96, 0}};
     auto held_rows = [&](const std::string& suffix) {
       for (auto [N, len, H, ckpt] : wide_cases)
         kda_chunk_case(be, N, len, H, int(ckpt), false, opts.quick, lines, true, suffix);
     };
     if (opts.kda_scan_rows) {
-      for (int wg_rows : {64, 32}) {
+      for (int wg_rows : {64, 32, 128}) {
         be.set_kda_chunk_scan_wg_rows(wg_rows);
         held_rows("_wg" + std::to_string(wg_rows));
       }

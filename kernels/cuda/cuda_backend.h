@@ -111,11 +111,13 @@ class CudaBackend final : public Backend {
   // kda_chunk: the scan's wide grid (>= 2 blocks of 32 rows per SM) on wgmma (KdaArgs::scan_wgmma,
   // default on: 7 % less prefill time at T = 8192, H = 96 on the H200) or on mma.sync.
   void set_kda_chunk_scan_wgmma(bool on) { kda_scan_wgmma_ = on; }
-  // Rows of V per block of that scan: 64, 32 (three blocks per SM instead of two), or 0 (default):
+  // Rows of V per block of that scan: 64, 32 (three blocks per SM instead of two), 128 (a head per
+  // block, four warpgroups sharing its tiles), or 0 (default):
   // 32 where its grid fits one wave, else 64 (kda_scan_form.h).
   void set_kda_chunk_scan_wg_rows(int rows) {
-    if (rows != 0 && rows != 32 && rows != 64)
-      throw Error("kda_chunk: wgmma scan rows " + std::to_string(rows) + " must be 0 (by the grid), 32 or 64");
+    if (rows != 0 && rows != 32 && rows != 64 && rows != 128)
+      throw Error("kda_chunk: wgmma scan rows " + std::to_string(rows) +
+                  " must be 0 (by the grid), 32, 64 or 128 (a head per block)");
     kda_scan_wg_rows_ = rows;
   }
   bool mla_decode_split_s() const { return mla_split_s_; }

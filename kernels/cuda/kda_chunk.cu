@@ -34,12 +34,15 @@
 //    32-row blocks run the wgmma scan in 32-row blocks (kda_chunk_scan_wg32.cuh: the state
 //    transposed, three blocks per SM), wider ones in 64-row blocks (CudaBackend::set_kda_chunk_scan_wg_rows).
 //    The wgmma scans take their tiles by TMA bulk copies (kda_chunk_scan_tma.cuh) and write a
-//    checkpoint by staging the state in a free tile buffer and one bulk store.
+//    checkpoint by staging the state in a free tile buffer and one bulk store. Calls with a
+//    checkpoint after every chunk, whose heads fit one wave of SMs, run a head per block instead
+//    (kda_chunk_scan_head.cuh: four 32-row warpgroups sharing two stages of tiles).
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"
 #include "kernels/cuda/kda_chunk_scan_job.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg.cuh"
+#include "kernels/cuda/kda_chunk_scan_head.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg32.cuh"
 #include "kernels/cuda/kda_scan_form.h"
 #include "kernels/cuda/kda_split_plan.h"
@@ -353,10 +356,14 @@ void launch_scan_wg(Kernel* kern, const char* name, const KdaArgs& a, const int3
 // (the scan alone 704 instead of 730 us with four, H200, 2026-12-03).
 void scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work, int num_chunks,
           int rows, const KdaScanJob* jobs, float* carry, int num_sms, cudaStream_t s) {
-  switch (pick_kda_scan_form(a.H, rows, num_sms, a.scan_wgmma, a.scan_wg_rows)) {
+  const bool ckpt_every_chunk = a.ckpt != nullptr && a.ckpt_interval == kC;
+  switch (pick_kda_scan_form(a.H, rows, num_sms, a.scan_wgmma, a.scan_wg_rows, ckpt_every_chunk)) {
     case KdaScanForm::kWg32:
       return launch_scan_wg<kda_chunk::ScanWg32, 32>(kda_chunk::kda_chunk_scan_wg32_kernel, "kda_chunk_scan_wg32_kernel", a,
                                                      chunk_table, seq_chunk0, work, num_chunks, rows, jobs, carry, s);
+    case KdaScanForm::kWgHead:
+      return launch_scan_wg<kda_chunk::ScanHead, 128>(kda_chunk::kda_chunk_scan_head_kernel, "kda_chunk_scan_head_kernel",
+                                                      a, chunk_table, seq_chunk0, work, num_chunks, rows, jobs, carry, s);
     case KdaScanForm::kWg64:
       return launch_scan_wg<kda_chunk::ScanWg, 64>(kda_chunk::kda_chunk_scan_wg_kernel, "kda_chunk_scan_wg_kernel", a,
                                                    chunk_table, seq_chunk0, work, num_chunks, rows, jobs, carry, s);

@@ -102,10 +102,13 @@ struct ScanWgTma {
 // 32-row halves at L::ckpt_half(0), L::ckpt_half(1) (buffers free between the chunk's last product
 // and the next chunk's K_d copy), each four 4 KiB boxes of 32 k in the 128B swizzle. The swizzle
 // spreads both scans' per-thread writes over all 32 banks. Byte offset of element (v, k):
+// Within a 32-row quarter (v < 32):
+__device__ __forceinline__ uint32_t ckpt_swizzle(int v, int k) {
+  return uint32_t((k >> 5) * 4096 + v * 128 + ((((k & 31) >> 2) ^ (v & 7)) << 4) + (k & 3) * 4);
+}
 template <class L>
 __device__ __forceinline__ uint32_t ckpt_stage_offset(int v, int k) {
-  return uint32_t(L::ckpt_half(v >> 5) + (k >> 5) * 4096 + (v & 31) * 128 + ((((k & 31) >> 2) ^ (v & 7)) << 4) +
-                  (k & 3) * 4);
+  return uint32_t(L::ckpt_half(v >> 5)) + ckpt_swizzle(v & 31, k);
 }
 
 // Element pair (r, col), (r, col + 1) of the block's U slice as the copy left it: the 64-row block's

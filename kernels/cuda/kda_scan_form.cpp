@@ -11,10 +11,19 @@ namespace k3::cuda {
 // T = 8192, H = 96 (1083-1089 µs in 64-row blocks, 1093-1118 in 32-row ones, three calls); the
 // 32-row form still wins with checkpoints every 64 tokens in two of three and at 2 x 8192, H = 64
 // loses by 24 %, so the boundary stays where the wave arithmetic puts it.
-KdaScanForm pick_kda_scan_form(int64_t H, int64_t rows, int num_sms, bool wgmma, int wg_rows) {
+//
+// A head per block (four 32-row warpgroups sharing two stages of tiles) uses only H·rows SMs, and
+// without checkpoints it is 4 % slower than 32-row blocks at T = 8192, H = 96 (1134 against 1088 µs).
+// With a checkpoint after every chunk it is 8 % faster (1280 against 1384 µs, two calls): its block
+// stages the whole head's state and stores it in one go, where four blocks each stage a quarter. With
+// checkpoints every 256 tokens it is slower again (1152 against 1105). Hence the form for calls with
+// a checkpoint after every chunk, where its grid fits one wave (H·rows <= SMs).
+KdaScanForm pick_kda_scan_form(int64_t H, int64_t rows, int num_sms, bool wgmma, int wg_rows,
+                               bool ckpt_every_chunk) {
   const int64_t sms = num_sms, blocks32 = 4 * H * rows;
   if (blocks32 >= 2 * sms) {
     if (!wgmma) return KdaScanForm::kMma64;
+    if (wg_rows == 128 || (wg_rows == 0 && ckpt_every_chunk && H * rows <= sms)) return KdaScanForm::kWgHead;
     const bool wg32 = wg_rows == 32 || (wg_rows == 0 && blocks32 <= 3 * sms);
     return wg32 ? KdaScanForm::kWg32 : KdaScanForm::kWg64;
   }
@@ -28,6 +37,7 @@ const char* kda_scan_form_name(KdaScanForm f) {
     case KdaScanForm::kMma64: return "mma.sync 64-row";
     case KdaScanForm::kWg64: return "wgmma 64-row";
     case KdaScanForm::kWg32: return "wgmma 32-row";
+    case KdaScanForm::kWgHead: return "wgmma, a head per block";
   }
   return "?";
 }

@@ -132,6 +132,13 @@ TEST_CASE("kda scan form: by the grid's blocks per wave", "[cuda][plan]") {
   CHECK(pick_kda_scan_form(96, 1, 132, true, 64) == KdaScanForm::kWg64);
   CHECK(pick_kda_scan_form(96, 256, 132, true, 32) == KdaScanForm::kWg32);
   CHECK(pick_kda_scan_form(32, 1, 132, true, 32) == KdaScanForm::kMma32x3);  // narrow grids stay mma.sync
+  // A checkpoint after every chunk: a head per block where that grid fits one wave.
+  CHECK(pick_kda_scan_form(96, 1, 132, true, 0, true) == KdaScanForm::kWgHead);
+  CHECK(pick_kda_scan_form(132, 1, 132, true, 0, true) == KdaScanForm::kWgHead);
+  CHECK(pick_kda_scan_form(133, 1, 132, true, 0, true) == KdaScanForm::kWg64);
+  CHECK(pick_kda_scan_form(96, 1, 132, true, 32, true) == KdaScanForm::kWg32);
+  CHECK(pick_kda_scan_form(96, 1, 132, true, 128) == KdaScanForm::kWgHead);
+  CHECK(pick_kda_scan_form(32, 1, 132, true, 0, true) == KdaScanForm::kMma32x3);
   CHECK(std::string(cuda::kda_scan_form_name(KdaScanForm::kWg32)) == "wgmma 32-row");
 }
 
@@ -203,7 +210,7 @@ TEST_CASE("cuda kda_chunk split into segments matches the cpu recurrence and the
 }
 
 // The scan's wide grid on wgmma (CudaBackend::set_kda_chunk_scan_wgmma), in blocks of 64 and of 32
-// rows of V (set_kda_chunk_scan_wg_rows), against the CPU recurrence and the mma.sync scan: several
+// rows of V and in blocks of a whole head (set_kda_chunk_scan_wg_rows), against the CPU recurrence and the mma.sync scan: several
 // sequences (one empty, one shorter than a chunk), checkpoints every 64 tokens, a grid of >= 2 blocks
 // per SM of 32 rows so that the wide scan runs.
 TEST_CASE("cuda kda_chunk wide scan on wgmma matches the cpu recurrence and the mma.sync scan", "[cuda]") {
@@ -229,11 +236,13 @@ TEST_CASE("cuda kda_chunk wide scan on wgmma matches the cpu recurrence and the 
   bk.cpu->kda_recurrent({.q = q, .k = k, .v = v, .g = gate, .beta = beta, .state = ref_state, .slots = slots,
                          .cu_seqlens = cu, .o = ref_o, .checkpoints = ref_ck, .checkpoint_slots = tbl,
                          .checkpoint_interval = 64});
-  constexpr int kForms = 3;  // mma.sync, wgmma 64 rows, wgmma 32 rows
+  constexpr int kForms = 4;  // mma.sync, wgmma 64 rows, wgmma 32 rows, wgmma a head per block
+  const int wg_rows[kForms] = {64, 64, 32, 128};
+  const char* names[kForms] = {"mma.sync scan", "wgmma scan", "wgmma 32-row scan", "wgmma head scan"};
   Tensor outs[kForms], states[kForms], cks[kForms];
   for (int wgmma = 0; wgmma < kForms; ++wgmma) {
     cb->set_kda_chunk_scan_wgmma(wgmma != 0);
-    cb->set_kda_chunk_scan_wg_rows(wgmma == 2 ? 32 : 64);
+    cb->set_kda_chunk_scan_wg_rows(wg_rows[wgmma]);
     states[wgmma] = g.from_host(state0, DType::F32);
     outs[wgmma] = poisoned(g, {T, H, D}, DType::BF16);
     cks[wgmma] = poisoned(g, {num, H, D, D}, DType::F32);
@@ -245,13 +254,13 @@ TEST_CASE("cuda kda_chunk wide scan on wgmma matches the cpu recurrence and the 
   cb->set_kda_chunk_scan_wgmma(true);
   cb->set_kda_chunk_scan_wg_rows(0);
   for (int wgmma = 0; wgmma < kForms; ++wgmma) {
-    const std::string tag = wgmma == 2 ? "wgmma 32-row scan" : wgmma ? "wgmma scan" : "mma.sync scan";
+    const std::string tag = names[wgmma];
     expect_close(g, outs[wgmma], ref_o, tol("kda_out"), tag + " o vs cpu");
     expect_close(g, states[wgmma], ref_state, tol("kda_state"), tag + " state vs cpu");
     expect_close(g, cks[wgmma], ref_ck, tol("kda_state"), tag + " checkpoints vs cpu");
   }
   for (int wgmma = 1; wgmma < kForms; ++wgmma) {
-    const std::string tag = wgmma == 2 ? "wgmma 32-row" : "wgmma";
+    const std::string tag = names[wgmma];
     expect_close(g, outs[wgmma], g.to_host(outs[0]), tol("kda_out"), tag + " o vs mma.sync");
     expect_close(g, states[wgmma], g.to_host(states[0]), tol("kda_state"), tag + " state vs mma.sync");
   }
@@ -292,12 +301,13 @@ TEST_CASE("cuda kda_chunk split jobs on the wgmma scans match the unsplit scan",
   Tensor state0 = randn({1, H, D, D}, rng, 0.1f, false);
   const CheckpointTable ct = checkpoint_table(lens, 256);
   Tensor tbl = Tensor::from_i32({1, ct.M}, ct.slots);
-  // Unsplit; then split with the wgmma scan in 32-row and in 64-row blocks.
-  constexpr int kRuns = 3;
+  // Unsplit; then split with the wgmma scan in 32-row, 64-row and whole-head blocks.
+  constexpr int kRuns = 4;
+  const int wg_rows[kRuns] = {32, 32, 64, 128};
   Tensor outs[kRuns], states[kRuns], cks[kRuns];
   for (int run = 0; run < kRuns; ++run) {
     cb->set_kda_chunk_split(run > 0);
-    cb->set_kda_chunk_scan_wg_rows(run == 2 ? 64 : 32);
+    cb->set_kda_chunk_scan_wg_rows(wg_rows[run]);
     states[run] = g.from_host(state0, DType::F32);
     outs[run] = poisoned(g, {len, H, D}, DType::BF16);
     cks[run] = poisoned(g, {ct.num, H, D, D}, DType::F32);
@@ -310,7 +320,7 @@ TEST_CASE("cuda kda_chunk split jobs on the wgmma scans match the unsplit scan",
   cb->set_kda_chunk_split(true);
   cb->set_kda_chunk_scan_wg_rows(0);
   for (int run = 1; run < kRuns; ++run) {
-    const std::string tag = run == 1 ? "split, wgmma 32-row" : "split, wgmma 64-row";
+    const std::string tag = run == 1 ? "split, wgmma 32-row" : run == 2 ? "split, wgmma 64-row" : "split, wgmma head";
     expect_close(g, outs[run], g.to_host(outs[0]), tol("kda_out"), tag + " o vs unsplit");
     expect_close(g, states[run], g.to_host(states[0]), tol("kda_state"), tag + " state vs unsplit");
     expect_close(g, cks[run], g.to_host(cks[0]), tol("kda_state"), tag + " checkpoints vs unsplit");
