@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(ScanHead::kThreads, 1)
   unsigned char* sm = scan_wg_smem(smraw_head);
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
   const int h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x;
-  const int wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2;
   const int v0 = 32 * wgi;
   const ScanBlockJob job = scan_block_job(a, seq_chunk0, jobs, carry, n, h, v0);
   const int c_begin = job.c_begin, c_end = job.c_end, seq = job.seq;
@@ -112,17 +112,9 @@ __global__ void __launch_bounds__(ScanHead::kThreads, 1)
   if (tid == 0) cnt[0] = cnt[1] = 0;
   fetch.init(tid);  // its block barrier also orders the counters' zeroing
 
-  // This warpgroup's quarter of the state, transposed, as in the 32-row scan: ST[b][4j + e] = S[v][k],
-  // k = 64 b + 16 warp + g + 8 (e >> 1), v = 8 j + 2 t + (e & 1) (rows relative to v0).
+  // This warpgroup's quarter of the state, transposed as in the 32-row scan (rows relative to v0).
   float ST[2][16];
-  auto each_elem = [&](auto&& f) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) f(ST[b][4 * j + e], 8 * j + 2 * t + (e & 1), 64 * b + 16 * warp + g + 8 * (e >> 1));
-  };
+  auto each_elem = [&](auto&& f) { L::each_state_elem(ST, warp, lane, f); };
   each_elem([&](float& x, int v, int k) { x = scan_init_value(job, v0, v, k); });
   auto store_sb = [&] {
     L::store_state_bf16(sS, ST, warp, lane);
@@ -149,25 +141,12 @@ __global__ void __launch_bounds__(ScanHead::kThreads, 1)
       mbar_wait(fetch.bar(s), (i >> 1) & 1);  // this chunk's stage
       scan_head_wg_sync(wgi);                  // and every thread's bf16 state copy
 
+      const Wg32Tiles tiles{so + ScanHead::kStW,  so + ScanHead::kStQ, so + ScanHead::kStKd,
+                            so + ScanHead::kStMq, oS,                  oVt};
+
       // (a) V' = U − W Sᵀ, O = (Q⊙e^Γ) Sᵀ.
       float Va[16], Oa[16];
-      wg::fence();
-#pragma unroll
-      for (int ks = 0; ks < kD / 16; ++ks) {
-        const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
-        const uint64_t ds = desc.at(oS + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
-        wg::mma_m64n32<0, 0>(Va, desc.at(so + ScanHead::kStW + off_a), ds, ks > 0);
-      }
-      wg::commit();
-      if constexpr (kO) {
-#pragma unroll
-        for (int ks = 0; ks < kD / 16; ++ks) {
-          const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
-          const uint64_t ds = desc.at(oS + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
-          wg::mma_m64n32<0, 0>(Oa, desc.at(so + ScanHead::kStQ + off_a), ds, ks > 0);
-        }
-      }
-      wg::commit();
+      wg32_issue_a<kO>(desc, tiles, Va, Oa);
       wg::wait<1>();
 #pragma unroll
       for (int i2 = 0; i2 < 16; ++i2) wg::reg_fence(Va[i2]);
@@ -181,50 +160,8 @@ __global__ void __launch_bounds__(ScanHead::kThreads, 1)
       scan_head_wg_sync(wgi);  // V'ᵀ complete; this warpgroup's bf16 state is no longer read this chunk
 
       // (c) Sᵀ = Diag(e^{Γ_C}) Sᵀ + K_dᵀ V', then (b) O += M_qk V' as a second group.
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float d = Gc[64 * b + 16 * warp + g + 8 * hf];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            ST[b][4 * j + 2 * hf] *= d;
-            ST[b][4 * j + 2 * hf + 1] *= d;
-          }
-        }
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk) {
-        const uint64_t dv = desc.at(oVt + kk * 32);
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-          wg::mma_m64n32<1, 0>(ST[b], desc.at(so + ScanHead::kStKd + (8 * b + 2 * kk) * wg::kAtomBytes), dv);
-      }
-      wg::commit();
-      if constexpr (kO) {
-#pragma unroll
-        for (int kk = 0; kk < kC / 16; ++kk)
-          wg::mma_m64n32<0, 0>(Oa, desc.at(so + ScanHead::kStMq + kk * 32), desc.at(oVt + kk * 32));
-      }
-      wg::commit();
-      wg::wait<1>();
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int i2 = 0; i2 < 16; ++i2) wg::reg_fence(ST[b][i2]);
-      store_sb();  // (a) of this chunk, its only reader, ended before the barrier above
-      wg::wait<0>();
-#pragma unroll
-      for (int i2 = 0; i2 < 16; ++i2) wg::reg_fence(Oa[i2]);
-      if constexpr (kO) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int r = 16 * warp + g + 8 * hf, col = v0 + 8 * j + 2 * t;
-            if (r < len) store_o_pair(a, t0, r, h, col, Oa[4 * j + 2 * hf], Oa[4 * j + 2 * hf + 1]);
-          }
-      }
+      wg32_issue_cb<kO>(desc, tiles, Gc, ST, Oa, warp, g);
+      wg32_finish_cb<kO>(sS, ST, Oa, a, t0, len, h, v0, warp, lane);
       if (ck >= 0) {  // the block meets; the state through the released stage to its checkpoint slot
         __syncthreads();
         each_elem([&](float x, int v, int k) {

@@ -61,6 +61,20 @@ __device__ __forceinline__ void store_o_pair(const KdaArgs& a, int t0, int r, in
   else *reinterpret_cast<float2*>(static_cast<float*>(a.o.p) + o) = make_float2(x0, x1);
 }
 
+// Rows < len of a warpgroup's O accumulator [64 tok][8 J v] (wgmma layout: element 4j + e of warp
+// `warp` is row 16 warp + g + 8 (e >> 1), column 8j + 2t + (e & 1)) to columns v0.. of head h.
+template <int J>
+__device__ __forceinline__ void store_o_rows(const KdaArgs& a, int t0, int len, int h, int v0, const float (&Oa)[4 * J],
+                                             int warp, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = 16 * warp + g + 8 * hf, col = v0 + 8 * j + 2 * t;
+      if (r < len) store_o_pair(a, t0, r, h, col, Oa[4 * j + 2 * hf], Oa[4 * j + 2 * hf + 1]);
+    }
+}
+
 // The chunk table's entries (first token, length, chunk index in the sequence) of the next chunk,
 // read one chunk ahead so that their global loads stay off the per-chunk chain.
 struct ChunkAhead {

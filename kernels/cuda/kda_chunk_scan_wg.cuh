@@ -183,15 +183,7 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
       wg::wait<0>();
 #pragma unroll
       for (int i = 0; i < 32; ++i) wg::reg_fence(Oa[i]);
-      if constexpr (kO) {  // rows < len to the output
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int r = 16 * warp + g + 8 * hf, col = v0 + 8 * j + 2 * t;
-            if (r < len) store_o_pair(a, t0, r, h, col, Oa[4 * j + 2 * hf], Oa[4 * j + 2 * hf + 1]);
-          }
-      }
+      if constexpr (kO) store_o_rows<8>(a, t0, len, h, v0, Oa, warp, g, t);  // rows < len to the output
       __syncthreads();  // K_d, M_qk, V' are free
       if (ck >= 0) {  // the state through the free K_d, M_qk and V' buffers to its checkpoint slot
         each_pair([&](const float* x, int r, int col) {

@@ -41,6 +41,18 @@ struct ScanWg32 {
   static __device__ __forceinline__ uint32_t off32(int row, int chunk) {
     return uint32_t(((chunk >> 3) * 4 + (row >> 3)) * wg::kAtomBytes) + wg::sw128_offset(row & 7, chunk & 7);
   }
+  // f(ST[b][4j + e], v, k) for every element a thread holds of its warpgroup's transposed state:
+  // ST[b][4j + e] = S[v][k], k = 64 b + 16 warp + g + 8 (e >> 1), v = 8 j + 2 t + (e & 1).
+  template <class F>
+  static __device__ __forceinline__ void each_state_elem(float (&ST)[2][16], int warp, int lane, F&& f) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f(ST[b][4 * j + e], 8 * j + 2 * t + (e & 1), 64 * b + 16 * warp + g + 8 * (e >> 1));
+  }
   // The bf16 copy S [v][k] (32-row layout at shared address s) of a warpgroup's transposed state
   // ST[b][4j + e] (the kernel's comment), in four transposed matrix stores where 2-byte stores took
   // 32: fragment (b, e >> 1, j) is rows k = 64 b + 16 warp + 8 (e >> 1) + 0..7 by columns
@@ -77,6 +89,87 @@ struct ScanWg32 {
 };
 static_assert(3 * (ScanWg32::kSmem + 1024) <= 228 * 1024, "three blocks per SM");
 
+// One warpgroup's products of a chunk on its 32 rows of the state, shared by this scan and the
+// head-per-block scan (kda_chunk_scan_head.cuh): byte offsets, from the descriptor base, of the
+// chunk's W, Q⊙e^Γ, K_d and M_qk tiles and of the warpgroup's bf16 S and V'ᵀ.
+struct Wg32Tiles {
+  uint32_t w, q, kd, mq, s, vt;
+};
+
+// (a) W Sᵀ into Va (first group) and, with output, (Q⊙e^Γ) Sᵀ into Oa (second group); issued, not
+// waited for.
+template <bool kO>
+__device__ __forceinline__ void wg32_issue_a(const wg::DescBase& desc, const Wg32Tiles& o, float (&Va)[16],
+                                             float (&Oa)[16]) {
+  wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
+    const uint64_t ds = desc.at(o.s + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
+    wg::mma_m64n32<0, 0>(Va, desc.at(o.w + off_a), ds, ks > 0);
+  }
+  wg::commit();
+  if constexpr (kO) {
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
+      const uint64_t ds = desc.at(o.s + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
+      wg::mma_m64n32<0, 0>(Oa, desc.at(o.q + off_a), ds, ks > 0);
+    }
+  }
+  wg::commit();
+}
+
+// (c) Sᵀ = Diag(e^{Γ_C}) Sᵀ + K_dᵀ V' (first group), then, with output, (b) O += M_qk V' (second
+// group); issued, not waited for. Gc: the chunk's e^{Γ_C} [128].
+template <bool kO>
+__device__ __forceinline__ void wg32_issue_cb(const wg::DescBase& desc, const Wg32Tiles& o, const float* Gc,
+                                              float (&ST)[2][16], float (&Oa)[16], int warp, int g) {
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const float d = Gc[64 * b + 16 * warp + g + 8 * hf];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        ST[b][4 * j + 2 * hf] *= d;
+        ST[b][4 * j + 2 * hf + 1] *= d;
+      }
+    }
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < kC / 16; ++kk) {
+    const uint64_t dv = desc.at(o.vt + kk * 32);
+#pragma unroll
+    for (int b = 0; b < 2; ++b) wg::mma_m64n32<1, 0>(ST[b], desc.at(o.kd + (8 * b + 2 * kk) * wg::kAtomBytes), dv);
+  }
+  wg::commit();
+  if constexpr (kO) {
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) wg::mma_m64n32<0, 0>(Oa, desc.at(o.mq + kk * 32), desc.at(o.vt + kk * 32));
+  }
+  wg::commit();
+}
+
+// After wg32_issue_cb: once (c) is done, the new state's bf16 copy to s (the chunk's (a), its only
+// reader, ended before the caller's barrier), while (b) may still run; then, with output, rows < len
+// of O [64 tok][32 v] to columns v0.. of head h.
+template <bool kO>
+__device__ __forceinline__ void wg32_finish_cb(uint32_t s, float (&ST)[2][16], float (&Oa)[16], const KdaArgs& a,
+                                               int t0, int len, int h, int v0, int warp, int lane) {
+  wg::wait<1>();
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) wg::reg_fence(ST[b][i]);
+  ScanWg32::store_state_bf16(s, ST, warp, lane);
+  wg::fence_proxy_async();
+  wg::wait<0>();
+#pragma unroll
+  for (int i = 0; i < 16; ++i) wg::reg_fence(Oa[i]);
+  if constexpr (kO) store_o_rows<4>(a, t0, len, h, v0, Oa, warp, lane >> 2, lane & 3);
+}
+
 __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
     kda_chunk_scan_wg32_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
                                const KdaScanJob* jobs, float* carry,
@@ -86,9 +179,11 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
   unsigned char* sm = scan_wg_smem(smraw_wg32);
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
   const wg::DescBase desc(sbase);
+  constexpr Wg32Tiles kTiles{ScanWg32::kOffW,  ScanWg32::kOffQ, ScanWg32::kOffKd,
+                             ScanWg32::kOffMq, ScanWg32::kOffS, ScanWg32::kOffVt};
   float* Gc = reinterpret_cast<float*>(sm + ScanWg32::kOffGc);
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = a.H, tid = threadIdx.x, warp = tid >> 5;
-  const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int lane = tid & 31, g = lane >> 2;
   const int v0 = vt * VT;
   const ScanBlockJob job = scan_block_job(a, seq_chunk0, jobs, carry, n, h, v0);
   const int c_begin = job.c_begin, c_end = job.c_end, seq = job.seq;
@@ -97,17 +192,9 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
   ScanWgTma<ScanWg32, VT> fetch{sbase, &maps, work, H, h, v0, write_o, zero_u};
   fetch.init(tid);
 
-  // The state, transposed: ST[b][4j + e] = S[v][k], k = 64 b + 16 warp + g + 8 (e >> 1),
-  // v = 8 j + 2 t + (e & 1) (rows of V relative to v0). each_elem(f) calls f(ST[b][4j + e], v, k).
+  // The state, transposed (ScanWg32::each_state_elem; rows of V relative to v0).
   float ST[2][16];
-  auto each_elem = [&](auto&& f) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) f(ST[b][4 * j + e], 8 * j + 2 * t + (e & 1), 64 * b + 16 * warp + g + 8 * (e >> 1));
-  };
+  auto each_elem = [&](auto&& f) { ScanWg32::each_state_elem(ST, warp, lane, f); };
   each_elem([&](float& x, int v, int k) { x = scan_init_value(job, v0, v, k); });
   auto store_sb = [&] {  // bf16 S [v][k] from the transposed accumulators
     ScanWg32::store_state_bf16(sbase + ScanWg32::kOffS, ST, warp, lane);
@@ -138,23 +225,7 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
 
       // (a) V' = U − W Sᵀ, O = (Q⊙e^Γ) Sᵀ.
       float Va[16], Oa[16];
-      wg::fence();
-#pragma unroll
-      for (int ks = 0; ks < kD / 16; ++ks) {
-        const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
-        const uint64_t ds = desc.at(ScanWg32::kOffS + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
-        wg::mma_m64n32<0, 0>(Va, desc.at(ScanWg32::kOffW + off_a), ds, ks > 0);
-      }
-      wg::commit();
-      if constexpr (kO) {
-#pragma unroll
-        for (int ks = 0; ks < kD / 16; ++ks) {
-          const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
-          const uint64_t ds = desc.at(ScanWg32::kOffS + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
-          wg::mma_m64n32<0, 0>(Oa, desc.at(ScanWg32::kOffQ + off_a), ds, ks > 0);
-        }
-      }
-      wg::commit();
+      wg32_issue_a<kO>(desc, kTiles, Va, Oa);
       wg::wait<1>();  // W Sᵀ is done; (Q⊙e^Γ) Sᵀ may still run while V' is formed
 #pragma unroll
       for (int i = 0; i < 16; ++i) wg::reg_fence(Va[i]);
@@ -171,50 +242,8 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
 
       // (c) Sᵀ = Diag(e^{Γ_C}) Sᵀ + K_dᵀ V', then (b) O += M_qk V' as a second group: the bf16 copy of
       // the new state is written while (b) runs.
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float d = Gc[64 * b + 16 * warp + g + 8 * hf];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            ST[b][4 * j + 2 * hf] *= d;
-            ST[b][4 * j + 2 * hf + 1] *= d;
-          }
-        }
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk) {
-        const uint64_t dv = desc.at(ScanWg32::kOffVt + kk * 32);
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-          wg::mma_m64n32<1, 0>(ST[b], desc.at(ScanWg32::kOffKd + (8 * b + 2 * kk) * wg::kAtomBytes), dv);
-      }
-      wg::commit();
-      if constexpr (kO) {
-#pragma unroll
-        for (int kk = 0; kk < kC / 16; ++kk)
-          wg::mma_m64n32<0, 0>(Oa, desc.at(ScanWg32::kOffMq + kk * 32), desc.at(ScanWg32::kOffVt + kk * 32));
-      }
-      wg::commit();
-      wg::wait<1>();
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int i = 0; i < 16; ++i) wg::reg_fence(ST[b][i]);
-      store_sb();  // (a) of this chunk, its only reader, ended before the barrier above
-      wg::wait<0>();
-#pragma unroll
-      for (int i = 0; i < 16; ++i) wg::reg_fence(Oa[i]);
-      if constexpr (kO) {  // rows < len to the output
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int r = 16 * warp + g + 8 * hf, col = v0 + 8 * j + 2 * t;
-            if (r < len) store_o_pair(a, t0, r, h, col, Oa[4 * j + 2 * hf], Oa[4 * j + 2 * hf + 1]);
-          }
-      }
+      wg32_issue_cb<kO>(desc, kTiles, Gc, ST, Oa, warp, g);
+      wg32_finish_cb<kO>(sbase + ScanWg32::kOffS, ST, Oa, a, t0, len, h, v0, warp, lane);
       __syncthreads();  // K_d, M_qk, V'ᵀ are free
       if (ck >= 0) {  // the state through the free K_d buffer to its checkpoint slot, in one bulk store
         each_elem([&](float x, int v, int k) { *reinterpret_cast<float*>(sm + ckpt_stage_offset<ScanWg32>(v, k)) = x; });
