@@ -253,6 +253,9 @@ TEST_CASE("cuda kda_chunk wide scan on wgmma matches the cpu recurrence and the 
   }
   cb->set_kda_chunk_scan_wgmma(true);
   cb->set_kda_chunk_scan_wg_rows(0);
+  // A row count the scans do not have is refused, naming it.
+  CHECK_THROWS_WITH(cb->set_kda_chunk_scan_wg_rows(48),
+                    Catch::Contains("48") && Catch::Contains("128"));
   for (int wgmma = 0; wgmma < kForms; ++wgmma) {
     const std::string tag = names[wgmma];
     expect_close(g, outs[wgmma], ref_o, tol("kda_out"), tag + " o vs cpu");
