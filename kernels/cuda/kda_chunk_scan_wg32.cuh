@@ -8,7 +8,7 @@
 //   (b) O += M_qk V'                    m64n32, K = 64:  A = M_qk K-major, B = V'ᵀ [v][tok] K-major
 //   (c) Sᵀ = Diag(e^{Γ_C}) Sᵀ + K_dᵀ V'  m64n32 x 2 (k halves), K = 64: A = K_d [tok][k] read MN-major,
 //                                        B = V'ᵀ K-major
-// V'ᵀ and the bf16 copy of S are written transposed from the accumulators (2-byte stores).
+// V'ᵀ and the bf16 copy of S are written transposed from the accumulators (stmatrix.trans).
 // Accumulator element d[4j + e] of warp w: row 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1).
 #pragma once
 #include <type_traits>
