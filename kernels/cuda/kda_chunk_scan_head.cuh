@@ -128,13 +128,10 @@ __global__ void __launch_bounds__(ScanHead::kThreads, 1)
 
   auto chunks = [&](auto write_o_c) {
     constexpr bool kO = decltype(write_o_c)::value;
-    ChunkAhead next;
-    if (c_begin < c_end) next.read(chunk_table, c_begin);
+    ChunkAhead ahead = ChunkAhead::first(chunk_table, c_begin, c_end);
     for (int c = c_begin; c < c_end; ++c) {
       const int i = c - c_begin, s = i & 1;
-      const int t0 = next.t0, len = next.len;
-      const int ck = kO ? kda_ckpt_slot(a, seq, 64 * next.idx + len) : -1;
-      if (c + 1 < c_end) next.read(chunk_table, c + 1);
+      const auto [t0, len, ck, has_next] = scan_chunk<kO>(ahead, a, seq, chunk_table, c, c_end);
       const uint32_t so = uint32_t(s * ScanHead::kStage);
       const unsigned char* Us = sm + s * ScanHead::kStage + ScanHead::kStU;
       const float* Gc = reinterpret_cast<const float*>(sm + ScanHead::kOffGc + s * kD * 4);

@@ -84,6 +84,27 @@ struct ChunkAhead {
     len = chunk_table[4 * c + 1];
     idx = chunk_table[4 * c + 3];
   }
+  // Before a block's loop over chunks [c_begin, c_end): the first chunk's entries, if any.
+  static __device__ __forceinline__ ChunkAhead first(const int32_t* chunk_table, int c_begin, int c_end) {
+    ChunkAhead n;
+    if (c_begin < c_end) n.read(chunk_table, c_begin);
+    return n;
+  }
 };
+
+// One step of a wgmma scan's chunk loop: chunk c's first token, length and checkpoint slot (-1:
+// none; looked up only when the block writes output, kO), and whether another chunk follows, whose
+// entries `ahead` then reads.
+struct ScanChunk {
+  int t0, len, ck;
+  bool has_next;
+};
+template <bool kO>
+__device__ __forceinline__ ScanChunk scan_chunk(ChunkAhead& ahead, const KdaArgs& a, int seq,
+                                                const int32_t* chunk_table, int c, int c_end) {
+  const ScanChunk k{ahead.t0, ahead.len, kO ? kda_ckpt_slot(a, seq, 64 * ahead.idx + ahead.len) : -1, c + 1 < c_end};
+  if (k.has_next) ahead.read(chunk_table, c + 1);
+  return k;
+}
 
 }  // namespace k3::cuda::kda_chunk

@@ -84,6 +84,13 @@ struct ScanWgTma {
     if (write_o) tma_load_2d(sbase + L::kOffMq, &maps->mq, 0, t * kTileRows64 + 512, bar_b());
     bulk_load(sbase + L::kOffGc, work_gc(work, c, H, h), kD * 4, bar_b());
   }
+  // Before the chunk loop: thread 0 issues both groups of the first chunk, if there is one.
+  __device__ __forceinline__ void first(int tid, int c_begin, int c_end) const {
+    if (tid == 0 && c_begin < c_end) {
+      wuq(c_begin);
+      kmg(c_begin);
+    }
+  }
   // The staged state (ckpt_stage_offset) to checkpoint slot `slot`; returns once the copy engine has
   // read the staging buffer, which the next chunk's copies may then overwrite.
   __device__ __forceinline__ void ckpt(int slot) const {

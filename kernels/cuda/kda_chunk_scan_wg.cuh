@@ -86,10 +86,7 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
   // e^{Γ_C} (read by (b), (c)).
   // Each is waited for only where it is first read, so the second one lands while (a) runs.
   store_sb();
-  if (tid == 0 && c_begin < c_end) {
-    fetch.wuq(c_begin);
-    fetch.kmg(c_begin);
-  }
+  fetch.first(tid, c_begin, c_end);
 
   // The chunk loop with write_o as a constant: a wgmma group that runs only when O is written
   // would make ptxas serialize every wgmma of the kernel (C7514) once the two groups of a
@@ -97,13 +94,9 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
   auto chunks = [&](auto write_o_c) {
     constexpr bool kO = decltype(write_o_c)::value;
     // The chunk table's entries one chunk ahead: their global loads stay off the per-chunk chain.
-    ChunkAhead next;
-    if (c_begin < c_end) next.read(chunk_table, c_begin);
+    ChunkAhead ahead = ChunkAhead::first(chunk_table, c_begin, c_end);
     for (int c = c_begin; c < c_end; ++c) {
-      const int t0 = next.t0, len = next.len;
-      const int ck = kO ? kda_ckpt_slot(a, seq, 64 * next.idx + len) : -1;
-      const bool has_next = c + 1 < c_end;
-      if (has_next) next.read(chunk_table, c + 1);
+      const auto [t0, len, ck, has_next] = scan_chunk<kO>(ahead, a, seq, chunk_table, c, c_end);
       fetch.wait_wuq();  // this chunk's W, Q⊙e^Γ, U (its K_d group may still be in flight)
       __syncthreads();   // and every thread's bf16 state copy
 

@@ -35,16 +35,14 @@ constexpr int kRowsPerWarp = 16;
 // operations tracked by one mbarrier, instead of 16 per-thread copies.
 __device__ __forceinline__ void bulk_init(uint64_t* bar) { mbar_init(smem_u32(bar)); }
 // Copies `bytes` (a multiple of 16) into shared memory, counted on `bar`, in pieces the copy engine
-// takes at once.
-__device__ __forceinline__ void bulk_load(float* smem, const float* gmem, unsigned bytes, uint64_t* bar) {
+// takes at once (mbarrier.cuh's bulk_load each).
+__device__ __forceinline__ void bulk_load_state(float* smem, const float* gmem, unsigned bytes, uint64_t* bar) {
   const unsigned b = smem_u32(bar), d = smem_u32(smem);
   mbar_expect_tx(b, bytes);
   constexpr unsigned kPiece = 16384;
   for (unsigned off = 0; off < bytes; off += kPiece) {
     const unsigned n = bytes - off < kPiece ? bytes - off : kPiece;
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(d + off),
-                 "l"(reinterpret_cast<const char*>(gmem) + off), "r"(n), "r"(b)
-                 : "memory");
+    bulk_load(d + off, reinterpret_cast<const char*>(gmem) + off, n, b);
   }
 }
 __device__ __forceinline__ void bulk_wait(uint64_t* bar) { mbar_wait(smem_u32(bar), 0); }
@@ -180,7 +178,7 @@ __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
   float* S = a.state + (int64_t(a.slots[b]) * H + h) * D * D;
   if (tid == 0) {
     bulk_init(&bar);
-    bulk_load(st, S, D * D * 4, &bar);
+    bulk_load_state(st, S, D * D * 4, &bar);
   }
   float q[NV], k[NV], alpha[NV];
   prep_item<D>(a, b, h, a.conv_slots[b], sc, q, k, alpha);
