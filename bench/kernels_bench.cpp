@@ -199,19 +199,22 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
 // transposed blocks for every group ("_t32"), S split over dims between the warpgroups
 // ("_splits"), KV tiles by per-thread cp.async instead of TMA ("_cpasync"), the L2 prefetch
 // (l2_prefetch >= 0, default off; no longer printed: slower in every measured call, "_pfN"); the
-// head groups of a request launched as one cluster ("_cluster").
+// head groups of a request launched as one cluster ("_cluster"); the seesaw block that keeps P in
+// registers and refills each half of a stage on its own, which the default takes on splits of 8192
+// tokens or more, forced on ("_halves") and off ("_nohalves").
 struct MlaVariant {
   bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true, cluster = false;
-  int l2_prefetch = -1, t32 = 0;
+  int l2_prefetch = -1, t32 = 0, halves = 2;
   // > 0: every request's pages are these few, so the cache rows stay in L2 and no tile waits for
   // memory: how fast the kernel would run if its loads were hidden. A diagnostic, "_l2hot" (its
   // bytes and floor are those of the real shape, which it does not move).
   int hot_pages = 0;
+  std::string halves_suffix() const { return halves == 1 ? "_halves" : halves == 0 ? "_nohalves" : ""; }
   std::string suffix(int64_t H) const {
-    if (hot_pages > 0) return (seesaw ? "" : "_lockstep") + std::string("_l2hot");
+    if (hot_pages > 0) return (!seesaw ? "_lockstep" : halves_suffix()) + std::string("_l2hot");
     if (H < 64) return "";
     if (!wgmma) return "_mma";
-    std::string s = t32 == 2 ? "_t32" : split_s ? "_splits" : !tma ? "_cpasync" : !seesaw ? "_lockstep" : "";
+    std::string s = t32 == 2 ? "_t32" : split_s ? "_splits" : !tma ? "_cpasync" : !seesaw ? "_lockstep" : halves_suffix();
     if (t32 == 1 && !seesaw) s += "_t32tail";
     if (l2_prefetch >= 0) s += "_pf" + std::to_string(l2_prefetch);
     if (!lazy) s += "_exact";
@@ -241,7 +244,9 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   const int was_pf = be.mla_decode_l2_prefetch(), was_t32 = be.mla_decode_t32();
   const bool was_tma = be.mla_decode_tma(), was_lazy = be.mla_decode_lazy_rescale(), was_seesaw = be.mla_decode_seesaw();
   const bool was_cluster = be.mla_decode_cluster();
+  const int was_halves = be.mla_decode_seesaw_halves();
   be.set_mla_decode_seesaw(v.seesaw);
+  be.set_mla_decode_seesaw_halves(v.halves);
   be.set_mla_decode_cluster(v.cluster);
   be.set_mla_decode_tma(v.tma);
   be.set_mla_decode_lazy_rescale(v.lazy);
@@ -261,6 +266,7 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   be.set_mla_decode_t32(was_t32);
   be.set_mla_decode_seesaw(was_seesaw);
   be.set_mla_decode_cluster(was_cluster);
+  be.set_mla_decode_seesaw_halves(was_halves);
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
                  v.suffix(H),
          .us = us};
@@ -372,6 +378,10 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
       if (H >= 64) {
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.lazy = false});
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.hot_pages = 16});
+        for (int halves : {1, 0}) {
+          mla_decode_case(be, B, H, ctx, opts.quick, lines, {.halves = halves});
+          mla_decode_case(be, B, H, ctx, opts.quick, lines, {.halves = halves, .hot_pages = 16});
+        }
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.seesaw = false, .hot_pages = 16});
         if (H > 64) mla_decode_case(be, B, H, ctx, opts.quick, lines, {.cluster = true});
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.seesaw = false});

@@ -101,6 +101,14 @@ class CudaBackend final : public Backend {
   // precedence over set_mla_decode_t32, and needs the TMA loads and S split over tokens).
   void set_mla_decode_seesaw(bool on) { mla_seesaw_ = on; }
   bool mla_decode_seesaw() const { return mla_seesaw_; }
+  // With the seesaw: the block that keeps each warpgroup's P in registers and refills each half of a
+  // stage when the warpgroup reading it is done; 0 = never, 1 = always, 2 = on long splits (the
+  // default; MlaDecodeArgs::wgmma_seesaw_halves).
+  void set_mla_decode_seesaw_halves(int mode) {
+    if (mode < 0 || mode > 2) throw Error("mla_decode: seesaw halves mode " + std::to_string(mode) + " not in 0..2");
+    mla_seesaw_halves_ = mode;
+  }
+  int mla_decode_seesaw_halves() const { return mla_seesaw_halves_; }
   // wgmma kernel: the head groups of a request as one thread-block cluster (MlaDecodeArgs::wgmma_cluster).
   void set_mla_decode_cluster(bool on) { mla_cluster_ = on; }
   bool mla_decode_cluster() const { return mla_cluster_; }
@@ -143,6 +151,7 @@ class CudaBackend final : public Backend {
   bool mla_lazy_ = true;  // set_mla_decode_lazy_rescale
   int mla_t32_ = 0;  // set_mla_decode_t32
   bool mla_seesaw_ = true;  // set_mla_decode_seesaw
+  int mla_seesaw_halves_ = 2;  // set_mla_decode_seesaw_halves
   bool mla_cluster_ = false;  // set_mla_decode_cluster
   bool kda_split_ = true;  // set_kda_chunk_split
   bool kda_scan_wgmma_ = true;  // set_kda_chunk_scan_wgmma

@@ -298,6 +298,7 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   a.wgmma_tma = mla_tma_;
   a.wgmma_lazy_rescale = mla_lazy_;
   a.wgmma_seesaw = mla_seesaw_;
+  a.wgmma_seesaw_halves = mla_seesaw_halves_;
   a.wgmma_cluster = mla_cluster_;
   a.wgmma_t32 = mla_t32_;
   a.kv_rows = p.kv_cache.dim(0) * p.kv_cache.dim(1);

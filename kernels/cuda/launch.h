@@ -194,6 +194,13 @@ struct MlaDecodeArgs {
   // instead of in lockstep on every tile. Applies with the TMA loads and S split over tokens;
   // wgmma_t32 is then ignored. CudaBackend::set_mla_decode_seesaw (default on).
   bool wgmma_seesaw = false;
+  // With wgmma_seesaw: the seesaw block that keeps each warpgroup's P in registers for its own product,
+  // waits for its tiles dim chunk by dim chunk and refills each half of a stage as soon as the
+  // warpgroup reading it is done (mla_decode_halves.cuh): 0 = never, 1 = always, 2 = when the plan's
+  // splits are kMlaHalvesMinTokens long or longer (the default: 4-5 % faster than the seesaw there,
+  // 4-5 % slower on 2048- and 4096-token splits on the H200, docs/PERF.md).
+  // CudaBackend::set_mla_decode_seesaw_halves.
+  int wgmma_seesaw_halves = 2;
   // wgmma kernel: the head groups of one (request, split) launched as one thread-block cluster (up to
   // 8 groups), so they run at the same time on one processing cluster. CudaBackend::set_mla_decode_cluster.
   bool wgmma_cluster = false;
@@ -204,6 +211,8 @@ struct MlaHeadGroups {
   int g64 = 0, g32 = 0;
 };
 MlaHeadGroups mla_wgmma_head_groups(int H, int t32_mode);
+constexpr int kMlaHalvesMinTokens = 8192;
+
 // The 32-head mode the wgmma kernel runs for these args: wgmma_t32, or 0 with the seesaw (one kernel
 // holding both block forms would spill). The launch also needs TMA loads for it.
 inline int mla_wgmma_t32_mode(const MlaDecodeArgs& a) { return a.wgmma_seesaw ? 0 : a.wgmma_t32; }

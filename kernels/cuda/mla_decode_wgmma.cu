@@ -56,6 +56,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/mla_decode_halves.cuh"
 #include "kernels/cuda/mla_decode_seesaw.cuh"
 #include "kernels/cuda/mla_decode_t32.cuh"
 #include "kernels/cuda/mla_decode_tiles.cuh"
@@ -80,8 +81,9 @@ constexpr int kBarBytes = kStages * 8;   // one mbarrier per stage (TMA loads)
 constexpr int kSmem =
     wg::kAtomBytes /*alignment slack*/ + kQBytes + kStages * kTileBytes + kPBytes + 2 * kRedFloats * 4 + kBarBytes;
 static_assert(kSmem <= 227 * 1024, "shared memory budget of one block");
-static_assert(wg::kAtomBytes + mla_t32::kSmemFromBase <= kSmem && wg::kAtomBytes + mla_seesaw::kSmemFromBase <= kSmem,
-              "a 32-head block and a seesaw block fit in the same launch");
+static_assert(wg::kAtomBytes + mla_t32::kSmemFromBase <= kSmem && wg::kAtomBytes + mla_seesaw::kSmemFromBase <= kSmem &&
+                  wg::kAtomBytes + mla_halves::kSmemFromBase <= kSmem,
+              "a 32-head block and the seesaw blocks fit in the same launch");
 
 using wg::op_offset;  // Q, KV stages and P: 64-row operands of [chunk / 8][row / 8] atoms
 
@@ -118,7 +120,9 @@ __device__ __forceinline__ void prefetch_tile_l2(const MlaDecodeArgs& a, const i
   }
 }
 
-template <bool kSplitS, bool kTma, bool kSeesaw = false>
+// kSeesaw: 0 = the lockstep body below, 1 = the seesaw block (mla_decode_seesaw.cuh), 2 = the seesaw
+// refilled by halves with P kept in registers (mla_decode_halves.cuh).
+template <bool kSplitS, bool kTma, int kSeesaw = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse,
                             const __grid_constant__ CUtensorMap kv_map, int box_rows, int groups64) {
@@ -135,14 +139,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_addr = raw_addr + pad, kv_addr = q_addr + kQBytes, p_addr = kv_addr + kStages * kTileBytes;
   // Blocks past the 64-head groups hold 32 heads each in the transposed form (mla_decode_t32.cuh);
   // 64-head blocks run in the seesaw form when asked (mla_decode_seesaw.cuh).
-  if constexpr (kSeesaw) {
-    static_assert(kTma && !kSplitS, "the seesaw block loads by TMA and splits S over tokens");
+  if constexpr (kSeesaw != 0) {
+    static_assert(kTma && !kSplitS, "the seesaw blocks load by TMA and split S over tokens");
     if (int(blockIdx.x) < groups64) {
-      mla_seesaw::block(a, tokens_per_split, part_o, part_lse, &kv_map, box_rows, kHeads * int(blockIdx.x), q_s, q_addr);
+      if constexpr (kSeesaw == 2)
+        mla_halves::block(a, tokens_per_split, part_o, part_lse, &kv_map, box_rows, kHeads * int(blockIdx.x), q_s, q_addr);
+      else
+        mla_seesaw::block(a, tokens_per_split, part_o, part_lse, &kv_map, box_rows, kHeads * int(blockIdx.x), q_s, q_addr);
       return;
     }
   }
-  if constexpr (kTma && !kSeesaw) {
+  if constexpr (kTma && kSeesaw == 0) {
     if (int(blockIdx.x) >= groups64) {
       mla_t32::block(a, tokens_per_split, part_o, part_lse, &kv_map, box_rows,
                      kHeads * groups64 + mla_t32::kHeads * (int(blockIdx.x) - groups64), q_s, q_addr);
@@ -397,9 +404,12 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
   const int box_rows = std::gcd(a.page_size, kTok);
   const bool tma = a.wgmma_tma && box_rows >= 8 && a.kv_rows > 0 && a.kv_rows < (int64_t(1) << 31);
   const CUtensorMap map = tma ? make_bf16_tensor_map_sw128(a.kv, a.kv_rows, kDk, box_rows) : CUtensorMap{};
+  const bool halves = a.wgmma_seesaw_halves == 1 ||
+                      (a.wgmma_seesaw_halves == 2 && plan.tokens_per_split >= kMlaHalvesMinTokens);
   auto* kern = a.wgmma_split_s ? (tma ? mla_decode_wgmma_kernel<true, true> : mla_decode_wgmma_kernel<true, false>)
                : !tma          ? mla_decode_wgmma_kernel<false, false>
-               : a.wgmma_seesaw ? mla_decode_wgmma_kernel<false, true, true>
+               : a.wgmma_seesaw && halves ? mla_decode_wgmma_kernel<false, true, 2>
+               : a.wgmma_seesaw ? mla_decode_wgmma_kernel<false, true, 1>
                                 : mla_decode_wgmma_kernel<false, true>;
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   // The 32-head transposed blocks load by TMA only.

@@ -67,6 +67,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* row
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_u32(row_addr)));
 }
+// Four 8x8 b16 matrices held as mma fragments (lane l: row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1
+// of each r[i]) stored as they are: lanes 8i..8i+7 give the addresses of the 16-byte rows of matrix i.
+__device__ __forceinline__ void stmatrix_x4(uint32_t row_addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(row_addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 // The store: four 8x8 b16 matrices held as mma fragments (lane l: row l / 4, columns 2 (l % 4) and
 // 2 (l % 4) + 1 of each r[i]) written transposed, so that lanes 8i..8i+7 give the addresses of the
 // 16-byte rows of matrix i's transpose (its columns).

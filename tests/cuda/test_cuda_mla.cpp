@@ -92,7 +92,7 @@ TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused page
 // The Hopper wgmma kernel (mla_decode_wgmma.cu), the default for H >= 64: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
 // 64, 300, 5000 (one split and several, merged); pages of 64, 16, 48 and 8; bf16 and fp32 o; S split over tokens and over dims;
 // the 32-head transposed blocks (mla_decode_t32.cuh) for the last group and for all; the seesaw blocks (mla_decode_seesaw.cuh, the
-// default), with the lockstep form checked first.
+// default), with the lockstep form checked first; the seesaw refilled by halves (mla_decode_halves.cuh).
 TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
@@ -150,6 +150,20 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
                                  (cluster ? " clustered" : ""));
     }
   cb->set_mla_decode_cluster(false);
+  // The seesaw refilled by halves (mla_decode_halves.cuh), forced on for every case (the default takes
+  // it only for splits of 8192 tokens or more): its four pair forms (a pair with tiles after it, the
+  // one before the last with an A after it, a last pair, a lone last tile) are all reached by the
+  // lengths above and by 256, 448 and 193 (4, 7 and 4 tiles, the last of one row).
+  std::vector<MlaCase> halves_cases = cases;
+  halves_cases.push_back({96, 512, 64, 64, {256, 448, 193}});
+  cb->set_mla_decode_seesaw_halves(1);
+  for (bool lazy : {true, false}) {
+    cb->set_mla_decode_lazy_rescale(lazy);
+    check_mla_decode_cases(*bk.cpu, *bk.gpu, halves_cases, rng,
+                           std::string("mla_decode wgmma seesaw by halves") + (lazy ? " lazy max" : " exact max"));
+  }
+  cb->set_mla_decode_seesaw_halves(2);
+  REQUIRE_THROWS_WITH(cb->set_mla_decode_seesaw_halves(3), Catch::Matchers::Contains("seesaw halves mode 3 not in 0..2"));
   cb->set_mla_decode_lazy_rescale(true);
   cb->set_mla_decode_wgmma(false);
   REQUIRE_THROWS_WITH(cb->set_mla_decode_t32(3), Catch::Matchers::Contains("t32 mode 3 not in 0..2"));
