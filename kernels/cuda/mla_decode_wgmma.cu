@@ -44,11 +44,13 @@
 // Cost of H = 96: two head groups, the second with 32 zero rows, so the tensor work is 128/96 =
 // 1.33x the useful work (the cache bytes are read once from HBM; the second group hits L2).
 //
-// The body above is the lockstep form. Two other block forms share the launch (same grid, same
-// shared-memory size, chosen per block): the seesaw form of a 64-head block (mla_decode_seesaw.cuh,
-// the default: each warpgroup computes the scores of its own tile of a pair, so one warpgroup's
-// softmax overlaps the other's products), and the 32-head transposed block (mla_decode_t32.cuh,
-// MlaDecodeArgs::wgmma_t32: no padded rows for a last group of 32 heads, measured slower).
+// The body above is the lockstep form. Other block forms share the launch (same grid, same
+// shared-memory size, chosen per launch or per block): the seesaw form of a 64-head block
+// (mla_decode_seesaw.cuh, the default: each warpgroup computes the scores of its own tile of a pair,
+// so one warpgroup's softmax overlaps the other's products); the seesaw that keeps P in registers
+// and refills each half of a stage on its own (mla_decode_halves.cuh, the default on splits of 8192
+// tokens or more); and the 32-head transposed block (mla_decode_t32.cuh, MlaDecodeArgs::wgmma_t32:
+// no padded rows for a last group of 32 heads, measured slower).
 #include <cmath>
 #include <numeric>
 
