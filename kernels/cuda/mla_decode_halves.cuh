@@ -209,21 +209,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
     wg::wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; ++i) wg::reg_fence(s[i]);
-    x0 = -INFINITY;
-    x1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float v = t0 + 8 * j + 2 * t4 + (e & 1) < end ? s[4 * j + e] * sl2 : -INFINITY;
-        s[4 * j + e] = v;
-        if (e < 2) x0 = fmaxf(x0, v);
-        else x1 = fmaxf(x1, v);
-      }
-    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
-    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
-    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+    scale_mask_rowmax(s, t0, end, t4, sl2, x0, x1);
   };
   // P = 2^(s - m) in place; returns the rows' sums.
   const auto exp_p = [&](float mn0, float mn1, float& sum0, float& sum1) {
@@ -396,22 +382,8 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
   if (tA + kTok < end) pair.template operator()<true, false, false>(tA);
   else if (tA < end) pair.template operator()<false, false, false>(tA);
 
-  // Row sums: the quad's lanes, then the two warpgroups (both end on the same running max).
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  __syncthreads();  // every use of the row arrays in the loop is over
-  if (w == 1 && t4 == 0) {
-    sums_s[r0] = l0;
-    sums_s[r1] = l1;
-  }
-  __syncthreads();
-  if (w == 0 && t4 == 0) {
-    sums_s[r0] += l0;
-    sums_s[r1] += l1;
-  }
-  __syncthreads();
+  // Row sums (both warpgroups end on the same running max).
+  block_row_sums(l0, l1, sums_s, w, t4, r0);
   store_rows64(a, part_o, part_lse, o, h0, r0, w, t4, sums_s[r0], sums_s[r1], max_s[r0], max_s[r1]);
 }
 

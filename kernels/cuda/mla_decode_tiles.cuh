@@ -113,6 +113,50 @@ __device__ __forceinline__ void store_rows64(const MlaDecodeArgs& a, float* part
   }
 }
 
+// Scores of a 64-head x 64-token tile in the m64n64 accumulator layout (s[4 j + e]: row r0 + 8 (e >> 1),
+// token t0 + 8 j + 2 t4 + (e & 1)) scaled to log2 units (sl2), -inf past `end`, in place; x0 / x1: the
+// maxima of this thread's two rows over the tile (reduced over the quad that holds each row).
+__device__ __forceinline__ void scale_mask_rowmax(float (&s)[32], int t0, int end, int t4, float sl2, float& x0,
+                                                  float& x1) {
+  x0 = -INFINITY;
+  x1 = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float v = t0 + 8 * j + 2 * t4 + (e & 1) < end ? s[4 * j + e] * sl2 : -INFINITY;
+      s[4 * j + e] = v;
+      if (e < 2) x0 = fmaxf(x0, v);
+      else x1 = fmaxf(x1, v);
+    }
+  x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+  x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+  x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+  x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+}
+
+// The row sums of a 64-head block whose two warpgroups each kept this thread's share (l0: row r0, l1:
+// row r0 + 8) of the tiles they multiplied, relative to the same running max: summed over the quad,
+// then over the warpgroups through sums_s[64]; the block's row sums are then sums_s[r0], sums_s[r0 + 8].
+// Starts with a block barrier (every earlier use of shared rows is over) and ends with one.
+__device__ __forceinline__ void block_row_sums(float l0, float l1, float* sums_s, int w, int t4, int r0) {
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  __syncthreads();
+  if (w == 1 && t4 == 0) {
+    sums_s[r0] = l0;
+    sums_s[r0 + 8] = l1;
+  }
+  __syncthreads();
+  if (w == 0 && t4 == 0) {
+    sums_s[r0] += l0;
+    sums_s[r0 + 8] += l1;
+  }
+  __syncthreads();
+}
+
 // Rows [rows, 64) of a TMA-loaded stage, by `threads` threads of which this is number `t`: unused
 // cache rows may hold NaN, and P = 0 times NaN is NaN.
 __device__ __forceinline__ void zero_tail(unsigned char* stage, int rows, int t, int threads) {
