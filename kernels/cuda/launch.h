@@ -197,7 +197,7 @@ struct MlaDecodeArgs {
   // With wgmma_seesaw: the seesaw block that keeps each warpgroup's P in registers for its own product,
   // waits for its tiles dim chunk by dim chunk and refills each half of a stage as soon as the
   // warpgroup reading it is done (mla_decode_halves.cuh): 0 = never, 1 = always, 2 = when the plan's
-  // splits are kMlaHalvesMinTokens long or longer (the default: 4-5 % faster than the seesaw there,
+  // splits are kMlaHalvesMinTokens long or longer (the default: 3-5 % faster than the seesaw there,
   // 4-5 % slower on 2048- and 4096-token splits on the H200, docs/PERF.md).
   // CudaBackend::set_mla_decode_seesaw_halves.
   int wgmma_seesaw_halves = 2;

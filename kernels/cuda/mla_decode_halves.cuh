@@ -30,7 +30,7 @@
 // end. With an odd tile count the last pair has no B: WG 1 then only adds P_A V_A,R.
 // Measured on the H200 (docs/PERF.md): the scores waited for chunk by chunk are 3-11 % faster than
 // with one wait for the whole tile; P_A written before its own product is waited for, up to 3 %
-// faster than after. Against mla_decode_seesaw.cuh the block is 4-5 % faster where each block walks
+// faster than after. Against mla_decode_seesaw.cuh the block is 3-5 % faster where each block walks
 // 8192 tokens or more (the refills' latency hides better) and 4-5 % slower on shorter ones (its own
 // schedule is slower once the rows are in L2), so the launch picks it by length (launch.h,
 // MlaDecodeArgs::wgmma_seesaw_halves).
