@@ -211,7 +211,6 @@ struct MlaHeadGroups {
   int g64 = 0, g32 = 0;
 };
 MlaHeadGroups mla_wgmma_head_groups(int H, int t32_mode);
-constexpr int kMlaHalvesMinTokens = 8192;
 
 // The 32-head mode the wgmma kernel runs for these args: wgmma_t32, or 0 with the seesaw (one kernel
 // holding both block forms would spill). The launch also needs TMA loads for it.
@@ -224,6 +223,14 @@ struct MlaDecodePlan {
 // wgmma_kernel: the call will run the wgmma kernel (MlaDecodeArgs::use_wgmma with R = 512, Dr = 64),
 // whose blocks hold 64 heads, or 32 as t32_mode says (MlaDecodeArgs::wgmma_t32).
 MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms, bool wgmma_kernel, int t32_mode = 0);
+// Whether the wgmma kernel's 64-head seesaw blocks run in the form refilled by halves
+// (MlaDecodeArgs::wgmma_seesaw_halves): always, never, or when each split is kMlaHalvesMinTokens long
+// or longer. The launch also needs the TMA loads and S split over tokens for any seesaw form.
+constexpr int kMlaHalvesMinTokens = 8192;
+inline bool mla_wgmma_seesaw_halves(const MlaDecodeArgs& a, const MlaDecodePlan& plan) {
+  return a.wgmma_seesaw && (a.wgmma_seesaw_halves == 1 ||
+                            (a.wgmma_seesaw_halves == 2 && plan.tokens_per_split >= kMlaHalvesMinTokens));
+}
 int64_t mla_decode_workspace_floats(const MlaDecodePlan& plan, int B, int H, int R);
 void launch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* work, cudaStream_t s);
 // The wgmma kernel alone (called by launch_mla_decode): one split -> a.o, a.lse; several -> the fp32

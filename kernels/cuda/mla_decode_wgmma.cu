@@ -406,11 +406,9 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
   const int box_rows = std::gcd(a.page_size, kTok);
   const bool tma = a.wgmma_tma && box_rows >= 8 && a.kv_rows > 0 && a.kv_rows < (int64_t(1) << 31);
   const CUtensorMap map = tma ? make_bf16_tensor_map_sw128(a.kv, a.kv_rows, kDk, box_rows) : CUtensorMap{};
-  const bool halves = a.wgmma_seesaw_halves == 1 ||
-                      (a.wgmma_seesaw_halves == 2 && plan.tokens_per_split >= kMlaHalvesMinTokens);
   auto* kern = a.wgmma_split_s ? (tma ? mla_decode_wgmma_kernel<true, true> : mla_decode_wgmma_kernel<true, false>)
                : !tma          ? mla_decode_wgmma_kernel<false, false>
-               : a.wgmma_seesaw && halves ? mla_decode_wgmma_kernel<false, true, 2>
+               : mla_wgmma_seesaw_halves(a, plan) ? mla_decode_wgmma_kernel<false, true, 2>
                : a.wgmma_seesaw ? mla_decode_wgmma_kernel<false, true, 1>
                                 : mla_decode_wgmma_kernel<false, true>;
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/tolerances.h"
 
@@ -167,6 +168,36 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   cb->set_mla_decode_lazy_rescale(true);
   cb->set_mla_decode_wgmma(false);
   REQUIRE_THROWS_WITH(cb->set_mla_decode_t32(3), Catch::Matchers::Contains("t32 mode 3 not in 0..2"));
+}
+
+// Host only (runs without a GPU): the split plan at the K3 decode shapes on 132 SMs, which the
+// measured figures in docs/PERF.md rest on, and which of them take the seesaw block refilled by
+// halves by default (splits of 8192 tokens or more).
+TEST_CASE("mla decode plan at the K3 shapes and where the halves block is taken", "[cuda]") {
+  struct Shape {
+    int B, H, ctx, splits, tokens_per_split;
+    bool halves;
+  };
+  for (const Shape& c : std::vector<Shape>{{32, 96, 4096, 2, 2048, false},
+                                           {64, 96, 8192, 1, 8192, true},
+                                           {128, 96, 16384, 1, 16384, true},
+                                           {64, 64, 8192, 2, 4096, false}}) {
+    INFO("B " << c.B << " H " << c.H << " ctx " << c.ctx);
+    const cuda::MlaDecodePlan plan = cuda::plan_mla_decode(c.B, c.H, c.ctx, 132, true);
+    CHECK(plan.splits == c.splits);
+    CHECK(plan.tokens_per_split == c.tokens_per_split);
+    CHECK(plan.splits * plan.tokens_per_split >= c.ctx);  // the splits cover the context
+    cuda::MlaDecodeArgs a;
+    a.wgmma_seesaw = true;
+    CHECK(cuda::mla_wgmma_seesaw_halves(a, plan) == c.halves);  // the default, mode 2
+    a.wgmma_seesaw_halves = 1;
+    CHECK(cuda::mla_wgmma_seesaw_halves(a, plan));
+    a.wgmma_seesaw_halves = 0;
+    CHECK_FALSE(cuda::mla_wgmma_seesaw_halves(a, plan));
+    a.wgmma_seesaw_halves = 1;
+    a.wgmma_seesaw = false;  // the lockstep form has no halves
+    CHECK_FALSE(cuda::mla_wgmma_seesaw_halves(a, plan));
+  }
 }
 
 TEST_CASE("cuda mla_prefill matches cpu", "[cuda]") {
