@@ -101,22 +101,19 @@ struct Wg32Tiles {
 template <bool kO>
 __device__ __forceinline__ void wg32_issue_a(const wg::DescBase& desc, const Wg32Tiles& o, float (&Va)[16],
                                              float (&Oa)[16]) {
-  wg::fence();
-#pragma unroll
-  for (int ks = 0; ks < kD / 16; ++ks) {
-    const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
-    const uint64_t ds = desc.at(o.s + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
-    wg::mma_m64n32<0, 0>(Va, desc.at(o.w + off_a), ds, ks > 0);
-  }
-  wg::commit();
-  if constexpr (kO) {
+  // acc = (the 64 x 128 operand at `a`) Sᵀ, over the 128 state rows in k16 steps.
+  const auto times_st = [&](float (&acc)[16], uint32_t a) {
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
       const uint32_t off_a = uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32);
       const uint64_t ds = desc.at(o.s + uint32_t((ks >> 2) * 4 * wg::kAtomBytes + (ks & 3) * 32));
-      wg::mma_m64n32<0, 0>(Oa, desc.at(o.q + off_a), ds, ks > 0);
+      wg::mma_m64n32<0, 0>(acc, desc.at(a + off_a), ds, ks > 0);
     }
-  }
+  };
+  wg::fence();
+  times_st(Va, o.w);
+  wg::commit();
+  if constexpr (kO) times_st(Oa, o.q);
   wg::commit();
 }
 
