@@ -23,6 +23,7 @@
 #include "kernels/cuda/kda_chunk_scan_job.cuh"
 #include "kernels/cuda/kda_chunk_scan_tma.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg32.cuh"
+#include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace k3::cuda::kda_chunk {
@@ -87,7 +88,7 @@ struct ScanHeadTma {
 };
 
 // Warpgroup w's 128 threads only (ids 1..4; 0 is __syncthreads).
-__device__ __forceinline__ void scan_head_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
+__device__ __forceinline__ void scan_head_wg_sync(int w) { bar_sync<128>(1 + w); }
 
 __global__ void __launch_bounds__(ScanHead::kThreads, 1)
     kda_chunk_scan_head_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,

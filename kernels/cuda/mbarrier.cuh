@@ -35,6 +35,18 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                  : "memory");
 }
 
+// Named barriers 1..15 (0 is __syncthreads): kThreads threads (a multiple of 32) meet at barrier id.
+// bar_arrive counts the calling warp in and goes on (a producer handing something over), bar_sync
+// waits until all kThreads have arrived or synced (a consumer, or every party of a group barrier).
+template <int kThreads>
+__device__ __forceinline__ void bar_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+template <int kThreads>
+__device__ __forceinline__ void bar_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+
 // One TMA box of a 2-D tensor map (kernels/cuda/tensor_map.h) at element coordinates (x = column,
 // y = row) into shared memory at `dst`, counted on `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {

@@ -56,29 +56,16 @@ constexpr int kSmemFromBase = kBarOff + 2 * kDimAtoms * 8;  // an mbarrier per (
 
 // Named barriers (0 is __syncthreads): producer bar.arrive, consumer bar.sync, 256 threads each.
 constexpr int kScaleA = 1, kScaleB = 2, kPa = 3, kPb = 4;
-__device__ __forceinline__ void arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(5 + w) : "memory"); }
+__device__ __forceinline__ void arrive(int id) { bar_arrive<256>(id); }
+__device__ __forceinline__ void sync(int id) { bar_sync<256>(id); }
+__device__ __forceinline__ void wg_sync(int w) { bar_sync<128>(5 + w); }
 
-// Dim chunks [kLo, kHi) of tokens [t0, min(t0 + 64, end)) into the stage at `dst`, chunk c counted
-// on the mbarrier at bar0 + 8 c; issued by the 32 lanes of the calling warp (boxes as issue_tile_tma).
+// Dim chunks [kLo, kHi) of a tile into the stage at `dst`, chunk c counted on the mbarrier at
+// bar0 + 8 c; issued by the 32 lanes of the calling warp.
 template <int kLo, int kHi>
 __device__ __forceinline__ void issue_chunks(uint32_t dst, uint32_t bar0, const CUtensorMap* map, const MlaDecodeArgs& a,
                                              const int32_t* pages, int t0, int end, int page_shift, int box_rows) {
-  const int lane = threadIdx.x & 31;
-  const int row_boxes = (min(kTok, end - t0) + box_rows - 1) / box_rows;
-  if (lane == 0)
-#pragma unroll
-    for (int c = kLo; c < kHi; ++c) mbar_expect_tx(bar0 + 8 * c, uint32_t(row_boxes * box_rows * wg::kRowBytes));
-  __syncwarp();
-  for (int k = lane; k < row_boxes * (kHi - kLo); k += 32) {
-    const int rb = k / (kHi - kLo), c = kLo + k % (kHi - kLo);
-    const int tok = t0 + rb * box_rows;
-    const int pg = page_shift >= 0 ? tok >> page_shift : tok / a.page_size;
-    const int in_page = page_shift >= 0 ? tok & (a.page_size - 1) : tok - pg * a.page_size;
-    tma_load_2d(dst + uint32_t(c * 8 * wg::kAtomBytes + rb * box_rows * wg::kRowBytes), map, c * 64,
-                pages[pg] * a.page_size + in_page, bar0 + 8 * c);
-  }
+  issue_chunks_tma<kLo, kHi, true>(dst, bar0, map, a, pages, t0, end, page_shift, box_rows);
 }
 
 // S (+)= Q K over dim chunks [kLo, kHi) of the stage whose chunk barriers start at bar0: waits for
@@ -148,15 +135,11 @@ __device__ __forceinline__ void store_p_scaled(uint32_t p, const float (&s)[32],
 __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_split, float* part_o, float* part_lse,
                                       const CUtensorMap* kv_map, int box_rows, int h0, unsigned char* base,
                                       uint32_t base_addr) {
-  const int split = blockIdx.y, b = blockIdx.z;
+  const int b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 7, ti = tid & 127;
   const int wq = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
   const int r0 = 16 * wq + g, r1 = r0 + 8;
-  const int seq = a.seq_lens[b];
-  const int begin = split * tokens_per_split;
-  const int end = min(seq, begin + tokens_per_split);
-  const int32_t* pages = a.block_table + int64_t(b) * a.max_pages;
-  const int page_shift = page_shift_of(a.page_size);
+  const auto [begin, end, pages, page_shift] = split_rows(a, tokens_per_split);
   const uint32_t st0 = base_addr + kKvOff, st1 = st0 + kTileBytes;
   unsigned char* const stage0 = base + kKvOff;
   unsigned char* const stage1 = stage0 + kTileBytes;
@@ -209,7 +192,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
     wg::wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; ++i) wg::reg_fence(s[i]);
-    scale_mask_rowmax(s, t0, end, t4, sl2, x0, x1);
+    scale_mask_rowmax<64>(s, t0, end, t4, sl2, x0, x1);
   };
   // P = 2^(s - m) in place; returns the rows' sums.
   const auto exp_p = [&](float mn0, float mn1, float& sum0, float& sum1) {

@@ -43,23 +43,19 @@ constexpr int kRowsOff = kKvOff + 2 * kTileBytes;  // floats: scale[2][64], max[
 constexpr int kBarOff = kRowsOff + 5 * kHeads * 4;
 constexpr int kSmemFromBase = kBarOff + 4 * 8;  // full[2], empty[2]
 
-__device__ __forceinline__ void arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(3 + w) : "memory"); }
+__device__ __forceinline__ void arrive(int id) { bar_arrive<256>(id); }
+__device__ __forceinline__ void sync(int id) { bar_sync<256>(id); }
+__device__ __forceinline__ void wg_sync(int w) { bar_sync<128>(3 + w); }
 
 // Heads [h0, h0 + 64) of request blockIdx.z, split blockIdx.y; 256 threads.
 __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_split, float* part_o, float* part_lse,
                                       const CUtensorMap* kv_map, int box_rows, int h0, unsigned char* base,
                                       uint32_t base_addr) {
-  const int split = blockIdx.y, b = blockIdx.z;
+  const int b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 7, ti = tid & 127;
   const int wq = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
   const int r0 = 16 * wq + g, r1 = r0 + 8;
-  const int seq = a.seq_lens[b];
-  const int begin = split * tokens_per_split;
-  const int end = min(seq, begin + tokens_per_split);
-  const int32_t* pages = a.block_table + int64_t(b) * a.max_pages;
-  const int page_shift = page_shift_of(a.page_size);
+  const auto [begin, end, pages, page_shift] = split_rows(a, tokens_per_split);
   const uint32_t q_addr = base_addr, kv_addr = base_addr + kKvOff;
   float* scale_s = reinterpret_cast<float*>(base + kRowsOff);  // [2][64]: A's, B's row scale
   float* max_s = scale_s + 2 * kHeads;                          // [2][64]: m_A, m_B
@@ -138,7 +134,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
     wg::wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; ++i) wg::reg_fence(s[i]);
-    scale_mask_rowmax(s, t0, end, t4, sl2, x0, x1);
+    scale_mask_rowmax<64>(s, t0, end, t4, sl2, x0, x1);
     wg_sync(w);  // every warp's products have read the rope chunk that P is written into next
   };
   // P = 2^(s - m) as bf16 into the stage's rope chunk (S has read it); returns the rows' sums.

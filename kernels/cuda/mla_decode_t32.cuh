@@ -61,7 +61,7 @@ __device__ __forceinline__ uint32_t pv_a_off(int i, int kk) { return uint32_t((8
 __device__ __forceinline__ uint32_t pv_b_off(int kk) { return uint32_t(kk * 32); }
 
 // Barrier of warpgroup w's 128 threads (ids 1 and 2; 0 is __syncthreads).
-__device__ __forceinline__ void wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
+__device__ __forceinline__ void wg_sync(int w) { bar_sync<128>(1 + w); }
 
 // Heads [h0, h0 + 32) of request blockIdx.z, split blockIdx.y; 256 threads; `base` is the block's
 // 1024-byte aligned shared memory (kSmemFromBase bytes) at shared address base_addr.
@@ -71,11 +71,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
   const int split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 7, ti = tid & 127;
   const int wq = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
-  const int seq = a.seq_lens[b];
-  const int begin = split * tokens_per_split;
-  const int end = min(seq, begin + tokens_per_split);
-  const int32_t* pages = a.block_table + int64_t(b) * a.max_pages;
-  const int page_shift = page_shift_of(a.page_size);
+  const auto [begin, end, pages, page_shift] = split_rows(a, tokens_per_split);
   const uint32_t q_addr = base_addr, stage_addr = base_addr + kKvOff + w * kTileBytes;
   const uint32_t p_addr = base_addr + kPOff + w * kPBytes, bar0 = base_addr + kBarOff, bar = bar0 + 8 * w;
   unsigned char* stage = base + kKvOff + w * kTileBytes;

@@ -26,28 +26,58 @@ __device__ __forceinline__ int page_shift_of(int page_size) {
   return (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
 }
 
-// Tokens [t0, min(t0 + 64, end)) into the stage at shared address `dst`, issued by the 32 lanes of
-// the calling warp: boxes of box_rows rows x 64 dims (box_rows divides the page size and 64, so a
-// box never crosses a page), each landing at its rows of its dim chunk already swizzled (the copy
-// engine applies the same 128B XOR that wg::op_offset encodes). Boxes wholly past `end` are not
-// loaded (their page may not exist); the rows past `end` are zeroed by zero_tail once the copies
-// are in.
-__device__ __forceinline__ void issue_tile_tma(uint32_t dst, uint32_t bar, const CUtensorMap* map,
-                                               const MlaDecodeArgs& a, const int32_t* pages, int t0, int end,
-                                               int page_shift, int box_rows) {
+// Dim chunks [kLo, kHi) of tokens [t0, min(t0 + 64, end)) into the stage at shared address `dst`,
+// issued by the 32 lanes of the calling warp: boxes of box_rows rows x 64 dims (box_rows divides the
+// page size and 64, so a box never crosses a page), each landing at its rows of its dim chunk already
+// swizzled (the copy engine applies the same 128B XOR that wg::op_offset encodes). Counted on the
+// mbarrier at `bar`, or with kBarPerChunk chunk c on the one at bar + 8 c. Boxes wholly past `end`
+// are not loaded (their page may not exist); the rows past `end` are zeroed by zero_tail once the
+// copies are in.
+template <int kLo, int kHi, bool kBarPerChunk>
+__device__ __forceinline__ void issue_chunks_tma(uint32_t dst, uint32_t bar, const CUtensorMap* map,
+                                                 const MlaDecodeArgs& a, const int32_t* pages, int t0, int end,
+                                                 int page_shift, int box_rows) {
+  constexpr int kChunksHere = kHi - kLo;
   const int lane = threadIdx.x & 31;
-  const int rows = min(kTok, end - t0);
-  const int boxes = (rows + box_rows - 1) / box_rows * kDimAtoms;
-  if (lane == 0) mbar_expect_tx(bar, uint32_t(boxes * box_rows * wg::kRowBytes));
+  const int row_boxes = (min(kTok, end - t0) + box_rows - 1) / box_rows;
+  const uint32_t chunk_bytes = uint32_t(row_boxes * box_rows * wg::kRowBytes);
+  if (lane == 0) {
+    if constexpr (kBarPerChunk) {
+#pragma unroll
+      for (int c = kLo; c < kHi; ++c) mbar_expect_tx(bar + 8 * c, chunk_bytes);
+    } else {
+      mbar_expect_tx(bar, chunk_bytes * kChunksHere);
+    }
+  }
   __syncwarp();
-  for (int k = lane; k < boxes; k += 32) {
-    const int rb = k / kDimAtoms, c = k % kDimAtoms;
+  for (int k = lane; k < row_boxes * kChunksHere; k += 32) {
+    const int rb = k / kChunksHere, c = kLo + k % kChunksHere;
     const int tok = t0 + rb * box_rows;
     const int pg = page_shift >= 0 ? tok >> page_shift : tok / a.page_size;
     const int in_page = page_shift >= 0 ? tok & (a.page_size - 1) : tok - pg * a.page_size;
     tma_load_2d(dst + uint32_t(c * 8 * wg::kAtomBytes + rb * box_rows * wg::kRowBytes), map, c * 64,
-                pages[pg] * a.page_size + in_page, bar);
+                pages[pg] * a.page_size + in_page, kBarPerChunk ? bar + 8 * c : bar);
   }
+}
+// The whole tile, counted on one mbarrier.
+__device__ __forceinline__ void issue_tile_tma(uint32_t dst, uint32_t bar, const CUtensorMap* map,
+                                               const MlaDecodeArgs& a, const int32_t* pages, int t0, int end,
+                                               int page_shift, int box_rows) {
+  issue_chunks_tma<0, kDimAtoms, false>(dst, bar, map, a, pages, t0, end, page_shift, box_rows);
+}
+
+// The cache rows of the block at split blockIdx.y of request blockIdx.z: tokens [begin, end) of the
+// request (splits tokens_per_split long, the last cut at its length), whose page ids start at
+// `pages`; page_shift as page_shift_of.
+struct SplitRows {
+  int begin, end;
+  const int32_t* pages;
+  int page_shift;
+};
+__device__ __forceinline__ SplitRows split_rows(const MlaDecodeArgs& a, int tokens_per_split) {
+  const int b = blockIdx.z, begin = int(blockIdx.y) * tokens_per_split;
+  return {begin, min(a.seq_lens[b], begin + tokens_per_split), a.block_table + int64_t(b) * a.max_pages,
+          page_shift_of(a.page_size)};
 }
 
 // Byte offset of 16-byte chunk c (0..71) of head row r of a Q operand of kRows heads, K-major atoms
@@ -113,15 +143,16 @@ __device__ __forceinline__ void store_rows64(const MlaDecodeArgs& a, float* part
   }
 }
 
-// Scores of a 64-head x 64-token tile in the m64n64 accumulator layout (s[4 j + e]: row r0 + 8 (e >> 1),
+// Scores of 64 heads x kN tokens in the m64nN accumulator layout (s[4 j + e]: row r0 + 8 (e >> 1),
 // token t0 + 8 j + 2 t4 + (e & 1)) scaled to log2 units (sl2), -inf past `end`, in place; x0 / x1: the
-// maxima of this thread's two rows over the tile (reduced over the quad that holds each row).
-__device__ __forceinline__ void scale_mask_rowmax(float (&s)[32], int t0, int end, int t4, float sl2, float& x0,
+// maxima of this thread's two rows over those tokens (reduced over the quad that holds each row).
+template <int kN>
+__device__ __forceinline__ void scale_mask_rowmax(float (&s)[kN / 2], int t0, int end, int t4, float sl2, float& x0,
                                                   float& x1) {
   x0 = -INFINITY;
   x1 = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float v = t0 + 8 * j + 2 * t4 + (e & 1) < end ? s[4 * j + e] * sl2 : -INFINITY;

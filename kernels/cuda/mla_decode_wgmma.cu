@@ -159,18 +159,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  const int hg = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  const int hg = blockIdx.x, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31;
   const int w = tid >> 7;              // warpgroup
   const int wq = (tid >> 5) & 3;       // warp within the warpgroup: rows 16 wq..16 wq+15
   const int g = lane >> 2, t4 = lane & 3;
   const int r0 = 16 * wq + g, r1 = r0 + 8;  // this thread's two rows (heads within the group)
   const int h0 = hg * kHeads;
-  const int seq = a.seq_lens[b];
-  const int begin = split * tokens_per_split;
-  const int end = min(seq, begin + tokens_per_split);
-  const int32_t* pages = a.block_table + int64_t(b) * a.max_pages;
-  const int page_shift = page_shift_of(a.page_size);
+  const auto [begin, end, pages, page_shift] = split_rows(a, tokens_per_split);
 
   // The first tile goes in flight before Q is staged, so both latencies overlap; the tiles after
   // the ones loaded into shared memory are prefetched into L2 (l2_prefetch_tiles of them ahead).
@@ -298,21 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // 2. Scale, mask tokens past the end, row max over both warpgroups. s[4j + e]: row r0 + 8 (e >> 1),
     // token t0 + 32w + 8j + 2 t4 + (e & 1).
-    const int tw = t0 + 32 * w + 2 * t4;
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float v = tw + 8 * j + (e & 1) < end ? s[4 * j + e] * sl2 : -INFINITY;
-        s[4 * j + e] = v;
-        if (e < 2) mx0 = fmaxf(mx0, v);
-        else mx1 = fmaxf(mx1, v);
-      }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float mx0, mx1;
+    scale_mask_rowmax<32>(s, t0 + 32 * w, end, t4, sl2, mx0, mx1);
     if (t4 == 0) {
       red_max[w * kHeads + r0] = mx0;
       red_max[w * kHeads + r1] = mx1;
