@@ -377,7 +377,6 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
       if (H >= 64) {
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.lazy = false});
-        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.hot_pages = 16});
         for (int halves : {1, 0}) {
           mla_decode_case(be, B, H, ctx, opts.quick, lines, {.halves = halves});
           mla_decode_case(be, B, H, ctx, opts.quick, lines, {.halves = halves, .hot_pages = 16});
