@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "common/protocol/compat.h"
 #include "common/core/node_process.h"
@@ -370,8 +369,8 @@ Status GroupLeader::step_batch() {
         return fail_group(st);
     }
   }
-  Tensor lg = backend_.alloc({static_cast<int64_t>(sampled.size()), V}, DType::F32);
-  std::memcpy(lg.f32(), logits.data(), logits.size() * sizeof(float));
+  // Host logits: every rank's rows came back to the host; the draw takes them there on any backend.
+  const Tensor lg = Tensor::from_f32({static_cast<int64_t>(sampled.size()), V}, logits);
   std::vector<DrawRow> rows;
   for (uint64_t id : sampled) {
     Running& r = running_.at(id);

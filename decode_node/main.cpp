@@ -300,9 +300,6 @@ int main(int argc, char** argv) {
     if (gf.rank >= gf.size())
       return fail(invalid_argument("--group-rank " + std::to_string(gf.rank) + " must be < the group size " +
                                    std::to_string(gf.size())));
-    // The rank-sliced forward exchanges host tensors: GPU rank groups are not done.
-    if ((*backend)->name() != std::string("cpu"))
-      return fail(invalid_argument("--backend: decode rank groups (--group-dcp / --group-ep) run on the cpu backend only"));
     return run_group(gf, interface, o, **backend, *cfg, *weights, metrics_at);
   }
   zmq::context_t zctx;

@@ -3,7 +3,6 @@
 // Model::mla_layer's decode paths op for op, so that each head's numbers are the monolithic ones.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -27,13 +26,11 @@ Result<Tensor> gather_heads(Step& s, const Tensor& mine) {
   const int n = s.g.dcp;
   if (n == 1) return mine;
   const int64_t R = mine.dim(0), c = mine.dim(1);
-  std::vector<float> all(static_cast<size_t>(n * R * c));
-  K3_TRY(s.all_gather(std::as_bytes(std::span<const float>(mine.f32(), R * c)),
-                      std::as_writable_bytes(std::span<float>(all))));
-  Tensor out = s.alloc({R, n * c});
-  float* o = out.f32();
+  Tensor all = s.alloc({n * R, c}, mine.dtype());  // rank q's [R, c] block at rows q R ..
+  K3_TRY(s.all_gather(mine, all));
+  Tensor out = s.alloc({R, n * c}, mine.dtype());
   for (int q = 0; q < n; ++q)
-    for (int64_t r = 0; r < R; ++r) std::memcpy(o + r * n * c + q * c, all.data() + (q * R + r) * c, c * sizeof(float));
+    s.be.copy_cols({.src = all.slice_rows(q * R, (q + 1) * R), .dst = out, .dst_col = q * c, .ncols = c});
   return out;
 }
 
@@ -148,33 +145,33 @@ Result<Tensor> mla_heads(Step& s, int l, const LayerWeights& lw, std::span<const
                    .seq_lens = s.be.from_host(Tensor::from_i32({E}, lens), DType::I32), .o = part_o, .lse = part_lse,
                    .scale = scale});
 
-  // All-to-all by heads: rank q receives every rank's partials of its heads q*Hm .. (q+1)*Hm - 1; then
-  // each rank merges V partitions in partition order v = rank' + N*j.
+  // All-to-all by heads: rank q receives every rank's partials of its heads q*Hm .. (q+1)*Hm - 1 (block q
+  // of the send buffers: rows e, columns of those heads); then the received row e = b*Vr + j of block q
+  // is partition v = q + N*j of item b, and each rank merges V partitions in partition order.
   Tensor o_parts = s.alloc({V, B, Hm, r});
   Tensor lse_parts = s.alloc({V, B, Hm}, DType::F32);
   {
-    const int64_t block = E * Hm * (r + 1);  // floats per (source, destination): o then lse
-    std::vector<float> out(N * block), in(N * block);
-    const float *po = part_o.f32(), *pl = part_lse.f32();
+    Tensor send_o = s.alloc({N * E, Hm * r}), send_l = s.alloc({N * E, Hm}, DType::F32);
+    const Tensor po = part_o.reshape({E, H * r});
     for (int q = 0; q < N; ++q) {
-      float* blk = out.data() + q * block;
-      for (int64_t e = 0; e < E; ++e) {
-        std::memcpy(blk + e * Hm * r, po + (e * H + q * Hm) * r, Hm * r * sizeof(float));
-        std::memcpy(blk + E * Hm * r + e * Hm, pl + e * H + q * Hm, Hm * sizeof(float));
-      }
+      s.be.copy_cols({.src = po, .dst = send_o.slice_rows(q * E, (q + 1) * E), .src_col = q * Hm * r, .ncols = Hm * r});
+      s.be.copy_cols({.src = part_lse, .dst = send_l.slice_rows(q * E, (q + 1) * E), .src_col = q * Hm, .ncols = Hm});
     }
-    if (N == 1) in.swap(out);
-    else K3_TRY(s.all_to_all(std::as_bytes(std::span<const float>(out)), std::as_writable_bytes(std::span<float>(in))));
-    float *oo = o_parts.f32(), *ol = lse_parts.f32();
-    for (int q = 0; q < N; ++q) {
-      const float* blk = in.data() + q * block;
+    Tensor recv_o = send_o, recv_l = send_l;
+    if (N > 1) {
+      recv_o = s.alloc(send_o.shape());
+      recv_l = s.alloc(send_l.shape(), DType::F32);
+      K3_TRY(s.all_to_all(send_o, recv_o));
+      K3_TRY(s.all_to_all(send_l, recv_l));
+    }
+    std::vector<int32_t> to(N * E);  // received row -> (partition, item) row
+    for (int q = 0; q < N; ++q)
       for (int64_t b = 0; b < B; ++b)
-        for (int j = 0; j < Vr; ++j) {
-          const int64_t e = b * Vr + j, v = q + static_cast<int64_t>(N) * j;
-          std::memcpy(oo + (v * B + b) * Hm * r, blk + e * Hm * r, Hm * r * sizeof(float));
-          std::memcpy(ol + (v * B + b) * Hm, blk + E * Hm * r + e * Hm, Hm * sizeof(float));
-        }
-    }
+        for (int j = 0; j < Vr; ++j)
+          to[q * E + b * Vr + j] = static_cast<int32_t>((q + static_cast<int64_t>(N) * j) * B + b);
+    const Tensor ids = s.be.from_host(Tensor::from_i32({N * E}, to), DType::I32);
+    s.be.scatter_rows({.src = recv_o, .ids = ids, .dst = o_parts.reshape({V * B, Hm * r})});
+    s.be.scatter_rows({.src = recv_l, .ids = ids, .dst = lse_parts.reshape({V * B, Hm})});
   }
   Tensor olat = s.alloc({B, Hm, r});
   s.be.lse_merge({.o_parts = o_parts, .lse_parts = lse_parts, .o = olat, .lse = Tensor()});

@@ -5,7 +5,6 @@
 //   3. each rank runs its experts on what it received (moe_experts with one slot of weight 1: the bare
 //      expert output, row-independent);
 //   4. combine: all_to_allv back in the same order; the token's rank sums its k slots in slot order.
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -14,75 +13,76 @@
 namespace k3::rank {
 namespace {
 
-// Routed experts over EP ranks; ids/weights [R, k] from the router, z [R, Dl]; y [R, Dl] out.
+// Routed experts over EP ranks; ids/weights [R, k] from the router (host copies), z [R, Dl]; y [R, Dl] out.
+// The routing (who sends which pair where) is decided on the host from the router's small output; the
+// rows move as backend tensors (device memory on a GPU), the local expert ids beside them.
 Status ep_experts(Step& s, const LayerWeights& lw, const Tensor& z, const int32_t* ids, const float* wts, int64_t R,
                   int64_t k, Tensor& y) {
   const int N = s.g.ep;
   const int64_t El = s.cfg.num_experts / N, Dl = s.cfg.routed_expert_hidden_size;
-  const size_t rec = sizeof(int32_t) + Dl * sizeof(float);  // one dispatched pair
-  std::vector<std::vector<int64_t>> to(N);                 // pair indices m*k + j per destination
+  const DType zt = s.be.compute_dtype();
+  const size_t row = static_cast<size_t>(Dl) * dtype_size(zt);
+  std::vector<std::vector<int64_t>> to(N);  // pair indices m*k + j per destination
   for (int64_t i = 0; i < R * k; ++i) to[ids[i] / El].push_back(i);
-  std::vector<uint64_t> send_pairs(N), recv_pairs(N);
-  for (int q = 0; q < N; ++q) send_pairs[q] = to[q].size();
-  K3_TRY(s.all_to_all(std::as_bytes(std::span<const uint64_t>(send_pairs)),
-                      std::as_writable_bytes(std::span<uint64_t>(recv_pairs))));
+  std::vector<int64_t> send_pairs(N), recv_pairs(N);
+  for (int q = 0; q < N; ++q) send_pairs[q] = static_cast<int64_t>(to[q].size());
+  {
+    Tensor sp = Tensor::view(send_pairs.data(), {N}, DType::I64), rp = Tensor::view(recv_pairs.data(), {N}, DType::I64);
+    K3_TRY(s.all_to_all(sp, rp));
+  }
 
-  std::vector<std::byte> out(R * k * rec);
-  std::vector<size_t> send_bytes(N), recv_bytes(N);
-  std::vector<int64_t> order;  // the pair behind each dispatched record, in send order
-  order.reserve(R * k);
-  size_t off = 0;
-  const float* zp = R > 0 ? z.f32() : nullptr;
-  for (int q = 0; q < N; ++q) {
+  // Dispatch, in (destination, token, slot) order: the z row of each pair's token, and its local expert id.
+  std::vector<int32_t> src_row, local_id;
+  std::vector<int64_t> order;  // the pair behind each dispatched row, in send order
+  for (int q = 0; q < N; ++q)
     for (int64_t i : to[q]) {
-      const int32_t local = ids[i] % El;
-      std::memcpy(out.data() + off, &local, sizeof local);
-      std::memcpy(out.data() + off + sizeof local, zp + (i / k) * Dl, Dl * sizeof(float));
-      off += rec;
+      src_row.push_back(static_cast<int32_t>(i / k));
+      local_id.push_back(ids[i] % El);
       order.push_back(i);
     }
-    send_bytes[q] = to[q].size() * rec;
-  }
+  const int64_t n_out = R * k;
   int64_t n_in = 0;
+  std::vector<size_t> send_rows(N), recv_rows(N), send_ids(N), recv_ids(N);
   for (int q = 0; q < N; ++q) {
-    recv_bytes[q] = recv_pairs[q] * rec;
-    n_in += static_cast<int64_t>(recv_pairs[q]);
+    n_in += recv_pairs[q];
+    send_rows[q] = static_cast<size_t>(send_pairs[q]) * row;
+    recv_rows[q] = static_cast<size_t>(recv_pairs[q]) * row;
+    send_ids[q] = static_cast<size_t>(send_pairs[q]) * sizeof(int32_t);
+    recv_ids[q] = static_cast<size_t>(recv_pairs[q]) * sizeof(int32_t);
   }
-  std::vector<std::byte> in(n_in * rec);
-  K3_TRY(s.all_to_allv(out, send_bytes, in, recv_bytes));
+  Tensor z_out = s.alloc({n_out, Dl}, zt), z_in = s.alloc({n_in, Dl}, zt);
+  if (n_out > 0)
+    s.be.embedding({.table = z, .ids = s.be.from_host(Tensor::from_i32({n_out}, src_row), DType::I32), .y = z_out});
+  Tensor ids_out = s.be.from_host(Tensor::from_i32({n_out}, local_id), DType::I32);
+  Tensor ids_in = s.alloc({n_in}, DType::I32);
+  K3_TRY(s.all_to_allv(z_out, send_rows, z_in, recv_rows));
+  K3_TRY(s.all_to_allv(ids_out, send_ids, ids_in, recv_ids));
 
-  // This rank's experts on the received rows.
-  std::vector<float> h_in(n_in * Dl);
+  // This rank's experts on the received rows: one slot of weight 1, the bare expert output.
+  Tensor h_in = s.alloc({n_in, Dl}, zt);
   if (n_in > 0) {
-    std::vector<int32_t> local_ids(n_in);
-    std::vector<float> zin(n_in * Dl), ones(n_in, 1.f);
-    for (int64_t t = 0; t < n_in; ++t) {
-      std::memcpy(&local_ids[t], in.data() + t * rec, sizeof(int32_t));
-      std::memcpy(zin.data() + t * Dl, in.data() + t * rec + sizeof(int32_t), Dl * sizeof(float));
-    }
-    Tensor h = s.alloc({n_in, Dl});
-    s.be.moe_experts({.z = Tensor::view(zin.data(), {n_in, Dl}, DType::F32),
-                      .ids = Tensor::view(local_ids.data(), {n_in, 1}, DType::I32),
-                      .weights = Tensor::view(ones.data(), {n_in, 1}, DType::F32), .w1 = lw.w1, .w3 = lw.w3,
-                      .w2 = lw.w2, .y = h, .beta = s.cfg.activation_situ_beta,
+    const std::vector<float> ones(static_cast<size_t>(n_in), 1.f);
+    s.be.moe_experts({.z = z_in, .ids = ids_in.reshape({n_in, 1}),
+                      .weights = s.be.from_host(Tensor::from_f32({n_in, 1}, ones), DType::F32), .w1 = lw.w1,
+                      .w3 = lw.w3, .w2 = lw.w2, .y = h_in, .beta = s.cfg.activation_situ_beta,
                       .beta_linear = s.cfg.activation_situ_linear_beta});
-    std::memcpy(h_in.data(), h.f32(), h_in.size() * sizeof(float));
   }
 
-  // Back to the tokens' ranks, in the order they were sent.
+  // Back to the tokens' ranks, in the order they were sent; then each row to its pair's place.
   std::vector<size_t> back_send(N), back_recv(N);
-  for (int q = 0; q < N; ++q) {
-    back_send[q] = recv_pairs[q] * Dl * sizeof(float);
-    back_recv[q] = send_pairs[q] * Dl * sizeof(float);
-  }
-  std::vector<float> h_back(R * k * Dl);
-  K3_TRY(s.all_to_allv(std::as_bytes(std::span<const float>(h_in)), back_send,
-                       std::as_writable_bytes(std::span<float>(h_back)), back_recv));
+  for (int q = 0; q < N; ++q) back_send[q] = recv_rows[q], back_recv[q] = send_rows[q];
+  Tensor h_back = s.alloc({n_out, Dl}, zt);
+  K3_TRY(s.all_to_allv(h_in, back_send, h_back, back_recv));
   if (R == 0) return Status::ok();
-  std::vector<float> expert_out(R * k * Dl);
-  for (size_t t = 0; t < order.size(); ++t)
-    std::memcpy(expert_out.data() + order[t] * Dl, h_back.data() + t * Dl, Dl * sizeof(float));
-  combine_slots(expert_out.data(), wts, R, k, Dl, y.f32());
+  std::vector<int32_t> place(order.begin(), order.end());
+  Tensor expert_out = s.alloc({n_out, Dl}, zt);
+  s.be.scatter_rows({.src = h_back, .ids = s.be.from_host(Tensor::from_i32({n_out}, place), DType::I32),
+                     .dst = expert_out});
+  // The slot sum in slot order on the host (rank_combine.cpp: the rounding of moe_experts' own sum).
+  const Tensor h = s.host_bytes(expert_out).to_f32();
+  Tensor yh = Tensor::zeros({R, Dl}, DType::F32);
+  combine_slots(h.f32(), wts, R, k, Dl, yh.f32());
+  s.be.copy(s.be.from_host(yh, y.dtype()), y);
   return Status::ok();
 }
 
@@ -112,7 +112,8 @@ Status ffn(Step& s, int l, const LayerWeights& lw, const Tensor& x, Tensor& out)
     z = s.gemm(x, lw.lat_down);
   }
   if (s.g.ep > 1) {
-    K3_TRY(ep_experts(s, lw, z, R > 0 ? ids.i32() : nullptr, R > 0 ? weights.f32() : nullptr, R, k, y));
+    const Tensor hid = s.host_bytes(ids), hw = s.host_bytes(weights);
+    K3_TRY(ep_experts(s, lw, z, R > 0 ? hid.i32() : nullptr, R > 0 ? hw.f32() : nullptr, R, k, y));
   } else if (R > 0) {
     s.be.moe_experts({.z = z, .ids = ids, .weights = weights, .w1 = lw.w1, .w3 = lw.w3, .w2 = lw.w2, .y = y,
                       .beta = beta, .beta_linear = beta_l});

@@ -5,7 +5,6 @@
 #include "engine/rank_model.h"
 
 #include <chrono>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -25,40 +24,6 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
 
-namespace rank {
-
-Status Step::all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {
-  const auto t0 = Clock::now();
-  Status st = comm.all_gather(mine, all);
-  times.all_gather += since(t0);
-  times.bytes += mine.size() * (comm.size() - 1);
-  return st;
-}
-Status Step::all_to_all(std::span<const std::byte> in, std::span<std::byte> out) {
-  const auto t0 = Clock::now();
-  Status st = comm.all_to_all(in, out);
-  times.all_to_all += since(t0);
-  times.bytes += in.size() - in.size() / comm.size();
-  return st;
-}
-Status Step::all_to_allv(std::span<const std::byte> in, std::span<const size_t> send, std::span<std::byte> out,
-                         std::span<const size_t> recv) {
-  const auto t0 = Clock::now();
-  Status st = comm.all_to_allv(in, send, out, recv);
-  times.all_to_allv += since(t0);
-  times.bytes += in.size() - send[comm.rank()];
-  return st;
-}
-Status Step::all_reduce(std::span<float> data) {
-  const auto t0 = Clock::now();
-  Status st = comm.all_reduce_sum(data);
-  times.all_reduce += since(t0);
-  times.bytes += data.size_bytes();
-  return st;
-}
-
-}  // namespace rank
-
 RankModel::~RankModel() = default;
 
 Result<std::unique_ptr<RankModel>> RankModel::create(Backend& backend, const ModelConfig& cfg, const WeightStore& weights,
@@ -68,10 +33,9 @@ Result<std::unique_ptr<RankModel>> RankModel::create(Backend& backend, const Mod
   if (comm.size() != layout.size() || comm.rank() != layout.rank)
     return invalid_argument("rank decode: the communicator is rank " + std::to_string(comm.rank()) + " of " +
                             std::to_string(comm.size()) + " but the layout says " + to_string(layout));
-  if (backend.kind() != BackendKind::Cpu || backend.compute_dtype() != DType::F32)
-    return invalid_argument(std::string("rank decode: backend ") + backend.name() +
-                            " is not supported (the rank-sliced forward runs on the CPU backend; GPU ranks need "
-                            "device buffers for the collectives)");
+  if (comm.takes_device_memory() && backend.kind() == BackendKind::Cpu)
+    return invalid_argument(std::string("rank decode: the communicator takes device memory, but backend ") +
+                            backend.name() + " keeps its tensors on the host");
   std::unique_ptr<RankModel> m(new RankModel());
   m->cfg_ = cfg;
   m->layout_ = layout;
@@ -107,7 +71,10 @@ Result<Tensor> RankModel::decode_step(std::span<RankItem> batch, std::span<const
   float short_of_pages = 0.f;
   for (RankItem& it : batch)
     if (dcp_owns(g, it.position) && !caches_->reserve(*it.seq, 1).is_ok()) short_of_pages = 1.f;
-  if (g.size() > 1) K3_TRY(s.all_reduce(std::span<float>(&short_of_pages, 1)));
+  if (g.size() > 1) {
+    Tensor flag = Tensor::view(&short_of_pages, {1}, DType::F32);
+    K3_TRY(s.all_reduce(flag));
+  }
   if (short_of_pages > 0.f)
     return Status(Code::ResourceExhausted, "rank decode: a rank of the group is out of MLA cache pages");
 
@@ -163,13 +130,20 @@ Result<Tensor> RankModel::decode_step(std::span<RankItem> batch, std::span<const
     K3_TRY(rank::ffn(s, l, lw, x2, f));
     if (n > 0) be.add({.a = part, .b = f, .y = part});
     act.partial = next;
-    if (g.dcp > 1 && R > 0) {  // every rank gets every row of the residual
-      std::vector<float> mine_rows(chunk_max * d, 0.f), all(g.dcp * chunk_max * d);
-      if (n > 0) std::memcpy(mine_rows.data(), part.f32(), n * d * sizeof(float));
-      K3_TRY(s.all_gather(std::as_bytes(std::span<const float>(mine_rows)), std::as_writable_bytes(std::span<float>(all))));
+    if (g.dcp > 1 && R > 0) {  // every rank gets every row of the residual (blocks of chunk_max rows)
+      Tensor mine_rows = s.alloc({chunk_max, d}, part.dtype());
+      if (n > 0) {
+        Tensor head = mine_rows.slice_rows(0, n);
+        be.copy(part, head);
+      }
+      Tensor all = s.alloc({g.dcp * chunk_max, d}, part.dtype());
+      K3_TRY(s.all_gather(mine_rows, all));
       for (int q = 0; q < g.dcp; ++q) {
         const Chunk c = even_chunk(R, g.dcp, q);
-        std::memcpy(act.partial.f32() + c.offset * d, all.data() + q * chunk_max * d, c.count * d * sizeof(float));
+        if (c.count == 0) continue;
+        const int64_t b0 = int64_t(q) * chunk_max, c0 = static_cast<int64_t>(c.offset);
+        Tensor rows = act.partial.slice_rows(c0, c0 + static_cast<int64_t>(c.count));
+        be.copy(all.slice_rows(b0, b0 + static_cast<int64_t>(c.count)), rows);
       }
     }
   }

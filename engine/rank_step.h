@@ -21,12 +21,18 @@ struct Step {
   Tensor gemm(const Tensor& x, const Tensor& w);
   Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps);
 
-  // The collectives, timed into `times`.
-  Status all_gather(std::span<const std::byte> mine, std::span<std::byte> all);
-  Status all_to_all(std::span<const std::byte> in, std::span<std::byte> out);
-  Status all_to_allv(std::span<const std::byte> in, std::span<const size_t> send, std::span<std::byte> out,
-                     std::span<const size_t> recv);
-  Status all_reduce(std::span<float> data);
+  // The collectives over whole tensors (contiguous, any dtype), timed into `times`. A tensor may be the
+  // backend's (device memory on a GPU) or a host view of small control values; where the communicator
+  // takes the other kind of memory (comm.h), the bytes are staged through that kind, so one forward
+  // serves CPU ranks over UCX, GPU ranks over NCCL and GPU ranks over host UCX.
+  Status all_gather(const Tensor& mine, Tensor& all);
+  Status all_to_all(const Tensor& in, Tensor& out);
+  // Byte counts per rank, as Comm::all_to_allv.
+  Status all_to_allv(const Tensor& in, std::span<const size_t> send, Tensor& out, std::span<const size_t> recv);
+  Status all_reduce(Tensor& data);  // F32, in place
+
+  // A host copy of a backend tensor, byte for byte (no widening of bf16, unlike Backend::to_host).
+  Tensor host_bytes(const Tensor& t);
 };
 
 // Each DCP rank's [R, c] block of head outputs, gathered into [R, dcp * c] (rank-major columns = head

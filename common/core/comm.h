@@ -21,6 +21,9 @@ class Comm {
   virtual ~Comm() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Where the buffers handed to the collectives must live: host memory (false: the UCX communicator) or
+  // the memory of the rank's GPU (true: NCCL). Callers holding the other kind stage through this one.
+  virtual bool takes_device_memory() const { return false; }
 
   // Point-to-point. Messages between one pair with the same tag arrive in order; `data.size()` must
   // equal on both sides. tag < 2^24.

@@ -32,6 +32,7 @@ class NcclComm final : public Comm {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  bool takes_device_memory() const override { return true; }
   // NCCL has no tags: `tag` must be 0 (messages between one pair arrive in order).
   Status send(int peer, std::span<const std::byte> data, uint32_t tag = 0) override;
   Status recv(int peer, std::span<std::byte> data, uint32_t tag = 0) override;
