@@ -41,7 +41,8 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
     K3_ASSIGN_OR_RETURN(auto l, cache_layout(rank_cache_config(cfg, g), backend));
     d->rank_layouts_.push_back(l);
   }
-  K3_ASSIGN_OR_RETURN(d->worker_, GroupWorker::create(backend, cfg, weights, opts.layout, comm, o.cache));
+  K3_ASSIGN_OR_RETURN(d->worker_, GroupWorker::create(backend, cfg, weights, opts.layout,
+                                                          opts.collectives ? *opts.collectives : comm, o.cache));
   d->next_.resize(static_cast<size_t>(opts.layout.size()));
 
   transfer::DecodeDriverConfig dc = decode_driver_config(o, cfg, d->full_layout_);

@@ -41,6 +41,7 @@ namespace k3::decode {
 struct GroupLeaderOptions {
   DecodeRankOptions rank;          // the decode rank's options (rank = the group's first global rank)
   RankLayout layout;               // dcp / ep / kv_partitions; rank 0
+  Comm* collectives = nullptr;     // the forward's collectives (group_collectives.h); null: the group comm
 };
 
 class GroupLeader {

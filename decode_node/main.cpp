@@ -28,6 +28,7 @@
 #include "common/core/parse.h"
 #include "common/protocol/metrics_endpoint.h"
 #include "decode_node/decode_rank.h"
+#include "decode_node/group_collectives.h"
 #include "decode_node/group_leader.h"
 #include "decode_node/group_member.h"
 #include "transfer/comm_ucx.h"
@@ -97,6 +98,7 @@ struct GroupFlags {
   std::string endpoint;        // rank 0: where to bind (default tcp://<--interface>:*); others: rank 0's
   int step_deadline_ms = 2000;
   int startup_s = 180;
+  decode::GroupCollectives collectives = decode::GroupCollectives::Ucx;
   int size() const { return dcp * ep; }
 };
 
@@ -113,8 +115,11 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   auto comm = transfer::UcxComm::create(gf.rank, gf.size(), gf.rank == 0 ? (gf.endpoint.empty() ? "tcp://" + interface + ":*" : gf.endpoint) : gf.endpoint,
                                         co, [](const std::string& ep) { say("GROUP " + ep); });
   if (!comm.is_ok()) return fail(comm.status());
+  auto collectives = decode::make_group_collectives(gf.collectives, **comm, o.cuda_device);
+  if (!collectives.is_ok()) return fail(collectives.status());
+  Comm& forward_comm = *collectives ? **collectives : static_cast<Comm&>(**comm);
   if (gf.rank > 0) {
-    auto worker = decode::GroupWorker::create(be, cfg, weights, layout, **comm, o.cache);
+    auto worker = decode::GroupWorker::create(be, cfg, weights, layout, forward_comm, o.cache);
     if (!worker.is_ok()) return fail(worker.status());
     // Every member owns its transfer region (DCP: its slices; EP: the requests placed on it): the leader
     // names its geometry, the rank answers with it.
@@ -128,7 +133,8 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
     return decode::run_group_member(**worker, **comm, region->get());
   }
   zmq::context_t zctx;
-  auto leader = decode::GroupLeader::create({.rank = o, .layout = layout}, be, cfg, weights, **comm, zctx);
+  auto leader = decode::GroupLeader::create({.rank = o, .layout = layout, .collectives = &forward_comm}, be, cfg, weights,
+                                            **comm, zctx);
   if (!leader.is_ok()) return fail(leader.status());
   (*comm)->set_timeout(std::chrono::milliseconds(gf.step_deadline_ms));
   // Idle, the leader ticks its members well within their receive deadline.
@@ -239,6 +245,11 @@ int main(int argc, char** argv) {
                  "a rank dead or hung this long fails the group (default 2000)")->check(CLI::Range(50, 600000));
   app.add_option("--group-startup-s", gf.startup_s, "how long rank 0 waits for the group to form (default 180)")
       ->check(CLI::Range(1, 3600));
+  std::string collectives_name = "ucx";
+  app.add_option("--group-collectives", collectives_name,
+                 "what the group's forward exchanges activations over: ucx (host memory; GPU ranks stage through "
+                 "the host, and several ranks may share one GPU) or nccl (between the ranks' GPUs, one GPU per rank; "
+                 "--backend cuda). Every rank of a group must give the same (default ucx)");
   std::string metrics_listen;
   app.add_option("--metrics-listen", metrics_listen,
                  "HOST:PORT where GET /metrics serves everything this rank counts (transfer, pools, preemptions; "
@@ -295,6 +306,11 @@ int main(int argc, char** argv) {
   o.cache_in_pool = cache_in_pool || (!no_cache_in_pool && !grouped);
   o.cuda_device = bc.device;
   if (grouped) {
+    auto kind = decode::parse_group_collectives(collectives_name);
+    if (!kind.is_ok()) return fail(kind.status());
+    gf.collectives = *kind;
+    if (gf.collectives == decode::GroupCollectives::Nccl && (*backend)->kind() != BackendKind::Cuda)
+      return fail(invalid_argument("--group-collectives nccl needs --backend cuda (NCCL moves device memory)"));
     if (o.cache_in_pool)
       return fail(invalid_argument("--cache-in-pool: decode rank groups (--group-dcp / --group-ep) keep separate caches"));
     if (gf.rank >= gf.size())

@@ -35,6 +35,7 @@ std::vector<std::string> group_args(const DecodeProcess& d) {
   std::vector<std::string> a = {d.dcp > 1 ? "--group-dcp" : "--group-ep", std::to_string(d.group_size()),
                                 "--group-step-deadline-ms", std::to_string(d.step_deadline_ms)};
   if (d.kv_partitions > 0) a.insert(a.end(), {"--kv-partitions", std::to_string(d.kv_partitions)});
+  a.insert(a.end(), {"--group-collectives", d.collectives});
   return a;
 }
 
@@ -173,7 +174,7 @@ Status Launcher::start() {
                                      std::to_string(d.max_requests), "--threads", threads, "--backend", spec_.backend,
                                      "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_,
                                      "--bind", "tcp://" + spec_.bind_host + ":*", "--interface", spec_.reachable_host(),
-                                     "--metrics-listen", spec_.bind_host + ":0"};
+                                     "--metrics-listen", spec_.bind_host + ":0", "--device", std::to_string(d.gpu)};
     args.insert(args.end(), advertise.begin(), advertise.end());
     const std::vector<std::string> group = group_args(d);
     args.insert(args.end(), group.begin(), group.end());
@@ -186,7 +187,7 @@ Status Launcher::start() {
         std::vector<std::string> margs = {"--model", spec_.model, "--instance", d.instance, "--threads", threads,
                                           "--backend", spec_.backend, "--max-requests", std::to_string(d.max_requests),
                                           "--log-level", log_level_, "--group-rank", std::to_string(i),
-                                          "--group-endpoint", group_ep};
+                                          "--group-endpoint", group_ep, "--device", std::to_string(d.gpu + i)};
         margs.insert(margs.end(), group.begin(), group.end());
         K3_TRY(spawn("decode/" + d.instance + "/" + std::to_string(i), "k3-decode", margs).status());
       }

@@ -64,7 +64,7 @@ std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec) {
     for (int r = 0; r < d.ranks; ++r) {
       out.push_back({.instance = d.ranks == 1 ? d.id : d.id + "-" + std::to_string(r), .rank = rank,
                      .max_requests = d.max_requests, .dcp = d.dcp, .ep = d.ep, .kv_partitions = d.kv_partitions,
-                     .step_deadline_ms = d.step_deadline_ms});
+                     .step_deadline_ms = d.step_deadline_ms, .collectives = d.collectives, .gpu = d.gpu});
       rank += static_cast<uint32_t>(d.dcp * d.ep);
     }
   return out;
@@ -172,7 +172,8 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
     const std::string at = "decode[" + std::to_string(i) + "].";
     const json& d = j.at("decode")[i];
     if (!d.is_object()) return bad("decode[" + std::to_string(i) + "]", "must be an object");
-    K3_TRY(known_keys(d, at, {"id", "ranks", "dp", "dcp", "ep", "kv_partitions", "step_deadline_ms", "max_requests"}));
+    K3_TRY(known_keys(d, at, {"id", "ranks", "dp", "dcp", "ep", "kv_partitions", "step_deadline_ms", "max_requests",
+                                  "collectives", "gpu"}));
     DecodeSpec ds;
     ds.id = "d" + std::to_string(i);
     K3_TRY(get_string(d, at, "id", ds.id));
@@ -189,6 +190,14 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
       return bad(at + "kv_partitions", "must be a multiple of dcp (" + std::to_string(ds.dcp) + ")");
     K3_TRY(get_int(d, at, "step_deadline_ms", ds.step_deadline_ms, 50, 600000));
     K3_TRY(get_int(d, at, "max_requests", ds.max_requests, 1, 4096));
+    K3_TRY(get_string(d, at, "collectives", ds.collectives));
+    if (ds.collectives != "ucx" && ds.collectives != "nccl")
+      return bad(at + "collectives", "must be \"ucx\" or \"nccl\", got \"" + ds.collectives + "\"");
+    if (ds.collectives == "nccl" && s.backend != "cuda") return bad(at + "collectives", "\"nccl\" needs \"backend\": \"cuda\"");
+    if (ds.collectives == "nccl" && ds.dcp * ds.ep == 1)
+      return bad(at + "collectives", "is for rank groups (dcp or ep > 1); this decode rank is one process");
+    K3_TRY(get_int(d, at, "gpu", ds.gpu, 0, 1023));
+    if (d.contains("gpu") && s.backend != "cuda") return bad(at + "gpu", "needs \"backend\": \"cuda\"");
     s.decode.push_back(ds);
   }
   std::set<std::string> names;

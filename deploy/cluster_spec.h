@@ -14,7 +14,10 @@
 //   "decode": [{"id": "d", "ranks": 1, "max_requests": 8}],
 //                                        a rank group per DP rank (docs/RANKS.md): {"id": "d", "dp": 2, "dcp": 8}
 //                                        or {"dp": 2, "ep": 4} ("dp" is "ranks"), optional "kv_partitions"
-//                                        (DCP; default dcp) and "step_deadline_ms" (default 2000)
+//                                        (DCP; default dcp), "step_deadline_ms" (default 2000), "collectives":
+//                                        "ucx" (default: host memory, ranks may share a GPU) or "nccl" (backend
+//                                        cuda, one GPU per rank), and "gpu": the CUDA device of each DP rank's
+//                                        first process (default 0; rank i of a group takes gpu + i)
 //   "network": {"bind_host": "127.0.0.1", "advertise_host": ""},
 //                                        every node's control/activation sockets bind bind_host (0.0.0.0: every
 //                                        interface) and are announced to peers at advertise_host (default
@@ -73,6 +76,8 @@ struct DecodeSpec {
   int ep = 1;              // rank processes per DP rank sharing the routed experts
   int kv_partitions = 0;   // DCP: MLA partials merged per request (0: dcp)
   int step_deadline_ms = 2000;
+  std::string collectives = "ucx";  // a group's forward: "ucx" | "nccl" (k3-decode --group-collectives)
+  int gpu = 0;             // CUDA device of each DP rank's first process; rank i of a group: gpu + i
 };
 
 struct ClusterSpec {
@@ -108,6 +113,8 @@ struct DecodeProcess {
   uint32_t rank = 0;     // global rank of the leader; a DCP group's ranks are rank .. rank + dcp - 1
   int max_requests = 8;
   int dcp = 1, ep = 1, kv_partitions = 0, step_deadline_ms = 2000;
+  std::string collectives = "ucx";
+  int gpu = 0;  // --device of the group's rank 0; rank i: gpu + i
   int group_size() const { return dcp * ep; }
 };
 // The decode DP ranks of a spec, in rank order ("<id>" for one rank, "<id>-<r>" for several); global

@@ -1,4 +1,5 @@
-// The spec fields of a decode rank group (dp / dcp / ep / kv_partitions / step_deadline_ms): the decode
+// The spec fields of a decode rank group (dp / dcp / ep / kv_partitions / step_deadline_ms / collectives /
+// gpu): the decode
 // DP ranks they give (global ranks advance by the group size), refusals that name the field, and the
 // router's --pair with a DCP group (the ranks a CLAIM names).
 #include <catch2/catch.hpp>
@@ -45,6 +46,18 @@ TEST_CASE("cluster spec: decode rank groups", "[cluster_e2e][ranks]") {
   CHECK(procs[1].dcp == 1);
   CHECK(procs[1].step_deadline_ms == 3000);
 
+  CHECK(procs[1].collectives == "ucx");  // the default: host memory, ranks may share a GPU
+  CHECK(procs[1].gpu == 0);
+
+  // GPU rank groups: NCCL between one GPU per rank, each DP rank's group from its own first device.
+  json g = with_decode({{"id", "g"}, {"dp", 2}, {"dcp", 4}, {"collectives", "nccl"}, {"gpu", 2}});
+  g["backend"] = "cuda";
+  auto gs = deploy::parse_cluster_spec(g);
+  REQUIRE(gs.is_ok());
+  procs = deploy::decode_processes(*gs);
+  CHECK(procs[0].collectives == "nccl");
+  CHECK(procs[1].gpu == 2);
+
   // A plain decode rank is one process, as before.
   auto plain = deploy::parse_cluster_spec(with_decode({{"ranks", 2}}));
   REQUIRE(plain.is_ok());
@@ -60,6 +73,15 @@ TEST_CASE("cluster spec: bad decode group fields are refused by name", "[cluster
   CHECK_THAT(error_of(with_decode({{"ep", 4}, {"step_deadline_ms", 1}})), Catch::Contains("decode[0].step_deadline_ms"));
   CHECK_THAT(error_of(with_decode({{"dcp", "8"}})), Catch::Contains("decode[0].dcp"));
   CHECK_THAT(error_of(with_decode({{"tp", 2}})), Catch::Contains("decode[0].tp"));
+  CHECK_THAT(error_of(with_decode({{"dcp", 2}, {"collectives", "mpi"}})), Catch::Contains("decode[0].collectives"));
+  CHECK_THAT(error_of(with_decode({{"dcp", 2}, {"collectives", "nccl"}})), Catch::Contains("needs \"backend\": \"cuda\""));
+  json one = with_decode({{"collectives", "nccl"}});
+  one["backend"] = "cuda";
+  CHECK_THAT(error_of(one), Catch::Contains("is for rank groups"));
+  CHECK_THAT(error_of(with_decode({{"dcp", 2}, {"gpu", 1}})), Catch::Contains("decode[0].gpu"));
+  json neg = with_decode({{"dcp", 2}, {"gpu", -1}});
+  neg["backend"] = "cuda";
+  CHECK_THAT(error_of(neg), Catch::Contains("decode[0].gpu"));
 }
 
 TEST_CASE("router --pair: a DCP group's ranks", "[cluster_e2e][ranks]") {
