@@ -136,7 +136,9 @@ Result<Tensor> mla_heads(Step& s, int l, const LayerWeights& lw, std::span<const
   }
   std::vector<int32_t> table(E * max_len, 0);
   for (int64_t e = 0; e < E; ++e) std::copy(rows[e].begin(), rows[e].end(), table.begin() + e * max_len);
-  Tensor part_o = s.alloc({E, H, r});
+  // The partials stay F32 until the merge (a GPU's compute dtype is bf16): the merged output then rounds
+  // once, as the one-pass attention's does.
+  Tensor part_o = s.alloc({E, H, r}, DType::F32);
   Tensor part_lse = s.alloc({E, H}, DType::F32);
   s.be.mla_decode({.q_lat = take(s, qlat.reshape({B, H * r}), rep).reshape({E, H, r}),
                    .q_rope = take(s, qr.reshape({B, H * dr}), rep).reshape({E, H, dr}),
@@ -148,10 +150,10 @@ Result<Tensor> mla_heads(Step& s, int l, const LayerWeights& lw, std::span<const
   // All-to-all by heads: rank q receives every rank's partials of its heads q*Hm .. (q+1)*Hm - 1 (block q
   // of the send buffers: rows e, columns of those heads); then the received row e = b*Vr + j of block q
   // is partition v = q + N*j of item b, and each rank merges V partitions in partition order.
-  Tensor o_parts = s.alloc({V, B, Hm, r});
+  Tensor o_parts = s.alloc({V, B, Hm, r}, DType::F32);
   Tensor lse_parts = s.alloc({V, B, Hm}, DType::F32);
   {
-    Tensor send_o = s.alloc({N * E, Hm * r}), send_l = s.alloc({N * E, Hm}, DType::F32);
+    Tensor send_o = s.alloc({N * E, Hm * r}, DType::F32), send_l = s.alloc({N * E, Hm}, DType::F32);
     const Tensor po = part_o.reshape({E, H * r});
     for (int q = 0; q < N; ++q) {
       s.be.copy_cols({.src = po, .dst = send_o.slice_rows(q * E, (q + 1) * E), .src_col = q * Hm * r, .ncols = Hm * r});
@@ -159,7 +161,7 @@ Result<Tensor> mla_heads(Step& s, int l, const LayerWeights& lw, std::span<const
     }
     Tensor recv_o = send_o, recv_l = send_l;
     if (N > 1) {
-      recv_o = s.alloc(send_o.shape());
+      recv_o = s.alloc(send_o.shape(), DType::F32);
       recv_l = s.alloc(send_l.shape(), DType::F32);
       K3_TRY(s.all_to_all(send_o, recv_o));
       K3_TRY(s.all_to_all(send_l, recv_l));

@@ -58,8 +58,9 @@ Status ep_experts(Step& s, const LayerWeights& lw, const Tensor& z, const int32_
   K3_TRY(s.all_to_allv(z_out, send_rows, z_in, recv_rows));
   K3_TRY(s.all_to_allv(ids_out, send_ids, ids_in, recv_ids));
 
-  // This rank's experts on the received rows: one slot of weight 1, the bare expert output.
-  Tensor h_in = s.alloc({n_in, Dl}, zt);
+  // This rank's experts on the received rows: one slot of weight 1, the bare expert output, kept F32 (on a
+  // GPU the slot sum then rounds once, as moe_experts' own sum does).
+  Tensor h_in = s.alloc({n_in, Dl}, DType::F32);
   if (n_in > 0) {
     const std::vector<float> ones(static_cast<size_t>(n_in), 1.f);
     s.be.moe_experts({.z = z_in, .ids = ids_in.reshape({n_in, 1}),
@@ -70,16 +71,20 @@ Status ep_experts(Step& s, const LayerWeights& lw, const Tensor& z, const int32_
 
   // Back to the tokens' ranks, in the order they were sent; then each row to its pair's place.
   std::vector<size_t> back_send(N), back_recv(N);
-  for (int q = 0; q < N; ++q) back_send[q] = recv_rows[q], back_recv[q] = send_rows[q];
-  Tensor h_back = s.alloc({n_out, Dl}, zt);
+  const size_t h_row = static_cast<size_t>(Dl) * sizeof(float);
+  for (int q = 0; q < N; ++q) {
+    back_send[q] = static_cast<size_t>(recv_pairs[q]) * h_row;
+    back_recv[q] = static_cast<size_t>(send_pairs[q]) * h_row;
+  }
+  Tensor h_back = s.alloc({n_out, Dl}, DType::F32);
   K3_TRY(s.all_to_allv(h_in, back_send, h_back, back_recv));
   if (R == 0) return Status::ok();
   std::vector<int32_t> place(order.begin(), order.end());
-  Tensor expert_out = s.alloc({n_out, Dl}, zt);
+  Tensor expert_out = s.alloc({n_out, Dl}, DType::F32);
   s.be.scatter_rows({.src = h_back, .ids = s.be.from_host(Tensor::from_i32({n_out}, place), DType::I32),
                      .dst = expert_out});
   // The slot sum in slot order on the host (rank_combine.cpp: the rounding of moe_experts' own sum).
-  const Tensor h = s.host_bytes(expert_out).to_f32();
+  const Tensor h = s.host_bytes(expert_out);
   Tensor yh = Tensor::zeros({R, Dl}, DType::F32);
   combine_slots(h.f32(), wts, R, k, Dl, yh.f32());
   s.be.copy(s.be.from_host(yh, y.dtype()), y);

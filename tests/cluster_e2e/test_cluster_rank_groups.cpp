@@ -18,6 +18,7 @@
 #include <regex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "common/config/config.h"
 #include "engine/kv_cache.h"
@@ -322,6 +323,34 @@ void check_direct_transfer(const std::string& log, const std::string& model, int
   if (ep > 1) CHECK(ep_ranks.size() >= 2);
 }
 
+// The GPU form (K3_TEST_BACKEND=cuda): `requests` concurrent requests (greedy, and every fourth seeded)
+// == k3-generate --backend cuda on the same GPU; both DP groups served some.
+void check_tokens_cuda(const k3::test::LaunchedCluster& c, const std::string& model, int requests) {
+  constexpr int kMax = 8;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < requests; ++i) {
+    std::vector<int32_t> p;
+    for (int t = 0; t < 9 + 3 * i; ++t) p.push_back(static_cast<int32_t>((i * 131 + t * 17) % 500 + 1));
+    prompts.push_back(p);
+  }
+  auto temperature = [](int i) { return i % 4 == 3 ? 0.75f : 0.f; };
+  std::vector<std::future<HttpReply>> replies;
+  const int port = c.port;
+  for (int i = 0; i < requests; ++i)
+    replies.push_back(std::async(std::launch::async, [port, &prompts, i, t = temperature(i)] {
+      return complete(port, prompts[i], kMax, t, 100 + i);
+    }));
+  for (int i = 0; i < requests; ++i) {
+    INFO("request " << i << " (" << prompts[i].size() << " tokens), temperature " << temperature(i));
+    std::string flags = "--backend cuda";
+    if (temperature(i) > 0.f) flags += " --temperature " + std::to_string(temperature(i)) + " --seed " + std::to_string(100 + i);
+    CHECK(k3::test::token_ids_of(replies[i].get()) == k3::test::k3_generate_tokens(model, prompts[i], kMax, flags));
+  }
+  const auto m = k3::test::read_metrics(c.port);
+  for (const char* node : {"decode/d-0", "decode/d-1"})
+    CHECK(k3::test::metric_or(m, std::string("k3_cluster_placements_total{node=\"") + node + "\"}") >= 1);
+}
+
 // `dcp` 0: the spec file's.
 void run_dcp(int dcp) {
   k3::test::TempDir dir("cluster-dcp");
@@ -375,4 +404,32 @@ TEST_CASE("k3-cluster: deploy/cluster-ep.json (DP2 x EP4) == k3-generate; a rank
   check_rank_death(c, dir.path() + "/model", 4);
   ::kill(c.proc->pid(), SIGTERM);
   c.proc->wait_exit(30s);
+}
+
+TEST_CASE("k3-cluster on one GPU: DP2 x DCP2 and DP2 x EP2 groups sharing it serve 16 concurrent requests with "
+          "k3-generate --backend cuda tokens",
+          "[cluster_e2e][ranks][cuda]") {
+  const char* b = std::getenv("K3_TEST_BACKEND");
+  if (!b || std::string(b) != "cuda") {
+    WARN("SKIPPED: K3_TEST_BACKEND is not cuda (the CPU groups are the cases above)");
+    return;
+  }
+  for (const auto& [file, dcp, ep] : {std::tuple{"cluster-dcp.json", 2, 0}, std::tuple{"cluster-ep.json", 0, 2}}) {
+    INFO(file << (dcp ? " with dcp 2" : " with ep 2") << " on the cuda backend");
+    k3::test::TempDir dir("cluster-gpu-groups");
+    std::ifstream in(std::string(K3_SOURCE_DIR) + "/deploy/" + file);
+    json spec = json::parse(in);
+    spec["model"] = dir.path() + "/model";
+    spec["router"]["port"] = 0;
+    spec["router"]["served_model_name"] = "k3-tiny";
+    spec["backend"] = "cuda";
+    if (dcp) spec["decode"][0]["dcp"] = dcp;
+    if (ep) spec["decode"][0]["ep"] = ep;
+    std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
+    k3::test::LaunchedCluster c = k3::test::launch_cluster(dir.path() + "/spec.json", 300s);
+    CHECK(c.pids.size() == static_cast<size_t>(1 + 2 * 2 + 4));
+    check_tokens_cuda(c, dir.path() + "/model", 16);
+    ::kill(c.proc->pid(), SIGTERM);
+    c.proc->wait_exit(30s);
+  }
 }

@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/rank_model.h"
 #include "kernels/backend.h"
+#include "kernels/backend_select.h"
 
 namespace k3::test::ranks {
 
@@ -119,10 +120,12 @@ struct RankRun {
   }
 };
 
+// `backend`: "cpu" or "cuda" (GPU 0, or `device`).
 inline Result<std::unique_ptr<RankRun>> setup_rank(const Scenario& sc, const RankLayout& g, Comm& comm, int threads = 1,
-                                                   const CacheOptions& cache = reference_options().cache) {
+                                                   const CacheOptions& cache = reference_options().cache,
+                                                   const std::string& backend = "cpu", int device = 0) {
   auto run = std::make_unique<RankRun>();
-  run->be = make_cpu_backend({.threads = threads});
+  K3_ASSIGN_OR_RETURN(run->be, make_backend({.kind = backend, .device = device, .threads = threads}));
   Backend& be = *run->be;
   K3_ASSIGN_OR_RETURN(auto ref, Engine::create(be, sc.cfg, sc.weights, reference_options()));
   K3_ASSIGN_OR_RETURN(run->model, RankModel::create(be, sc.cfg, sc.weights, g, comm, cache));
@@ -152,12 +155,38 @@ inline Result<std::unique_ptr<RankRun>> setup_rank(const Scenario& sc, const Ran
 }
 
 // Runs one rank of the group through every step of the scenario.
-inline Result<StepLogits> run_group(const Scenario& sc, const RankLayout& g, Comm& comm, int threads = 1) {
-  K3_ASSIGN_OR_RETURN(auto run, setup_rank(sc, g, comm, threads));
+inline Result<StepLogits> run_group(const Scenario& sc, const RankLayout& g, Comm& comm, int threads = 1,
+                                    const std::string& backend = "cpu", int device = 0) {
+  K3_ASSIGN_OR_RETURN(auto run, setup_rank(sc, g, comm, threads, reference_options().cache, backend, device));
   StepLogits out(sc.steps.size());
   for (size_t st = 0; st < sc.steps.size(); ++st) {
     K3_ASSIGN_OR_RETURN(out[st], run->step(sc, st));
   }
+  return out;
+}
+
+// The monolithic engine's logits of the scenario on `backend`: every request prefilled, then batched
+// decode steps.
+inline Result<StepLogits> monolithic(const Scenario& sc, const std::string& backend = "cpu") {
+  K3_ASSIGN_OR_RETURN(auto be, make_backend({.kind = backend, .threads = 1}));
+  K3_ASSIGN_OR_RETURN(auto eng, Engine::create(*be, sc.cfg, sc.weights, reference_options()));
+  const size_t n = sc.prompts.size();
+  std::vector<SeqCache> seqs(n);
+  std::vector<SeqCache*> ptrs;
+  for (size_t i = 0; i < n; ++i) {
+    K3_ASSIGN_OR_RETURN(seqs[i], eng->open());
+    K3_TRY(eng->prefill(seqs[i], sc.prompts[i]).status());
+    ptrs.push_back(&seqs[i]);
+  }
+  StepLogits out(sc.steps.size());
+  for (size_t s = 0; s < sc.steps.size(); ++s) {
+    std::vector<std::vector<int32_t>> toks;
+    for (size_t i = 0; i < n; ++i) toks.push_back({sc.steps[s][i]});
+    K3_ASSIGN_OR_RETURN(Tensor lg, eng->feed(ptrs, toks));
+    const int64_t V = sc.cfg.vocab_size;
+    for (size_t i = 0; i < n; ++i) out[s][static_cast<int>(i)].assign(lg.f32() + i * V, lg.f32() + (i + 1) * V);
+  }
+  for (auto& s : seqs) eng->close(s);
   return out;
 }
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Decode rank groups on the GPU host (docs/RANKS.md, "GPU ranks"): unpack the offline kit, configure +
+# build, then (each stage time-limited; logs under OUT_DIR)
+#   nccl.log     nccl_test_nccl_comm: the NCCL communicator as a group of one;
+#   ranks.log    ranks_test_rank_decode_gpu: one CUDA rank vs the CUDA engine over UCX and NCCL; DCP2,
+#                DCP4 and EP2 rank processes sharing GPU 0 over host UCX vs one CUDA rank; with two GPUs or
+#                more, DCP2 and EP2 with one GPU per rank over NCCL (SKIPPED on one GPU);
+#   cluster.log  K3_TEST_BACKEND=cuda cluster_e2e_test_cluster_rank_groups "k3-cluster on one GPU*": k3-cluster
+#                with DP2 x DCP2 and DP2 x EP2 groups (all on GPU 0), 16 concurrent requests against
+#                k3-generate --backend cuda.
+#   tests/cuda/run_rank_groups_on_gpu_host.sh OUT_DIR
+set -uo pipefail
+OUT=${1:?output dir}
+# shellcheck source=tests/cuda/gpu_host.sh
+source "$(dirname "$0")/gpu_host.sh"
+gpu_host_setup "$OUT"
+TARGETS="ranks_test_rank_decode_gpu k3-test-rank-peer cluster_e2e_test_cluster_rank_groups k3-generate k3-genweights
+  k3-router k3-cluster k3-prefill k3-decode"
+if grep -q "k3serve: NCCL /" "$OUT/build.log"; then TARGETS="$TARGETS nccl_test_nccl_comm"; fi
+# shellcheck disable=SC2086
+timeout 300 ninja -C $B -j16 $TARGETS >> "$OUT/build.log" 2>&1 ||
+  { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
+echo "configure+build: $(( $(date +%s) - T0 )) s" | tee -a "$OUT/build.log"
+PATTERN="GPU-RANKS|FAILED|passed|failed|SKIPPED|with expansion|REQUIRE|CHECK"
+[ -x $B/tests/nccl_test_nccl_comm ] && gpu_host_stage nccl.log 60 "$PATTERN" $B/tests/nccl_test_nccl_comm
+gpu_host_stage ranks.log 240 "$PATTERN" $B/tests/ranks_test_rank_decode_gpu
+# Catch test names: no comma in a filter (Catch splits filters there).
+gpu_host_stage cluster.log 240 "$PATTERN" env K3_TEST_BACKEND=cuda $B/tests/cluster_e2e_test_cluster_rank_groups \
+  "k3-cluster on one GPU*"

@@ -1,0 +1,205 @@
+// GPU rank groups: the rank-sliced forward (engine/rank_model.h) on the CUDA backend.
+//   - one CUDA rank (kv_partitions 1 and 8) gives the CUDA engine's logits, with its collectives over a
+//     UCX communicator (host memory, staged) and over NCCL (device memory);
+//   - DCP2, DCP4 and EP2 groups of real rank processes sharing one GPU, their collectives staged through
+//     host UCX, give one CUDA rank's logits (same kv_partitions) and its greedy tokens;
+//   - with two GPUs or more, DCP2 and EP2 groups with one GPU per rank over NCCL do the same.
+// bf16 on the GPU: "the same logits" is within kTol of the largest logit, and the same argmax unless the
+// reference's two best are closer than that. Each case prints a GPU-RANKS line with its worst error and
+// how many rows came out bit for bit. Without a GPU every case prints SKIPPED.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "decode_node/group_collectives.h"
+#include "tests/ranks/rank_scenario.h"
+#include "tests/transfer/process_guard.h"
+#include "transfer/comm_ucx.h"
+
+using namespace k3;
+using namespace k3::test::ranks;
+using namespace std::chrono_literals;
+using k3::test::ProcessGuard;
+
+namespace {
+
+constexpr double kTol = 2e-2;
+
+// Why the CUDA backend cannot run here ("" when it can), and how many GPUs it can use.
+std::string no_gpu() {
+  auto be = make_backend({.kind = "cuda"});
+  return be.is_ok() ? "" : be.status().to_string();
+}
+int gpu_count() {
+  int n = 1;
+  while (n < 8 && make_backend({.kind = "cuda", .device = n}).is_ok()) ++n;
+  return n;
+}
+
+// Worst |a - b| over the largest |b| of a row, with the argmax test.
+struct RowCheck {
+  double worst = 0;
+  int rows = 0, bitwise = 0, argmax_differs = 0;
+  void add(const std::vector<float>& got, const std::vector<float>& ref) {
+    REQUIRE(got.size() == ref.size());
+    double num = 0, den = 1e-30;
+    size_t best = 0, got_best = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      num = std::max(num, double(std::fabs(got[i] - ref[i])));
+      den = std::max(den, double(std::fabs(ref[i])));
+      if (ref[i] > ref[best]) best = i;
+      if (got[i] > got[got_best]) got_best = i;
+    }
+    worst = std::max(worst, num / den);
+    ++rows;
+    if (std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)) == 0) ++bitwise;
+    // A different argmax is allowed only where the reference has a near tie.
+    if (got_best != best && double(ref[best] - ref[got_best]) > kTol * den) ++argmax_differs;
+  }
+  void report(const std::string& what) const {
+    std::printf("GPU-RANKS %s: %d rows, worst |d|/max|logit| %.3g, %d bit for bit, %d argmax off a tie\n", what.c_str(),
+                rows, worst, bitwise, argmax_differs);
+    std::fflush(stdout);
+    INFO(what << ": worst " << worst);
+    CHECK(worst < kTol);
+    CHECK(argmax_differs == 0);
+  }
+};
+
+StepLogits one_rank(const Scenario& sc, RankLayout g, Comm& comm) {
+  auto out = run_group(sc, g, comm, 1, "cuda");
+  INFO(out.status().to_string());
+  REQUIRE(out.is_ok());
+  return std::move(out).value();
+}
+
+std::vector<float> parse_row(const std::string& values) {
+  std::vector<float> v;
+  std::istringstream in(values);
+  for (std::string x; in >> x;) v.push_back(std::strtof(x.c_str(), nullptr));
+  return v;
+}
+
+// Starts the group's rank processes on the CUDA backend (rank r on GPU r % gpus) and returns each rank's
+// logits: [rank] -> {"step req" -> row}.
+std::vector<std::map<std::string, std::vector<float>>> run_gpu_processes(int heads, uint64_t seed, RankLayout g, int gpus,
+                                                                        const std::string& collectives) {
+  const int size = g.size();
+  const auto exe = k3::test::helper_path("k3-test-rank-peer");
+  auto args = [&](int r, const std::string& ep) {
+    return std::vector<std::string>{std::to_string(r), std::to_string(size), ep, std::to_string(heads),
+                                    std::to_string(seed), std::to_string(g.dcp), std::to_string(g.ep),
+                                    std::to_string(g.kv_partitions), "--backend", "cuda", "--gpus",
+                                    std::to_string(gpus), "--collectives", collectives};
+  };
+  std::vector<std::unique_ptr<ProcessGuard>> ranks;
+  ranks.push_back(std::make_unique<ProcessGuard>(exe, args(0, "tcp://127.0.0.1:*")));
+  auto ep = ranks[0]->wait_for("BOUND ", 60s);
+  REQUIRE(ep);
+  for (int r = 1; r < size; ++r) ranks.push_back(std::make_unique<ProcessGuard>(exe, args(r, *ep)));
+  std::vector<std::map<std::string, std::vector<float>>> got(size);
+  for (int r = 0; r < size; ++r) {
+    for (;;) {
+      auto line = ranks[r]->read_line(180s);
+      INFO("rank " << r << " of " << size << " printed nothing more");
+      REQUIRE(line);
+      if (*line == "DONE") break;
+      if (line->rfind("V ", 0) != 0) continue;
+      std::istringstream in(line->substr(2));
+      std::string step, req;
+      in >> step >> req;
+      std::string rest;
+      std::getline(in, rest);
+      got[r][step + " " + req] = parse_row(rest);
+    }
+  }
+  for (int r = 0; r < size; ++r) CHECK(ranks[r]->wait_exit(60s) == 0);
+  return got;
+}
+
+// Every rank's rows against one CUDA rank's (the same kv_partitions), for the requests it serves.
+void check_group(const std::string& what, const Scenario& sc, RankLayout g, int gpus, const std::string& collectives) {
+  auto comm = transfer::UcxComm::create(0, 1, "tcp://127.0.0.1:*").value();
+  const StepLogits ref = one_rank(sc, {.dcp = 1, .kv_partitions = g.dcp > 1 ? g.kv_partitions : 1}, *comm);
+  const auto got = run_gpu_processes(static_cast<int>(sc.cfg.kda.num_heads), 0, g, gpus, collectives);
+  RowCheck check;
+  for (int r = 0; r < g.size(); ++r) {
+    RankLayout mine = g;
+    mine.rank = r;
+    const auto served_here = served(mine, static_cast<int>(sc.prompts.size()));
+    INFO(what << " rank " << r);
+    CHECK(got[r].size() == ref.size() * served_here.size());
+    for (size_t s = 0; s < ref.size(); ++s)
+      for (int req : served_here) {
+        const auto it = got[r].find(std::to_string(s) + " " + std::to_string(req));
+        REQUIRE(it != got[r].end());
+        check.add(it->second, ref[s].at(req));
+      }
+  }
+  check.report(what);
+}
+
+}  // namespace
+
+TEST_CASE("GPU ranks: one CUDA rank gives the CUDA engine's logits over UCX and NCCL communicators", "[ranks][cuda]") {
+  if (const std::string why = no_gpu(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  const Scenario sc = make_scenario(4, 5);
+  auto ref = monolithic(sc, "cuda");
+  INFO(ref.status().to_string());
+  REQUIRE(ref.is_ok());
+  auto ucx = transfer::UcxComm::create(0, 1, "tcp://127.0.0.1:*").value();
+  auto nccl = decode::make_group_collectives(decode::GroupCollectives::Nccl, *ucx, 0);
+  if (!nccl.is_ok()) WARN("SKIPPED over NCCL: " << nccl.status().to_string());
+  for (int kv : {1, 8}) {
+    RowCheck over_ucx;
+    const StepLogits a = one_rank(sc, {.dcp = 1, .kv_partitions = kv}, *ucx);
+    for (size_t s = 0; s < a.size(); ++s)
+      for (auto& [req, lg] : (*ref)[s]) over_ucx.add(a[s].at(req), lg);
+    over_ucx.report("one rank, kv_partitions " + std::to_string(kv) + ", UCX, vs the engine");
+    if (!nccl.is_ok()) continue;
+    RowCheck over_nccl;
+    const StepLogits b = one_rank(sc, {.dcp = 1, .kv_partitions = kv}, **nccl);
+    for (size_t s = 0; s < b.size(); ++s)
+      for (auto& [req, lg] : (*ref)[s]) over_nccl.add(b[s].at(req), lg);
+    over_nccl.report("one rank, kv_partitions " + std::to_string(kv) + ", NCCL, vs the engine");
+  }
+}
+
+TEST_CASE("GPU ranks: DCP2 DCP4 and EP2 rank processes sharing one GPU over host UCX give one CUDA rank's logits",
+          "[ranks][cuda][process]") {
+  if (const std::string why = no_gpu(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  const Scenario sc = make_scenario(4, 0);
+  check_group("DCP2 on one GPU (UCX)", sc, {.dcp = 2, .kv_partitions = 4}, 1, "ucx");
+  check_group("DCP4 on one GPU (UCX)", sc, {.dcp = 4, .kv_partitions = 8}, 1, "ucx");
+  check_group("EP2 on one GPU (UCX)", sc, {.ep = 2}, 1, "ucx");
+}
+
+TEST_CASE("GPU ranks: DCP2 and EP2 rank processes with one GPU each over NCCL give one CUDA rank's logits",
+          "[ranks][cuda][process]") {
+  if (const std::string why = no_gpu(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  if (!decode::nccl_built()) {
+    WARN("SKIPPED: this build has no NCCL");
+    return;
+  }
+  const int gpus = gpu_count();
+  if (gpus < 2) {
+    WARN("SKIPPED: NCCL needs one GPU per rank, " << gpus << " visible");
+    return;
+  }
+  const Scenario sc = make_scenario(4, 0);
+  check_group("DCP2 on two GPUs (NCCL)", sc, {.dcp = 2, .kv_partitions = 4}, 2, "nccl");
+  check_group("EP2 on two GPUs (NCCL)", sc, {.ep = 2}, 2, "nccl");
+  if (gpus >= 4) check_group("DCP4 on four GPUs (NCCL)", sc, {.dcp = 4, .kv_partitions = 8}, 4, "nccl");
+}
