@@ -5,6 +5,7 @@
 #include <numeric>
 #include <string>
 
+#include "engine/kda_heads.h"
 #include "engine/model_weights.h"
 
 namespace k3 {
@@ -15,10 +16,6 @@ std::vector<int32_t> cu_seqlens(std::span<const BatchItem> batch) {
   std::vector<int32_t> cu{0};
   for (const BatchItem& it : batch) cu.push_back(cu.back() + static_cast<int32_t>(it.num_new));
   return cu;
-}
-
-ops::GateForm gate_form(const ModelConfig& cfg) {
-  return cfg.kda.gate_form == KdaGateForm::Softplus ? ops::GateForm::Softplus : ops::GateForm::LowerBoundedSigmoid;
 }
 
 ops::GluAct glu_act(const ModelConfig& cfg) { return cfg.uses_silu() ? ops::GluAct::Silu : ops::GluAct::Situ; }
@@ -162,42 +159,19 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
   Tensor slots = index_ ? index_->slots : backend_.from_host(Tensor::from_i32({n}, state_rows), DType::I32);
   Tensor conv_slots = index_ ? index_->conv_slots : backend_.from_host(Tensor::from_i32({n}, conv_rows), DType::I32);
 
-  // The fused decode kernel where the backend has one for this head shape (CUDA: D in {64, 128});
-  // otherwise the general path below, which handles one-token items as well. A chunk-invariant
-  // backend takes the general path for decode too: the fused kernel's conv/norm/gate arithmetic is
-  // not the prompt path's, so a token decoded by it would not match the same token in a prompt.
-  const bool fused = !backend_.chunk_invariant() && backend_.supports("kda_decode", {H, D}).empty();
-  if (all_single_token_decode(batch) && fused) {
-    backend_.kda_decode({.qkv = qkv, .conv_w = lw.conv_w, .conv_cache = caches.kda_conv(l), .f = f,
-                         .a_log = lw.a_log, .dt_bias = lw.dt_bias, .b = blog, .state = caches.kda_state(l),
-                         .slots = slots, .conv_slots = conv_slots, .o = o, .heads = static_cast<int>(H),
-                         .g_min = cfg_.kda.gate_lower_bound,
-                         .form = gate_form(cfg_)});
-  } else {
-    auto cu_host = cu_seqlens(batch);
-    Tensor cu = index_ ? index_->cu_seqlens : backend_.from_host(Tensor::from_i32({n + 1}, cu_host), DType::I32);
-    Tensor conv = alloc({R, 3 * P});
-    kda_conv_checkpoints(l, batch, qkv, caches);   // before short_conv overwrites the conv caches
-    backend_.short_conv({.x = qkv, .w = lw.conv_w, .cache = caches.kda_conv(l), .slots = conv_slots, .cu_seqlens = cu, .y = conv});
-    Tensor q = alloc({R, P}), k = alloc({R, P}), v = alloc({R, P});
-    backend_.copy_cols({.src = conv, .dst = q, .src_col = 0, .ncols = P});
-    backend_.copy_cols({.src = conv, .dst = k, .src_col = P, .ncols = P});
-    backend_.copy_cols({.src = conv, .dst = v, .src_col = 2 * P, .ncols = P});
-    Tensor qh = q.reshape({R * H, D}), kh = k.reshape({R * H, D});
-    backend_.l2norm({.x = qh, .y = qh, .eps = 1e-6f, .scale = 1.f / std::sqrt(static_cast<float>(D))});
-    backend_.l2norm({.x = kh, .y = kh, .eps = 1e-6f, .scale = 1.f});
-    Tensor g = alloc({R, H, D}, DType::F32);
-    backend_.kda_gate({.f = f, .a_log = lw.a_log, .dt_bias = lw.dt_bias, .g = g, .heads = static_cast<int>(H),
-                       .g_min = cfg_.kda.gate_lower_bound, .form = gate_form(cfg_)});
-    Tensor beta = alloc({R, H}, DType::F32);
-    backend_.sigmoid(blog, beta);
+  const bool single = all_single_token_decode(batch);
+  const bool fused = single && kda_takes_fused_decode(backend_, H, D);
+  Tensor cu;
+  int64_t width = 0;
+  Tensor ckpt_table;
+  if (!fused) {
+    cu = index_ ? index_->cu_seqlens : backend_.from_host(Tensor::from_i32({n + 1}, cu_seqlens(batch)), DType::I32);
+    kda_conv_checkpoints(l, batch, qkv, caches);   // before the conv step overwrites the conv caches
     // Checkpoints as the op's table: column j of row i is the slot that receives sequence i's state after
     // (j+1)·kKdaChunkTokens of this step's tokens (-1 = none); the state pool itself holds the slots.
-    int64_t width = 0;
     for (int i = 0; i < n; ++i)
       for (const KdaCheckpoint& c : batch[i].checkpoints)
         width = std::max<int64_t>(width, (c.pos - batch[i].seq->num_tokens) / kKdaChunkTokens);
-    Tensor ckpt_table;
     if (width > 0) {
       std::vector<int32_t> table(static_cast<size_t>(n * width), -1);
       for (int i = 0; i < n; ++i)
@@ -208,13 +182,12 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
         }
       ckpt_table = backend_.from_host(Tensor::from_i32({n, width}, table), DType::I32);
     }
-    backend_.kda_chunk({.q = q.reshape({R, H, D}), .k = k.reshape({R, H, D}), .v = v.reshape({R, H, D}), .g = g,
-                        .beta = beta, .state = caches.kda_state(l), .slots = slots, .cu_seqlens = cu, .o = o,
-                        .chunk_size = kKdaChunkTokens,
-                        .checkpoints = width > 0 ? caches.kda_state(l) : Tensor(), .checkpoint_slots = ckpt_table,
-                        .checkpoint_interval = width > 0 ? kKdaChunkTokens : 0,
-                        .bounded_gate = gate_form(cfg_) == ops::GateForm::LowerBoundedSigmoid});
   }
+  run_kda_heads(backend_, {.cfg = cfg_, .lw = lw, .heads = H, .qkv = qkv, .f = f, .blog = blog,
+                           .conv_cache = caches.kda_conv(l), .state = caches.kda_state(l), .slots = slots,
+                           .conv_slots = conv_slots, .cu_seqlens = cu, .single_token_decode = single,
+                           .checkpoint_slots = ckpt_table, .checkpoint_interval = width > 0 ? kKdaChunkTokens : 0,
+                           .o = o, .alloc = [this](Shape sh, DType t) { return alloc(std::move(sh), t); }});
   // Gated RMSNorm per head (shared o_norm weight), then the output projection.
   Tensor on = rmsnorm(o.reshape({R * H, D}), lw.o_norm, cfg_.rms_norm_eps).reshape({R, P});
   // Output gate logits: full rank (K3) or through a rank-D bottleneck (Kimi Linear).

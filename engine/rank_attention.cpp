@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/kda_heads.h"
 #include "engine/rank_step.h"
 
 namespace k3::rank {
@@ -38,24 +39,24 @@ Result<Tensor> kda_heads(Step& s, int l, const LayerWeights& lw, std::span<const
                          CachePools& caches) {
   const int64_t R = x.dim(0), D = s.cfg.kda.head_dim, Hl = s.cfg.kda.num_heads / s.g.dcp, Pl = Hl * D;
   const int n = static_cast<int>(batch.size());
-  if (auto why = s.be.supports("kda_decode", {Hl, D}); !why.empty())
-    return invalid_argument("rank decode: the backend has no fused KDA decode for " + std::to_string(Hl) +
-                            " heads of " + std::to_string(D) + ": " + why);
   Tensor qkv = s.gemm(x, lw.w_qkv);                  // [R, 3 Pl]
   Tensor f = s.gemm(s.gemm(x, lw.w_fa), lw.w_fb);    // [R, Pl]
   Tensor blog = s.gemm(x, lw.w_b);                   // [R, Hl]
   Tensor o = s.alloc({R, Hl, D});
-  std::vector<int32_t> state_rows, conv_rows;   // a unified region lays the two out at different strides
+  std::vector<int32_t> state_rows, conv_rows, cu{0};  // a unified region lays the two out at different strides
   for (const RankItem& it : batch) {
     state_rows.push_back(caches.state_row(it.seq->slot));
     conv_rows.push_back(caches.conv_row(it.seq->slot));
+    cu.push_back(cu.back() + 1);
   }
-  Tensor slots = s.be.from_host(Tensor::from_i32({n}, state_rows), DType::I32);
-  Tensor conv_slots = s.be.from_host(Tensor::from_i32({n}, conv_rows), DType::I32);
-  s.be.kda_decode({.qkv = qkv, .conv_w = lw.conv_w, .conv_cache = caches.kda_conv(l), .f = f, .a_log = lw.a_log,
-                   .dt_bias = lw.dt_bias, .b = blog, .state = caches.kda_state(l), .slots = slots,
-                   .conv_slots = conv_slots, .o = o,
-                   .heads = static_cast<int>(Hl), .g_min = s.cfg.kda.gate_lower_bound});
+  // The model's own step for these heads: one token per item after its prompt.
+  run_kda_heads(s.be, {.cfg = s.cfg, .lw = lw, .heads = Hl, .qkv = qkv, .f = f, .blog = blog,
+                       .conv_cache = caches.kda_conv(l), .state = caches.kda_state(l),
+                       .slots = s.be.from_host(Tensor::from_i32({n}, state_rows), DType::I32),
+                       .conv_slots = s.be.from_host(Tensor::from_i32({n}, conv_rows), DType::I32),
+                       .cu_seqlens = s.be.from_host(Tensor::from_i32({n + 1}, cu), DType::I32),
+                       .single_token_decode = true, .o = o,
+                       .alloc = [&s](Shape sh, DType t) { return s.alloc(std::move(sh), t); }});
   Tensor on = s.rmsnorm(o.reshape({R * Hl, D}), lw.o_norm, s.cfg.rms_norm_eps).reshape({R, Pl});
   Tensor z = s.gemm(x, lw.w_g);
   Tensor gated = s.alloc({R, Pl});

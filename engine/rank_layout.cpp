@@ -14,6 +14,11 @@ Status validate_rank_layout(const RankLayout& g, const ModelConfig& cfg) {
                             " together are not supported (a decode group is DCP or EP)");
   if (g.rank < 0 || g.rank >= g.size())
     return invalid_argument("rank layout: rank " + n(g.rank) + " is outside the group 0.." + n(g.size() - 1));
+  // The rank-sliced forward is written for K3's layers: a full-rank KDA output gate and SiTU experts.
+  if (!cfg.kda.use_full_rank_gate || cfg.uses_silu())
+    return invalid_argument(std::string("rank layout: decode rank groups serve K3-family models; this one has ") +
+                            (cfg.uses_silu() ? "SiLU experts" : "a low-rank KDA output gate") +
+                            " (Kimi Linear): serve it with single decode ranks");
   if (g.kv_partitions < 1) return invalid_argument("rank layout: kv_partitions must be >= 1, got " + n(g.kv_partitions));
   if (g.kv_partitions % g.dcp != 0)
     return invalid_argument("rank layout: kv_partitions = " + n(g.kv_partitions) + " is not a multiple of dcp = " +

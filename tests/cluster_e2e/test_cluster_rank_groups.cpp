@@ -351,6 +351,28 @@ void check_tokens_cuda(const k3::test::LaunchedCluster& c, const std::string& mo
     CHECK(k3::test::metric_or(m, std::string("k3_cluster_placements_total{node=\"") + node + "\"}") >= 1);
 }
 
+// k3-tiny-h8 with K3's head shapes (KDA D = 128, MLA latent 512 + rope 64, d_n = d_v = 128), generated into
+// `dir`/model: the shapes the GPU's fused decode kernels take.
+std::string k3_heads_model(const std::string& dir) {
+  const std::string gen = std::string(K3_BIN_DIR) + "/k3-genweights";
+  REQUIRE(k3::test::run_command(gen + " --preset k3-tiny-h8 --config-only --quiet --out '" + dir + "/cfg'").exit_code == 0);
+  std::ifstream in(dir + "/cfg/config.json");
+  json c = json::parse(in);
+  c["hidden_size"] = 256;
+  c["intermediate_size"] = 512;
+  c["q_lora_rank"] = 128;
+  c["kv_lora_rank"] = 512;
+  c["qk_nope_head_dim"] = 128;
+  c["qk_rope_head_dim"] = 64;
+  c["v_head_dim"] = 128;
+  c["moe_intermediate_size"] = 128;
+  c["routed_expert_hidden_size"] = 128;
+  c["linear_attn_config"]["head_dim"] = 128;
+  std::ofstream(dir + "/cfg/k3-heads.json") << c.dump(2);
+  REQUIRE(k3::test::run_command(gen + " --config '" + dir + "/cfg/k3-heads.json' --quiet --out '" + dir + "/model'").exit_code == 0);
+  return dir + "/model";
+}
+
 // `dcp` 0: the spec file's.
 void run_dcp(int dcp) {
   k3::test::TempDir dir("cluster-dcp");
@@ -406,6 +428,7 @@ TEST_CASE("k3-cluster: deploy/cluster-ep.json (DP2 x EP4) == k3-generate; a rank
   c.proc->wait_exit(30s);
 }
 
+// On K3's head shapes (k3_heads_model): the GPU's decode kernels need KDA D = 64 or 128.
 TEST_CASE("k3-cluster on one GPU: DP2 x DCP2 and DP2 x EP2 groups sharing it serve 16 concurrent requests with "
           "k3-generate --backend cuda tokens",
           "[cluster_e2e][ranks][cuda]") {
@@ -419,7 +442,7 @@ TEST_CASE("k3-cluster on one GPU: DP2 x DCP2 and DP2 x EP2 groups sharing it ser
     k3::test::TempDir dir("cluster-gpu-groups");
     std::ifstream in(std::string(K3_SOURCE_DIR) + "/deploy/" + file);
     json spec = json::parse(in);
-    spec["model"] = dir.path() + "/model";
+    spec["model"] = k3_heads_model(dir.path());
     spec["router"]["port"] = 0;
     spec["router"]["served_model_name"] = "k3-tiny";
     spec["backend"] = "cuda";

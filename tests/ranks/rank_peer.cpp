@@ -7,7 +7,8 @@
 // shortens the communicator's deadline, prints "STEP <n>" after each step and, when a step fails (a peer
 // died), closes every request and prints "FAILED <steady clock µs> <status>" and "FREE <free pages> <pages> <free slots>
 // <slots>" (what the pools hold once everything is released).
-// --backend cuda runs the rank on GPU <rank> modulo N (--gpus, default 1: every rank on GPU 0), and also prints each logits row as hex floats, "V <step> <request> <v0> <v1> ...", for
+// --backend cuda runs the rank on GPU <rank> modulo N (--gpus, default 1: every rank on GPU 0), on the
+// scenario with K3's head shapes (rank_scenario.h), and also prints each logits row as hex floats, "V <step> <request> <v0> <v1> ...", for
 // comparisons within a tolerance; --collectives nccl runs the forward's collectives over NCCL (bootstrapped
 // over the UCX communicator; one GPU per rank).
 #include <cstdio>
@@ -101,7 +102,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   Comm& forward = *nccl ? **nccl : static_cast<Comm&>(**comm);
-  const Scenario sc = make_scenario(std::atoi(argv[4]), std::strtoull(argv[5], nullptr, 10));
+  const Scenario sc = make_scenario(std::atoi(argv[4]), std::strtoull(argv[5], nullptr, 10), 3, 4, backend == "cuda");
   auto out = run_group(sc, g, forward, 1, backend, device);
   if (!out.is_ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, out.status().to_string().c_str());

@@ -93,6 +93,9 @@ TEST_CASE("rank layouts that do not split the model are refused by name", "[rank
   odd.cfg.num_attention_heads = odd.cfg.num_key_value_heads = 6;
   CHECK(validate_rank_layout({.dcp = 4, .kv_partitions = 4}, odd.cfg).to_string().find("num_attention_heads = 6") !=
         std::string::npos);
+  // The rank-sliced forward is K3's: a Kimi Linear model is refused by name.
+  const ModelConfig kimi = preset_config("kimi-linear-tiny").value();
+  CHECK(validate_rank_layout({.dcp = 1, .kv_partitions = 1}, kimi).to_string().find("Kimi Linear") != std::string::npos);
   // The communicator must match the layout.
   auto comm = transfer::UcxComm::create(0, 1, "tcp://127.0.0.1:*").value();
   auto be = make_cpu_backend({.threads = 1});

@@ -1,4 +1,5 @@
-// GPU rank groups: the rank-sliced forward (engine/rank_model.h) on the CUDA backend.
+// GPU rank groups: the rank-sliced forward (engine/rank_model.h) on the CUDA backend, on the rank scenario
+// with K3's head shapes (rank_scenario.h).
 //   - one CUDA rank (kv_partitions 1 and 8) gives the CUDA engine's logits, with its collectives over a
 //     UCX communicator (host memory, staged) and over NCCL (device memory);
 //   - DCP2, DCP4 and EP2 groups of real rank processes sharing one GPU, their collectives staged through
@@ -149,7 +150,7 @@ TEST_CASE("GPU ranks: one CUDA rank gives the CUDA engine's logits over UCX and 
     WARN("SKIPPED: " << why);
     return;
   }
-  const Scenario sc = make_scenario(4, 5);
+  const Scenario sc = make_scenario(4, 5, 3, 4, true);
   auto ref = monolithic(sc, "cuda");
   INFO(ref.status().to_string());
   REQUIRE(ref.is_ok());
@@ -177,7 +178,7 @@ TEST_CASE("GPU ranks: DCP2 DCP4 and EP2 rank processes sharing one GPU over host
     WARN("SKIPPED: " << why);
     return;
   }
-  const Scenario sc = make_scenario(4, 0);
+  const Scenario sc = make_scenario(4, 0, 3, 4, true);
   check_group("DCP2 on one GPU (UCX)", sc, {.dcp = 2, .kv_partitions = 4}, 1, "ucx");
   check_group("DCP4 on one GPU (UCX)", sc, {.dcp = 4, .kv_partitions = 8}, 1, "ucx");
   check_group("EP2 on one GPU (UCX)", sc, {.ep = 2}, 1, "ucx");
@@ -198,7 +199,7 @@ TEST_CASE("GPU ranks: DCP2 and EP2 rank processes with one GPU each over NCCL gi
     WARN("SKIPPED: NCCL needs one GPU per rank, " << gpus << " visible");
     return;
   }
-  const Scenario sc = make_scenario(4, 0);
+  const Scenario sc = make_scenario(4, 0, 3, 4, true);
   check_group("DCP2 on two GPUs (NCCL)", sc, {.dcp = 2, .kv_partitions = 4}, 2, "nccl");
   check_group("EP2 on two GPUs (NCCL)", sc, {.ep = 2}, 2, "nccl");
   if (gpus >= 4) check_group("DCP4 on four GPUs (NCCL)", sc, {.dcp = 4, .kv_partitions = 8}, 4, "nccl");

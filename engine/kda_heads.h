@@ -1,0 +1,40 @@
+// The recurrence of one KDA layer's heads for a batch of rows (docs/MODEL.md §2.3-2.4): from the
+// projections (qkv, the gate's f, the β logits) to each head's output, advancing the conv windows and
+// states in the layer's caches. The model's forward and a decode rank (its heads of a DCP group) both run
+// it, so a rank computes each head by the same arithmetic as the whole model on the same backend.
+#pragma once
+#include <functional>
+
+#include "engine/model_weights.h"
+#include "kernels/backend.h"
+
+namespace k3 {
+
+ops::GateForm gate_form(const ModelConfig& cfg);
+
+// Whether a decode step of one token per item takes the backend's fused decode kernel: where it has one
+// for this head shape, and does not promise chunk invariance (the fused kernel's conv/norm/gate
+// arithmetic is not the prompt path's, so a token decoded by it would not match the same token in a
+// prompt).
+bool kda_takes_fused_decode(const Backend& be, int64_t heads, int64_t head_dim);
+
+struct KdaHeadsStep {
+  const ModelConfig& cfg;
+  const LayerWeights& lw;    // conv_w, a_log, dt_bias of these heads
+  int64_t heads = 0;         // H of this call: the model's, or a DCP rank's share
+  Tensor qkv, f, blog;       // [R, 3 H D], [R, H D], [R, H]
+  Tensor conv_cache, state;  // the layer's pools (updated in place)
+  Tensor slots, conv_slots;  // [n] I32: each item's state and conv rows
+  Tensor cu_seqlens;         // [n + 1] I32 row offsets of the items
+  bool single_token_decode = false;  // every item one new token after a prompt
+  // The chunked form's checkpoints ([n, width] state rows, -1 = none; empty: none).
+  Tensor checkpoint_slots;
+  int64_t checkpoint_interval = 0;
+  Tensor o;                  // [R, H, D] out
+  // Where the step's temporaries come from: the caller's (a recorded step's workspace, or the backend).
+  std::function<Tensor(Shape, DType)> alloc;
+};
+
+void run_kda_heads(Backend& be, const KdaHeadsStep& s);
+
+}  // namespace k3
