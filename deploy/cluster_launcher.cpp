@@ -187,7 +187,7 @@ Status Launcher::start() {
         std::vector<std::string> margs = {"--model", spec_.model, "--instance", d.instance, "--threads", threads,
                                           "--backend", spec_.backend, "--max-requests", std::to_string(d.max_requests),
                                           "--log-level", log_level_, "--group-rank", std::to_string(i),
-                                          "--group-endpoint", group_ep, "--device", std::to_string(d.gpu + i)};
+                                          "--group-endpoint", group_ep, "--device", std::to_string(d.device_of(i))};
         margs.insert(margs.end(), group.begin(), group.end());
         K3_TRY(spawn("decode/" + d.instance + "/" + std::to_string(i), "k3-decode", margs).status());
       }

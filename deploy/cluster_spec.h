@@ -15,9 +15,9 @@
 //                                        a rank group per DP rank (docs/RANKS.md): {"id": "d", "dp": 2, "dcp": 8}
 //                                        or {"dp": 2, "ep": 4} ("dp" is "ranks"), optional "kv_partitions"
 //                                        (DCP; default dcp), "step_deadline_ms" (default 2000), "collectives":
-//                                        "ucx" (default: host memory, ranks may share a GPU) or "nccl" (backend
-//                                        cuda, one GPU per rank), and "gpu": the CUDA device of each DP rank's
-//                                        first process (default 0; rank i of a group takes gpu + i)
+//                                        "ucx" (default: host memory; the ranks of a group share its GPU) or
+//                                        "nccl" (backend cuda, one GPU per rank: rank i on gpu + i), and "gpu":
+//                                        the CUDA device of each DP rank's first process (default 0)
 //   "network": {"bind_host": "127.0.0.1", "advertise_host": ""},
 //                                        every node's control/activation sockets bind bind_host (0.0.0.0: every
 //                                        interface) and are announced to peers at advertise_host (default
@@ -77,7 +77,7 @@ struct DecodeSpec {
   int kv_partitions = 0;   // DCP: MLA partials merged per request (0: dcp)
   int step_deadline_ms = 2000;
   std::string collectives = "ucx";  // a group's forward: "ucx" | "nccl" (k3-decode --group-collectives)
-  int gpu = 0;             // CUDA device of each DP rank's first process; rank i of a group: gpu + i
+  int gpu = 0;             // CUDA device of each DP rank's first process (DecodeProcess::device_of)
 };
 
 struct ClusterSpec {
@@ -114,8 +114,11 @@ struct DecodeProcess {
   int max_requests = 8;
   int dcp = 1, ep = 1, kv_partitions = 0, step_deadline_ms = 2000;
   std::string collectives = "ucx";
-  int gpu = 0;  // --device of the group's rank 0; rank i: gpu + i
+  int gpu = 0;  // --device of the group's rank 0
   int group_size() const { return dcp * ep; }
+  // The CUDA device of rank i: NCCL moves data between GPUs, one per rank (gpu + i); over UCX the ranks
+  // share the group's GPU.
+  int device_of(int i) const { return collectives == "nccl" ? gpu + i : gpu; }
 };
 // The decode DP ranks of a spec, in rank order ("<id>" for one rank, "<id>-<r>" for several); global
 // ranks advance by each group's size.

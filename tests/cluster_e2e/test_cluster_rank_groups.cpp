@@ -351,8 +351,8 @@ void check_tokens_cuda(const k3::test::LaunchedCluster& c, const std::string& mo
     CHECK(k3::test::metric_or(m, std::string("k3_cluster_placements_total{node=\"") + node + "\"}") >= 1);
 }
 
-// k3-tiny-h8 with K3's head shapes (KDA D = 128, MLA latent 512 + rope 64, d_n = d_v = 128), generated into
-// `dir`/model: the shapes the GPU's fused decode kernels take.
+// k3-tiny-h8 with K3's head shapes (KDA D = 128, MLA latent 512 + rope 64, d_n = d_v = 128) and dense
+// routing, generated into `dir`/model: the shapes the GPU's fused decode kernels take.
 std::string k3_heads_model(const std::string& dir) {
   const std::string gen = std::string(K3_BIN_DIR) + "/k3-genweights";
   REQUIRE(k3::test::run_command(gen + " --preset k3-tiny-h8 --config-only --quiet --out '" + dir + "/cfg'").exit_code == 0);
@@ -368,6 +368,9 @@ std::string k3_heads_model(const std::string& dir) {
   c["moe_intermediate_size"] = 128;
   c["routed_expert_hidden_size"] = 128;
   c["linear_attn_config"]["head_dim"] = 128;
+  // Every expert on every token (k = E): random weights put near ties in the top-k choice, where the
+  // rounding of a merge done in another order (the group's attention partitions) picks another expert.
+  c["num_experts_per_token"] = c["num_experts"];
   std::ofstream(dir + "/cfg/k3-heads.json") << c.dump(2);
   REQUIRE(k3::test::run_command(gen + " --config '" + dir + "/cfg/k3-heads.json' --quiet --out '" + dir + "/model'").exit_code == 0);
   return dir + "/model";

@@ -57,6 +57,8 @@ TEST_CASE("cluster spec: decode rank groups", "[cluster_e2e][ranks]") {
   procs = deploy::decode_processes(*gs);
   CHECK(procs[0].collectives == "nccl");
   CHECK(procs[1].gpu == 2);
+  CHECK(procs[1].device_of(3) == 5);  // NCCL: one GPU per rank
+  CHECK(deploy::decode_processes(*s)[1].device_of(3) == 0);  // UCX: the ranks share the group's GPU
 
   // A plain decode rank is one process, as before.
   auto plain = deploy::parse_cluster_spec(with_decode({{"ranks", 2}}));

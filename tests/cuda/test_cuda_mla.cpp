@@ -90,6 +90,26 @@ TEST_CASE("cuda mla_decode matches cpu (paged, empty request, NaN in unused page
   cb->set_mla_decode_wgmma(true);
 }
 
+// Pages of one row: how a decode rank of a DCP group reads a partition of a request (every V-th cached
+// token, rows scattered over the pool), with partitions of a few rows; on the mma.sync kernel (H <= 16 by
+// default), the wgmma kernel (H >= 64), in batch-invariant mode (fixed-size splits) and not.
+TEST_CASE("cuda mla_decode reads pages of one row", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  std::mt19937 rng(77);
+  const std::vector<MlaCase> cases = {{4, 512, 64, 1, {1, 2, 5, 0, 13}},
+                                      {16, 512, 64, 1, {40, 7, 3}, true},
+                                      {64, 512, 64, 1, {3, 70, 1}},
+                                      {96, 512, 64, 1, {2, 130}, true}};
+  for (bool invariant : {false, true}) {
+    cb->set_batch_invariant(invariant);
+    check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng,
+                           std::string("mla_decode page 1") + (invariant ? " batch-invariant" : ""));
+  }
+  cb->set_batch_invariant(false);
+}
+
 // The Hopper wgmma kernel (mla_decode_wgmma.cu), the default for H >= 64: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
 // 64, 300, 5000 (one split and several, merged); pages of 64, 16, 48 and 8; bf16 and fp32 o; S split over tokens and over dims;
 // the 32-head transposed blocks (mla_decode_t32.cuh) for the last group and for all; the seesaw blocks (mla_decode_seesaw.cuh, the
