@@ -1,6 +1,6 @@
 // The decode forward of one rank of a decode group (engine/rank_layout.h): the model's math cut by heads
 // (DCP), by tokens of the MLA cache (DCP) or by experts (EP), with the collectives between the cuts.
-// The collectives go through the `Comm` interface (common/core/comm.h: UCX on CPU ranks).
+// The collectives go through the `Comm` interface (common/core/comm.h: UCX, or NCCL between GPUs).
 //
 // Equivalence (tests/engine/test_rank_*.cpp): every rank of a DCP group returns the same logits, bit for
 // bit, as one rank with the same kv_partitions (DCPn == DCP1); EP ranks return for their requests the bits
@@ -37,8 +37,8 @@ struct CollectiveTimes {
 class RankModel {
  public:
   // The rank's weights are cut from `weights` (engine/rank_weights.h); its cache pools are the rank's
-  // slice (rank_cache_config). The backend must keep F32 tensors on the host (the CPU backend): the
-  // collectives read and write tensor memory directly.
+  // slice (rank_cache_config). Any backend; a communicator that takes device memory (NCCL) needs a device
+  // backend. The collectives stage between host and device where the two differ (rank_step.h).
   static Result<std::unique_ptr<RankModel>> create(Backend& backend, const ModelConfig& cfg, const WeightStore& weights,
                                                    const RankLayout& layout, Comm& comm, const CacheOptions& cache);
   ~RankModel();

@@ -8,6 +8,7 @@
 
 #include "deploy/cluster_spec.h"
 #include "router/cluster_placement.h"
+#include "tests/support/run_command.h"
 
 using nlohmann::json;
 using namespace k3;
@@ -98,4 +99,18 @@ TEST_CASE("router --pair: a DCP group's ranks", "[cluster_e2e][ranks]") {
   CHECK_THAT(router::parse_cluster_pair("p:2:d:0:0").status().message(), Catch::Contains("DCP"));
   CHECK_THAT(router::parse_cluster_pair("p:2:d:0:x").status().message(), Catch::Contains("DCP"));
   CHECK_THAT(router::parse_cluster_pair("p:2:d:0:8:1").status().message(), Catch::Contains("4 or 5 parts"));
+}
+
+TEST_CASE("k3-decode: a group's collectives that cannot run are refused by name", "[cluster_e2e][ranks]") {
+  k3::test::TempDir dir("group-collectives");
+  const std::string bin = K3_BIN_DIR, model = dir.path() + "/model";
+  REQUIRE(k3::test::run_command(bin + "/k3-genweights --preset k3-tiny --quiet --out '" + model + "'").exit_code == 0);
+  auto refused = [&](const std::string& flags) {
+    const auto r = k3::test::run_command(bin + "/k3-decode --model '" + model + "' --threads 1 --insecure-control-plane " + flags + " 2>&1");
+    INFO(flags << " -> " << r.out);
+    CHECK(r.exit_code != 0);
+    return r.out;
+  };
+  CHECK_THAT(refused("--group-dcp 2 --group-collectives mpi"), Catch::Contains("--group-collectives: 'mpi' is not ucx or nccl"));
+  CHECK_THAT(refused("--group-dcp 2 --group-collectives nccl"), Catch::Contains("--group-collectives nccl needs --backend cuda"));
 }
