@@ -1,7 +1,11 @@
-// `k3-bench ranks`: one decode group of rank processes on the CPU (engine/rank_model.h over the UCX
-// Comm), and the time of a decode step split into compute and each collective kind.
+// `k3-bench ranks`: one decode group of rank processes (engine/rank_model.h), and the time of a decode step
+// split into compute and each collective kind.
 //   k3-bench ranks --dcp 8 --heads 8 --batch 4 --context 512 --steps 20
 //   k3-bench ranks --ep 4 --batch 4
+//   k3-bench ranks --backend cuda --k3-heads --dcp 2 --batch 64     (both ranks on GPU 0, UCX via the host)
+//   k3-bench ranks --backend cuda --k3-heads --dcp 8 --gpus 8 --collectives nccl
+// On the GPU every collective first waits for the rank's queued kernels, so "compute" is the kernels'
+// time and each collective column the exchange alone (plus waiting for the slowest rank).
 // The bench starts the group itself: it runs again as each rank (hidden --child-rank), rank 0 binds the
 // communicator's bootstrap endpoint. Caches are left as allocated with their lengths set (no prefill):
 // timing only. "collectives" includes waiting for the slowest rank to arrive (CPU ranks share cores).
@@ -22,7 +26,9 @@
 #include "deploy/child_process.h"
 #include "engine/kv_cache.h"
 #include "engine/rank_model.h"
+#include "decode_node/group_collectives.h"
 #include "kernels/backend.h"
+#include "kernels/backend_select.h"
 #include "transfer/comm_ucx.h"
 
 namespace k3::bench {
@@ -35,6 +41,9 @@ struct RanksOptions {
   int batch = 4, context = 512, steps = 20, warmup = 2;
   int child_rank = -1;
   std::string endpoint;
+  std::string backend = "cpu", collectives = "ucx";
+  int gpus = 1;           // rank r on GPU r % gpus
+  bool k3_heads = false;  // with_k3_head_shapes (the GPU's fused kernels need KDA D = 64 or 128)
   bool capacity = false;
   double pool_gib = 100;
 };
@@ -42,6 +51,7 @@ struct RanksOptions {
 ModelConfig bench_config(const RanksOptions& o) {
   ModelConfig c = preset_config(o.preset).value();
   if (o.heads > 0) c.kda.num_heads = c.num_attention_heads = c.num_key_value_heads = o.heads;
+  if (o.k3_heads) c = with_k3_head_shapes(c);
   return c;
 }
 
@@ -57,10 +67,18 @@ int run_child(const RanksOptions& o) {
   });
   if (!comm.is_ok()) return std::fprintf(stderr, "rank %d: %s\n", g.rank, comm.status().to_string().c_str()), 1;
   const ModelConfig cfg = bench_config(o);
-  auto be = make_cpu_backend({.threads = 1});
+  const int device = g.rank % std::max(1, o.gpus);
+  auto made = make_backend({.kind = o.backend, .device = device, .threads = 1});
+  if (!made.is_ok()) return std::fprintf(stderr, "rank %d: %s\n", g.rank, made.status().to_string().c_str()), 1;
+  auto be = std::move(*made);
+  auto kind = decode::parse_group_collectives(o.collectives);
+  if (!kind.is_ok()) return std::fprintf(stderr, "%s\n", kind.status().to_string().c_str()), 2;
+  auto nccl = decode::make_group_collectives(*kind, **comm, device);
+  if (!nccl.is_ok()) return std::fprintf(stderr, "rank %d: %s\n", g.rank, nccl.status().to_string().c_str()), 1;
+  Comm& forward = *nccl ? **nccl : static_cast<Comm&>(**comm);
   const CacheOptions copt{.max_seqs = o.batch, .page_size = 16,
                           .num_pages = o.batch * ((o.context + o.steps + o.warmup) / g.dcp / 16 + 2)};
-  auto model = RankModel::create(*be, cfg, random_weights(cfg, 1, DType::F32), g, **comm, copt);
+  auto model = RankModel::create(*be, cfg, random_weights(cfg, 1, DType::F32), g, forward, copt);
   if (!model.is_ok()) return std::fprintf(stderr, "rank %d: %s\n", g.rank, model.status().to_string().c_str()), 1;
   RankModel& m = **model;
   std::vector<SeqCache> seqs(o.batch);
@@ -98,11 +116,14 @@ int run_group(const RanksOptions& o) {
   if (len <= 0) return std::fprintf(stderr, "k3-bench ranks: cannot find my own executable\n"), 1;
   self[len] = 0;
   auto args = [&](int r, const std::string& ep) {
-    return std::vector<std::string>{"ranks", "--child-rank", std::to_string(r), "--endpoint", ep, "--preset", o.preset,
+    std::vector<std::string> a{"ranks", "--child-rank", std::to_string(r), "--endpoint", ep, "--preset", o.preset,
                                     "--heads", std::to_string(o.heads), "--dcp", std::to_string(o.dcp), "--ep",
                                     std::to_string(o.ep), "--kv-partitions", std::to_string(g0.kv_partitions),
                                     "--batch", std::to_string(o.batch), "--context", std::to_string(o.context),
-                                    "--steps", std::to_string(o.steps)};
+                                    "--steps", std::to_string(o.steps), "--backend", o.backend, "--gpus",
+                                    std::to_string(o.gpus), "--collectives", o.collectives};
+    if (o.k3_heads) a.push_back("--k3-heads");
+    return a;
   };
   std::vector<std::unique_ptr<deploy::ChildProcess>> ranks;
   auto first = deploy::ChildProcess::start("rank/0", self, args(0, "tcp://127.0.0.1:*"));
@@ -119,9 +140,12 @@ int run_group(const RanksOptions& o) {
     if (!c.is_ok()) return std::fprintf(stderr, "%s\n", c.status().to_string().c_str()), 1;
     ranks.push_back(std::move(*c));
   }
-  std::printf("# %s, %s, batch %d per %s, context %d, %d steps (after %d warm-up), CPU backend 1 thread per rank\n",
-              o.preset.c_str(), to_string(g0).c_str(), o.batch, o.ep > 1 ? "rank" : "group", o.context, o.steps,
-              o.warmup);
+  const std::string where = o.backend == "cpu" ? "CPU backend 1 thread per rank"
+                                               : "CUDA backend, rank r on GPU r % " + std::to_string(o.gpus) +
+                                                     ", collectives over " + o.collectives;
+  std::printf("# %s%s, %s, batch %d per %s, context %d, %d steps (after %d warm-up), %s\n", o.preset.c_str(),
+              o.k3_heads ? " with K3's head shapes" : "", to_string(g0).c_str(), o.batch, o.ep > 1 ? "rank" : "group",
+              o.context, o.steps, o.warmup, where.c_str());
   std::printf("%-5s %9s %11s %11s %11s %12s %11s %12s\n", "rank", "step_ms", "compute_ms", "all_gather", "all_to_all",
               "all_to_allv", "all_reduce", "bytes/step");
   int failed = 0;
@@ -178,8 +202,8 @@ int run_capacity(const RanksOptions& o) {
 
 void add_ranks_command(CLI::App& app) {
   auto opt = std::make_shared<RanksOptions>();
-  auto* cmd = app.add_subcommand("ranks", "a decode group of rank processes (DCP or EP) on the CPU: step time split "
-                                          "into compute and collectives; --capacity: context per group");
+  auto* cmd = app.add_subcommand("ranks", "a decode group of rank processes (DCP or EP) on the CPU or GPUs: step time "
+                                          "split into compute and collectives; --capacity: context per group");
   cmd->add_option("--preset", opt->preset, "model preset");
   cmd->add_option("--heads", opt->heads, "KDA and MLA heads (0: the preset's; DCP needs them divisible by --dcp)");
   cmd->add_option("--dcp", opt->dcp, "DCP ranks");
@@ -188,6 +212,13 @@ void add_ranks_command(CLI::App& app) {
   cmd->add_option("--batch", opt->batch, "requests (per group with DCP, per rank with EP)");
   cmd->add_option("--context", opt->context, "tokens already cached per request");
   cmd->add_option("--steps", opt->steps, "timed decode steps");
+  cmd->add_option("--backend", opt->backend, "each rank's backend: cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--gpus", opt->gpus, "cuda: rank r runs on GPU r % gpus (1: every rank on GPU 0)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--collectives", opt->collectives, "the forward's collectives: ucx (host memory) or nccl (one GPU "
+                  "per rank)")->check(CLI::IsMember({"ucx", "nccl"}));
+  cmd->add_flag("--k3-heads", opt->k3_heads, "K3's head sizes at the preset's width of heads (KDA D = 128, MLA "
+                "latent 512): the shapes the GPU's fused kernels take");
   cmd->add_flag("--capacity", opt->capacity, "print the context a group's pools hold instead of timing");
   cmd->add_option("--pool-gib", opt->pool_gib, "per-rank cache pool for --capacity");
   cmd->add_option("--child-rank", opt->child_rank)->group("");

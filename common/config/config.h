@@ -124,6 +124,10 @@ Result<ModelConfig> load_model_config(const std::string& path);
 // "k3", "kimi-linear-tiny", "kimi-linear-48b". vocab_size of the tiny presets is set by the caller from the
 // tokenizer it generates (preset value is a placeholder until then).
 Result<ModelConfig> preset_config(const std::string& name);
+// K3's head sizes at small width (KDA D = 128, MLA latent 512 + rope 64, d_n = d_v = 128, hidden 256),
+// keeping `c`'s head counts, layers and experts: the shapes the GPU's fused decode kernels take, for tests
+// and benches of a tiny model on the GPU.
+ModelConfig with_k3_head_shapes(ModelConfig c);
 std::vector<std::string> preset_names();
 
 }  // namespace k3

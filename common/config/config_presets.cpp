@@ -196,6 +196,20 @@ ModelConfig kimi_linear_48b_preset() {
 
 }  // namespace
 
+ModelConfig with_k3_head_shapes(ModelConfig c) {
+  c.hidden_size = 256;
+  c.kda.head_dim = 128;
+  c.q_lora_rank = 128;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.routed_expert_hidden_size = 128;
+  c.moe_intermediate_size = 128;
+  c.intermediate_size = 512;
+  return c;
+}
+
 std::vector<std::string> preset_names() {
   return {"k3-tiny", "k3-tiny-h8", "k3-tiny-93", "k3-small", "k3", "kimi-linear-tiny", "kimi-linear-48b"};
 }

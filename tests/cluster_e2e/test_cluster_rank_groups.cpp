@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <signal.h>
 
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <regex>
@@ -354,25 +355,15 @@ void check_tokens_cuda(const k3::test::LaunchedCluster& c, const std::string& mo
 // k3-tiny-h8 with K3's head shapes (KDA D = 128, MLA latent 512 + rope 64, d_n = d_v = 128) and dense
 // routing, generated into `dir`/model: the shapes the GPU's fused decode kernels take.
 std::string k3_heads_model(const std::string& dir) {
-  const std::string gen = std::string(K3_BIN_DIR) + "/k3-genweights";
-  REQUIRE(k3::test::run_command(gen + " --preset k3-tiny-h8 --config-only --quiet --out '" + dir + "/cfg'").exit_code == 0);
-  std::ifstream in(dir + "/cfg/config.json");
-  json c = json::parse(in);
-  c["hidden_size"] = 256;
-  c["intermediate_size"] = 512;
-  c["q_lora_rank"] = 128;
-  c["kv_lora_rank"] = 512;
-  c["qk_nope_head_dim"] = 128;
-  c["qk_rope_head_dim"] = 64;
-  c["v_head_dim"] = 128;
-  c["moe_intermediate_size"] = 128;
-  c["routed_expert_hidden_size"] = 128;
-  c["linear_attn_config"]["head_dim"] = 128;
+  k3::ModelConfig cfg = k3::with_k3_head_shapes(k3::preset_config("k3-tiny-h8").value());
   // Every expert on every token (k = E): random weights put near ties in the top-k choice, where the
   // rounding of a merge done in another order (the group's attention partitions) picks another expert.
-  c["num_experts_per_token"] = c["num_experts"];
-  std::ofstream(dir + "/cfg/k3-heads.json") << c.dump(2);
-  REQUIRE(k3::test::run_command(gen + " --config '" + dir + "/cfg/k3-heads.json' --quiet --out '" + dir + "/model'").exit_code == 0);
+  cfg.num_experts_per_token = cfg.num_experts;
+  REQUIRE(k3::validate(cfg).is_ok());
+  std::filesystem::create_directories(dir + "/cfg");
+  std::ofstream(dir + "/cfg/config.json") << k3::model_config_to_json(cfg);
+  const std::string gen = std::string(K3_BIN_DIR) + "/k3-genweights";
+  REQUIRE(k3::test::run_command(gen + " --config '" + dir + "/cfg/config.json' --quiet --out '" + dir + "/model'").exit_code == 0);
   return dir + "/model";
 }
 

@@ -17,19 +17,9 @@ namespace k3::cudatest {
 // k3-tiny with the real K3 head shapes (KDA D = 128, MLA r_kv = 512, d_r = 64, d_n = d_v = 128), so
 // the GPU runs its fast kernels (chunked KDA, fused KDA decode, tensor-core MLA decode) at small width.
 inline ModelConfig tiny_with_k3_heads() {
-  ModelConfig c = preset_config("k3-tiny").value();
-  c.hidden_size = 256;
+  ModelConfig c = with_k3_head_shapes(preset_config("k3-tiny").value());
   c.kda.num_heads = 2;
-  c.kda.head_dim = 128;
   c.num_attention_heads = c.num_key_value_heads = 16;
-  c.q_lora_rank = 128;
-  c.kv_lora_rank = 512;
-  c.qk_nope_head_dim = 128;
-  c.qk_rope_head_dim = 64;
-  c.v_head_dim = 128;
-  c.routed_expert_hidden_size = 128;
-  c.moe_intermediate_size = 128;
-  c.intermediate_size = 512;
   REQUIRE(validate(c).is_ok());
   return c;
 }

@@ -7,7 +7,10 @@
 #                more, DCP2 and EP2 with one GPU per rank over NCCL (SKIPPED on one GPU);
 #   cluster.log  K3_TEST_BACKEND=cuda cluster_e2e_test_cluster_rank_groups "k3-cluster on one GPU*": k3-cluster
 #                with DP2 x DCP2 and DP2 x EP2 groups (all on GPU 0), 16 concurrent requests against
-#                k3-generate --backend cuda.
+#                k3-generate --backend cuda;
+#   bench.log    k3-bench ranks --backend cuda --k3-heads: the decode step split into compute and
+#                collectives, DCP2 and EP2 sharing GPU 0 over UCX, batch 1 / 16 / 64; with two GPUs or more
+#                also one GPU per rank over NCCL.
 #   tests/cuda/run_rank_groups_on_gpu_host.sh OUT_DIR
 set -uo pipefail
 OUT=${1:?output dir}
@@ -15,7 +18,7 @@ OUT=${1:?output dir}
 source "$(dirname "$0")/gpu_host.sh"
 gpu_host_setup "$OUT"
 TARGETS="ranks_test_rank_decode_gpu k3-test-rank-peer cluster_e2e_test_cluster_rank_groups k3-generate k3-genweights
-  k3-router k3-cluster k3-prefill k3-decode"
+  k3-router k3-cluster k3-prefill k3-decode k3-bench"
 if grep -q "k3serve: NCCL /" "$OUT/build.log"; then TARGETS="$TARGETS nccl_test_nccl_comm"; fi
 # shellcheck disable=SC2086
 timeout 300 ninja -C $B -j16 $TARGETS >> "$OUT/build.log" 2>&1 ||
@@ -27,3 +30,15 @@ gpu_host_stage ranks.log 240 "$PATTERN" $B/tests/ranks_test_rank_decode_gpu
 # Catch test names: no comma in a filter (Catch splits filters there).
 gpu_host_stage cluster.log 240 "$PATTERN" env K3_TEST_BACKEND=cuda $B/tests/cluster_e2e_test_cluster_rank_groups \
   "k3-cluster on one GPU*"
+GPUS=$(nvidia-smi -L | wc -l)
+{
+  for b in 1 16 64; do
+    $B/bin/k3-bench ranks --backend cuda --k3-heads --heads 8 --dcp 2 --batch $b --context 2048 --steps 20
+    $B/bin/k3-bench ranks --backend cuda --k3-heads --ep 2 --batch $b --context 2048 --steps 20
+    if [ "$GPUS" -ge 2 ]; then
+      $B/bin/k3-bench ranks --backend cuda --k3-heads --heads 8 --dcp 2 --gpus 2 --collectives nccl --batch $b --context 2048 --steps 20
+      $B/bin/k3-bench ranks --backend cuda --k3-heads --ep 2 --gpus 2 --collectives nccl --batch $b --context 2048 --steps 20
+    fi
+  done
+} > "$OUT/bench.log" 2>&1
+grep -v "^$" "$OUT/bench.log" | head -60

@@ -28,8 +28,8 @@ struct Scenario {
   std::vector<std::vector<int32_t>> steps;  // steps[s][i]: the token request i feeds at step s
 };
 
-// k3_head_shapes: K3's head sizes at small width (KDA D = 128, MLA latent 512 + rope 64, d_n = d_v = 128),
-// the shapes the GPU's fused decode kernels take (k3-tiny's D = 16 has none on CUDA).
+// k3_head_shapes: K3's head sizes at small width (with_k3_head_shapes), the shapes the GPU's fused decode
+// kernels take (k3-tiny's D = 16 has none on CUDA).
 inline Scenario make_scenario(int heads, uint64_t seed, int num_requests = 3, int num_steps = 4,
                               bool k3_head_shapes = false) {
   Scenario sc;
@@ -38,19 +38,7 @@ inline Scenario make_scenario(int heads, uint64_t seed, int num_requests = 3, in
   sc.cfg.eos_token_ids.clear();
   sc.cfg.kda.num_heads = heads;
   sc.cfg.num_attention_heads = sc.cfg.num_key_value_heads = heads;
-  if (k3_head_shapes) {
-    ModelConfig& c = sc.cfg;
-    c.hidden_size = 256;
-    c.kda.head_dim = 128;
-    c.q_lora_rank = 128;
-    c.kv_lora_rank = 512;
-    c.qk_nope_head_dim = 128;
-    c.qk_rope_head_dim = 64;
-    c.v_head_dim = 128;
-    c.routed_expert_hidden_size = 128;
-    c.moe_intermediate_size = 128;
-    c.intermediate_size = 512;
-  }
+  if (k3_head_shapes) sc.cfg = with_k3_head_shapes(sc.cfg);
   sc.weights = random_weights(sc.cfg, seed, DType::F32);
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::uniform_int_distribution<int32_t> tok(0, sc.cfg.vocab_size - 1);
