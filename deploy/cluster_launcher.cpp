@@ -174,7 +174,8 @@ Status Launcher::start() {
                                      std::to_string(d.max_requests), "--threads", threads, "--backend", spec_.backend,
                                      "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_,
                                      "--bind", "tcp://" + spec_.bind_host + ":*", "--interface", spec_.reachable_host(),
-                                     "--metrics-listen", spec_.bind_host + ":0", "--device", std::to_string(d.gpu)};
+                                     "--metrics-listen", spec_.bind_host + ":0"};
+    if (spec_.backend == "cuda") args.insert(args.end(), {"--device", std::to_string(d.device_of(0))});
     args.insert(args.end(), advertise.begin(), advertise.end());
     const std::vector<std::string> group = group_args(d);
     args.insert(args.end(), group.begin(), group.end());
@@ -187,7 +188,8 @@ Status Launcher::start() {
         std::vector<std::string> margs = {"--model", spec_.model, "--instance", d.instance, "--threads", threads,
                                           "--backend", spec_.backend, "--max-requests", std::to_string(d.max_requests),
                                           "--log-level", log_level_, "--group-rank", std::to_string(i),
-                                          "--group-endpoint", group_ep, "--device", std::to_string(d.device_of(i))};
+                                          "--group-endpoint", group_ep};
+        if (spec_.backend == "cuda") margs.insert(margs.end(), {"--device", std::to_string(d.device_of(i))});
         margs.insert(margs.end(), group.begin(), group.end());
         K3_TRY(spawn("decode/" + d.instance + "/" + std::to_string(i), "k3-decode", margs).status());
       }

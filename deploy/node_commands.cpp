@@ -122,6 +122,8 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
            "--rank", std::to_string(d.rank), "--dp-size", std::to_string(decodes.size()), "--max-requests",
            std::to_string(d.max_requests), "--bind", "tcp://" + bind_of(ctx) + ":" + std::to_string(p.port)};
       add_node_common(a, spec, ctx);
+      if ((ctx.backend.empty() ? spec.backend : ctx.backend) == "cuda")
+        a.insert(a.end(), {"--device", std::to_string(d.device_of(0))});
       break;
     }
     case NodeProcess::Kind::Prefill: {
