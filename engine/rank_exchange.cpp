@@ -49,42 +49,35 @@ class CommSide {
   bool device_;
 };
 
+// One collective from `in` to `out` in the communicator's memory, timed into `timer`.
+template <class Call>
+Status exchange(Step& s, const Tensor& in, Tensor& out, double& timer, Call call) {
+  const auto t0 = Clock::now();
+  CommSide side(s);
+  const Tensor a = side.in(in), b = side.out(out);
+  side.ready();
+  Status st = call(bytes(a), wbytes(b));
+  if (st.is_ok()) side.back(b, out);
+  timer += since(t0);
+  return st;
+}
+
 }  // namespace
 
 Status Step::all_gather(const Tensor& mine, Tensor& all) {
-  const auto t0 = Clock::now();
-  CommSide side(*this);
-  const Tensor a = side.in(mine), b = side.out(all);
-  side.ready();
-  Status st = comm.all_gather(bytes(a), wbytes(b));
-  if (st.is_ok()) side.back(b, all);
-  times.all_gather += since(t0);
   times.bytes += mine.nbytes() * (comm.size() - 1);
-  return st;
+  return exchange(*this, mine, all, times.all_gather, [&](auto a, auto b) { return comm.all_gather(a, b); });
 }
 
 Status Step::all_to_all(const Tensor& in, Tensor& out) {
-  const auto t0 = Clock::now();
-  CommSide side(*this);
-  const Tensor a = side.in(in), b = side.out(out);
-  side.ready();
-  Status st = comm.all_to_all(bytes(a), wbytes(b));
-  if (st.is_ok()) side.back(b, out);
-  times.all_to_all += since(t0);
   times.bytes += in.nbytes() - in.nbytes() / comm.size();
-  return st;
+  return exchange(*this, in, out, times.all_to_all, [&](auto a, auto b) { return comm.all_to_all(a, b); });
 }
 
 Status Step::all_to_allv(const Tensor& in, std::span<const size_t> send, Tensor& out, std::span<const size_t> recv) {
-  const auto t0 = Clock::now();
-  CommSide side(*this);
-  const Tensor a = side.in(in), b = side.out(out);
-  side.ready();
-  Status st = comm.all_to_allv(bytes(a), send, wbytes(b), recv);
-  if (st.is_ok()) side.back(b, out);
-  times.all_to_allv += since(t0);
   times.bytes += in.nbytes() - send[comm.rank()];
-  return st;
+  return exchange(*this, in, out, times.all_to_allv,
+                  [&](auto a, auto b) { return comm.all_to_allv(a, send, b, recv); });
 }
 
 Status Step::all_reduce(Tensor& data) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <memory>
 
+#include "tests/ranks/rank_peers.h"
 #include "tests/ranks/rank_scenario.h"
 #include "tests/transfer/process_guard.h"
 #include "transfer/comm_ucx.h"
@@ -50,30 +51,19 @@ std::string digest(const std::vector<float>& v) {
 // Starts the group's rank processes and returns what each printed: [rank] -> {"step req" -> digest}.
 std::vector<std::map<std::string, std::string>> run_processes(int heads, uint64_t seed, RankLayout g) {
   const int size = g.size();
-  const auto exe = k3::test::helper_path("k3-test-rank-peer");
   auto args = [&](int r, const std::string& ep) {
     return std::vector<std::string>{std::to_string(r), std::to_string(size), ep, std::to_string(heads),
                                     std::to_string(seed), std::to_string(g.dcp), std::to_string(g.ep),
                                     std::to_string(g.kv_partitions)};
   };
-  std::vector<std::unique_ptr<ProcessGuard>> ranks;
-  ranks.push_back(std::make_unique<ProcessGuard>(exe, args(0, "tcp://127.0.0.1:*")));
-  auto ep = ranks[0]->wait_for("BOUND ", 30s);
-  REQUIRE(ep);
-  for (int r = 1; r < size; ++r) ranks.push_back(std::make_unique<ProcessGuard>(exe, args(r, *ep)));
   std::vector<std::map<std::string, std::string>> got(size);
-  for (int r = 0; r < size; ++r) {
-    for (;;) {
-      auto line = ranks[r]->read_line(120s);
-      INFO("rank " << r << " of " << size << " printed nothing more");
-      REQUIRE(line);
-      if (*line == "DONE") break;
-      if (line->rfind("L ", 0) != 0) continue;
-      const auto last = line->rfind(' ');
-      got[r][line->substr(2, last - 2)] = line->substr(last + 1);
+  const auto lines = run_rank_peers(size, args, 120s);
+  for (int r = 0; r < size; ++r)
+    for (const std::string& line : lines[r]) {
+      if (line.rfind("L ", 0) != 0) continue;
+      const auto last = line.rfind(' ');
+      got[r][line.substr(2, last - 2)] = line.substr(last + 1);
     }
-  }
-  for (int r = 0; r < size; ++r) CHECK(ranks[r]->wait_exit(30s) == 0);
   return got;
 }
 

@@ -16,14 +16,13 @@
 #include <sstream>
 
 #include "decode_node/group_collectives.h"
+#include "tests/ranks/rank_peers.h"
 #include "tests/ranks/rank_scenario.h"
-#include "tests/transfer/process_guard.h"
 #include "transfer/comm_ucx.h"
 
 using namespace k3;
 using namespace k3::test::ranks;
 using namespace std::chrono_literals;
-using k3::test::ProcessGuard;
 
 namespace {
 
@@ -91,35 +90,23 @@ std::vector<float> parse_row(const std::string& values) {
 std::vector<std::map<std::string, std::vector<float>>> run_gpu_processes(int heads, uint64_t seed, RankLayout g, int gpus,
                                                                         const std::string& collectives) {
   const int size = g.size();
-  const auto exe = k3::test::helper_path("k3-test-rank-peer");
   auto args = [&](int r, const std::string& ep) {
     return std::vector<std::string>{std::to_string(r), std::to_string(size), ep, std::to_string(heads),
                                     std::to_string(seed), std::to_string(g.dcp), std::to_string(g.ep),
                                     std::to_string(g.kv_partitions), "--backend", "cuda", "--gpus",
                                     std::to_string(gpus), "--collectives", collectives};
   };
-  std::vector<std::unique_ptr<ProcessGuard>> ranks;
-  ranks.push_back(std::make_unique<ProcessGuard>(exe, args(0, "tcp://127.0.0.1:*")));
-  auto ep = ranks[0]->wait_for("BOUND ", 60s);
-  REQUIRE(ep);
-  for (int r = 1; r < size; ++r) ranks.push_back(std::make_unique<ProcessGuard>(exe, args(r, *ep)));
   std::vector<std::map<std::string, std::vector<float>>> got(size);
-  for (int r = 0; r < size; ++r) {
-    for (;;) {
-      auto line = ranks[r]->read_line(180s);
-      INFO("rank " << r << " of " << size << " printed nothing more");
-      REQUIRE(line);
-      if (*line == "DONE") break;
-      if (line->rfind("V ", 0) != 0) continue;
-      std::istringstream in(line->substr(2));
-      std::string step, req;
+  const auto lines = run_rank_peers(size, args, 180s);
+  for (int r = 0; r < size; ++r)
+    for (const std::string& line : lines[r]) {
+      if (line.rfind("V ", 0) != 0) continue;
+      std::istringstream in(line.substr(2));
+      std::string step, req, rest;
       in >> step >> req;
-      std::string rest;
       std::getline(in, rest);
       got[r][step + " " + req] = parse_row(rest);
     }
-  }
-  for (int r = 0; r < size; ++r) CHECK(ranks[r]->wait_exit(60s) == 0);
   return got;
 }
 
