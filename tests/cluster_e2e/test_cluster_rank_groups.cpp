@@ -22,6 +22,7 @@
 #include <tuple>
 
 #include "common/config/config.h"
+#include "common/tokenizer/tokenizer.h"
 #include "engine/kv_cache.h"
 #include "engine/rank_layout.h"
 #include "kernels/backend.h"
@@ -324,29 +325,60 @@ void check_direct_transfer(const std::string& log, const std::string& model, int
   if (ep > 1) CHECK(ep_ranks.size() >= 2);
 }
 
-// The GPU form (K3_TEST_BACKEND=cuda): `requests` concurrent requests (greedy, and every fourth seeded)
-// == k3-generate --backend cuda on the same GPU; both DP groups served some.
-void check_tokens_cuda(const k3::test::LaunchedCluster& c, const std::string& model, int requests) {
-  constexpr int kMax = 8;
+// `requests` concurrent greedy requests == k3-generate on the same backend up to a near tie: the group's
+// tokens equal k3-generate's until the first position where they differ, and there k3-generate's token is
+// among the group's top 5 within kNearTie nats of the group's choice. On a GPU the group rounds differently
+// from the one-GPU engine (bf16: the DCP partitions' attention merged, the EP slot sum), so a near tie
+// may fall the other way; on the CPU they agree whole. Both DP groups served some. Prints how many
+// requests agreed whole and where the others parted.
+void check_tokens_near_ties(const k3::test::LaunchedCluster& c, const std::string& what, const std::string& model,
+                            int requests, const std::string& backend) {
+  static constexpr int kMax = 8;
+  constexpr double kNearTie = 0.15;
+  const k3::Tokenizer tok = k3::Tokenizer::load(model).value();
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < requests; ++i) {
     std::vector<int32_t> p;
     for (int t = 0; t < 9 + 3 * i; ++t) p.push_back(static_cast<int32_t>((i * 131 + t * 17) % 500 + 1));
     prompts.push_back(p);
   }
-  auto temperature = [](int i) { return i % 4 == 3 ? 0.75f : 0.f; };
   std::vector<std::future<HttpReply>> replies;
   const int port = c.port;
   for (int i = 0; i < requests; ++i)
-    replies.push_back(std::async(std::launch::async, [port, &prompts, i, t = temperature(i)] {
-      return complete(port, prompts[i], kMax, t, 100 + i);
+    replies.push_back(std::async(std::launch::async, [port, &prompts, i] {
+      return k3::test::post_json(port, "/v1/completions",
+                                 {{"model", "k3-tiny"}, {"prompt", prompts[i]}, {"max_tokens", kMax}, {"temperature", 0},
+                                  {"logprobs", 5}, {"ignore_eos", true}, {"return_token_ids", true}});
     }));
+  int whole = 0;
+  std::string parted;
   for (int i = 0; i < requests; ++i) {
-    INFO("request " << i << " (" << prompts[i].size() << " tokens), temperature " << temperature(i));
-    std::string flags = "--backend cuda";
-    if (temperature(i) > 0.f) flags += " --temperature " + std::to_string(temperature(i)) + " --seed " + std::to_string(100 + i);
-    CHECK(k3::test::token_ids_of(replies[i].get()) == k3::test::k3_generate_tokens(model, prompts[i], kMax, flags));
+    INFO("request " << i << " (" << prompts[i].size() << " tokens)");
+    const HttpReply r = replies[i].get();
+    const std::vector<int32_t> got = k3::test::token_ids_of(r);
+    const std::vector<int32_t> want = k3::test::k3_generate_tokens(model, prompts[i], kMax, "--backend " + backend);
+    REQUIRE(got.size() == want.size());
+    const json lp = json::parse(r.body).at("choices").at(0).at("logprobs");
+    size_t t = 0;
+    while (t < want.size() && got[t] == want[t]) ++t;
+    if (t == want.size()) {
+      ++whole;
+      continue;
+    }
+    INFO("parted at token " << t << ": the group took " << got[t] << ", k3-generate " << want[t]);
+    CHECK(t > 0);  // the first token is the prefill's, on the same path as k3-generate's
+    const json& top = lp.at("top_logprobs").at(t);
+    const std::string theirs = tok.decode(std::vector<int32_t>{want[t]}).value();
+    REQUIRE(top.contains(theirs));
+    const double gap = lp.at("token_logprobs").at(t).get<double>() - top.at(theirs).get<double>();
+    CHECK(gap >= 0);
+    CHECK(gap < kNearTie);
+    parted += " " + std::to_string(i) + "@" + std::to_string(t) + " (gap " + std::to_string(gap) + ")";
   }
+  std::printf("GROUP-TOKENS %s: %d of %d requests equal k3-generate --backend %s whole; parted at a near tie:%s\n",
+              what.c_str(), whole, requests, backend.c_str(), parted.empty() ? " none" : parted.c_str());
+  std::fflush(stdout);
+  if (backend == "cpu") CHECK(whole == requests);
   const auto m = k3::test::read_metrics(c.port);
   for (const char* node : {"decode/d-0", "decode/d-1"})
     CHECK(k3::test::metric_or(m, std::string("k3_cluster_placements_total{node=\"") + node + "\"}") >= 1);
@@ -422,30 +454,31 @@ TEST_CASE("k3-cluster: deploy/cluster-ep.json (DP2 x EP4) == k3-generate; a rank
   c.proc->wait_exit(30s);
 }
 
-// On K3's head shapes (k3_heads_model): the GPU's decode kernels need KDA D = 64 or 128.
-TEST_CASE("k3-cluster on one GPU: DP2 x DCP2 and DP2 x EP2 groups sharing it serve 16 concurrent requests with "
-          "k3-generate --backend cuda tokens",
-          "[cluster_e2e][ranks][cuda]") {
+// On K3's head shapes (k3_heads_model; the GPU's decode kernels need KDA D = 64 or 128), on the backend
+// K3_TEST_BACKEND names (cpu by default; cuda: every process on GPU 0, the groups' collectives through the
+// host): DCP2 and EP2 groups, 16 concurrent greedy requests.
+TEST_CASE("k3-cluster with K3 head shapes: DP2 x DCP2 and DP2 x EP2 groups serve 16 concurrent requests with "
+          "k3-generate's tokens up to near ties",
+          "[cluster_e2e][ranks]") {
   const char* b = std::getenv("K3_TEST_BACKEND");
-  if (!b || std::string(b) != "cuda") {
-    WARN("SKIPPED: K3_TEST_BACKEND is not cuda (the CPU groups are the cases above)");
-    return;
-  }
+  const std::string backend = b && *b ? b : "cpu";
+  REQUIRE((backend == "cpu" || backend == "cuda"));
   for (const auto& [file, dcp, ep] : {std::tuple{"cluster-dcp.json", 2, 0}, std::tuple{"cluster-ep.json", 0, 2}}) {
-    INFO(file << (dcp ? " with dcp 2" : " with ep 2") << " on the cuda backend");
-    k3::test::TempDir dir("cluster-gpu-groups");
+    const std::string what = std::string(file) + (dcp ? " with dcp 2" : " with ep 2") + " on " + backend;
+    INFO(what);
+    k3::test::TempDir dir("cluster-k3-heads-groups");
     std::ifstream in(std::string(K3_SOURCE_DIR) + "/deploy/" + file);
     json spec = json::parse(in);
     spec["model"] = k3_heads_model(dir.path());
     spec["router"]["port"] = 0;
     spec["router"]["served_model_name"] = "k3-tiny";
-    spec["backend"] = "cuda";
+    spec["backend"] = backend;
     if (dcp) spec["decode"][0]["dcp"] = dcp;
     if (ep) spec["decode"][0]["ep"] = ep;
     std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
     k3::test::LaunchedCluster c = k3::test::launch_cluster(dir.path() + "/spec.json", 300s);
     CHECK(c.pids.size() == static_cast<size_t>(1 + 2 * 2 + 4));
-    check_tokens_cuda(c, dir.path() + "/model", 16);
+    check_tokens_near_ties(c, what, dir.path() + "/model", 16, backend);
     ::kill(c.proc->pid(), SIGTERM);
     c.proc->wait_exit(30s);
   }

@@ -5,9 +5,9 @@
 #   ranks.log    ranks_test_rank_decode_gpu: one CUDA rank vs the CUDA engine over UCX and NCCL; DCP2,
 #                DCP4 and EP2 rank processes sharing GPU 0 over host UCX vs one CUDA rank; with two GPUs or
 #                more, DCP2 and EP2 with one GPU per rank over NCCL (SKIPPED on one GPU);
-#   cluster.log  K3_TEST_BACKEND=cuda cluster_e2e_test_cluster_rank_groups "k3-cluster on one GPU*": k3-cluster
-#                with DP2 x DCP2 and DP2 x EP2 groups (all on GPU 0), 16 concurrent requests against
-#                k3-generate --backend cuda;
+#   cluster.log  K3_TEST_BACKEND=cuda cluster_e2e_test_cluster_rank_groups "k3-cluster with K3 head shapes*":
+#                k3-cluster with DP2 x DCP2 and DP2 x EP2 groups (all on GPU 0), 16 concurrent greedy requests
+#                against k3-generate --backend cuda, equal up to near ties (GROUP-TOKENS lines);
 #   bench.log    k3-bench ranks --backend cuda --k3-heads: the decode step split into compute and
 #                collectives, DCP2 and EP2 sharing GPU 0 over UCX, batch 1 / 16 / 64; with two GPUs or more
 #                also one GPU per rank over NCCL.
@@ -24,12 +24,12 @@ if grep -q "k3serve: NCCL /" "$OUT/build.log"; then TARGETS="$TARGETS nccl_test_
 timeout 300 ninja -C $B -j16 $TARGETS >> "$OUT/build.log" 2>&1 ||
   { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "configure+build: $(( $(date +%s) - T0 )) s" | tee -a "$OUT/build.log"
-PATTERN="GPU-RANKS|FAILED|passed|failed|SKIPPED|with expansion|REQUIRE|CHECK"
+PATTERN="GPU-RANKS|GROUP-TOKENS|FAILED|passed|failed|SKIPPED|with expansion|REQUIRE|CHECK"
 [ -x $B/tests/nccl_test_nccl_comm ] && gpu_host_stage nccl.log 60 "$PATTERN" $B/tests/nccl_test_nccl_comm
 gpu_host_stage ranks.log 240 "$PATTERN" $B/tests/ranks_test_rank_decode_gpu
 # Catch test names: no comma in a filter (Catch splits filters there).
 gpu_host_stage cluster.log 240 "$PATTERN" env K3_TEST_BACKEND=cuda $B/tests/cluster_e2e_test_cluster_rank_groups \
-  "k3-cluster on one GPU*"
+  "k3-cluster with K3 head shapes*"
 GPUS=$(nvidia-smi -L | wc -l)
 {
   for b in 1 16 64; do
