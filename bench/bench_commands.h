@@ -19,9 +19,12 @@ void add_profile_command(CLI::App& app);
 void add_ratio_command(CLI::App& app);
 // `k3-bench engine`: whole-model decode / prefill on one GPU against the roofline (bench/engine_bench.cpp).
 void add_engine_command(CLI::App& app);
-// `k3-bench ranks`: a DCP or EP decode group of CPU rank processes, step time split into collectives
+// `k3-bench ranks`: a DCP or EP decode group of rank processes (CPU or GPU), step time split into collectives
 // (bench/ranks_bench.cpp).
 void add_ranks_command(CLI::App& app);
+// `k3-bench collectives`: the NCCL collectives of a GPU decode group, one process per GPU, in nccl-tests'
+// columns (bench/collectives_bench.cpp; bench/torch_collectives.py is the anchor).
+void add_collectives_command(CLI::App& app);
 // `k3-bench overlap`: the transfer's share hidden behind prefill compute and TTFT with vs without the
 // transfer, with real k3-prefill / k3-decode processes (bench/overlap_bench.cpp).
 void add_overlap_command(CLI::App& app);

@@ -1,7 +1,7 @@
 // k3-bench: benchmarks, each a subcommand (transfer: bench/transfer_bench.cpp; kernels:
 // bench/kernels_bench.cpp; serve: bench/serve_bench.cpp; soak: bench/soak_bench.cpp;
 // engine: bench/engine_bench.cpp; profile: bench/profile_bench.cpp; ratio: bench/ratio_bench.cpp;
-// ranks: bench/ranks_bench.cpp; overlap: bench/overlap_bench.cpp).
+// ranks: bench/ranks_bench.cpp; collectives: bench/collectives_bench.cpp; overlap: bench/overlap_bench.cpp).
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_commands.h"
@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   k3::bench::add_profile_command(app);
   k3::bench::add_ratio_command(app);
   k3::bench::add_ranks_command(app);
+  k3::bench::add_collectives_command(app);
   k3::bench::add_overlap_command(app);
   CLI11_PARSE(app, argc, argv);
   return 0;

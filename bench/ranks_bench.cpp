@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench/bench_commands.h"
+#include "bench/rank_children.h"
 #include "common/model/weights.h"
 #include "deploy/child_process.h"
 #include "engine/kv_cache.h"
@@ -110,11 +111,6 @@ int run_group(const RanksOptions& o) {
   const RankLayout g0 = layout_of(o, 0);
   if (auto s = validate_rank_layout(g0, bench_config(o)); !s.is_ok())
     return std::fprintf(stderr, "k3-bench ranks: %s\n", s.to_string().c_str()), 2;
-  const std::string exe = "/proc/self/exe";
-  char self[4096];
-  const ssize_t len = ::readlink(exe.c_str(), self, sizeof self - 1);
-  if (len <= 0) return std::fprintf(stderr, "k3-bench ranks: cannot find my own executable\n"), 1;
-  self[len] = 0;
   auto args = [&](int r, const std::string& ep) {
     std::vector<std::string> a{"ranks", "--child-rank", std::to_string(r), "--endpoint", ep, "--preset", o.preset,
                                     "--heads", std::to_string(o.heads), "--dcp", std::to_string(o.dcp), "--ep",
@@ -125,21 +121,9 @@ int run_group(const RanksOptions& o) {
     if (o.k3_heads) a.push_back("--k3-heads");
     return a;
   };
-  std::vector<std::unique_ptr<deploy::ChildProcess>> ranks;
-  auto first = deploy::ChildProcess::start("rank/0", self, args(0, "tcp://127.0.0.1:*"));
-  if (!first.is_ok()) return std::fprintf(stderr, "%s\n", first.status().to_string().c_str()), 1;
-  ranks.push_back(std::move(*first));
-  std::optional<std::string> bound;
-  while (!bound) {
-    auto line = ranks[0]->read_line(std::chrono::seconds(60));
-    if (!line) return std::fprintf(stderr, "k3-bench ranks: rank 0 did not bind\n"), 1;
-    if (line->rfind("BOUND ", 0) == 0) bound = line->substr(6);
-  }
-  for (int r = 1; r < g0.size(); ++r) {
-    auto c = deploy::ChildProcess::start("rank/" + std::to_string(r), self, args(r, *bound));
-    if (!c.is_ok()) return std::fprintf(stderr, "%s\n", c.status().to_string().c_str()), 1;
-    ranks.push_back(std::move(*c));
-  }
+  auto started = start_rank_children(g0.size(), args);
+  if (!started.is_ok()) return std::fprintf(stderr, "k3-bench ranks: %s\n", started.status().to_string().c_str()), 1;
+  auto& ranks = *started;
   const std::string where = o.backend == "cpu" ? "CPU backend 1 thread per rank"
                                                : "CUDA backend, rank r on GPU r % " + std::to_string(o.gpus) +
                                                      ", collectives over " + o.collectives;
