@@ -83,10 +83,10 @@ Status ep_experts(Step& s, const LayerWeights& lw, const Tensor& z, const int32_
   Tensor expert_out = s.alloc({n_out, Dl}, DType::F32);
   s.be.scatter_rows({.src = h_back, .ids = s.be.from_host(Tensor::from_i32({n_out}, place), DType::I32),
                      .dst = expert_out});
-  // The slot sum in slot order on the host (rank_combine.cpp: the rounding of moe_experts' own sum).
+  // The slot sum in slot order on the host, rounding as the backend's moe_experts sums (rank_combine.cpp).
   const Tensor h = s.host_bytes(expert_out);
   Tensor yh = Tensor::zeros({R, Dl}, DType::F32);
-  combine_slots(h.f32(), wts, R, k, Dl, yh.f32());
+  combine_slots(h.f32(), wts, R, k, Dl, yh.f32(), s.be.kind() == BackendKind::Cuda);
   s.be.copy(s.be.from_host(yh, y.dtype()), y);
   return Status::ok();
 }

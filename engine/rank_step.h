@@ -51,7 +51,9 @@ Result<Tensor> mla_heads(Step& s, int layer, const LayerWeights& lw, std::span<c
 Status ffn(Step& s, int layer, const LayerWeights& lw, const Tensor& x, Tensor& out);
 
 // The expert combine: y[m] = sum over slots j (in order) of weights[m, j] * h[m * k + j], from zero, as
-// moe_experts sums (compiled without FMA contraction, like the kernels).
-void combine_slots(const float* h, const float* weights, int64_t rows, int64_t k, int64_t width, float* y);
+// moe_experts sums: each product rounded (the CPU kernels, compiled without FMA contraction) or, with
+// `fused_multiply_add`, y = fma(w, h, y) (the CUDA kernels' combine, which nvcc contracts).
+void combine_slots(const float* h, const float* weights, int64_t rows, int64_t k, int64_t width, float* y,
+                   bool fused_multiply_add);
 
 }  // namespace k3::rank
