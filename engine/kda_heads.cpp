@@ -1,6 +1,7 @@
 #include "engine/kda_heads.h"
 
 #include <cmath>
+#include <vector>
 
 namespace k3 {
 
@@ -23,10 +24,17 @@ void run_kda_heads(Backend& be, const KdaHeadsStep& s) {
                    .o = s.o, .heads = static_cast<int>(H), .g_min = cfg.kda.gate_lower_bound, .form = gate_form(cfg)});
     return;
   }
+  // One row per item where the caller left the offsets out (a decode step: built only on this path).
+  Tensor cu = s.cu_seqlens;
+  if (cu.empty()) {
+    K3_CHECK(s.single_token_decode, "run_kda_heads: cu_seqlens is required unless every item has one token");
+    std::vector<int32_t> rows(static_cast<size_t>(R) + 1);
+    for (int64_t i = 0; i <= R; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    cu = be.from_host(Tensor::from_i32({R + 1}, rows), DType::I32);
+  }
   const DType ct = be.compute_dtype();
   Tensor conv = s.alloc({R, 3 * P}, ct);
-  be.short_conv({.x = s.qkv, .w = lw.conv_w, .cache = conv_cache, .slots = s.conv_slots, .cu_seqlens = s.cu_seqlens,
-                 .y = conv});
+  be.short_conv({.x = s.qkv, .w = lw.conv_w, .cache = conv_cache, .slots = s.conv_slots, .cu_seqlens = cu, .y = conv});
   Tensor q = s.alloc({R, P}, ct), k = s.alloc({R, P}, ct), v = s.alloc({R, P}, ct);
   be.copy_cols({.src = conv, .dst = q, .src_col = 0, .ncols = P});
   be.copy_cols({.src = conv, .dst = k, .src_col = P, .ncols = P});
@@ -41,7 +49,7 @@ void run_kda_heads(Backend& be, const KdaHeadsStep& s) {
   be.sigmoid(s.blog, beta);
   const bool ckpt = s.checkpoint_interval > 0;
   be.kda_chunk({.q = q.reshape({R, H, D}), .k = k.reshape({R, H, D}), .v = v.reshape({R, H, D}), .g = g, .beta = beta,
-                .state = state, .slots = s.slots, .cu_seqlens = s.cu_seqlens, .o = s.o, .chunk_size = kKdaChunkTokens,
+                .state = state, .slots = s.slots, .cu_seqlens = cu, .o = s.o, .chunk_size = kKdaChunkTokens,
                 .checkpoints = ckpt ? state : Tensor(), .checkpoint_slots = s.checkpoint_slots,
                 .checkpoint_interval = ckpt ? s.checkpoint_interval : 0,
                 .bounded_gate = gate_form(cfg) == ops::GateForm::LowerBoundedSigmoid});

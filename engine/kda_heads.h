@@ -25,7 +25,7 @@ struct KdaHeadsStep {
   Tensor qkv, f, blog;       // [R, 3 H D], [R, H D], [R, H]
   Tensor conv_cache, state;  // the layer's pools (updated in place)
   Tensor slots, conv_slots;  // [n] I32: each item's state and conv rows
-  Tensor cu_seqlens;         // [n + 1] I32 row offsets of the items
+  Tensor cu_seqlens;         // [n + 1] I32 row offsets of the items; may be empty for single_token_decode
   bool single_token_decode = false;  // every item one new token after a prompt
   // The chunked form's checkpoints ([n, width] state rows, -1 = none; empty: none).
   Tensor checkpoint_slots;

@@ -43,18 +43,16 @@ Result<Tensor> kda_heads(Step& s, int l, const LayerWeights& lw, std::span<const
   Tensor f = s.gemm(s.gemm(x, lw.w_fa), lw.w_fb);    // [R, Pl]
   Tensor blog = s.gemm(x, lw.w_b);                   // [R, Hl]
   Tensor o = s.alloc({R, Hl, D});
-  std::vector<int32_t> state_rows, conv_rows, cu{0};  // a unified region lays the two out at different strides
+  std::vector<int32_t> state_rows, conv_rows;   // a unified region lays the two out at different strides
   for (const RankItem& it : batch) {
     state_rows.push_back(caches.state_row(it.seq->slot));
     conv_rows.push_back(caches.conv_row(it.seq->slot));
-    cu.push_back(cu.back() + 1);
   }
   // The model's own step for these heads: one token per item after its prompt.
   run_kda_heads(s.be, {.cfg = s.cfg, .lw = lw, .heads = Hl, .qkv = qkv, .f = f, .blog = blog,
                        .conv_cache = caches.kda_conv(l), .state = caches.kda_state(l),
                        .slots = s.be.from_host(Tensor::from_i32({n}, state_rows), DType::I32),
                        .conv_slots = s.be.from_host(Tensor::from_i32({n}, conv_rows), DType::I32),
-                       .cu_seqlens = s.be.from_host(Tensor::from_i32({n + 1}, cu), DType::I32),
                        .single_token_decode = true, .o = o,
                        .alloc = [&s](Shape sh, DType t) { return s.alloc(std::move(sh), t); }});
   Tensor on = s.rmsnorm(o.reshape({R * Hl, D}), lw.o_norm, s.cfg.rms_norm_eps).reshape({R, Pl});

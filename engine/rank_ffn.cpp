@@ -33,12 +33,12 @@ Status ep_experts(Step& s, const LayerWeights& lw, const Tensor& z, const int32_
 
   // Dispatch, in (destination, token, slot) order: the z row of each pair's token, and its local expert id.
   std::vector<int32_t> src_row, local_id;
-  std::vector<int64_t> order;  // the pair behind each dispatched row, in send order
+  std::vector<int32_t> place;  // the pair (m*k + j) behind each dispatched row, in send order
   for (int q = 0; q < N; ++q)
     for (int64_t i : to[q]) {
       src_row.push_back(static_cast<int32_t>(i / k));
       local_id.push_back(ids[i] % El);
-      order.push_back(i);
+      place.push_back(static_cast<int32_t>(i));
     }
   const int64_t n_out = R * k;
   int64_t n_in = 0;
@@ -79,7 +79,6 @@ Status ep_experts(Step& s, const LayerWeights& lw, const Tensor& z, const int32_
   Tensor h_back = s.alloc({n_out, Dl}, DType::F32);
   K3_TRY(s.all_to_allv(h_in, back_send, h_back, back_recv));
   if (R == 0) return Status::ok();
-  std::vector<int32_t> place(order.begin(), order.end());
   Tensor expert_out = s.alloc({n_out, Dl}, DType::F32);
   s.be.scatter_rows({.src = h_back, .ids = s.be.from_host(Tensor::from_i32({n_out}, place), DType::I32),
                      .dst = expert_out});
