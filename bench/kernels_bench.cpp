@@ -201,20 +201,22 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
 // (l2_prefetch >= 0, default off; no longer printed: slower in every measured call, "_pfN"); the
 // head groups of a request launched as one cluster ("_cluster"); the seesaw block that keeps P in
 // registers and refills each half of a stage on its own, which the default takes on splits of 8192
-// tokens or more, forced on ("_halves") and off ("_nohalves").
+// tokens or more, forced on ("_halves") and off ("_nohalves"); the 48-head transposed seesaw blocks
+// forced on ("_t48").
 struct MlaVariant {
   bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true, cluster = false;
-  int l2_prefetch = -1, t32 = 0, halves = 2;
+  int l2_prefetch = -1, t32 = 0, halves = 2, t48 = 0;
   // > 0: every request's pages are these few, so the cache rows stay in L2 and no tile waits for
   // memory: how fast the kernel would run if its loads were hidden. A diagnostic, "_l2hot" (its
   // bytes and floor are those of the real shape, which it does not move).
   int hot_pages = 0;
   std::string halves_suffix() const { return halves == 1 ? "_halves" : halves == 0 ? "_nohalves" : ""; }
   std::string suffix(int64_t H) const {
-    if (hot_pages > 0) return (!seesaw ? "_lockstep" : halves_suffix()) + std::string("_l2hot");
+    if (hot_pages > 0)
+      return (t48 == 1 ? "_t48" : !seesaw ? "_lockstep" : halves_suffix()) + std::string("_l2hot");
     if (H < 64) return "";
     if (!wgmma) return "_mma";
-    std::string s = t32 == 2 ? "_t32" : split_s ? "_splits" : !tma ? "_cpasync" : !seesaw ? "_lockstep" : halves_suffix();
+    std::string s = t48 == 1 ? "_t48" : t32 == 2 ? "_t32" : split_s ? "_splits" : !tma ? "_cpasync" : !seesaw ? "_lockstep" : halves_suffix();
     if (t32 == 1 && !seesaw) s += "_t32tail";
     if (l2_prefetch >= 0) s += "_pf" + std::to_string(l2_prefetch);
     if (!lazy) s += "_exact";
@@ -244,7 +246,7 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   const int was_pf = be.mla_decode_l2_prefetch(), was_t32 = be.mla_decode_t32();
   const bool was_tma = be.mla_decode_tma(), was_lazy = be.mla_decode_lazy_rescale(), was_seesaw = be.mla_decode_seesaw();
   const bool was_cluster = be.mla_decode_cluster();
-  const int was_halves = be.mla_decode_seesaw_halves();
+  const int was_halves = be.mla_decode_seesaw_halves(), was_t48 = be.mla_decode_t48();
   be.set_mla_decode_seesaw(v.seesaw);
   be.set_mla_decode_seesaw_halves(v.halves);
   be.set_mla_decode_cluster(v.cluster);
@@ -253,6 +255,7 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   be.set_mla_decode_wgmma(v.wgmma);
   be.set_mla_decode_split_s(v.split_s);
   be.set_mla_decode_t32(v.t32);
+  be.set_mla_decode_t48(v.t48);
   if (v.l2_prefetch >= 0) be.set_mla_decode_l2_prefetch(v.l2_prefetch);
   const double us = time_graphs(be.stream(), quick ? 50 : 200, {[&] {
     be.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = table, .seq_lens = lens, .o = o,
@@ -267,6 +270,7 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   be.set_mla_decode_seesaw(was_seesaw);
   be.set_mla_decode_cluster(was_cluster);
   be.set_mla_decode_seesaw_halves(was_halves);
+  be.set_mla_decode_t48(was_t48);
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
                  v.suffix(H),
          .us = us};
@@ -377,6 +381,8 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
       if (H >= 64) {
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.lazy = false});
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.t48 = 1});
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.t48 = 1, .hot_pages = 16});
         for (int halves : {1, 0}) {
           mla_decode_case(be, B, H, ctx, opts.quick, lines, {.halves = halves});
           mla_decode_case(be, B, H, ctx, opts.quick, lines, {.halves = halves, .hot_pages = 16});

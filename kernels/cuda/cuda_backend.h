@@ -96,6 +96,13 @@ class CudaBackend final : public Backend {
     mla_t32_ = mode;
   }
   int mla_decode_t32() const { return mla_t32_; }
+  // wgmma kernel: blocks of 48 heads in transposed form and in a seesaw (MlaDecodeArgs::wgmma_t48: 0 =
+  // never, 1 = always, 2 = when they pad fewer rows than 64-head blocks, as for H = 96).
+  void set_mla_decode_t48(int mode) {
+    if (mode < 0 || mode > 2) throw Error("mla_decode: t48 mode " + std::to_string(mode) + " not in 0..2");
+    mla_t48_ = mode;
+  }
+  int mla_decode_t48() const { return mla_t48_; }
   // wgmma kernel: 64-head blocks with the warpgroups in a seesaw over pairs of tiles (default on: 3-13 %
   // faster than the lockstep form on the H200, docs/PERF.md; MlaDecodeArgs::wgmma_seesaw; takes
   // precedence over set_mla_decode_t32, and needs the TMA loads and S split over tokens).
@@ -150,6 +157,7 @@ class CudaBackend final : public Backend {
   bool mla_tma_ = true;  // set_mla_decode_tma
   bool mla_lazy_ = true;  // set_mla_decode_lazy_rescale
   int mla_t32_ = 0;  // set_mla_decode_t32
+  int mla_t48_ = 0;  // set_mla_decode_t48
   bool mla_seesaw_ = true;  // set_mla_decode_seesaw
   int mla_seesaw_halves_ = 2;  // set_mla_decode_seesaw_halves
   bool mla_cluster_ = false;  // set_mla_decode_cluster

@@ -301,13 +301,14 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   a.wgmma_seesaw_halves = mla_seesaw_halves_;
   a.wgmma_cluster = mla_cluster_;
   a.wgmma_t32 = mla_t32_;
+  a.wgmma_t48 = mla_t48_;
   a.kv_rows = p.kv_cache.dim(0) * p.kv_cache.dim(1);
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
   a.block_table = ptrs[0];
   a.seq_lens = ptrs[1];
   MlaDecodePlan plan =
       plan_mla_decode(a.B, a.H, a.max_pages * a.page_size, num_sms_, a.use_wgmma && a.R == 512 && a.Dr == 64,
-                      mla_wgmma_t32_mode(a));
+                      mla_wgmma_head_form(a));
   if (batch_invariant_) {
     // Splits of a fixed size, so a request's partials do not depend on the batch (up to 64 splits,
     // the merge's limit; past 64 x kInvariantSplitTokens tokens the size grows in whole multiples).

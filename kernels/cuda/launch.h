@@ -201,28 +201,47 @@ struct MlaDecodeArgs {
   // 4-5 % slower on 2048- and 4096-token splits on the H200, docs/PERF.md).
   // CudaBackend::set_mla_decode_seesaw_halves.
   int wgmma_seesaw_halves = 2;
+  // wgmma kernel, 48-head transposed seesaw blocks (mla_decode_t48.cuh: the heads are the N of each
+  // instruction, so no padded rows; the warpgroups in a seesaw over pairs of tiles), with the TMA loads
+  // and S split over tokens: 0 = never, 1 = every block holds 48 heads, 2 = when 48-head blocks pad
+  // fewer rows than 64-head ones (H = 96: two blocks of 48 instead of two of 64, the second half
+  // empty). Takes precedence over wgmma_seesaw and wgmma_t32. CudaBackend::set_mla_decode_t48.
+  int wgmma_t48 = 0;
   // wgmma kernel: the head groups of one (request, split) launched as one thread-block cluster (up to
   // 8 groups), so they run at the same time on one processing cluster. CudaBackend::set_mla_decode_cluster.
   bool wgmma_cluster = false;
   int64_t kv_rows = 0;
 };
-// The wgmma kernel's head groups per request: g64 blocks of 64 heads, then g32 blocks of 32.
+// The wgmma kernel's head groups per request: g64 blocks of 64 heads, then g32 blocks of 32; or g48
+// blocks of 48 heads only.
 struct MlaHeadGroups {
-  int g64 = 0, g32 = 0;
+  int g64 = 0, g32 = 0, g48 = 0;
 };
-MlaHeadGroups mla_wgmma_head_groups(int H, int t32_mode);
+// How the wgmma kernel groups heads into blocks: 0 = 64 heads (a last group padded), 1 = 64 and a last
+// group of 1-32 heads as one 32-head block, 2 = 32 heads each (MlaDecodeArgs::wgmma_t32), or
+// kMlaHeadForm48 = 48 heads each (MlaDecodeArgs::wgmma_t48).
+constexpr int kMlaHeadForm48 = 3;
+MlaHeadGroups mla_wgmma_head_groups(int H, int head_form);
 
-// The 32-head mode the wgmma kernel runs for these args: wgmma_t32, or 0 with the seesaw (one kernel
-// holding both block forms would spill). The launch also needs TMA loads for it.
-inline int mla_wgmma_t32_mode(const MlaDecodeArgs& a) { return a.wgmma_seesaw ? 0 : a.wgmma_t32; }
+// Whether the wgmma kernel runs 48-head blocks for these args (MlaDecodeArgs::wgmma_t48).
+inline bool mla_wgmma_t48(const MlaDecodeArgs& a) {
+  if (a.wgmma_split_s || a.wgmma_t48 == 0) return false;
+  return a.wgmma_t48 == 1 || (a.H + 47) / 48 * 48 < (a.H + 63) / 64 * 64;
+}
+// The head form the wgmma kernel runs for these args: 48-head blocks as mla_wgmma_t48 says, else
+// wgmma_t32, or 0 with the seesaw (one kernel holding both block forms would spill). The launch also
+// needs TMA loads for any but 0.
+inline int mla_wgmma_head_form(const MlaDecodeArgs& a) {
+  return mla_wgmma_t48(a) ? kMlaHeadForm48 : a.wgmma_seesaw ? 0 : a.wgmma_t32;
+}
 // Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.
 struct MlaDecodePlan {
   int splits = 1;
   int tokens_per_split = 0;
 };
 // wgmma_kernel: the call will run the wgmma kernel (MlaDecodeArgs::use_wgmma with R = 512, Dr = 64),
-// whose blocks hold 64 heads, or 32 as t32_mode says (MlaDecodeArgs::wgmma_t32).
-MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms, bool wgmma_kernel, int t32_mode = 0);
+// whose blocks hold the heads head_form says (mla_wgmma_head_form).
+MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms, bool wgmma_kernel, int head_form = 0);
 // Whether the wgmma kernel's 64-head seesaw blocks run in the form refilled by halves
 // (MlaDecodeArgs::wgmma_seesaw_halves): always, never, or when each split is kMlaHalvesMinTokens long
 // or longer. The launch also needs the TMA loads and S split over tokens for any seesaw form.

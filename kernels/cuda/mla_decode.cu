@@ -377,13 +377,13 @@ void launch_mma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* part_o
 // kernel that runs will form them: 64 heads per block on the wgmma kernel (it takes H >= 64), else
 // heads_per_block. (Counting the mma.sync kernel's 32-head blocks for the wgmma kernel once left
 // half the SMs idle at H = 64: 64 blocks planned as 128.)
-MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms, bool wgmma_kernel, int t32_mode) {
+MlaDecodePlan plan_mla_decode(int B, int H, int max_context, int num_sms, bool wgmma_kernel, int head_form) {
   MlaDecodePlan plan;
   const int tiles = std::max(1, (max_context + kPlanTok - 1) / kPlanTok);
   int per_request = 0;
   if (wgmma_kernel && H >= 64) {
-    const MlaHeadGroups hg = mla_wgmma_head_groups(H, t32_mode);
-    per_request = hg.g64 + hg.g32;
+    const MlaHeadGroups hg = mla_wgmma_head_groups(H, head_form);
+    per_request = hg.g64 + hg.g32 + hg.g48;
   } else {
     per_request = (std::max(H, 1) + heads_per_block(H) - 1) / heads_per_block(H);
   }

@@ -50,7 +50,8 @@
 // so one warpgroup's softmax overlaps the other's products); the seesaw that keeps P in registers
 // and refills each half of a stage on its own (mla_decode_halves.cuh, the default on splits of 8192
 // tokens or more); and the 32-head transposed block (mla_decode_t32.cuh, MlaDecodeArgs::wgmma_t32:
-// no padded rows for a last group of 32 heads, measured slower).
+// no padded rows for a last group of 32 heads, measured slower); and the 48-head transposed seesaw
+// (mla_decode_t48.cuh, MlaDecodeArgs::wgmma_t48: H = 96 as two blocks of 48 heads, no padded rows).
 #include <cmath>
 #include <numeric>
 
@@ -61,6 +62,7 @@
 #include "kernels/cuda/mla_decode_halves.cuh"
 #include "kernels/cuda/mla_decode_seesaw.cuh"
 #include "kernels/cuda/mla_decode_t32.cuh"
+#include "kernels/cuda/mla_decode_t48.cuh"
 #include "kernels/cuda/mla_decode_tiles.cuh"
 #include "kernels/cuda/mla_wgmma_layout.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -84,8 +86,9 @@ constexpr int kSmem =
     wg::kAtomBytes /*alignment slack*/ + kQBytes + kStages * kTileBytes + kPBytes + 2 * kRedFloats * 4 + kBarBytes;
 static_assert(kSmem <= 227 * 1024, "shared memory budget of one block");
 static_assert(wg::kAtomBytes + mla_t32::kSmemFromBase <= kSmem && wg::kAtomBytes + mla_seesaw::kSmemFromBase <= kSmem &&
-                  wg::kAtomBytes + mla_halves::kSmemFromBase <= kSmem,
-              "a 32-head block and the seesaw blocks fit in the same launch");
+                  wg::kAtomBytes + mla_halves::kSmemFromBase <= kSmem &&
+                  wg::kAtomBytes + mla_t48::kSmemFromBase <= kSmem,
+              "the 32- and 48-head blocks and the seesaw blocks fit in the same launch");
 
 using wg::op_offset;  // Q, KV stages and P: 64-row operands of [chunk / 8][row / 8] atoms
 
@@ -123,7 +126,8 @@ __device__ __forceinline__ void prefetch_tile_l2(const MlaDecodeArgs& a, const i
 }
 
 // kSeesaw: 0 = the lockstep body below, 1 = the seesaw block (mla_decode_seesaw.cuh), 2 = the seesaw
-// refilled by halves with P kept in registers (mla_decode_halves.cuh).
+// refilled by halves with P kept in registers (mla_decode_halves.cuh), 3 = every block the 48-head
+// transposed seesaw (mla_decode_t48.cuh).
 template <bool kSplitS, bool kTma, int kSeesaw = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse,
@@ -141,7 +145,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_addr = raw_addr + pad, kv_addr = q_addr + kQBytes, p_addr = kv_addr + kStages * kTileBytes;
   // Blocks past the 64-head groups hold 32 heads each in the transposed form (mla_decode_t32.cuh);
   // 64-head blocks run in the seesaw form when asked (mla_decode_seesaw.cuh).
-  if constexpr (kSeesaw != 0) {
+  if constexpr (kSeesaw == 3) {
+    static_assert(kTma && !kSplitS, "the 48-head blocks load by TMA");
+    mla_t48::block(a, tokens_per_split, part_o, part_lse, &kv_map, box_rows, mla_t48::kHeads * int(blockIdx.x), q_s,
+                   q_addr);
+    return;
+  } else if constexpr (kSeesaw != 0) {
     static_assert(kTma && !kSplitS, "the seesaw blocks load by TMA and split S over tokens");
     if (int(blockIdx.x) < groups64) {
       if constexpr (kSeesaw == 2)
@@ -374,9 +383,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-MlaHeadGroups mla_wgmma_head_groups(int H, int t32_mode) {
-  if (t32_mode == 2) return {0, (H + mla_t32::kHeads - 1) / mla_t32::kHeads};
-  if (t32_mode == 1 && H % kHeads > 0 && H % kHeads <= mla_t32::kHeads) return {H / kHeads, 1};
+MlaHeadGroups mla_wgmma_head_groups(int H, int head_form) {
+  if (head_form == kMlaHeadForm48) return {0, 0, (H + mla_t48::kHeads - 1) / mla_t48::kHeads};
+  if (head_form == 2) return {0, (H + mla_t32::kHeads - 1) / mla_t32::kHeads};
+  if (head_form == 1 && H % kHeads > 0 && H % kHeads <= mla_t32::kHeads) return {H / kHeads, 1};
   return {(H + kHeads - 1) / kHeads, 0};
 }
 
@@ -389,15 +399,17 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
   const int box_rows = std::gcd(a.page_size, kTok);
   const bool tma = a.wgmma_tma && box_rows >= 8 && a.kv_rows > 0 && a.kv_rows < (int64_t(1) << 31);
   const CUtensorMap map = tma ? make_bf16_tensor_map_sw128(a.kv, a.kv_rows, kDk, box_rows) : CUtensorMap{};
+  const int head_form = tma ? mla_wgmma_head_form(a) : 0;
   auto* kern = a.wgmma_split_s ? (tma ? mla_decode_wgmma_kernel<true, true> : mla_decode_wgmma_kernel<true, false>)
                : !tma          ? mla_decode_wgmma_kernel<false, false>
+               : head_form == kMlaHeadForm48 ? mla_decode_wgmma_kernel<false, true, 3>
                : mla_wgmma_seesaw_halves(a, plan) ? mla_decode_wgmma_kernel<false, true, 2>
                : a.wgmma_seesaw ? mla_decode_wgmma_kernel<false, true, 1>
                                 : mla_decode_wgmma_kernel<false, true>;
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   // The 32-head transposed blocks load by TMA only.
-  const MlaHeadGroups groups = mla_wgmma_head_groups(a.H, tma ? mla_wgmma_t32_mode(a) : 0);
-  const dim3 grid(groups.g64 + groups.g32, plan.splits, a.B);
+  const MlaHeadGroups groups = mla_wgmma_head_groups(a.H, head_form);
+  const dim3 grid(groups.g64 + groups.g32 + groups.g48, plan.splits, a.B);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kThreads);

@@ -129,6 +129,18 @@ __device__ __forceinline__ void mma_m64n32_kk(float (&d)[16], uint64_t da, uint6
   mma_m64n32<0, 0>(d, da, db, scale_d);
 }
 
+// D[64 x 48] (+)= A[64 x 16] * B[16 x 48]: as mma_m64n32 with j = 0..5 (the 48-head transposed MLA
+// decode block, mla_decode_t48.cuh, where the heads are the N).
+template <int kTransA, int kTransB>
+__device__ __forceinline__ void mma_m64n48(float (&d)[24], uint64_t da, uint64_t db, int scale_d = 1) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, %24, %25, p, 1, 1, %27, %28;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "l"(da), "l"(db), "r"(scale_d), "n"(kTransA), "n"(kTransB));
+}
+
 // D[64 x 64] (+)= A[64 x 16] * B[16 x 64]. As mma_m64n32: kTransA / kTransB = 1 (bf16 only) read
 // the operand MN-major (stored [k][m] or [k][n], m or n contiguous; an A of M = 64 is one atom along
 // M, two along K per k16 step, the placement of an MN-major B of N = 64), 0 K-major. Same

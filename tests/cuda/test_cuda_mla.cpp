@@ -113,7 +113,8 @@ TEST_CASE("cuda mla_decode reads pages of one row", "[cuda]") {
 // The Hopper wgmma kernel (mla_decode_wgmma.cu), the default for H >= 64: H = 64 (one head group), 96 (64 + a half-empty group), 128; lengths 0, 1,
 // 64, 300, 5000 (one split and several, merged); pages of 64, 16, 48 and 8; bf16 and fp32 o; S split over tokens and over dims;
 // the 32-head transposed blocks (mla_decode_t32.cuh) for the last group and for all; the seesaw blocks (mla_decode_seesaw.cuh, the
-// default), with the lockstep form checked first; the seesaw refilled by halves (mla_decode_halves.cuh).
+// default), with the lockstep form checked first; the seesaw refilled by halves (mla_decode_halves.cuh); the 48-head transposed seesaw
+// (mla_decode_t48.cuh).
 TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
@@ -185,6 +186,20 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   }
   cb->set_mla_decode_seesaw_halves(2);
   REQUIRE_THROWS_WITH(cb->set_mla_decode_seesaw_halves(3), Catch::Matchers::Contains("seesaw halves mode 3 not in 0..2"));
+  // The 48-head transposed seesaw (mla_decode_t48.cuh): forced on for every case (H = 64 and 128 then
+  // have a partly empty last block: 16 and 32 of 48 heads), lazy and exact max, odd and even tile
+  // counts and a last tile of one row; then by the rule (mode 2: only H = 96 takes it).
+  cb->set_mla_decode_t48(1);
+  for (bool lazy : {true, false}) {
+    cb->set_mla_decode_lazy_rescale(lazy);
+    check_mla_decode_cases(*bk.cpu, *bk.gpu, halves_cases, rng,
+                           std::string("mla_decode wgmma t48") + (lazy ? " lazy max" : " exact max"));
+  }
+  cb->set_mla_decode_lazy_rescale(true);
+  cb->set_mla_decode_t48(2);
+  check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, "mla_decode wgmma t48 by rule");
+  cb->set_mla_decode_t48(0);
+  REQUIRE_THROWS_WITH(cb->set_mla_decode_t48(3), Catch::Matchers::Contains("t48 mode 3 not in 0..2"));
   cb->set_mla_decode_lazy_rescale(true);
   cb->set_mla_decode_wgmma(false);
   REQUIRE_THROWS_WITH(cb->set_mla_decode_t32(3), Catch::Matchers::Contains("t32 mode 3 not in 0..2"));
@@ -217,7 +232,21 @@ TEST_CASE("mla decode plan at the K3 shapes and where the halves block is taken"
     a.wgmma_seesaw_halves = 1;
     a.wgmma_seesaw = false;  // the lockstep form has no halves
     CHECK_FALSE(cuda::mla_wgmma_seesaw_halves(a, plan));
+    // 48-head blocks by the rule (mode 2) only where they pad fewer rows: H = 96, not 64; the plan
+    // counts the same blocks per request at these shapes (2 at H = 96, 1 at H = 64).
+    a.H = c.H;
+    a.wgmma_t48 = 2;
+    CHECK(cuda::mla_wgmma_t48(a) == (c.H == 96));
+    const int form = cuda::mla_wgmma_head_form(a);
+    const cuda::MlaDecodePlan plan48 = cuda::plan_mla_decode(c.B, c.H, c.ctx, 132, true, form);
+    CHECK(plan48.splits == plan.splits);
+    CHECK(plan48.tokens_per_split == plan.tokens_per_split);
+    a.wgmma_split_s = true;  // S split over dims has no 48-head form
+    CHECK_FALSE(cuda::mla_wgmma_t48(a));
   }
+  CHECK(cuda::mla_wgmma_head_groups(96, cuda::kMlaHeadForm48).g48 == 2);
+  CHECK(cuda::mla_wgmma_head_groups(128, cuda::kMlaHeadForm48).g48 == 3);
+  CHECK(cuda::mla_wgmma_head_groups(96, 0).g64 == 2);
 }
 
 TEST_CASE("cuda mla_prefill matches cpu", "[cuda]") {
