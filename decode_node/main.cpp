@@ -240,7 +240,8 @@ int main(int argc, char** argv) {
   app.add_option("--group-endpoint", gf.endpoint, "the group communicator: rank 0 binds it (default tcp://<--interface>:*, "
                  "printed as GROUP), the other ranks connect to it");
   app.add_option("--kv-partitions", gf.kv_partitions, "DCP: MLA partial attentions merged per request (a multiple of "
-                 "--group-dcp; default --group-dcp)")->check(CLI::NonNegativeNumber);
+                 "--group-dcp; default --group-dcp; without a group, one rank computing what a DCP group of that "
+                 "size does)")->check(CLI::NonNegativeNumber);
   app.add_option("--group-step-deadline-ms", gf.step_deadline_ms, "deadline of each collective once the group formed: "
                  "a rank dead or hung this long fails the group (default 2000)")->check(CLI::Range(50, 600000));
   app.add_option("--group-startup-s", gf.startup_s, "how long rank 0 waits for the group to form (default 180)")
@@ -300,7 +301,9 @@ int main(int argc, char** argv) {
   auto backend = make_backend(bc);
   if (!backend.is_ok()) return fail(backend.status());
   if (cache_in_pool && no_cache_in_pool) return fail(invalid_argument("--cache-in-pool and --no-cache-in-pool: give one"));
-  const bool grouped = gf.size() > 1 || gf.rank > 0;
+  // --kv-partitions alone: a group of one running the rank-sliced forward with that many MLA partitions
+  // (what a DCP group of that size computes, on one process).
+  const bool grouped = gf.size() > 1 || gf.rank > 0 || gf.kv_partitions > 1;
   // One copy of a transferred request wherever the region can hold the engine's caches: one rank, its
   // region in the backend's memory (host, or device memory of --device).
   o.cache_in_pool = cache_in_pool || (!no_cache_in_pool && !grouped);

@@ -29,10 +29,11 @@ void note_line(const std::string& s) {
 
 namespace {
 
-// k3-decode's rank group flags of a decode DP rank (none for a single process).
+// k3-decode's rank group flags of a decode DP rank (none for a single process of the monolithic engine;
+// a single process with kv_partitions > 1 is a DCP group of one).
 std::vector<std::string> group_args(const DecodeProcess& d) {
-  if (d.group_size() == 1) return {};
-  std::vector<std::string> a = {d.dcp > 1 ? "--group-dcp" : "--group-ep", std::to_string(d.group_size()),
+  if (!d.rank_sliced()) return {};
+  std::vector<std::string> a = {d.ep > 1 ? "--group-ep" : "--group-dcp", std::to_string(d.group_size()),
                                 "--group-step-deadline-ms", std::to_string(d.step_deadline_ms)};
   if (d.kv_partitions > 0) a.insert(a.end(), {"--kv-partitions", std::to_string(d.kv_partitions)});
   a.insert(a.end(), {"--group-collectives", d.collectives});

@@ -116,6 +116,9 @@ struct DecodeProcess {
   std::string collectives = "ucx";
   int gpu = 0;  // --device of the group's rank 0
   int group_size() const { return dcp * ep; }
+  // Whether k3-decode runs the rank-sliced forward: a group of several processes, or one process with
+  // kv_partitions > 1 (what a DCP group of that size computes, on one rank).
+  bool rank_sliced() const { return group_size() > 1 || kv_partitions > 1; }
   // The CUDA device of rank i: NCCL moves data between GPUs, one per rank (gpu + i); over UCX the ranks
   // share the group's GPU.
   int device_of(int i) const { return collectives == "nccl" ? gpu + i : gpu; }

@@ -69,9 +69,10 @@ int render(const std::string& spec_path, const std::string& target, const std::s
   // The renderers start one process per decode rank: a rank group (dcp/ep > 1) needs the leader-then-members
   // start-up k3-cluster does, which they do not write yet. Refuse rather than render a spec that would not serve.
   for (const DecodeProcess& d : decode_processes(spec))
-    if (d.group_size() > 1)
+    if (d.rank_sliced())
       return fail("render: decode '" + d.instance + "' is a rank group (dcp " + std::to_string(d.dcp) + ", ep " +
-                  std::to_string(d.ep) + "); rendering rank groups for Kubernetes or Slurm is not supported yet");
+                  std::to_string(d.ep) + ", kv_partitions " + std::to_string(d.kv_partitions) +
+                  "); rendering rank groups for Kubernetes or Slurm is not supported yet");
   if (target == "slurm") {
     if (slurm.bin_dir.empty()) slurm.bin_dir = own_bin_dir();
     auto script = render_slurm(spec, raw, slurm);

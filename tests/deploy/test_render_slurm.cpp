@@ -104,4 +104,17 @@ TEST_CASE("k3-cluster render refuses a spec with decode rank groups by name", "[
     CHECK(r.out.find("rank group") != std::string::npos);
     CHECK(r.out.find("'d-0'") != std::string::npos);
   }
+  // One rank with kv_partitions 2 runs the rank-sliced forward too (a DCP group of one): refused, not
+  // rendered as a plain decode rank that would ignore the partitions.
+  std::ifstream in(std::string(K3_SOURCE_DIR) + "/deploy/cluster-ep.json");
+  nlohmann::json spec = nlohmann::json::parse(in);
+  spec["decode"][0].erase("ep");
+  spec["decode"][0]["kv_partitions"] = 2;
+  std::ofstream(dir.path() + "/kv2.json") << spec.dump(2);
+  const auto r = test::run_command(std::string(K3_BIN_DIR) + "/k3-cluster render --target slurm --spec " + dir.path() +
+                                   "/kv2.json --out " + dir.path() + " 2>&1");
+  INFO(r.out);
+  CHECK(r.exit_code != 0);
+  CHECK(r.out.find("rank group") != std::string::npos);
+  CHECK(r.out.find("kv_partitions 2") != std::string::npos);
 }
