@@ -54,14 +54,15 @@ ChildEnvironment Launcher::child_env(const std::string& name) const {
   return env;
 }
 
-Result<ChildProcess*> Launcher::spawn(const std::string& name, const std::string& exe, const std::vector<std::string>& args) {
+Result<ChildProcess*> Launcher::spawn(const std::string& name, const std::string& exe, const std::vector<std::string>& args,
+                                      const std::string& stops_after) {
   std::vector<std::string> all = args;
   if (keys_) {
     const auto key_flags = keys_->flags(name);
     all.insert(all.end(), key_flags.begin(), key_flags.end());
   }
   return supervisor_.start({.name = name, .exe = bin_ + "/" + exe, .args = all, .env = child_env(name),
-                            .log_path = log_dir_.empty() ? "" : node_log_path(log_dir_, name)});
+                            .log_path = log_dir_.empty() ? "" : node_log_path(log_dir_, name), .stops_after = stops_after});
 }
 
 Status Launcher::check_alive() {
@@ -192,7 +193,7 @@ Status Launcher::start() {
                                           "--group-endpoint", group_ep};
         if (spec_.backend == "cuda") margs.insert(margs.end(), {"--device", std::to_string(d.device_of(i))});
         margs.insert(margs.end(), group.begin(), group.end());
-        K3_TRY(spawn("decode/" + d.instance + "/" + std::to_string(i), "k3-decode", margs).status());
+        K3_TRY(spawn("decode/" + d.instance + "/" + std::to_string(i), "k3-decode", margs, "decode/" + d.instance).status());
       }
     }
     K3_TRY(keep_metrics_port(*c, deadline));

@@ -49,7 +49,9 @@ class Launcher {
   std::string rebind(const std::string& announced) const {
     return "tcp://" + spec_.bind_host + announced.substr(announced.rfind(':'));
   }
-  Result<ChildProcess*> spawn(const std::string& name, const std::string& exe, const std::vector<std::string>& args);
+  // stops_after: NodeRecipe::stops_after (a rank group member names its leader).
+  Result<ChildProcess*> spawn(const std::string& name, const std::string& exe, const std::vector<std::string>& args,
+                              const std::string& stops_after = "");
   // The environment of every child: no inherited K3_API_KEY, except the router's own key.
   ChildEnvironment child_env(const std::string& name) const;
   // The rest of a stdout line starting with `prefix` from `c`; fails when c dies, a signal arrives or time is up.

@@ -128,12 +128,18 @@ void Supervisor::for_each_child(const std::function<void(const std::string&, Chi
 void Supervisor::stop_all(milliseconds grace) {
   // In start order (the router first: clients get their error events while the nodes are still up).
   for (auto& n : nodes_)
-    if (n->child) n->child->terminate();
+    if (n->child && n->recipe.stops_after.empty()) n->child->terminate();
   const auto deadline = Clock::now() + grace;
+  const auto left = [&] { return std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(0)); };
+  for (auto& n : nodes_) {
+    if (!n->child || n->recipe.stops_after.empty()) continue;
+    for (auto& first : nodes_)
+      if (first->recipe.name == n->recipe.stops_after && first->child) (void)first->child->wait_exit(left());
+    n->child->terminate();
+  }
   for (auto& n : nodes_) {
     if (!n->child) continue;
-    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-    if (!n->child->wait_exit(std::max(left, milliseconds(0)))) {
+    if (!n->child->wait_exit(left())) {
       if (grace.count() > 0) out_.note(n->recipe.name + " did not stop in time: killed");
       n->child->kill_and_reap();
     }

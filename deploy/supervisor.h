@@ -30,6 +30,10 @@ struct NodeRecipe {
   std::vector<std::string> args;
   ChildEnvironment env;
   std::string log_path;  // its stderr (log lines) appended here across restarts; empty: the launcher's stderr
+  // Non-empty: at shutdown this node is sent SIGTERM only once the node of that name has exited. A rank
+  // group's member stops after its leader, which stops its members itself: a member signalled at the
+  // same time vanishes under the leader's step, which then reports the group failed.
+  std::string stops_after;
 };
 
 // Sets `flag value` in args: replaces the value after an existing `flag`, else appends both.
@@ -68,7 +72,8 @@ class Supervisor {
 
   // Every running child, in start order.
   void for_each_child(const std::function<void(const std::string& name, ChildProcess&)>& fn);
-  // SIGTERM to every child, SIGKILL to those still running after `grace`; reaps all.
+  // SIGTERM to every child (those with a stops_after once that node has exited), SIGKILL to those still
+  // running after `grace`; reaps all.
   void stop_all(std::chrono::milliseconds grace);
   bool any_crashed() const { return any_crashed_; }
 

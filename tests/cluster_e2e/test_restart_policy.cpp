@@ -5,6 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "deploy/cluster_spec.h"
@@ -110,4 +114,35 @@ TEST_CASE("Supervisor restarts a crashing child from its recipe, then gives it u
   CHECK(sup.prometheus_text().find("k3_cluster_node_restarts_total{node=\"node/x\"} 2") != std::string::npos);
   CHECK(sup.prometheus_text().find("k3_cluster_process_failed{node=\"node/x\"} 1") != std::string::npos);
   CHECK(sup.any_crashed());
+}
+
+TEST_CASE("Supervisor stops a node with stops_after only once that node has exited (a group member after its leader)",
+          "[cluster_e2e]") {
+  const std::string log = std::filesystem::temp_directory_path() / ("k3-stop-order-" + std::to_string(::getpid()));
+  std::filesystem::remove(log);
+  Supervisor sup({.enabled = false}, {.say = [](const std::string&) {}, .note = [](const std::string&) {}});
+  // The leader takes 300 ms to stop after SIGTERM; the member notes when its SIGTERM comes. Both loop in
+  // short sleeps so the shell runs its trap promptly.
+  const std::string loop = "; touch '" + log + ".'$0; while :; do sleep 0.02; done";
+  REQUIRE(sup.start({.name = "decode/d", .exe = "/bin/sh",
+                     .args = {"-c", "trap 'sleep 0.3; echo leader-exited >> \"" + log + "\"; exit 0' TERM" + loop, "leader"}})
+              .is_ok());
+  REQUIRE(sup.start({.name = "decode/d/1", .exe = "/bin/sh",
+                     .args = {"-c", "trap 'echo member-signalled >> \"" + log + "\"; exit 0' TERM" + loop, "member"},
+                     .stops_after = "decode/d"})
+              .is_ok());
+  // Both traps are installed before the stop (each shell touches its file after `trap`).
+  for (const auto until = std::chrono::steady_clock::now() + 10s;
+       !(std::filesystem::exists(log + ".leader") && std::filesystem::exists(log + ".member"));
+       std::this_thread::sleep_for(10ms))
+    REQUIRE(std::chrono::steady_clock::now() < until);
+  sup.stop_all(5000ms);
+  std::ifstream in(log);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  CHECK(lines == std::vector<std::string>{"leader-exited", "member-signalled"});
+  const json st = json::parse(sup.status_json());
+  CHECK(st["nodes"][0]["state"] == "stopped");
+  CHECK(st["nodes"][1]["state"] == "stopped");
+  for (const char* f : {"", ".leader", ".member"}) std::filesystem::remove(log + f);
 }
