@@ -55,27 +55,15 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 7, ti = tid & 127;
   const int wq = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
   const int r0 = 16 * wq + g, r1 = r0 + 8;
-  const auto [begin, end, pages, page_shift] = split_rows(a, tokens_per_split);
+  const SplitRows rows = split_rows(a, tokens_per_split);
+  const int begin = rows.begin, end = rows.end;
   const uint32_t q_addr = base_addr, kv_addr = base_addr + kKvOff;
   float* scale_s = reinterpret_cast<float*>(base + kRowsOff);  // [2][64]: A's, B's row scale
   float* max_s = scale_s + 2 * kHeads;                          // [2][64]: m_A, m_B
   float* sums_s = max_s + 2 * kHeads;                           // [64]: WG 1's row sums
-  // full0 + 8 s: stage s is in; empty0 + 8 s: both warpgroups are done with stage s.
-  const uint32_t full0 = base_addr + kBarOff, empty0 = full0 + 16;
-
-  if (tid < 32) {
-    if (tid == 0) {
-      for (int s = 0; s < 2; ++s) {
-        mbar_init(full0 + 8 * s);
-        mbar_init(empty0 + 8 * s, 2);  // one arrival per warpgroup
-      }
-    }
-    __syncwarp();
-    for (int s = 0; s < 2; ++s)
-      if (begin + s * kTok < end)
-        issue_tile_tma(kv_addr + s * kTileBytes, full0 + 8 * s, kv_map, a, pages, begin + s * kTok, end, page_shift,
-                       box_rows);
-  }
+  const PairStages stages{kv_addr, base_addr + kBarOff, base_addr + kBarOff + 16, kv_map, box_rows};
+  const uint32_t full0 = stages.full0;
+  if (tid < 32) stages.start(a, rows);
   stage_q<kHeads>(base, a, b, h0, tid, 256);
   wg::fence_proxy_async();  // Q stores -> async proxy
   __syncthreads();          // Q is staged and the mbarriers exist
@@ -156,16 +144,8 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
   };
   // The lazy running max (mla_decode_wgmma.cu): moves only past m + slack.
   const auto next_max = [&](float m, float x) { return x > m + slack ? x : m; };
-  // Done with stage st: one arrival per warpgroup; the refilling warp waits for both and loads the
-  // tile two ahead.
-  const auto release = [&](int st, int t_next) {
-    if (ti == 0) mbar_arrive(empty0 + 8 * st);
-    if (w == st && ti < 32 && t_next < end) {
-      mbar_wait(empty0 + 8 * st, (empty_phase >> st) & 1u);
-      issue_tile_tma(kv_addr + st * kTileBytes, full0 + 8 * st, kv_map, a, pages, t_next, end, page_shift, box_rows);
-    }
-    empty_phase ^= 1u << st;
-  };
+  // Done with stage st: the refilling warp waits for both warpgroups and loads the tile two ahead.
+  const auto release = [&](int st, int t_next) { stages.release(st, t_next, w, ti, empty_phase, a, rows); };
 
   for (int tA = begin; tA < end; tA += 2 * kTok) {
     const int tB = tA + kTok;

@@ -46,19 +46,11 @@ constexpr int kSmemFromBase = kBarOff + 2 * 8;
 static_assert(kQBytes % wg::kAtomBytes == 0 && kPOff % wg::kAtomBytes == 0, "atoms stay 1024-byte aligned");
 static_assert(8 * 16 * 128 * 4 <= kTileBytes, "warpgroup 1's Oᵀ (8 x 16 floats per thread) fits in one freed stage");
 
-// Byte offset of Pᵀ's element (head n, token k): one 64-token chunk, atoms by head group.
-__device__ __forceinline__ uint32_t p_offset(int n, int k) {
-  return uint32_t((n >> 3) * wg::kAtomBytes) + wg::sw128_offset(n & 7, k >> 3) + uint32_t((k & 7) * 2);
-}
-// Descriptor start offsets. Sᵀ step ks (dims 16 ks..16 ks+15): A from the stage, B from Q.
-__device__ __forceinline__ uint32_t s_a_off(int ks) { return uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32); }
-__device__ __forceinline__ uint32_t s_b_off(int ks) {
-  return uint32_t((ks >> 2) * kHeadGroups * wg::kAtomBytes + (ks & 3) * 32);
-}
-// Oᵀ dim tile i (dims 64 i..64 i+63), token step kk (tokens 16 kk..16 kk+15): A = Vᵀ MN-major (one
-// atom along the dims, two token groups), B = Pᵀ K-major.
-__device__ __forceinline__ uint32_t pv_a_off(int i, int kk) { return uint32_t((8 * i + 2 * kk) * wg::kAtomBytes); }
-__device__ __forceinline__ uint32_t pv_b_off(int kk) { return uint32_t(kk * 32); }
+using transposed::p_offset;
+using transposed::pv_a_off;
+using transposed::pv_b_off;
+using transposed::s_a_off;
+__device__ __forceinline__ uint32_t s_b_off(int ks) { return transposed::s_b_off<kHeadGroups>(ks); }
 
 // Barrier of warpgroup w's 128 threads (ids 1 and 2; 0 is __syncthreads).
 __device__ __forceinline__ void wg_sync(int w) { bar_sync<128>(1 + w); }

@@ -59,55 +59,33 @@ __device__ __forceinline__ void arrive(int id) { bar_arrive<256>(id); }
 __device__ __forceinline__ void sync(int id) { bar_sync<256>(id); }
 __device__ __forceinline__ void wg_sync(int w) { bar_sync<128>(3 + w); }
 
-// Byte offset of Pᵀ's element (head n, token k) from the rope chunk: one 64-token row per head, atoms
-// by head group.
-__device__ __forceinline__ uint32_t p_offset(int n, int k) {
-  return uint32_t((n >> 3) * wg::kAtomBytes) + wg::sw128_offset(n & 7, k >> 3) + uint32_t((k & 7) * 2);
-}
-// Descriptor start offsets. Sᵀ step ks (dims 16 ks..16 ks+15): A from the stage, B from Q.
-__device__ __forceinline__ uint32_t s_a_off(int ks) { return uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32); }
-__device__ __forceinline__ uint32_t s_b_off(int ks) {
-  return uint32_t((ks >> 2) * kHeadGroups * wg::kAtomBytes + (ks & 3) * 32);
-}
-// Oᵀ dim tile i (dims 64 i..64 i+63), token step kk: A = Vᵀ MN-major from the stage (one atom along
-// the dims, two token groups), B = Pᵀ K-major from the rope chunk.
-__device__ __forceinline__ uint32_t pv_a_off(int i, int kk) { return uint32_t((8 * i + 2 * kk) * wg::kAtomBytes); }
-__device__ __forceinline__ uint32_t pv_b_off(int kk) { return uint32_t(kRopeOff + kk * 32); }
-
 // Heads [h0, h0 + 48) of request blockIdx.z, split blockIdx.y; 256 threads; `base` is the block's
 // 1024-byte aligned shared memory (kSmemFromBase bytes) at shared address base_addr.
 __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_split, float* part_o, float* part_lse,
                                       const CUtensorMap* kv_map, int box_rows, int h0, unsigned char* base,
                                       uint32_t base_addr) {
+  using namespace transposed;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 7, ti = tid & 127;
   const int wq = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
-  const auto [begin, end, pages, page_shift] = split_rows(a, tokens_per_split);
+  const SplitRows rows = split_rows(a, tokens_per_split);
+  const int end = rows.end;
   const uint32_t q_addr = base_addr, kv_addr = base_addr + kKvOff;
   float* red = reinterpret_cast<float*>(base + kRedOff);      // [2][4][48]
   float* scale_s = reinterpret_cast<float*>(base + kScaleOff);  // [2][48]: A's, B's column scale
   float* max_s = scale_s + 2 * kHeads;                          // [2][48]: m_A, m_B
-  const uint32_t full0 = base_addr + kBarOff, empty0 = full0 + 16;
-
-  if (tid < 32) {
-    if (tid == 0) {
-      for (int s = 0; s < 2; ++s) {
-        mbar_init(full0 + 8 * s);
-        mbar_init(empty0 + 8 * s, 2);  // one arrival per warpgroup
-      }
-    }
-    __syncwarp();
-    for (int s = 0; s < 2; ++s)
-      if (begin + s * kTok < end)
-        issue_tile_tma(kv_addr + s * kTileBytes, full0 + 8 * s, kv_map, a, pages, begin + s * kTok, end, page_shift,
-                       box_rows);
-  }
+  const PairStages stages{kv_addr, base_addr + kBarOff, base_addr + kBarOff + 16, kv_map, box_rows};
+  if (tid < 32) stages.start(a, rows);
   stage_q<kHeads>(base, a, blockIdx.z, h0, tid, 256);
   wg::fence_proxy_async();  // Q stores -> async proxy
   __syncthreads();          // Q is staged and the mbarriers exist
 
   const float sl2 = a.scale * kLog2e;
   const float slack = a.wgmma_lazy_rescale ? 8.f : 0.f;
-  // Column c = 2j + e of this thread (j = 0..5, e = 0..1) is head 8j + 2 t4 + e, in Sᵀ and in Oᵀ.
+  // The thread's accumulator column c (0..11), in Sᵀ and in Oᵀ, is head head_of(c); its registers are
+  // r = reg_of(c) (row g) and r + 2 (row g + 8) of each 24-register set (wgmma.cuh's layout: d[4j + e]
+  // is row g + 8 (e >> 1), column 8j + 2 t4 + (e & 1)).
+  const auto head_of = [&](int c) { return 8 * (c >> 1) + 2 * t4 + (c & 1); };
+  const auto reg_of = [](int c) { return 4 * (c >> 1) + (c & 1); };
   float o[4][2 * kCols];  // Oᵀ dim tiles 4w..4w+3 of this warpgroup
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -126,7 +104,10 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int r = 0; r < 2 * kCols; ++r) o[i][r] *= corr[2 * (r >> 2) + (r & 1)];
+      for (int c = 0; c < kCols; ++c) {
+        o[i][reg_of(c)] *= corr[c];
+        o[i][reg_of(c) + 2] *= corr[c];
+      }
   };
   const auto pv_issue = [&](uint32_t kt) {
     wg::fence();
@@ -134,7 +115,8 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int kk = 0; kk < kTok / 16; ++kk)
-        wg::mma_m64n48<1, 0>(o[i], wg::make_desc(kt + pv_a_off(4 * w + i, kk)), wg::make_desc(kt + pv_b_off(kk)));
+        wg::mma_m64n48<1, 0>(o[i], wg::make_desc(kt + pv_a_off(4 * w + i, kk)),
+                             wg::make_desc(kt + kRopeOff + pv_b_off(kk)));
     wg::commit();
   };
   const auto pv_wait = [&] {
@@ -145,8 +127,8 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
       for (int r = 0; r < 2 * kCols; ++r) wg::reg_fence(o[i][r]);
   };
   // Scores of this warpgroup's tile at stage kt, tokens [t0, t0 + 64), in log2 units, -inf past `end`;
-  // x: the tile's column maxima (every thread of the warpgroup gets its columns'). s[4j + e] is token
-  // t0 + 16 wq + g + 8 (e >> 1), head 8j + 2 t4 + (e & 1).
+  // x: the tile's column maxima (every thread of the warpgroup gets its columns'). s[reg_of(c)] is token
+  // t0 + 16 wq + g, s[reg_of(c) + 2] token t0 + 16 wq + g + 8.
   const auto scores = [&](uint32_t kt, unsigned char* stage, uint32_t bar, uint32_t parity, int t0,
                           float (&x)[kCols]) {
     mbar_wait(bar, parity);
@@ -158,84 +140,60 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kDk / 16; ++ks)
-      wg::mma_m64n48<0, 0>(s, wg::make_desc(kt + s_a_off(ks)), wg::make_desc(q_addr + s_b_off(ks)), ks > 0);
+      wg::mma_m64n48<0, 0>(s, wg::make_desc(kt + s_a_off(ks)), wg::make_desc(q_addr + s_b_off<kHeadGroups>(ks)),
+                           ks > 0);
     wg::commit();
     wg::wait<0>();
 #pragma unroll
     for (int r = 0; r < 2 * kCols; ++r) wg::reg_fence(s[r]);
     const int tok = t0 + 16 * wq + g;
     const bool ok0 = tok < end, ok1 = tok + 8 < end;
-    float cm[kCols];
-#pragma unroll
-    for (int j = 0; j < kCols / 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float v0 = ok0 ? s[4 * j + e] * sl2 : -INFINITY, v1 = ok1 ? s[4 * j + 2 + e] * sl2 : -INFINITY;
-        s[4 * j + e] = v0;
-        s[4 * j + 2 + e] = v1;
-        cm[2 * j + e] = fmaxf(v0, v1);
-      }
+    float* rw = red + w * 4 * kHeads;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      cm[c] = fmaxf(cm[c], __shfl_xor_sync(0xffffffffu, cm[c], 4));
-      cm[c] = fmaxf(cm[c], __shfl_xor_sync(0xffffffffu, cm[c], 8));
-      cm[c] = fmaxf(cm[c], __shfl_xor_sync(0xffffffffu, cm[c], 16));
+      const int r = reg_of(c);
+      s[r] = ok0 ? s[r] * sl2 : -INFINITY;
+      s[r + 2] = ok1 ? s[r + 2] * sl2 : -INFINITY;
+      float cm = fmaxf(s[r], s[r + 2]);
+      cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 4));
+      cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 8));
+      cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
+      if (g == 0) rw[wq * kHeads + head_of(c)] = cm;
     }
-    float* rw = red + w * 4 * kHeads;
-    if (g == 0)
-#pragma unroll
-      for (int j = 0; j < kCols / 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) rw[wq * kHeads + 8 * j + 2 * t4 + e] = cm[2 * j + e];
     wg_sync(w);  // the four warps' maxima are in; also every warp's Sᵀ has read the rope chunk
 #pragma unroll
-    for (int j = 0; j < kCols / 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = 8 * j + 2 * t4 + e;
-        x[2 * j + e] = fmaxf(fmaxf(rw[n], rw[kHeads + n]), fmaxf(rw[2 * kHeads + n], rw[3 * kHeads + n]));
-      }
+    for (int c = 0; c < kCols; ++c) {
+      const int n = head_of(c);
+      x[c] = fmaxf(fmaxf(rw[n], rw[kHeads + n]), fmaxf(rw[2 * kHeads + n], rw[3 * kHeads + n]));
+    }
   };
-  // Pᵀ = 2^(s - mn) as bf16 into the stage's rope chunk; adds the columns' sums of this thread's two
-  // tokens to `sum`.
+  // Pᵀ = 2^(s - mn) as bf16 into the stage's rope chunk; `sum`: the columns' sums of this thread's two
+  // tokens.
   const auto write_p = [&](unsigned char* stage, const float (&mn)[kCols], float (&sum)[kCols]) {
     unsigned char* p = stage + kRopeOff;
     const int k = 16 * wq + g;
 #pragma unroll
-    for (int j = 0; j < kCols / 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = 8 * j + 2 * t4 + e, c = 2 * j + e;
-        const float p0 = fast_exp2(s[4 * j + e] - mn[c]), p1 = fast_exp2(s[4 * j + 2 + e] - mn[c]);
-        sum[c] = p0 + p1;
-        *reinterpret_cast<__nv_bfloat16*>(p + p_offset(n, k)) = __float2bfloat16_rn(p0);
-        *reinterpret_cast<__nv_bfloat16*>(p + p_offset(n, k + 8)) = __float2bfloat16_rn(p1);
-      }
+    for (int c = 0; c < kCols; ++c) {
+      const float p0 = fast_exp2(s[reg_of(c)] - mn[c]), p1 = fast_exp2(s[reg_of(c) + 2] - mn[c]);
+      sum[c] = p0 + p1;
+      *reinterpret_cast<__nv_bfloat16*>(p + p_offset(head_of(c), k)) = __float2bfloat16_rn(p0);
+      *reinterpret_cast<__nv_bfloat16*>(p + p_offset(head_of(c), k + 8)) = __float2bfloat16_rn(p1);
+    }
     wg::fence_proxy_async();  // Pᵀ stores -> async proxy
   };
   const auto next_max = [&](float mm, float x) { return x > mm + slack ? x : mm; };
-  // Columns [8j + 2 t4 + e] of a [48] row of shared floats, one thread per column set (g == 0 of warp 0).
+  // A [48] row of shared floats: the thread's columns written by warp 0's g == 0 lanes (which hold all 48
+  // between them), or read by every thread.
   const auto put_cols = [&](float* row, const float (&v)[kCols]) {
     if (wq == 0 && g == 0)
 #pragma unroll
-      for (int j = 0; j < kCols / 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) row[8 * j + 2 * t4 + e] = v[2 * j + e];
+      for (int c = 0; c < kCols; ++c) row[head_of(c)] = v[c];
   };
   const auto get_cols = [&](const float* row, float (&v)[kCols]) {
 #pragma unroll
-    for (int j = 0; j < kCols / 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) v[2 * j + e] = row[8 * j + 2 * t4 + e];
+    for (int c = 0; c < kCols; ++c) v[c] = row[head_of(c)];
   };
-  const auto release = [&](int st, int t_next) {
-    if (ti == 0) mbar_arrive(empty0 + 8 * st);
-    if (w == st && ti < 32 && t_next < end) {
-      mbar_wait(empty0 + 8 * st, (empty_phase >> st) & 1u);
-      issue_tile_tma(kv_addr + st * kTileBytes, full0 + 8 * st, kv_map, a, pages, t_next, end, page_shift, box_rows);
-    }
-    empty_phase ^= 1u << st;
-  };
+  const auto release = [&](int st, int t_next) { stages.release(st, t_next, w, ti, empty_phase, a, rows); };
   const auto any_moved = [&](const float (&corr)[kCols]) {
     bool moved = false;
 #pragma unroll
@@ -243,7 +201,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
     return __any_sync(0xffffffffu, moved);
   };
 
-  for (int tA = begin; tA < end; tA += 2 * kTok) {
+  for (int tA = rows.begin; tA < end; tA += 2 * kTok) {
     const int tB = tA + kTok;
     const bool has_b = tB < end;
     const uint32_t ktA = kv_addr, ktB = kv_addr + kTileBytes;
@@ -251,7 +209,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
     unsigned char* stB = stA + kTileBytes;
     if (w == 0) {
       float x[kCols], corr[kCols], sum[kCols];
-      scores(ktA, stA, full0, full_phase & 1u, tA, x);
+      scores(ktA, stA, stages.full0, full_phase & 1u, tA, x);
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const float mn = next_max(m[c], x[c]);
@@ -288,7 +246,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
       float x[kCols];
 #pragma unroll
       for (int c = 0; c < kCols; ++c) x[c] = -INFINITY;
-      if (has_b) scores(ktB, stB, full0 + 8, (full_phase >> 1) & 1u, tB, x);
+      if (has_b) scores(ktB, stB, stages.full0 + 8, (full_phase >> 1) & 1u, tB, x);
       sync(1);  // "A ready": Pᵀ_A, A's scale and m_A
       float c_a[kCols], ma[kCols];
       get_cols(scale_s, c_a);
@@ -329,53 +287,42 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
 
   // Column sums: the 8 row groups of a warp, then the 4 warps and 2 warpgroups through shared memory
   // (both warpgroups end on the same running max).
+  __syncthreads();  // every stage, Pᵀ and red is done with
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
     l[c] += __shfl_xor_sync(0xffffffffu, l[c], 4);
     l[c] += __shfl_xor_sync(0xffffffffu, l[c], 8);
     l[c] += __shfl_xor_sync(0xffffffffu, l[c], 16);
+    if (g == 0) red[(w * 4 + wq) * kHeads + head_of(c)] = l[c];
   }
-  __syncthreads();  // every stage, Pᵀ and red is done with
-  if (g == 0)
-#pragma unroll
-    for (int j = 0; j < kCols / 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) red[(w * 4 + wq) * kHeads + 8 * j + 2 * t4 + e] = l[2 * j + e];
   __syncthreads();
   float inv[kCols];
 #pragma unroll
-  for (int j = 0; j < kCols / 2; ++j)
+  for (int c = 0; c < kCols; ++c) {
+    float L = 0.f;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int n = 8 * j + 2 * t4 + e;
-      float L = 0.f;
-#pragma unroll
-      for (int q = 0; q < 8; ++q) L += red[q * kHeads + n];
-      inv[2 * j + e] = L > 0.f ? 1.f / L : 0.f;
-      l[2 * j + e] = L;
-    }
-  // Normalised Oᵀ into the stages as [head][dim] rows; the thread's register o[i][r] is dim
-  // 64 (4w + i) + 16 wq + g + 8 ((r >> 1) & 1), head 8 (r >> 2) + 2 t4 + (r & 1).
+    for (int q = 0; q < 8; ++q) L += red[q * kHeads + head_of(c)];
+    inv[c] = L > 0.f ? 1.f / L : 0.f;
+    l[c] = L;
+  }
+  // Normalised Oᵀ into the stages as [head][dim] rows: o[i][reg_of(c) + 2 h] is dim 64 (4w + i) + 16 wq +
+  // g + 8 h of head head_of(c).
   float* staged = reinterpret_cast<float*>(base + kKvOff);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int r = 0; r < 2 * kCols; ++r) {
-      const int n = 8 * (r >> 2) + 2 * t4 + (r & 1), dim = 64 * (4 * w + i) + 16 * wq + g + 8 * ((r >> 1) & 1);
-      staged[n * kOutStride + dim] = o[i][r] * inv[2 * (r >> 2) + (r & 1)];
-    }
+    for (int c = 0; c < kCols; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        staged[head_of(c) * kOutStride + 64 * (4 * w + i) + 16 * wq + g + 8 * h] = o[i][reg_of(c) + 2 * h] * inv[c];
   const int splits = gridDim.y;
   const int64_t row0 = (splits == 1 ? 0 : int64_t(blockIdx.y) * a.B * a.H) + int64_t(blockIdx.z) * a.H + h0;
   if (w == 0 && wq == 0 && g == 0) {
     float* lse_out = splits == 1 ? a.lse : part_lse;
 #pragma unroll
-    for (int j = 0; j < kCols / 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = 8 * j + 2 * t4 + e;
-        const float L = l[2 * j + e];
-        if (h0 + n < a.H) lse_out[row0 + n] = L > 0.f ? (m[2 * j + e] + __log2f(L)) * kLn2 : -INFINITY;
-      }
+    for (int c = 0; c < kCols; ++c)
+      if (h0 + head_of(c) < a.H)
+        lse_out[row0 + head_of(c)] = l[c] > 0.f ? (m[c] + __log2f(l[c])) * kLn2 : -INFINITY;
   }
   __syncthreads();
   // Rows out in 16-byte pieces of 4 dims (bf16: 8-byte pieces): 128 pieces per head row.

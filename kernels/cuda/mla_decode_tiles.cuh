@@ -80,6 +80,62 @@ __device__ __forceinline__ SplitRows split_rows(const MlaDecodeArgs& a, int toke
           page_shift_of(a.page_size)};
 }
 
+// The two stages of the seesaw blocks (mla_decode_seesaw.cuh, mla_decode_t48.cuh): stage s at kv_addr +
+// s kTileBytes has a "full" mbarrier at full0 + 8 s (its tile is in) and an "empty" one at empty0 + 8 s
+// (both warpgroups are done with it: two arrivals). Tiles alternate between the stages.
+struct PairStages {
+  uint32_t kv_addr, full0, empty0;
+  const CUtensorMap* map;
+  int box_rows;
+
+  // By warp 0: thread 0 makes the four mbarriers, then the warp puts the first two tiles in flight.
+  __device__ __forceinline__ void start(const MlaDecodeArgs& a, const SplitRows& rows) const {
+    if (threadIdx.x == 0)
+      for (int s = 0; s < 2; ++s) {
+        mbar_init(full0 + 8 * s);
+        mbar_init(empty0 + 8 * s, 2);  // one arrival per warpgroup
+      }
+    __syncwarp();
+    for (int s = 0; s < 2; ++s)
+      if (rows.begin + s * kTok < rows.end)
+        issue_tile_tma(kv_addr + s * kTileBytes, full0 + 8 * s, map, a, rows.pages, rows.begin + s * kTok, rows.end,
+                       rows.page_shift, box_rows);
+  }
+  // Warpgroup w (ti: this thread's index in it) is done with stage st: one arrival per warpgroup; warp 0
+  // of warpgroup st waits for both and loads the tile at t_next into the stage, if it is before the end.
+  // empty_phase: bit s is the parity of stage s's next "empty" completion (every thread keeps its own).
+  __device__ __forceinline__ void release(int st, int t_next, int w, int ti, uint32_t& empty_phase,
+                                          const MlaDecodeArgs& a, const SplitRows& rows) const {
+    if (ti == 0) mbar_arrive(empty0 + 8 * st);
+    if (w == st && ti < 32 && t_next < rows.end) {
+      mbar_wait(empty0 + 8 * st, (empty_phase >> st) & 1u);
+      issue_tile_tma(kv_addr + st * kTileBytes, full0 + 8 * st, map, a, rows.pages, t_next, rows.end, rows.page_shift,
+                     box_rows);
+    }
+    empty_phase ^= 1u << st;
+  }
+};
+
+// Operand placement of the transposed blocks (mla_decode_t32.cuh, mla_decode_t48.cuh), where the heads
+// are the N of each instruction: Q is [9 dim chunks][kHeadGroups head groups] atoms, Pᵀ one 64-token row
+// per head (atoms by head group).
+namespace transposed {
+// Byte offset of Pᵀ's element (head n, token k) from Pᵀ's base.
+__device__ __forceinline__ uint32_t p_offset(int n, int k) {
+  return uint32_t((n >> 3) * wg::kAtomBytes) + wg::sw128_offset(n & 7, k >> 3) + uint32_t((k & 7) * 2);
+}
+// Sᵀ = K Qᵀ, k16 step ks (dims 16 ks..16 ks+15): A from the stage, B from Q.
+__device__ __forceinline__ uint32_t s_a_off(int ks) { return uint32_t((ks >> 2) * 8 * wg::kAtomBytes + (ks & 3) * 32); }
+template <int kHeadGroups>
+__device__ __forceinline__ uint32_t s_b_off(int ks) {
+  return uint32_t((ks >> 2) * kHeadGroups * wg::kAtomBytes + (ks & 3) * 32);
+}
+// Oᵀ += Vᵀ Pᵀ, dim tile i (dims 64 i..64 i+63), token step kk: A = Vᵀ MN-major from the stage (one atom
+// along the dims, two token groups); B = Pᵀ K-major at kk * 32 bytes from its base.
+__device__ __forceinline__ uint32_t pv_a_off(int i, int kk) { return uint32_t((8 * i + 2 * kk) * wg::kAtomBytes); }
+__device__ __forceinline__ uint32_t pv_b_off(int kk) { return uint32_t(kk * 32); }
+}  // namespace transposed
+
 // Byte offset of 16-byte chunk c (0..71) of head row r of a Q operand of kRows heads, K-major atoms
 // [c / 8][r / 8] (kRows = 64: wg::op_offset).
 template <int kRows>
