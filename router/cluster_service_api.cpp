@@ -44,15 +44,11 @@ Result<RequestHandle> ClusterService::submit(GenerationParams params, EventSink 
   auto r = std::make_unique<Request>();
   std::shared_ptr<const Tokenizer> tok = tokenizer_;
   const std::vector<int32_t> stop_ids = params.stop_ids;
-  // The same text rules as the local engine: specials and stop ids add no text.
+  // The same text rules as the local engine (tokenizer_text_stream).
   r->choices.resize(static_cast<size_t>(params.n));
   r->open_choices = params.n;
   for (Request::Choice& c : r->choices)
-    c.text = std::make_unique<TextStream>(
-        [tok](int32_t id) { return tok->decode_bytes(std::span<const int32_t>(&id, 1)); }, params.stop_strings,
-        [tok, stop_ids](int32_t id) {
-          return tok->is_special(id) || std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
-        });
+    c.text = std::make_unique<TextStream>(tokenizer_text_stream(tok, params.stop_strings, stop_ids));
   r->params = std::move(params);
   r->sink = std::move(sink);
   r->queued_since = std::chrono::steady_clock::now();

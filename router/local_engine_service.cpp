@@ -213,11 +213,7 @@ void LocalEngineService::start_output(Running& r) {
   r.constraint = grammar::TokenConstraint::create(r.params.grammar, vocab_bytes_, r.params.stop_ids).value();
   std::shared_ptr<const Tokenizer> tok = tokenizer_;
   const std::vector<int32_t> stop_ids = r.params.stop_ids;
-  r.text = std::make_unique<TextStream>(
-      [tok](int32_t id) { return tok->decode_bytes(std::span<const int32_t>(&id, 1)); }, r.params.stop_strings,
-      [tok, stop_ids](int32_t id) {
-        return tok->is_special(id) || std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
-      });
+  r.text = std::make_unique<TextStream>(tokenizer_text_stream(tok, r.params.stop_strings, stop_ids));
 }
 
 Status LocalEngineService::fork_choices(Running& r, std::vector<std::unique_ptr<Running>>& forks) {

@@ -11,6 +11,15 @@ TextStream::TextStream(DecodeBytes decode, std::vector<std::string> stop_strings
   std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
 }
 
+TextStream tokenizer_text_stream(std::shared_ptr<const Tokenizer> tok, std::vector<std::string> stop_strings,
+                                 std::vector<int32_t> stop_ids) {
+  return TextStream([tok](int32_t id) { return tok->decode_bytes(std::span<const int32_t>(&id, 1)); },
+                    std::move(stop_strings), [tok, stop_ids = std::move(stop_ids)](int32_t id) {
+                      return tok->is_special(id) || !tok->assigns(id) ||
+                             std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
+                    });
+}
+
 size_t held_stop_prefix(const std::string& text, const std::vector<std::string>& stops) {
   size_t best = 0;
   for (const std::string& stop : stops)

@@ -5,10 +5,12 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/core/status.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace k3::router {
 
@@ -35,6 +37,12 @@ class TextStream {
   size_t emitted_ = 0;    // bytes_[0, emitted_) already returned
   bool stopped_ = false;
 };
+
+// The text stream of `tok`'s tokens that every generation path uses: specials, the request's stop ids
+// and ids the tokenizer does not assign (Tokenizer::assigns: padding rows of a larger model vocabulary)
+// add no text; their ids are still the request's tokens.
+TextStream tokenizer_text_stream(std::shared_ptr<const Tokenizer> tok, std::vector<std::string> stop_strings,
+                                 std::vector<int32_t> stop_ids);
 
 // Length of the longest suffix of `text` that is a proper prefix of one of `stops`.
 size_t held_stop_prefix(const std::string& text, const std::vector<std::string>& stops);

@@ -4,12 +4,6 @@
 
 namespace k3::router {
 
-namespace {
-TextStream::DecodeBytes decoder(std::shared_ptr<const Tokenizer> tok) {
-  return [tok](int32_t id) { return tok->decode_bytes(std::span<const int32_t>(&id, 1)); };
-}
-}  // namespace
-
 std::string function_of_call_id(const std::string& id) {
   const size_t colon = id.rfind(':');
   if (!id.starts_with("functions.") || colon == std::string::npos || colon < 10) return id;
@@ -25,9 +19,7 @@ ToolCallOutput::ToolCallOutput(std::shared_ptr<const Tokenizer> tok, std::vector
       call_begin_(tok->special_id(kToolCallBegin).value_or(-1)),
       arguments_(tok->special_id(kToolCallArguments).value_or(-1)),
       call_end_(tok->special_id(kToolCallEnd).value_or(-1)),
-      content_(decoder(tok), std::move(stop_strings), [tok, this](int32_t id) {
-        return tok->is_special(id) || std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
-      }) {}
+      content_(tokenizer_text_stream(tok, std::move(stop_strings), stop_ids_)) {}
 
 void ToolCallOutput::add(Piece& p, int call, std::string args) {
   if (args.empty()) return;
@@ -57,9 +49,9 @@ Result<ToolCallOutput::Piece> ToolCallOutput::push(int32_t id) {
       if (id == arguments_) {
         calls_.push_back({.id = name_, .name = function_of_call_id(name_)});
         p.calls.push_back({.index = current + 1, .id = calls_.back().id, .name = calls_.back().name});
-        args_.emplace(decoder(tok_), std::vector<std::string>{}, [this](int32_t t) { return tok_->is_special(t); });
+        args_.emplace(tokenizer_text_stream(tok_, {}, {}));
         phase_ = Phase::Arguments;
-      } else if (!tok_->is_special(id)) {
+      } else if (!tok_->is_special(id) && tok_->assigns(id)) {
         K3_ASSIGN_OR_RETURN(std::string bytes, tok_->decode_bytes(std::span<const int32_t>(&id, 1)));
         name_ += bytes;
       }

@@ -239,6 +239,9 @@ Result<std::string> Tokenizer::decode(std::span<const int32_t> ids) const {
 }
 
 int Tokenizer::vocab_size() const { return impl_->vocab_size; }
+bool Tokenizer::assigns(int32_t id) const {
+  return id >= 0 && id < impl_->vocab_size && (impl_->table.bytes_of(id) || impl_->special_by_id.count(id) != 0);
+}
 
 std::optional<int32_t> Tokenizer::special_id(std::string_view text) const {
   const auto it = impl_->special_by_text.find(std::string(text));

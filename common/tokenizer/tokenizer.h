@@ -29,6 +29,10 @@ class Tokenizer {
   Result<std::string> decode(std::span<const int32_t> ids) const;
 
   int vocab_size() const;                                   // max id + 1, specials included
+  // Whether `id` is one of this tokenizer's tokens (bytes or a special). A model's vocabulary may run
+  // past its tokenizer's (padding rows, or a generated test model's 163840 rows over a small tokenizer):
+  // such ids can be sampled but have no text.
+  bool assigns(int32_t id) const;
   std::optional<int32_t> special_id(std::string_view text) const;
   bool is_special(int32_t id) const;
   std::vector<int32_t> eos_ids() const;                     // [EOS], <|im_end|> when present
