@@ -4,7 +4,9 @@
 // A command without a step is a tick: it keeps the members' receive deadline alive while the group idles,
 // so a dead leader is noticed by its members at the step deadline and a dead member by the leader.
 #pragma once
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -29,6 +31,20 @@ struct GroupAdmit {
 struct GroupFeed {
   uint64_t id = 0;
   int32_t token = 0;
+};
+
+// The group's waits (commands, rooms, logits and the forward's exchanges over the group's Comm). The step
+// deadline bounds them once the group runs, so a rank that died or hung fails its group that soon. The
+// start-up timeout bounds two waits that carry one-time costs: a member's wait for its first command
+// (the leader may still be setting up its worker and transfer regions) and the group's first step (first
+// kernel launches, workspaces and GEMM plans sized on every rank; a 93-layer model's first step on a
+// shared GPU outlasted a 2 s deadline).
+struct GroupDeadlines {
+  std::chrono::milliseconds startup{180000}, step{2000};
+  std::function<void(std::chrono::milliseconds)> set;  // sets the group Comm's wait limit; null: left alone
+  void use(std::chrono::milliseconds limit) const {
+    if (set) set(limit);
+  }
 };
 
 struct GroupCommand {

@@ -395,6 +395,10 @@ Status GroupLeader::step_batch() {
 }
 
 Status GroupLeader::step() {
+  // The group's first step runs under the start-up timeout (GroupDeadlines): every rank pays its one-time
+  // costs in it.
+  const bool first_step = !stepped_ && !order_.empty();
+  if (first_step) opts_.deadlines.use(opts_.deadlines.startup);
   K3_TRY(step_batch());
   // Every member answers every command with its room (group_member.h).
   rooms_[0] = worker_->room();
@@ -402,6 +406,10 @@ Status GroupLeader::step() {
     auto r = recv_group_room(comm_, static_cast<int>(i));
     if (!r.is_ok()) return fail_group(r.status());
     rooms_[i] = *r;
+  }
+  if (first_step) {
+    stepped_ = true;
+    opts_.deadlines.use(opts_.deadlines.step);
   }
   return Status::ok();
 }

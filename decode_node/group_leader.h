@@ -42,6 +42,7 @@ struct GroupLeaderOptions {
   DecodeRankOptions rank;          // the decode rank's options (rank = the group's first global rank)
   RankLayout layout;               // dcp / ep / kv_partitions; rank 0
   Comm* collectives = nullptr;     // the forward's collectives (group_collectives.h); null: the group comm
+  GroupDeadlines deadlines;        // the group's first step under the start-up timeout, then the step deadline
 };
 
 class GroupLeader {
@@ -124,6 +125,7 @@ class GroupLeader {
   std::vector<FinishedRequest> finished_;
   std::vector<GroupCommand> next_;                    // per rank: what the next command carries
   std::vector<GroupRoom> rooms_;                      // per rank: its caches as last reported (rank 0: its own)
+  bool stepped_ = false;  // the group's first step is done (GroupDeadlines)
   std::vector<uint32_t> committed_;                   // per rank: pages promised to its running requests
   std::deque<transfer::ReadyAction> waiting_;         // ready, waiting for room on their ranks (arrival order)
   std::set<uint64_t> said_waiting_;                   // WAITING said once per request

@@ -34,7 +34,9 @@ Status admit_one(GroupWorker& worker, MemberRegion* region, GroupAdmit& a) {
 
 }  // namespace
 
-int run_group_member(GroupWorker& worker, Comm& comm, MemberRegion* region) {
+int run_group_member(GroupWorker& worker, Comm& comm, MemberRegion* region, const GroupDeadlines& deadlines) {
+  deadlines.use(deadlines.startup);
+  bool commanded = false, stepped = false;
   // The leader learns this rank's room before it admits anything onto it.
   if (Status st = send_group_room(comm, 0, worker.room()); !st.is_ok()) {
     spdlog::error("decode group rank {}: {}", comm.rank(), st.to_string());
@@ -44,6 +46,9 @@ int run_group_member(GroupWorker& worker, Comm& comm, MemberRegion* region) {
   for (;;) {
     auto cmd = recv_group_command(comm, 0);
     Status st = cmd.status();
+    const bool first_step = cmd.is_ok() && cmd->step && !stepped;
+    if (!commanded || first_step) deadlines.use(first_step ? deadlines.startup : deadlines.step);
+    commanded = true;
     if (cmd.is_ok()) {
       if (region) region->progress();
       if (cmd->stop) {
@@ -64,6 +69,10 @@ int run_group_member(GroupWorker& worker, Comm& comm, MemberRegion* region) {
       }
       // Every command is answered with this rank's room (the leader's admission input).
       if (st.is_ok()) st = send_group_room(comm, 0, worker.room());
+      if (first_step) {
+        stepped = true;
+        deadlines.use(deadlines.step);
+      }
       if (st.is_ok()) continue;
     }
     spdlog::error("decode group rank {}: {}", comm.rank(), st.to_string());

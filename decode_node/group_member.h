@@ -13,7 +13,9 @@ namespace k3::decode {
 // own transfer region (the prefill stages write its DCP slices, or its EP requests whole, there).
 // stdout: "IMPORTED <id> <position> <bytes> region|command" for every request this rank took, saying
 // whether its slice came from its own region or in the leader's command.
-int run_group_member(GroupWorker& worker, Comm& comm, MemberRegion* region);
+// deadlines: the member waits for its first command, and runs the group's first step, under the start-up
+// timeout, every other wait under the step deadline (GroupDeadlines; the Comm starts at the start-up one).
+int run_group_member(GroupWorker& worker, Comm& comm, MemberRegion* region, const GroupDeadlines& deadlines);
 
 // The IMPORTED line (leader and members print it alike).
 void say_imported(const GroupAdmit& a, size_t bytes, bool from_region);

@@ -115,6 +115,9 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   auto comm = transfer::UcxComm::create(gf.rank, gf.size(), gf.rank == 0 ? (gf.endpoint.empty() ? "tcp://" + interface + ":*" : gf.endpoint) : gf.endpoint,
                                         co, [](const std::string& ep) { say("GROUP " + ep); });
   if (!comm.is_ok()) return fail(comm.status());
+  const decode::GroupDeadlines deadlines{
+      .startup = std::chrono::seconds(gf.startup_s), .step = std::chrono::milliseconds(gf.step_deadline_ms),
+      .set = [c = comm->get()](std::chrono::milliseconds limit) { c->set_timeout(limit); }};
   auto collectives = decode::make_group_collectives(gf.collectives, **comm, o.cuda_device);
   if (!collectives.is_ok()) return fail(collectives.status());
   Comm& forward_comm = *collectives ? **collectives : static_cast<Comm&>(**comm);
@@ -128,13 +131,12 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
     auto region = decode::MemberRegion::create(cfg, be, layout, *req, o.ucx_net_devices);
     if (!region.is_ok()) return fail(region.status());
     if (Status st = decode::send_region_offer(**comm, 0, (*region)->offer()); !st.is_ok()) return fail(st);
-    (*comm)->set_timeout(std::chrono::milliseconds(gf.step_deadline_ms));
     say("MEMBER " + std::to_string(gf.rank) + " of " + to_string(layout));
-    return decode::run_group_member(**worker, **comm, region->get());
+    return decode::run_group_member(**worker, **comm, region->get(), deadlines);
   }
   zmq::context_t zctx;
-  auto leader = decode::GroupLeader::create({.rank = o, .layout = layout, .collectives = &forward_comm}, be, cfg, weights,
-                                            **comm, zctx);
+  auto leader = decode::GroupLeader::create({.rank = o, .layout = layout, .collectives = &forward_comm, .deadlines = deadlines},
+                                            be, cfg, weights, **comm, zctx);
   if (!leader.is_ok()) return fail(leader.status());
   (*comm)->set_timeout(std::chrono::milliseconds(gf.step_deadline_ms));
   // Idle, the leader ticks its members well within their receive deadline.
