@@ -6,9 +6,9 @@
 #                DCP4 and EP2 rank processes sharing GPU 0 over host UCX vs one CUDA rank; with two GPUs or
 #                more, DCP2 and EP2 with one GPU per rank over NCCL (SKIPPED on one GPU);
 #   cluster.log  K3_TEST_BACKEND=cuda cluster_e2e_test_cluster_rank_groups "k3-cluster with K3 head shapes*":
-#                k3-cluster with one rank of kv_partitions 2, DP2 x DCP2 and DP2 x EP2 groups (all on GPU 0),
-#                16 concurrent greedy requests: EP2 == k3-generate --backend cuda and DCP2 == the one rank
-#                of kv_partitions 2, whole (GROUP-TOKENS lines);
+#                four DP2 clusters (single processes, single processes with kv_partitions 2, DCP2 groups,
+#                EP2 groups; all on GPU 0), 16 concurrent greedy requests: EP2 == the single processes and
+#                DCP2 == the kv_partitions 2 processes, whole (GROUP-TOKENS lines);
 #   bench.log    k3-bench ranks --backend cuda --k3-heads: the decode step split into compute and
 #                collectives, DCP2 and EP2 sharing GPU 0 over UCX, batch 1 / 16 / 64; with two GPUs or more
 #                also one GPU per rank over NCCL.
