@@ -56,8 +56,6 @@ constexpr int kSmemFromBase = kBarOff + 2 * kDimAtoms * 8;  // an mbarrier per (
 
 // Named barriers (0 is __syncthreads): producer bar.arrive, consumer bar.sync, 256 threads each.
 constexpr int kScaleA = 1, kScaleB = 2, kPa = 3, kPb = 4;
-__device__ __forceinline__ void arrive(int id) { bar_arrive<256>(id); }
-__device__ __forceinline__ void sync(int id) { bar_sync<256>(id); }
 __device__ __forceinline__ void wg_sync(int w) { bar_sync<128>(5 + w); }
 
 // Dim chunks [kLo, kHi) of a tile into the stage at `dst`, chunk c counted on the mbarrier at

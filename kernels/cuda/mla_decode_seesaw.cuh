@@ -43,10 +43,6 @@ constexpr int kRowsOff = kKvOff + 2 * kTileBytes;  // floats: scale[2][64], max[
 constexpr int kBarOff = kRowsOff + 5 * kHeads * 4;
 constexpr int kSmemFromBase = kBarOff + 4 * 8;  // full[2], empty[2]
 
-__device__ __forceinline__ void arrive(int id) { bar_arrive<256>(id); }
-__device__ __forceinline__ void sync(int id) { bar_sync<256>(id); }
-__device__ __forceinline__ void wg_sync(int w) { bar_sync<128>(3 + w); }
-
 // Heads [h0, h0 + 64) of request blockIdx.z, split blockIdx.y; 256 threads.
 __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_split, float* part_o, float* part_lse,
                                       const CUtensorMap* kv_map, int box_rows, int h0, unsigned char* base,

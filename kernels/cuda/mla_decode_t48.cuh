@@ -55,10 +55,6 @@ static_assert(kQBytes % wg::kAtomBytes == 0, "stages stay 1024-byte aligned");
 static_assert(kHeadGroups <= kTok / 8, "Pᵀ (an atom per head group) fits in the rope chunk (an atom per token group)");
 static_assert(kHeads * kOutStride * 4 <= 2 * kTileBytes, "the staged output fits in the two stages");
 
-__device__ __forceinline__ void arrive(int id) { bar_arrive<256>(id); }
-__device__ __forceinline__ void sync(int id) { bar_sync<256>(id); }
-__device__ __forceinline__ void wg_sync(int w) { bar_sync<128>(3 + w); }
-
 // Heads [h0, h0 + 48) of request blockIdx.z, split blockIdx.y; 256 threads; `base` is the block's
 // 1024-byte aligned shared memory (kSmemFromBase bytes) at shared address base_addr.
 __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_split, float* part_o, float* part_lse,

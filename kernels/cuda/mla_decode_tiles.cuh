@@ -80,6 +80,13 @@ __device__ __forceinline__ SplitRows split_rows(const MlaDecodeArgs& a, int toke
           page_shift_of(a.page_size)};
 }
 
+// Named barriers of the two-warpgroup seesaw blocks (256 threads; 0 is __syncthreads): hand-overs from
+// one warpgroup to the other (bar.arrive by the producer, bar.sync by the consumer), and each warpgroup's
+// own barrier (ids 3 and 4).
+__device__ __forceinline__ void arrive(int id) { bar_arrive<256>(id); }
+__device__ __forceinline__ void sync(int id) { bar_sync<256>(id); }
+__device__ __forceinline__ void wg_sync(int w) { bar_sync<128>(3 + w); }
+
 // The two stages of the seesaw blocks (mla_decode_seesaw.cuh, mla_decode_t48.cuh): stage s at kv_addr +
 // s kTileBytes has a "full" mbarrier at full0 + 8 s (its tile is in) and an "empty" one at empty0 + 8 s
 // (both warpgroups are done with it: two arrivals). Tiles alternate between the stages.
