@@ -104,12 +104,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
   // chunk, each waited for before its four k steps, measured 20-27 % slower on the H200.)
   const auto scores = [&](uint32_t kt, unsigned char* stage, uint32_t bar, uint32_t parity, int t0, float& x0,
                           float& x1) {
-    mbar_wait(bar, parity);
-    if (end - t0 < kTok) {
-      zero_tail(stage, end - t0, ti, 128);
-      wg::fence_proxy_async();
-      wg_sync(w);
-    }
+    await_tile(bar, parity, stage, end - t0, ti, w);
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kDk / 16; ++ks)

@@ -127,12 +127,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
   // t0 + 16 wq + g, s[reg_of(c) + 2] token t0 + 16 wq + g + 8.
   const auto scores = [&](uint32_t kt, unsigned char* stage, uint32_t bar, uint32_t parity, int t0,
                           float (&x)[kCols]) {
-    mbar_wait(bar, parity);
-    if (end - t0 < kTok) {
-      zero_tail(stage, end - t0, ti, 128);
-      wg::fence_proxy_async();
-      wg_sync(w);
-    }
+    await_tile(bar, parity, stage, end - t0, ti, w);
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kDk / 16; ++ks)

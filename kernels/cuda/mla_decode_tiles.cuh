@@ -261,4 +261,17 @@ __device__ __forceinline__ void zero_tail(unsigned char* stage, int rows, int t,
   }
 }
 
+// Warpgroup w of a seesaw block waits for its tile at `stage` (mbarrier `bar`, phase parity `parity`),
+// of which `rows` rows are before the request's end; the rest are zeroed (ti: the thread's index in the
+// warpgroup) and handed to the async proxy before the scores read them.
+__device__ __forceinline__ void await_tile(uint32_t bar, uint32_t parity, unsigned char* stage, int rows, int ti,
+                                           int w) {
+  mbar_wait(bar, parity);
+  if (rows < kTok) {
+    zero_tail(stage, rows, ti, 128);
+    wg::fence_proxy_async();
+    wg_sync(w);
+  }
+}
+
 }  // namespace k3::cuda::mla_tiles
