@@ -138,7 +138,7 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   auto leader = decode::GroupLeader::create({.rank = o, .layout = layout, .collectives = &forward_comm, .deadlines = deadlines},
                                             be, cfg, weights, **comm, zctx);
   if (!leader.is_ok()) return fail(leader.status());
-  (*comm)->set_timeout(std::chrono::milliseconds(gf.step_deadline_ms));
+  deadlines.use(deadlines.step);
   // Idle, the leader ticks its members well within their receive deadline.
   const auto tick = std::chrono::milliseconds(std::max(10, gf.step_deadline_ms / 4));
   Status st = serve(**leader, o, tick, metrics_at);

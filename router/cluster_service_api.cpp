@@ -42,13 +42,11 @@ Result<RequestHandle> ClusterService::submit(GenerationParams params, EventSink 
     return fits;
   }
   auto r = std::make_unique<Request>();
-  std::shared_ptr<const Tokenizer> tok = tokenizer_;
-  const std::vector<int32_t> stop_ids = params.stop_ids;
   // The same text rules as the local engine (tokenizer_text_stream).
   r->choices.resize(static_cast<size_t>(params.n));
   r->open_choices = params.n;
   for (Request::Choice& c : r->choices)
-    c.text = std::make_unique<TextStream>(tokenizer_text_stream(tok, params.stop_strings, stop_ids));
+    c.text = std::make_unique<TextStream>(tokenizer_text_stream(tokenizer_, params.stop_strings, params.stop_ids));
   r->params = std::move(params);
   r->sink = std::move(sink);
   r->queued_since = std::chrono::steady_clock::now();

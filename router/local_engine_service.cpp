@@ -211,9 +211,7 @@ void LocalEngineService::emit_token(Running& r, const float* row) {
 void LocalEngineService::start_output(Running& r) {
   // submit() checked what create() needs: it cannot fail here.
   r.constraint = grammar::TokenConstraint::create(r.params.grammar, vocab_bytes_, r.params.stop_ids).value();
-  std::shared_ptr<const Tokenizer> tok = tokenizer_;
-  const std::vector<int32_t> stop_ids = r.params.stop_ids;
-  r.text = std::make_unique<TextStream>(tokenizer_text_stream(tok, r.params.stop_strings, stop_ids));
+  r.text = std::make_unique<TextStream>(tokenizer_text_stream(tokenizer_, r.params.stop_strings, r.params.stop_ids));
 }
 
 Status LocalEngineService::fork_choices(Running& r, std::vector<std::unique_ptr<Running>>& forks) {
