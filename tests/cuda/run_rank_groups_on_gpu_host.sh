@@ -5,7 +5,7 @@
 #   ranks.log    ranks_test_rank_decode_gpu: one CUDA rank vs the CUDA engine over UCX and NCCL; DCP2,
 #                DCP4 and EP2 rank processes sharing GPU 0 over host UCX vs one CUDA rank; with two GPUs or
 #                more, DCP2 and EP2 with one GPU per rank over NCCL (SKIPPED on one GPU);
-#   cluster.log  K3_TEST_BACKEND=cuda cluster_e2e_test_cluster_rank_groups "k3-cluster with K3 head shapes*":
+#   cluster.log  K3_TEST_BACKEND=cuda cluster_e2e_test_cluster_group_contracts:
 #                four DP2 clusters (single processes, single processes with kv_partitions 2, DCP2 groups,
 #                EP2 groups; all on GPU 0), 16 concurrent greedy requests: EP2 == the single processes and
 #                DCP2 == the kv_partitions 2 processes, whole (GROUP-TOKENS lines);
@@ -18,7 +18,7 @@ OUT=${1:?output dir}
 # shellcheck source=tests/cuda/gpu_host.sh
 source "$(dirname "$0")/gpu_host.sh"
 gpu_host_setup "$OUT"
-TARGETS="ranks_test_rank_decode_gpu k3-test-rank-peer cluster_e2e_test_cluster_rank_groups k3-generate k3-genweights
+TARGETS="ranks_test_rank_decode_gpu k3-test-rank-peer cluster_e2e_test_cluster_group_contracts k3-generate k3-genweights
   k3-router k3-cluster k3-prefill k3-decode k3-bench"
 if grep -q "k3serve: NCCL /" "$OUT/build.log"; then TARGETS="$TARGETS nccl_test_nccl_comm"; fi
 # shellcheck disable=SC2086
@@ -28,9 +28,7 @@ echo "configure+build: $(( $(date +%s) - T0 )) s" | tee -a "$OUT/build.log"
 PATTERN="GPU-RANKS|GROUP-TOKENS|FAILED|passed|failed|SKIPPED|with expansion|REQUIRE|CHECK"
 [ -x $B/tests/nccl_test_nccl_comm ] && gpu_host_stage nccl.log 60 "$PATTERN" $B/tests/nccl_test_nccl_comm
 gpu_host_stage ranks.log 240 "$PATTERN" $B/tests/ranks_test_rank_decode_gpu
-# Catch test names: no comma in a filter (Catch splits filters there).
-gpu_host_stage cluster.log 240 "$PATTERN" env K3_TEST_BACKEND=cuda $B/tests/cluster_e2e_test_cluster_rank_groups \
-  "k3-cluster with K3 head shapes*"
+gpu_host_stage cluster.log 240 "$PATTERN" env K3_TEST_BACKEND=cuda $B/tests/cluster_e2e_test_cluster_group_contracts
 GPUS=$(nvidia-smi -L | wc -l)
 {
   for b in 1 16 64; do

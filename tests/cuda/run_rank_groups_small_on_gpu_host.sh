@@ -3,8 +3,8 @@
 # GPU host, every process on GPU 0 and the groups' collectives through the host: unpack the offline kit,
 # configure + build, generate k3-small (about 15 GiB), then (logs under OUT_DIR)
 #   genweights.log  k3-genweights --preset k3-small
-#   cluster.log     K3_TEST_BACKEND=cuda K3_TEST_MODEL=<k3-small> cluster_e2e_test_cluster_rank_groups
-#                   "k3-cluster with K3 head shapes*": four DP2 clusters (single processes, one process with
+#   cluster.log     K3_TEST_BACKEND=cuda K3_TEST_MODEL=<k3-small> cluster_e2e_test_cluster_group_contracts:
+#                   four DP2 clusters (single processes, one process with
 #                   kv_partitions 2, DCP2 groups, EP2 groups), 16 concurrent greedy requests each; EP2 ==
 #                   the single processes and DCP2 == the kv_partitions 2 process, whole (GROUP-TOKENS lines;
 #                   GROUP-RUN lines: each cluster's start, requests and stop).
@@ -15,14 +15,13 @@ OUT=${1:?output dir}
 source "$(dirname "$0")/gpu_host.sh"
 gpu_host_setup "$OUT"
 # shellcheck disable=SC2086
-timeout 300 ninja -C $B -j16 cluster_e2e_test_cluster_rank_groups k3-genweights k3-router k3-cluster k3-prefill \
+timeout 300 ninja -C $B -j16 cluster_e2e_test_cluster_group_contracts k3-genweights k3-router k3-cluster k3-prefill \
   k3-decode >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "configure+build: $(( $(date +%s) - T0 )) s" | tee -a "$OUT/build.log"
 M=/tmp/k3-small
 [[ -f $M/config.json ]] || gpu_host_stage genweights.log 120 "rc|error" \
   $B/bin/k3-genweights --preset k3-small --seed 5 --allow-large --force --quiet --out $M
 PATTERN="GROUP-TOKENS|GROUP-RUN|FAILED|passed|failed|SKIPPED|with expansion|REQUIRE|CHECK|error"
-# Catch test names: no comma in a filter (Catch splits filters there).
 gpu_host_stage cluster.log "${CLUSTER_LIMIT:-420}" "$PATTERN" env K3_TEST_BACKEND=cuda K3_TEST_MODEL=$M \
-  $B/tests/cluster_e2e_test_cluster_rank_groups "k3-cluster with K3 head shapes*"
+  $B/tests/cluster_e2e_test_cluster_group_contracts
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$OUT/cluster.log" 2>&1
