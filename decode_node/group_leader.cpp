@@ -46,6 +46,9 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
   d->next_.resize(static_cast<size_t>(opts.layout.size()));
 
   transfer::DecodeDriverConfig dc = decode_driver_config(o, cfg, d->full_layout_);
+  // The leader's own region where its caches are (device memory on a GPU), as every member's is.
+  dc.pool_memory = region_memory_for(backend);
+  dc.cuda_device = o.cuda_device;
   // Every rank owns a region (region id = its global rank). DCP: one per rank of the layout, written by the
   // prefill stages with the interleave. EP: the leader's rank has the members' regions as alternates, and
   // a request is allocated whole in the region of the rank that will decode it (ep_region_order).
@@ -149,12 +152,14 @@ bool GroupLeader::emit(Running& r, int32_t token, std::vector<protocol::TokenLog
   return true;
 }
 
-Result<std::vector<uint8_t>> GroupLeader::own_image(const transfer::RankAllocation& a, uint32_t prompt_len) {
+Result<RegionTables> GroupLeader::own_tables(const transfer::RankAllocation& a, uint32_t prompt_len) {
   // The leader's share: the whole request (EP or alone), or its DCP slice (rows p % N == 0, its KDA heads).
   const bool dcp = opts_.layout.dcp > 1;
   const uint32_t rows = dcp ? static_cast<uint32_t>(dcp_rows_on(opts_.layout, prompt_len)) : prompt_len;
-  return packed_image_from_region(dcp ? rank_layouts_.at(0) : full_layout_, driver_->pool(a.region_id).geometry(), a,
-                                  driver_->memory(a.region_id), rows);
+  const RegionEntries entries{.pages = a.pages.page_ids(), .slot = a.slot.slot()};
+  const Device device = region_memory_for(backend_) == transfer::MemoryType::Cuda ? Device::Cuda : Device::Cpu;
+  return region_tables(dcp ? rank_layouts_.at(0) : full_layout_, driver_->pool(a.region_id).geometry(), entries,
+                       driver_->memory(a.region_id), device, rows);
 }
 
 uint32_t GroupLeader::pages_on(int rank, int64_t tokens) const {
@@ -303,12 +308,11 @@ bool GroupLeader::admit(const transfer::ReadyAction& ready, const std::vector<tr
     const transfer::RankAllocation& a = (*alloc)[i];
     const int holder = opts_.layout.dcp > 1 ? static_cast<int>(i) : target;
     if (holder == 0) {
-      auto image = own_image(a, static_cast<uint32_t>(T));
-      if (!image.is_ok()) return refuse(image.status().to_string());
-      GroupAdmit own{.id = id, .position = T, .image = std::move(image).value()};
-      const size_t bytes = own.image.size();
-      if (Status st = worker_->admit(own); !st.is_ok()) return refuse(st.to_string());
-      say_imported(own, bytes, true);
+      auto tables = own_tables(a, static_cast<uint32_t>(T));
+      if (!tables.is_ok()) return refuse(tables.status().to_string());
+      const GroupAdmit own{.id = id, .position = T, .from_region = true};
+      if (Status st = worker_->admit_from(own, tables->tables); !st.is_ok()) return refuse(st.to_string());
+      say_imported(own, tables->image_bytes, true);
       continue;
     }
     next_[static_cast<size_t>(holder)].admits.push_back(

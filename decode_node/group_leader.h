@@ -11,9 +11,10 @@
 //    names the leader's rank and the members' regions are its alternates; when the prefill stages ask where
 //    to write, the leader picks the rank that will decode the request (ep_region_order) and allocates it
 //    there, whole.
-//  - When a request is ready, the leader reads its own share out of its region (region_image.h) and tells
-//    every member holding a share where it is (page table and slot) in the next GroupCommand; the member
-//    reads it from its own region. No cache bytes travel in commands.
+//  - When a request is ready, the leader reads its own share out of its region (region_image.h's tables,
+//    in place: device memory on a GPU, so the import is device gathers) and tells every member holding a
+//    share where it is (page table and slot) in the next GroupCommand; the member reads it from its own
+//    region the same way. No cache bytes travel in commands.
 //  - Admission by every rank's own room: members report their caches after every command (GroupRoom);
 //    a ready request joins only where each rank it needs (DCP: all; EP: the one it was written to) holds its
 //    prompt now and, promised, its prompt + max_tokens; otherwise it waits here in arrival order (WAITING
@@ -35,6 +36,7 @@
 
 #include "decode_node/decode_rank.h"
 #include "decode_node/group_worker.h"
+#include "decode_node/region_image.h"
 
 namespace k3::decode {
 
@@ -108,7 +110,7 @@ class GroupLeader {
   Status step_batch();
   Status fail_group(const Status& why);
   // The leader's share of a request's caches, read from its own region.
-  Result<std::vector<uint8_t>> own_image(const transfer::RankAllocation& a, uint32_t prompt_len);
+  Result<RegionTables> own_tables(const transfer::RankAllocation& a, uint32_t prompt_len);
 
   GroupLeaderOptions opts_;
   Backend& backend_;

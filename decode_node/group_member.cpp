@@ -24,11 +24,13 @@ namespace {
 Status admit_one(GroupWorker& worker, MemberRegion* region, GroupAdmit& a) {
   if (a.from_region) {
     if (!region) return invalid_argument("request " + std::to_string(a.id) + ": read from a region this rank does not own");
-    K3_ASSIGN_OR_RETURN(a.image, region->image(a.page_ids, a.slot, a.position));
+    K3_ASSIGN_OR_RETURN(RegionTables t, region->tables(a.page_ids, a.slot, a.position));
+    K3_TRY(worker.admit_from(a, t.tables));
+    say_imported(a, t.image_bytes, true);
+    return Status::ok();
   }
-  const size_t bytes = a.image.size();
   K3_TRY(worker.admit(a));
-  say_imported(a, bytes, a.from_region);
+  say_imported(a, a.image.size(), false);
   return Status::ok();
 }
 

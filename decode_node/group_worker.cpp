@@ -1,7 +1,5 @@
 #include "decode_node/group_worker.h"
 
-#include "engine/cache_io.h"
-
 namespace k3::decode {
 
 Result<std::unique_ptr<GroupWorker>> GroupWorker::create(Backend& backend, const ModelConfig& cfg,
@@ -34,13 +32,25 @@ void GroupWorker::drop(uint64_t id) {
 }
 
 Status GroupWorker::admit(const GroupAdmit& a) {
+  return admit_with(a, [&](CachePools& pools, const SeqCache& seq, int64_t rows) {
+    return import_caches(*backend_, pools, seq, 0, cfg_.num_hidden_layers, rows, a.image.data(), a.image.size());
+  });
+}
+
+Status GroupWorker::admit_from(const GroupAdmit& a, const CacheTables& tables) {
+  return admit_with(a, [&](CachePools& pools, const SeqCache& seq, int64_t rows) {
+    return import_caches_from(*backend_, pools, seq, 0, cfg_.num_hidden_layers, rows, tables);
+  });
+}
+
+Status GroupWorker::admit_with(const GroupAdmit& a,
+                               const std::function<Status(CachePools&, const SeqCache&, int64_t rows)>& import) {
   if (seqs_.count(a.id)) return invalid_argument("group admit: request " + std::to_string(a.id) + " is already served");
   CachePools& pools = model_->caches();
   const int64_t rows = dcp_rows_on(model_->layout(), a.position);
   K3_ASSIGN_OR_RETURN(SeqCache seq, pools.open());
   Status st = pools.reserve(seq, rows);
-  if (st.is_ok())
-    st = import_caches(*backend_, pools, seq, 0, cfg_.num_hidden_layers, rows, a.image.data(), a.image.size());
+  if (st.is_ok()) st = import(pools, seq, rows);
   if (!st.is_ok()) {
     pools.close(seq);
     return Status(st.code(), "rank " + std::to_string(model_->layout().rank) + ", request " + std::to_string(a.id) +

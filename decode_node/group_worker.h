@@ -3,10 +3,12 @@
 // leader's GroupCommands (group_command.h). DCP: every rank serves every request of the group, each with
 // its slice; EP: each rank serves the requests the leader gave it, and every rank joins every step.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 
 #include "decode_node/group_command.h"
+#include "engine/cache_io.h"
 #include "engine/rank_model.h"
 
 namespace k3::decode {
@@ -22,6 +24,9 @@ class GroupWorker {
   // hold; rank 0 of a DCP group holds the most rows). step returns the logits of the feeds ([feeds, vocab]
   // F32, feed order). A failed collective leaves the group unusable: the caller closes everything.
   Status admit(const GroupAdmit& a);
+  // The same from the tables of the rank's transfer region (region_image.h), read in place: on a GPU rank
+  // the region is device memory and the bytes move by device gathers.
+  Status admit_from(const GroupAdmit& a, const CacheTables& tables);
   void drop(uint64_t id);
   Result<std::vector<float>> step(const std::vector<GroupFeed>& feeds);
   void close_all();
@@ -37,6 +42,8 @@ class GroupWorker {
     int64_t position = 0;
   };
   GroupWorker() = default;
+  // Opens and reserves the request's sequence, fills it with `import`, keeps it; closes it on an error.
+  Status admit_with(const GroupAdmit& a, const std::function<Status(CachePools&, const SeqCache&, int64_t rows)>& import);
 
   Backend* backend_ = nullptr;
   ModelConfig cfg_;

@@ -128,7 +128,7 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
     // names its geometry, the rank answers with it.
     auto req = decode::recv_region_request(**comm, 0);
     if (!req.is_ok()) return fail(req.status());
-    auto region = decode::MemberRegion::create(cfg, be, layout, *req, o.ucx_net_devices);
+    auto region = decode::MemberRegion::create(cfg, be, layout, *req, o.ucx_net_devices, o.cuda_device);
     if (!region.is_ok()) return fail(region.status());
     if (Status st = decode::send_region_offer(**comm, 0, (*region)->offer()); !st.is_ok()) return fail(st);
     say("MEMBER " + std::to_string(gf.rank) + " of " + to_string(layout));

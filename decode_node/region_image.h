@@ -1,6 +1,10 @@
 // Reads one request's caches out of a decode rank's transfer region (pool.h layout: MLA rows in the
-// request's pages, KDA conv + state in its slot) into the packed cache image of its main layers
-// (CacheLayout::pack, the image engine/cache_io.h imports into CachePools).
+// request's pages, KDA conv + state in its slot), in either of two forms that share one account of where
+// the bytes are (region_tables):
+//  - the packed cache image of its main layers (CacheLayout::pack, what engine/cache_io.h's import_caches
+//    takes), copied out of a host region;
+//  - the region's own tables (engine/cache_io.h's CacheTables), which import_caches_from reads in place:
+//    on a GPU rank the region is device memory and the import is gathers on the device.
 // `model` is the rank's own cache layout and `num_tokens` its own MLA rows: for plain DP the model's
 // layout and the prompt length; for rank i of a head-sliced DCP group of N the layout of
 // rank_cache_config (engine/rank_layout.h: H/N KDA heads) and the rows p < T with p % N == i (the
@@ -12,10 +16,16 @@
 #include <vector>
 
 #include "common/core/status.h"
+#include "engine/cache_io.h"
 #include "transfer/plan_layout.h"
 #include "transfer/pool.h"
+#include "transfer/ucx_context.h"
 
 namespace k3::decode {
+
+// Where a decode rank's transfer regions live: device memory on a GPU backend (the prefill stages' puts
+// land where the rank's caches are), host memory otherwise.
+transfer::MemoryType region_memory_for(const Backend& backend);
 
 // Where one request's caches are in a region: its page table and its KDA slot (none without KDA layers).
 struct RegionEntries {
@@ -23,7 +33,17 @@ struct RegionEntries {
   std::optional<uint32_t> slot;
 };
 
-// `region` is the rank's whole registered region (byte 0 at geo.base). Errors name what is out of bounds.
+// The request's bytes as tables in `region` (the rank's whole registered region, byte 0 at geo.base, in
+// `device` memory), every address checked against the region; `image_bytes` is the size of the same
+// bytes as a packed image (what a rank reports it imported). Errors name what is out of bounds.
+struct RegionTables {
+  CacheTables tables;
+  uint64_t image_bytes = 0;
+};
+Result<RegionTables> region_tables(const transfer::CacheLayout& model, const transfer::RankPoolGeometry& geo,
+                                   RegionEntries entries, std::span<uint8_t> region, Device device, uint32_t num_tokens);
+
+// The packed image, from a host region.
 Result<std::vector<uint8_t>> packed_image_from_region(const transfer::CacheLayout& model,
                                                       const transfer::RankPoolGeometry& geo, RegionEntries entries,
                                                       std::span<const uint8_t> region, uint32_t num_tokens);

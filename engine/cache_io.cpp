@@ -113,4 +113,48 @@ Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, i
   return Status::ok();
 }
 
+Status import_caches_from(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end,
+                          int64_t num_tokens, const CacheTables& src) {
+  const int ps = pools.options().page_size;
+  if (static_cast<int64_t>(seq.pages.size()) * ps < num_tokens) return invalid_argument("sequence has too few pages");
+  if (static_cast<int64_t>(src.rows.size()) < num_tokens)
+    return invalid_argument("cache tables name " + std::to_string(src.rows.size()) + " rows for " +
+                            std::to_string(num_tokens) + " tokens");
+  for (int64_t p = 0; p < num_tokens; ++p)
+    if (src.rows[static_cast<size_t>(p)] < 0 || src.rows[static_cast<size_t>(p)] >= src.table_rows)
+      return Status(Code::OutOfRange, "cache tables: token " + std::to_string(p) + "'s row " +
+                                          std::to_string(src.rows[static_cast<size_t>(p)]) + " is outside the " +
+                                          std::to_string(src.table_rows) + " rows of a table");
+  const auto ids = rows_of(seq, 0, num_tokens, ps);
+  const auto held = pools.has_kda() && seq.slot >= 0 ? pools.hold_rows(seq.slot) : CachePools::HeldRows{};
+  // Views of the tables are read in place: they must be where the pools are.
+  bool same_device = true;
+  walk(pools, begin, end, num_tokens, [&](int, Tensor& pool, uint64_t) { same_device &= pool.device() == src.device; },
+       [&](int, Tensor& conv, Tensor&, const PackedEntry&) { same_device &= conv.device() == src.device; });
+  if (!same_device)
+    return invalid_argument("cache tables in another memory than the pools (host bytes for device caches, or the reverse)");
+  walk(pools, begin, end, num_tokens,
+       [&](int l, Tensor& pool, uint64_t) {
+         if (num_tokens == 0) return;
+         const int64_t w = pool.dim(2);
+         Tensor table = Tensor::view(src.mla_table(l), {src.table_rows, w}, pool.dtype(), src.device);
+         Tensor rows = backend.alloc({num_tokens, w}, pool.dtype());
+         const std::vector<int32_t> from(src.rows.begin(), src.rows.begin() + num_tokens);
+         backend.embedding({.table = table, .ids = backend.from_host(Tensor::from_i32({num_tokens}, from), DType::I32),
+                            .y = rows});
+         Tensor flat = pool.reshape({pool.dim(0) * pool.dim(1), w});
+         backend.scatter_rows({.src = rows, .ids = backend.from_host(Tensor::from_i32({num_tokens}, ids), DType::I32),
+                               .dst = flat});
+       },
+       [&](int l, Tensor& conv, Tensor& state, const PackedEntry&) {
+         const auto [c_src, s_src] = src.kda_entries(l);
+         Tensor c_dst = conv.slice_rows(held.conv, held.conv + 1), s_dst = state.slice_rows(held.state, held.state + 1);
+         backend.copy(Tensor::view(c_src, c_dst.shape(), c_dst.dtype(), src.device), c_dst);
+         backend.copy(Tensor::view(s_src, s_dst.shape(), s_dst.dtype(), src.device), s_dst);
+       });
+  // The gathers above read the tables asynchronously on a device backend: done before the caller frees them.
+  backend.synchronize();
+  return Status::ok();
+}
+
 }  // namespace k3

@@ -4,6 +4,8 @@
 // imports it.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "engine/kv_cache.h"
@@ -24,5 +26,21 @@ void export_cache_part(Backend& backend, CachePools& pools, const SeqCache& seq,
 // Writes a packed image into the sequence's slot and pages (the caller reserved room for num_tokens).
 Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end,
                      int64_t num_tokens, const uint8_t* data, uint64_t size);
+
+// A sequence's cache bytes kept as tables rather than a packed image: a decode rank's transfer region,
+// whose pages the prefill stages wrote. For every MLA layer a table of rows (the layout's row bytes each)
+// and the row of each token in it, the same for every layer; for every KDA layer its conv and state
+// entries. The bytes are where the pools are (host pools: host memory; device pools: device memory), so
+// a device import is gathers and copies on the device with no trip through the host.
+struct CacheTables {
+  Device device = Device::Cpu;
+  int64_t table_rows = 0;                 // rows of every MLA table
+  std::vector<int32_t> rows;              // token p's row in the tables, p < the imported tokens
+  std::function<uint8_t*(int layer)> mla_table;
+  std::function<std::pair<uint8_t*, uint8_t*>(int layer)> kda_entries;  // conv, state
+};
+// import_caches from tables: the same bytes land in the sequence's slot and pages.
+Status import_caches_from(Backend& backend, CachePools& pools, const SeqCache& seq, int begin, int end,
+                          int64_t num_tokens, const CacheTables& src);
 
 }  // namespace k3

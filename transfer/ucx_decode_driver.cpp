@@ -7,38 +7,10 @@
 
 #include "common/protocol/compat.h"
 #include "transfer/advertise_endpoint.h"
+#include "transfer/owned_region.h"
 #include "transfer/partner_auth.h"
-#ifdef K3_TRANSFER_HAVE_CUDA
-#include "transfer/cuda/cuda_memory.h"
-#endif
 
 namespace k3::transfer {
-namespace {
-
-// A region this process owns, registered once and filled with the poison byte.
-Status allocate_region(const std::shared_ptr<UcxContext>& ctx, const DecodeDriverConfig& c, size_t bytes,
-                       std::shared_ptr<void>& device, std::unique_ptr<UcxMemory>& mem) {
-  if (c.pool_memory == MemoryType::Host) {
-    K3_ASSIGN_OR_RETURN(mem, UcxMemory::allocate(ctx, bytes));
-    std::memset(mem->base(), c.poison, mem->length());
-    return Status::ok();
-  }
-#ifdef K3_TRANSFER_HAVE_CUDA
-  if (!ctx->supports(MemoryType::Cuda))
-    return unsupported("decode pools in device memory: this UCX has no CUDA transport loaded (UCX_TLS, or a UCX "
-                       "built without CUDA)");
-  K3_ASSIGN_OR_RETURN(std::unique_ptr<CudaBuffer> buf, CudaBuffer::create(bytes));
-  K3_TRY(buf->fill(c.poison));
-  K3_ASSIGN_OR_RETURN(mem, UcxMemory::map(ctx, buf->data(), bytes, MemoryType::Cuda));
-  device = std::shared_ptr<CudaBuffer>(std::move(buf));
-  return Status::ok();
-#else
-  (void)device;   // create() refused device pools before the context existed; the same refusal here
-  return prepare_memory_type(c.pool_memory, c.cuda_device, "decode pools in device memory");
-#endif
-}
-
-}  // namespace
 
 Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cfg, zmq::context_t& zctx,
                                                            protocol::MetricsRegistry* metrics) {
@@ -82,7 +54,10 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
                                 std::to_string(probe.region_bytes()) + " bytes, an rkey and a worker address");
       published = *elsewhere;
     } else {
-      K3_TRY(allocate_region(d->ctx_, c, probe.region_bytes(), region.device, region.mem));
+      K3_ASSIGN_OR_RETURN(OwnedRegion owned, allocate_owned_region(d->ctx_, c.pool_memory, probe.region_bytes(),
+                                                                   c.poison, "decode pools in device memory"));
+      region.device = std::move(owned.device);
+      region.mem = std::move(owned.mem);
       protocol::metric::set_region_bytes(metrics, id, memory_type_name(c.pool_memory), region.mem->length());
       K3_ASSIGN_OR_RETURN(auto rkey, region.mem->packed_rkey());
       published = {.region_id = id, .base = reinterpret_cast<uint64_t>(region.mem->base()),

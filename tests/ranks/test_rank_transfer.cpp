@@ -2,8 +2,9 @@
 // stage images, planned (transfer/plan.h) against the ADDRS of every rank of a DCP group and applied to
 // the ranks' regions (transfer/pool.h layout), read back with each rank's own cache layout
 // (decode_node/region_image.h + rank_cache_config), are exactly the slices the rank forward imports
-// (rank_image, the independent restatement the decode tests use). Byte for byte, for DCP1/2/4 and
-// prompts whose length does not divide evenly over the ranks.
+// (rank_image, the independent restatement the decode tests use), and imported in place from the
+// region's tables (import_caches_from) they are the same bytes in the rank's caches. Byte for byte, for
+// DCP1/2/4 and prompts whose length does not divide evenly over the ranks.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -82,6 +83,32 @@ TEST_CASE("PP2 prefill writes every rank of a DCP group through the transfer pla
       INFO("DCP" << dcp << " rank " << i << " T " << T << ": " << got.status().to_string());
       REQUIRE(got.is_ok());
       CHECK(*got == rank_image(full, mine, g, T, whole));
+
+      // Read in place from the region's tables (what a GPU rank does on the device), the same bytes land in
+      // the rank's caches: exported again, they are the image.
+      const auto rows = static_cast<uint32_t>(dcp_rows_on(g, T));
+      const int L = sc.cfg.num_hidden_layers;
+      CachePools caches(*be, rank_cache_config(sc.cfg, g), 0, L, reference_options().cache);
+      const decode::RegionEntries entries{.pages = allocs[i].pages.page_ids(), .slot = allocs[i].slot.slot()};
+      auto tables = decode::region_tables(mine, pools[i]->geometry(), entries, regions[i], Device::Cpu, rows);
+      INFO(tables.status().to_string());
+      REQUIRE(tables.is_ok());
+      CHECK(tables->image_bytes == got->size());
+      SeqCache s = caches.open().value();
+      REQUIRE(caches.reserve(s, rows).is_ok());
+      Status st = import_caches_from(*be, caches, s, 0, L, rows, tables->tables);
+      INFO(st.to_string());
+      REQUIRE(st.is_ok());
+      s.num_tokens = rows;
+      std::vector<uint8_t> back;
+      export_caches(*be, caches, s, 0, L, back);
+      CHECK(back == *got);
+      // Tables in another memory than the caches are refused, naming it.
+      CacheTables elsewhere = tables->tables;
+      elsewhere.device = Device::Cuda;
+      Status refused = import_caches_from(*be, caches, s, 0, L, rows, elsewhere);
+      CHECK(refused.message().find("another memory than the pools") != std::string::npos);
+      caches.close(s);
     }
   }
 }
