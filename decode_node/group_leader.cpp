@@ -353,7 +353,9 @@ Status GroupLeader::step_batch() {
     c = {};
   }
   if (!has_step) return Status::ok();
-  auto own = worker_->step(feeds[0]);
+  // A step of a big model on a shared GPU, with the group's collectives through the host, can outlast the
+  // router's heartbeat window: the leader keeps beating between layers so it is not taken for dead.
+  auto own = worker_->step(feeds[0], [this] { driver_->heartbeat_if_due(); });
   if (!own.is_ok()) {
     if (own.status().code() != Code::ResourceExhausted) return fail_group(own.status());
     // Every rank refused the step before touching a cache: the newest request gives way.

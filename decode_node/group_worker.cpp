@@ -61,7 +61,7 @@ Status GroupWorker::admit_with(const GroupAdmit& a,
   return Status::ok();
 }
 
-Result<std::vector<float>> GroupWorker::step(const std::vector<GroupFeed>& feeds) {
+Result<std::vector<float>> GroupWorker::step(const std::vector<GroupFeed>& feeds, const std::function<void()>& progress) {
   std::vector<RankItem> items;
   std::vector<int32_t> tokens;
   for (const auto& f : feeds) {
@@ -70,7 +70,7 @@ Result<std::vector<float>> GroupWorker::step(const std::vector<GroupFeed>& feeds
     items.push_back({.seq = &it->second.seq, .position = it->second.position});
     tokens.push_back(f.token);
   }
-  K3_ASSIGN_OR_RETURN(Tensor lg, model_->decode_step(items, tokens));
+  K3_ASSIGN_OR_RETURN(Tensor lg, model_->decode_step(items, tokens, progress));
   for (const auto& f : feeds) ++seqs_.at(f.id).position;  // decode_step advanced the local rows
   if (feeds.empty()) return std::vector<float>{};
   const size_t n = feeds.size() * static_cast<size_t>(cfg_.vocab_size);

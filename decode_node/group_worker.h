@@ -28,7 +28,8 @@ class GroupWorker {
   // the region is device memory and the bytes move by device gathers.
   Status admit_from(const GroupAdmit& a, const CacheTables& tables);
   void drop(uint64_t id);
-  Result<std::vector<float>> step(const std::vector<GroupFeed>& feeds);
+  // `progress`: called after each layer (RankModel::decode_step), e.g. the leader's control heartbeats.
+  Result<std::vector<float>> step(const std::vector<GroupFeed>& feeds, const std::function<void()>& progress = {});
   void close_all();
 
   size_t num_requests() const { return seqs_.size(); }

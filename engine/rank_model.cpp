@@ -48,7 +48,8 @@ Result<std::unique_ptr<RankModel>> RankModel::create(Backend& backend, const Mod
   return m;
 }
 
-Result<Tensor> RankModel::decode_step(std::span<RankItem> batch, std::span<const int32_t> tokens) {
+Result<Tensor> RankModel::decode_step(std::span<RankItem> batch, std::span<const int32_t> tokens,
+                                      const std::function<void()>& progress) {
   const auto t_step = Clock::now();
   Backend& be = *impl_->be;
   const Model::Weights& w = *impl_->w;
@@ -146,6 +147,7 @@ Result<Tensor> RankModel::decode_step(std::span<RankItem> batch, std::span<const
         be.copy(all.slice_rows(b0, b0 + static_cast<int64_t>(c.count)), rows);
       }
     }
+    if (progress) progress();
   }
 
   Tensor logits = Tensor::zeros({R, cfg_.vocab_size});

@@ -9,6 +9,7 @@
 // partials are merged in partition order whatever rank computed them, and the expert outputs are summed
 // on the token's own rank in slot order, as moe_experts does.
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -50,7 +51,11 @@ class RankModel {
   // Errors: when any rank of the group is out of cache pages every rank returns ResourceExhausted before
   // touching a cache; a collective that fails (a peer died or timed out) returns its error, and the
   // group is then unusable.
-  Result<Tensor> decode_step(std::span<RankItem> batch, std::span<const int32_t> tokens);
+  // `progress`, when set, is called on this thread after each layer's work has been enqueued (and, with
+  // collectives through the host, exchanged): a step that runs long on a shared or loaded GPU lets its host
+  // keep up control heartbeats meanwhile, as Model::forward's does.
+  Result<Tensor> decode_step(std::span<RankItem> batch, std::span<const int32_t> tokens,
+                             const std::function<void()>& progress = {});
 
   CachePools& caches() { return *caches_; }
   const RankLayout& layout() const { return layout_; }

@@ -109,6 +109,12 @@ bool DecodeDriver::send_to(const Peer& p, const protocol::Message& m) {
   return s.is_ok();
 }
 
+void DecodeDriver::heartbeat_if_due() {
+  const auto now = Clock::now();
+  server_->heartbeat_if_due(now);
+  if (router_) router_->heartbeat_if_due(now);
+}
+
 Status DecodeDriver::send_to_router(const protocol::Message& m) {
   if (!router_) return {Code::Unavailable, "no router connection"};
   return router_->send(protocol::encode(m));

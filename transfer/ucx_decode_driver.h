@@ -78,6 +78,9 @@ class DecodeDriver {
 
   // Sends a message to the router (e.g. TOKENS once a ready request produced its first token).
   Status send_to_router(const protocol::Message& m);
+  // Sends the control heartbeats that are due (to the prefill stages and the router) and reads nothing:
+  // for a host computing for longer than a heartbeat interval between polls (a rank group's step).
+  void heartbeat_if_due();
 
   DecodeSide& side() { return *side_; }
   // By region id: a rank's own region has the rank's id.
