@@ -12,7 +12,12 @@
 // hidden share = write time of all stages that lies before the last stage's compute end / all write time
 // (the writes after it are on the critical path to the first token). Write time is the stages' write
 // batches (puts + flush: one per chunk when the stages stream, one per request with --no-stream), so idle
-// time between a streaming stage's batches does not count as transfer time.
+// time between a streaming stage's batches does not count as transfer time; the write rate is the batches'
+// bytes over that time.
+// --group-dcp N / --group-ep N: decode is a rank group of N processes (a leader and N - 1 members, each
+// owning its transfer region; on the cuda backend device memory, so the stages' puts go GPU to GPU); the
+// CLAIM and PREFILL name the group's ranks as the router does (DCP: ranks 0..N-1, each written its slice;
+// EP: rank 0, the request written whole into one rank's region).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -49,6 +54,14 @@ struct OverlapOptions {
   int timeout_s = 600;     // per request
   bool no_stream = false;  // k3-prefill --no-stream: write after the whole prompt (the design before streaming)
   int max_inflight_chunks = 0;   // k3-prefill --max-inflight-chunks (0: its default)
+  int group_dcp = 1, group_ep = 1;   // decode as a rank group (at most one of them > 1)
+  int group_size() const { return group_dcp * group_ep; }
+  // The ranks a CLAIM / PREFILL names: the DCP group's, or the EP group's leader.
+  std::vector<uint32_t> decode_ranks() const {
+    std::vector<uint32_t> r;
+    for (int i = 0; i < group_dcp; ++i) r.push_back(static_cast<uint32_t>(i));
+    return r;
+  }
   std::string node_log_level = "warn";
 };
 
@@ -66,6 +79,7 @@ struct RequestSpans {
   int64_t sent_us = 0;   // the PREFILLs went out
   std::map<int, Span> compute, writes_done;
   std::map<int, std::vector<Span>> writes;   // each stage's write batches
+  uint64_t write_bytes = 0;                   // all stages' write batches
 };
 
 class OverlapRig {
@@ -86,6 +100,7 @@ class OverlapRig {
   zmq::context_t zctx_;
   std::unique_ptr<transfer::ControlServer> router_;
   std::unique_ptr<deploy::ChildProcess> decode_;
+  std::vector<std::unique_ptr<deploy::ChildProcess>> members_;  // a rank group's ranks 1..N-1
   std::vector<std::unique_ptr<deploy::ChildProcess>> stages_;  // by stage
   std::map<uint64_t, RequestSpans> spans_;
   std::map<uint64_t, int64_t> first_token_us_;
@@ -117,13 +132,37 @@ std::unique_ptr<OverlapRig> OverlapRig::start(const OverlapOptions& o) {
   std::vector<std::string> dargs = rig->common_args();
   dargs.insert(dargs.end(), {"--ignore-eos", "--max-tokens", "1", "--pool-pages", pages, "--pool-slots", "2",
                              "--max-requests", "2", "--cache-pages", pages});
+  // A rank group: the same flags on every rank; the leader registers the group's N global ranks.
+  std::vector<std::string> group;
+  if (o.group_dcp > 1) group = {"--group-dcp", std::to_string(o.group_dcp)};
+  if (o.group_ep > 1) group = {"--group-ep", std::to_string(o.group_ep)};
+  if (o.group_size() > 1) {
+    dargs.insert(dargs.end(), group.begin(), group.end());
+    dargs.insert(dargs.end(), {"--dp-size", std::to_string(o.group_size())});
+  }
   auto d = deploy::ChildProcess::start("decode/d", (bin / "k3-decode").string(), dargs);
   rig->expect(d.is_ok(), "k3-decode: " + d.status().to_string());
   rig->decode_ = std::move(d).value();
-  std::optional<std::string> ep;
-  for (auto deadline = Clock::now() + 300s; !ep && Clock::now() < deadline;)
-    if (auto line = rig->decode_->read_line(200ms); line && line->rfind("READY ", 0) == 0) ep = line->substr(6);
-  rig->expect(ep.has_value(), "k3-decode did not print READY");
+  auto wait_decode_line = [&](const std::string& prefix) {
+    for (auto deadline = Clock::now() + 300s; Clock::now() < deadline;)
+      if (auto line = rig->decode_->read_line(200ms); line && line->rfind(prefix, 0) == 0) return line->substr(prefix.size());
+    throw std::runtime_error("k3-decode did not print " + prefix);
+  };
+  if (o.group_size() > 1) {
+    // The leader binds the group's communicator and waits for its members before it prints READY.
+    const std::string group_ep = wait_decode_line("GROUP ");
+    for (int i = 1; i < o.group_size(); ++i) {
+      std::vector<std::string> margs = {"--model", o.model, "--backend", o.backend, "--log-level", o.node_log_level,
+                                        "--insecure-control-plane", "--group-rank", std::to_string(i), "--group-endpoint", group_ep,
+                                        "--max-requests", "2", "--cache-pages", pages};
+      if (o.threads > 0) margs.insert(margs.end(), {"--threads", std::to_string(o.threads)});
+      margs.insert(margs.end(), group.begin(), group.end());
+      auto m = deploy::ChildProcess::start("decode/d/" + std::to_string(i), (bin / "k3-decode").string(), margs);
+      rig->expect(m.is_ok(), "k3-decode member " + std::to_string(i) + ": " + m.status().to_string());
+      rig->members_.push_back(std::move(m).value());
+    }
+  }
+  const std::optional<std::string> ep = wait_decode_line("READY ");
   rig->stages_.resize(o.stages);
   rig->held_.assign(o.stages, "");
   std::string next;
@@ -192,10 +231,15 @@ void OverlapRig::pump(std::chrono::milliseconds wait) {
       if (line.rfind("HELD ", 0) == 0) held_[s] = line.substr(5);
       if (!(in >> word >> id >> span >> sp.begin >> sp.end) || word != "TIMING") continue;
       if (span == "compute") spans_[id].compute[s] = sp;
-      else if (span == "writes") spans_[id].writes[s].push_back(sp);
       else if (span == "writes_done") spans_[id].writes_done[s] = sp;
+      else if (span == "writes") {
+        spans_[id].writes[s].push_back(sp);
+        uint64_t bytes = 0;
+        if (in >> bytes) spans_[id].write_bytes += bytes;
+      }
     }
   (void)decode_->drain();
+  for (auto& m : members_) (void)m->drain();
 }
 
 int64_t OverlapRig::run(uint64_t id, const std::vector<int32_t>& prompt, bool transfer, RequestSpans& spans) {
@@ -206,7 +250,7 @@ int64_t OverlapRig::run(uint64_t id, const std::vector<int32_t>& prompt, bool tr
     // As the router does: CLAIM first and wait for its ACK, off the timed path.
     auto sent = router_->send("decode/d", protocol::encode(protocol::Claim{
                                               .request_id = id, .prompt_len = static_cast<uint32_t>(prompt.size()),
-                                              .decode_ranks = {0}, .prefill_instance = "p",
+                                              .decode_ranks = o_.decode_ranks(), .prefill_instance = "p",
                                               .num_prefill_stages = static_cast<uint32_t>(o_.stages)}));
     expect(sent.is_ok(), "CLAIM: " + sent.to_string());
     while (!claim_acked_.count(id)) {
@@ -218,7 +262,7 @@ int64_t OverlapRig::run(uint64_t id, const std::vector<int32_t>& prompt, bool tr
   for (int s = 0; s < o_.stages; ++s) {
     auto sent = router_->send("prefill/p/" + std::to_string(s),
                               protocol::encode(protocol::Prefill{.request_id = id, .token_ids = prompt,
-                                                                 .decode_instance = "d", .decode_ranks = {0}}));
+                                                                 .decode_instance = "d", .decode_ranks = o_.decode_ranks()}));
     expect(sent.is_ok(), "PREFILL to stage " + std::to_string(s) + ": " + sent.to_string());
   }
   auto done = [&] {
@@ -270,6 +314,8 @@ int run_overlap(const OverlapOptions& o) {
   if (!cfg.is_ok()) return std::fprintf(stderr, "overlap: %s\n", cfg.status().to_string().c_str()), 1;
   if (o.stages > cfg->num_hidden_layers)
     return std::fprintf(stderr, "overlap: --stages %d > the model's %d layers\n", o.stages, cfg->num_hidden_layers), 1;
+  if (o.group_dcp > 1 && o.group_ep > 1)
+    return std::fprintf(stderr, "overlap: --group-dcp and --group-ep are exclusive (a group is DCP or EP)\n"), 1;
   if (o.prompt >= cfg->max_position_embeddings)
     return std::fprintf(stderr, "overlap: --prompt %d leaves no position for the first token (the model has %lld)\n", o.prompt,
                         static_cast<long long>(cfg->max_position_embeddings)), 1;
@@ -279,13 +325,18 @@ int run_overlap(const OverlapOptions& o) {
   for (int32_t& t : prompt) t = tok(rng);
   try {
     auto rig = OverlapRig::start(o);
-    std::printf("overlap: %s, %d-token prompt, %d stage(s), chunk %d, backend %s, %s\n", o.model.c_str(), o.prompt, o.stages,
-                o.chunk, o.backend.c_str(), o.no_stream ? "writes after the whole prompt (--no-stream)" : "streaming");
+    const std::string decode = o.group_dcp > 1   ? "a DCP" + std::to_string(o.group_dcp) + " group"
+                               : o.group_ep > 1 ? "an EP" + std::to_string(o.group_ep) + " group"
+                                                : "one rank";
+    std::printf("overlap: %s, %d-token prompt, %d stage(s), chunk %d, backend %s, %s, decode %s\n", o.model.c_str(),
+                o.prompt, o.stages, o.chunk, o.backend.c_str(),
+                o.no_stream ? "writes after the whole prompt (--no-stream)" : "streaming", decode.c_str());
     // tail: TTFT minus the time to the last stage's compute end (cache export, ADDRS round trip, writes,
     // TRANSFER_DONE, decode's import and the first TOKENS); it is what the transfer adds to the first token.
-    std::printf("%-5s %-9s %10s %12s %10s %12s %12s %8s\n", "round", "transfer", "TTFT ms", "compute ms", "tail ms",
-                "writes ms", "exposed ms", "hidden");
-    std::vector<double> with_ms, skip_ms, hidden, tail_ms, own_ratio;
+    // MB and GB/s: the bytes of every stage's write batches, and those bytes over the batches' time.
+    std::printf("%-5s %-9s %10s %12s %10s %12s %12s %8s %10s %8s\n", "round", "transfer", "TTFT ms", "compute ms",
+                "tail ms", "writes ms", "exposed ms", "hidden", "MB", "GB/s");
+    std::vector<double> with_ms, skip_ms, hidden, tail_ms, own_ratio, rate;
     uint64_t id = 1;
     for (int round = 0; round <= o.runs; ++round) {
       for (bool transfer : {false, true}) {
@@ -302,15 +353,18 @@ int run_overlap(const OverlapOptions& o) {
           }
         const double share = writes > 0 ? static_cast<double>(hid) / static_cast<double>(writes) : 0;
         const int64_t tail = ttft - (compute_end - sp.sent_us);
-        std::printf("%-5s %-9s %10.1f %12.1f %10.2f %12.2f %12.2f %8s\n", round == 0 ? "warm" : std::to_string(round).c_str(),
-                    transfer ? "yes" : "skipped", ttft / 1e3, (compute_end - first_begin) / 1e3, tail / 1e3, writes / 1e3,
-                    (writes - hid) / 1e3, transfer ? std::to_string(share).substr(0, 5).c_str() : "-");
+        const double gbps = writes > 0 ? static_cast<double>(sp.write_bytes) / (static_cast<double>(writes) * 1e3) : 0;
+        std::printf("%-5s %-9s %10.1f %12.1f %10.2f %12.2f %12.2f %8s %10.3f %8.2f\n",
+                    round == 0 ? "warm" : std::to_string(round).c_str(), transfer ? "yes" : "skipped", ttft / 1e3,
+                    (compute_end - first_begin) / 1e3, tail / 1e3, writes / 1e3, (writes - hid) / 1e3,
+                    transfer ? std::to_string(share).substr(0, 5).c_str() : "-", sp.write_bytes / 1e6, gbps);
         std::fflush(stdout);
         if (round == 0) continue;
         (transfer ? with_ms : skip_ms).push_back(ttft / 1e3);
         if (transfer) hidden.push_back(share);
         if (transfer) tail_ms.push_back(tail / 1e3);
         if (transfer) own_ratio.push_back(static_cast<double>(ttft) / static_cast<double>(ttft - tail));
+        if (transfer) rate.push_back(gbps);
       }
     }
     const double w = median(with_ms), s = median(skip_ms);
@@ -321,6 +375,7 @@ int run_overlap(const OverlapOptions& o) {
     // The same ratio within each transfer run (TTFT / its own time to the compute end): on a loaded machine
     // the compute time varies between runs by more than the transfer costs, this does not.
     std::printf("median TTFT / same-run compute end %.4fx\n", median(own_ratio));
+    std::printf("median write rate %.2f GB/s (the write batches' bytes over their time)\n", median(rate));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "overlap: %s\n", e.what());
     return 1;
@@ -346,6 +401,10 @@ void add_overlap_command(CLI::App& app) {
   cmd->add_flag("--no-stream", o->no_stream, "stages write after the whole prompt (k3-prefill --no-stream)");
   cmd->add_option("--max-inflight-chunks", o->max_inflight_chunks, "the stages' --max-inflight-chunks (default: theirs)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--group-dcp", o->group_dcp, "decode as a DCP rank group of N processes (default 1: one rank)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--group-ep", o->group_ep, "decode as an EP rank group of N processes (default 1: one rank)")
+      ->check(CLI::Range(1, 64));
   cmd->callback([o] {
     const int rc = run_overlap(*o);
     if (rc != 0) throw CLI::RuntimeError(rc);

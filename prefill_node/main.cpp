@@ -4,8 +4,9 @@
 //   READY <control name>     the stage is up (model loaded, driver connected)
 //   DECODE_READY             every decode instance's registration (worker address, rkeys) arrived
 //   HELD <sources> <computing>  whenever the driver's held sources or the requests in compute change
-//   TIMING <id> compute|writes|writes_done <begin_us> <end_us>  with --timing: a request's spans on this stage
-//                            (writes: one per write batch, writes_done: the whole transfer)
+//   TIMING <id> compute|writes|writes_done <begin_us> <end_us> [<bytes>]  with --timing: a request's spans on
+//                            this stage (writes: one per write batch, with its bytes; writes_done: the whole
+//                            transfer)
 #include <CLI/CLI.hpp>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -142,7 +143,8 @@ int main(int argc, char** argv) {
   if (timing)
     o.on_timing = [](const prefill::StageTiming& t) {
       say("TIMING " + std::to_string(t.request_id) + " " + prefill::span_name(t.span) + " " + std::to_string(t.begin_us) +
-          " " + std::to_string(t.end_us));
+          " " + std::to_string(t.end_us) +
+          (t.span == prefill::StageTiming::Span::Writes ? " " + std::to_string(t.bytes) : std::string()));
     };
   spdlog::set_level(spdlog::level::from_str(log_level));
   // Checked before anything is loaded, as k3-decode does: a bad address costs no weight upload.

@@ -120,8 +120,9 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
     if (protocol::is_terminal(st)) self->pending_end_.push_back(id);
   };
   if (opts.on_timing)
-    dc.on_write_span = [self](uint64_t id, int64_t begin_us, int64_t end_us) {
-      self->opts_.on_timing({.request_id = id, .span = StageTiming::Span::Writes, .begin_us = begin_us, .end_us = end_us});
+    dc.on_write_span = [self](uint64_t id, int64_t begin_us, int64_t end_us, uint64_t bytes) {
+      self->opts_.on_timing(
+          {.request_id = id, .span = StageTiming::Span::Writes, .begin_us = begin_us, .end_us = end_us, .bytes = bytes});
     };
   K3_ASSIGN_OR_RETURN(s->driver_, transfer::PrefillDriver::create(std::move(dc), zctx, &s->metrics_));
   // The neighbours' control names: each link accepts / trusts only the adjacent stage's key.

@@ -72,6 +72,7 @@ struct StageTiming {
   Span span = Span::Compute;
   int64_t begin_us = 0;
   int64_t end_us = 0;
+  uint64_t bytes = 0;   // Writes: the batch's bytes
 };
 const char* span_name(StageTiming::Span s);
 int64_t steady_us();

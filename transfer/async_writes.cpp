@@ -102,6 +102,8 @@ void AsyncWrites::loop() {
     } else {
       std::lock_guard ucx(ucx_mutex_);
       const uint64_t id = job->request_id;
+      for (const auto& runs : job->runs)
+        for (const RemoteWrite& w : runs.writes) d.bytes += w.length;
       for (const auto& runs : job->runs) {
         d.status = writer_.write(*runs.dest, runs.writes, [&] { return cancelled(id); }, job->source_registration);
         if (!d.status.is_ok()) break;

@@ -54,6 +54,7 @@ struct WriteDone {
   uint64_t request_id = 0;
   Status status;
   int64_t begin_us = 0, end_us = 0;   // steady clock, when the job's writes ran (k3-prefill --timing)
+  uint64_t bytes = 0;                 // the job's bytes (written, when the status is ok)
 };
 
 class AsyncWrites {

@@ -164,7 +164,7 @@ Status PrefillDriver::post_writes(const StartWritesAction& w) {
 void PrefillDriver::take_write_completions(Actions& all) {
   for (WriteDone& d : writes_->take_done()) {
     --jobs_in_flight_;
-    if (cfg_.on_write_span) cfg_.on_write_span(d.request_id, d.begin_us, d.end_us);
+    if (cfg_.on_write_span) cfg_.on_write_span(d.request_id, d.begin_us, d.end_us, d.bytes);
     execute(side_->on_writes_flushed(d.request_id, d.status, steady_now()), all);
     note_request(d.request_id);
   }

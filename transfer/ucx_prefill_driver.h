@@ -55,7 +55,7 @@ struct PrefillDriverConfig {
   size_t source_arena_bytes = 0;
   StateHook on_state;                // may be empty; may call inject_abort() for the request
   // May be empty: when one StartWrites' puts ran (steady clock, microseconds), called from step().
-  std::function<void(uint64_t request_id, int64_t begin_us, int64_t end_us)> on_write_span;
+  std::function<void(uint64_t request_id, int64_t begin_us, int64_t end_us, uint64_t bytes)> on_write_span;
 };
 
 class PrefillDriver {

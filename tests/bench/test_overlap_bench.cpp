@@ -1,6 +1,7 @@
 // `k3-bench overlap` on a short k3-tiny prompt with two real k3-prefill stages and a k3-decode: every
 // round runs with and without the transfer, the stages' TIMING lines give each transfer run a write span
-// and a hidden share in [0, 1], and the summary lines are printed. The figures themselves are for
+// and a hidden share in [0, 1], and the summary lines are printed; with the decode side a DCP2 or EP2 rank
+// group the stages' bytes reach it and a write rate is reported. The figures themselves are for
 // docs/PERF.md (a loaded CI host proves nothing about them); bad input is refused with the flag named.
 #include <catch2/catch.hpp>
 
@@ -76,4 +77,39 @@ TEST_CASE("k3-bench overlap refuses a prompt the model has no positions for") {
   const auto r = k3::test::run_command(kBin + "/k3-bench overlap --model '" + model.path() + "' --prompt 100000 2>&1");
   CHECK(r.exit_code != 0);
   CHECK(r.out.find("--prompt 100000") != std::string::npos);
+}
+
+TEST_CASE("k3-bench overlap --group-dcp / --group-ep: the stages write into a decode rank group, bytes and rate reported") {
+  TinyModel model;
+  for (const std::string group : {"--group-dcp 2", "--group-ep 2"}) {
+    INFO(group);
+    const auto r = k3::test::run_command(kBin + "/k3-bench overlap --model '" + model.path() +
+                                         "' --prompt 64 --stages 2 --chunk 16 --runs 1 --threads 1 --timeout-s 120 " +
+                                         group + " 2>&1");
+    INFO(r.out);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out.find(group == "--group-dcp 2" ? "decode a DCP2 group" : "decode an EP2 group") != std::string::npos);
+    // round transfer TTFT compute tail writes exposed hidden MB GB/s
+    const std::regex row(
+        R"((warm|\d+)\s+(yes|skipped)\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+([0-9.]+)\s+[0-9.]+\s+\S+\s+([0-9.]+)\s+([0-9.]+))");
+    int with = 0;
+    for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), row); it != std::sregex_iterator(); ++it) {
+      const std::smatch& m = *it;
+      if (m[2] != "yes") {
+        CHECK(std::stod(m[4]) == 0);   // nothing written without a CLAIM
+        continue;
+      }
+      ++with;
+      CHECK(std::stod(m[3]) > 0);
+      CHECK(std::stod(m[4]) > 0);      // the stages' bytes reached the group's regions
+      CHECK(std::stod(m[5]) > 0);
+    }
+    CHECK(with == 2);
+    CHECK(std::regex_search(r.out, std::regex(R"(median write rate [0-9.]+ GB/s)")));
+  }
+  // A group is DCP or EP, not both.
+  const auto both = k3::test::run_command(kBin + "/k3-bench overlap --model '" + model.path() +
+                                          "' --group-dcp 2 --group-ep 2 2>&1");
+  CHECK(both.exit_code != 0);
+  CHECK(both.out.find("--group-dcp and --group-ep are exclusive") != std::string::npos);
 }
