@@ -2,7 +2,8 @@
 // to four DP2 clusters of the same model (single decode processes, one process with kv_partitions 2, DCP2
 // groups, EP2 groups), each cluster's tokens against the computation it must equal. K3_TEST_BACKEND=cuda
 // runs every process on GPU 0 (tests/cuda/run_rank_groups_on_gpu_host.sh); K3_TEST_MODEL serves another
-// model directory (tests/cuda/run_rank_groups_small_on_gpu_host.sh passes k3-small).
+// model directory (tests/cuda/run_rank_groups_small_on_gpu_host.sh passes k3-small); K3_TEST_LOG_DIR keeps
+// the nodes' logs.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -174,7 +175,15 @@ TEST_CASE("k3-cluster with K3 head shapes: DP2 x DCP2 and DP2 x EP2 groups serve
     if (r.ep) d["ep"] = r.ep;
     if (r.kv) d["kv_partitions"] = r.kv;
     std::ofstream(dir.path() + "/spec.json") << spec.dump(2);
-    k3::test::LaunchedCluster c = k3::test::launch_cluster(dir.path() + "/spec.json", 300s);
+    // K3_TEST_LOG_DIR keeps every node's log lines (at info) under <dir>/<run>/ (k3-cluster --log-dir): the
+    // GPU scripts copy them out to tell why a run failed.
+    std::vector<std::string> extra;
+    if (const char* logs = std::getenv("K3_TEST_LOG_DIR"); logs && *logs) {
+      std::string sub = r.what;
+      std::replace(sub.begin(), sub.end(), ' ', '_');
+      extra = {"--log-dir", std::string(logs) + "/" + sub, "--log-level", "info"};
+    }
+    k3::test::LaunchedCluster c = k3::test::launch_cluster(dir.path() + "/spec.json", 300s, extra);
     const int group = std::max({r.dcp, r.ep, 1});
     CHECK(c.pids.size() == static_cast<size_t>(1 + 2 * group + 4));
     served[r.what] = serve_greedy(c, prompts);
