@@ -94,7 +94,10 @@ Result<std::unique_ptr<UcxComm>> UcxComm::create(int rank, int size, const std::
   if (rank < 0 || rank >= size)
     return invalid_argument("UcxComm: rank " + std::to_string(rank) + " outside 0.." + std::to_string(size - 1));
   std::unique_ptr<UcxComm> c(new UcxComm(rank, size, options));
-  K3_ASSIGN_OR_RETURN(c->ctx_, UcxContext::create(UCP_FEATURE_TAG));
+  // A rank that died fails every wait on it within about a second (UCX keepalive), not at the caller's
+  // deadline: a decode group's survivors end their requests at once, and the leader's heartbeats while it
+  // waits (set_while_waiting) do not hide a dead member.
+  K3_ASSIGN_OR_RETURN(c->ctx_, UcxContext::create(UCP_FEATURE_TAG, "", "1s"));
   K3_ASSIGN_OR_RETURN(c->worker_, UcxWorker::create(c->ctx_));
 
   std::vector<std::vector<uint8_t>> table(size);

@@ -49,6 +49,27 @@ std::shared_ptr<SourceImage> SourceImage::view(MemoryType type, uint8_t* data, s
   return img;
 }
 
+Status SourceImage::gather_to(const GatheredWrites& g, SourceImage& staging) const {
+  if (staging.type_ != type_ || staging.size_ < g.staged_bytes)
+    return invalid_argument("source gather: a staging image of " + std::to_string(staging.size_) + " bytes (" +
+                            memory_type_name(staging.type_) + ") for " + std::to_string(g.staged_bytes) + " bytes (" +
+                            memory_type_name(type_) + ")");
+  for (const RowGather& r : g.gathers)
+    if (r.rows > 0 && (r.src_offset > size_ || (r.rows - 1) * r.pitch + r.row_bytes > size_ - r.src_offset))
+      return Status(Code::OutOfRange, "source gather: rows at " + std::to_string(r.src_offset) + " run past the image");
+  if (type_ == MemoryType::Host) {
+    gather_on_host(g, data_, staging.data_);
+    return Status::ok();
+  }
+#ifdef K3_TRANSFER_HAVE_CUDA
+  for (const RowGather& r : g.gathers)
+    K3_TRY(cuda_gather_rows(staging.data_ + r.staged_offset, data_ + r.src_offset, r.row_bytes, r.pitch, r.rows));
+  return cuda_copies_done();
+#else
+  return unsupported("source images in device memory need a CUDA build (-DK3_CUDA=ON)");
+#endif
+}
+
 Status SourceImage::upload(const std::vector<uint8_t>& bytes) {
   if (bytes.size() > size_)
     return invalid_argument("source image upload: " + std::to_string(bytes.size()) + " bytes into an image of " +

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "transfer/gathered_writes.h"
 #include "transfer/ucx_memory.h"
 
 namespace k3::transfer {
@@ -24,6 +25,9 @@ class SourceImage {
                                            const UcxMemory* registration);
   // Fills the image from host bytes (a copy into device memory; a memcpy on the host).
   Status upload(const std::vector<uint8_t>& bytes);
+  // Copies this image's rows into `staging` (the same memory type, at least g.staged_bytes) as `g` gathers
+  // them: one strided device copy per gather on a GPU, memcpys on the host. Returns when they are there.
+  Status gather_to(const GatheredWrites& g, SourceImage& staging) const;
 
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }

@@ -1,5 +1,7 @@
 #include "transfer/ucx_context.h"
 
+#include <cstdlib>
+
 #ifdef K3_TRANSFER_HAVE_CUDA
 #include "transfer/cuda/cuda_memory.h"
 #endif
@@ -47,16 +49,19 @@ Status ucx_status(ucs_status_t s, const std::string& what) {
 }
 
 // ---------------------------------------------------------------------------------------------
-Result<std::shared_ptr<UcxContext>> UcxContext::create(uint64_t features, const std::string& net_devices) {
+Result<std::shared_ptr<UcxContext>> UcxContext::create(uint64_t features, const std::string& net_devices,
+                                                       const std::string& keepalive_interval) {
   ucp_config_t* config = nullptr;
   K3_TRY(ucx_status(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read"));
-  if (!net_devices.empty()) {
-    const ucs_status_t mst = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
-    if (mst != UCS_OK) {
-      ucp_config_release(config);
-      return ucx_status(mst, "UCX NET_DEVICES=" + net_devices);
-    }
-  }
+  auto modify = [&](const char* name, const std::string& value) -> Status {
+    const ucs_status_t mst = ucp_config_modify(config, name, value.c_str());
+    if (mst == UCS_OK) return Status::ok();
+    ucp_config_release(config);
+    return ucx_status(mst, std::string("UCX ") + name + "=" + value);
+  };
+  if (!net_devices.empty()) K3_TRY(modify("NET_DEVICES", net_devices));
+  if (!keepalive_interval.empty() && std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr)
+    K3_TRY(modify("KEEPALIVE_INTERVAL", keepalive_interval));
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = features | UCP_FEATURE_WAKEUP;

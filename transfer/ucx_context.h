@@ -40,8 +40,12 @@ class UcxContext {
   // docs/PERF.md.)
   // net_devices: UCX_NET_DEVICES for this context only (e.g. "lo": the tcp transport then listens on
   // that interface alone, docs/SECURITY.md); empty keeps the environment's choice.
+  // keepalive_interval: UCX_KEEPALIVE_INTERVAL for this context (e.g. "1s": a peer process that died fails
+  // the endpoint, and every wait on it, within about that time); empty, or UCX_KEEPALIVE_INTERVAL set in
+  // the environment, keeps the environment's choice.
   static Result<std::shared_ptr<UcxContext>> create(uint64_t features = UCP_FEATURE_RMA | UCP_FEATURE_TAG,
-                                                    const std::string& net_devices = "");
+                                                    const std::string& net_devices = "",
+                                                    const std::string& keepalive_interval = "");
   ~UcxContext();
   UcxContext(const UcxContext&) = delete;
   UcxContext& operator=(const UcxContext&) = delete;

@@ -138,18 +138,39 @@ Status PrefillDriver::post_writes(const StartWritesAction& w) {
                                    "', which this stage is not connected to"};
   // One write list per destination region, in plan order (the plan already coalesced runs).
   const SourceImage& bytes = *src->second;
-  std::map<uint32_t, std::vector<RemoteWrite>> by_region;
+  std::map<uint32_t, std::vector<WriteOp>> ops_of;
   uint64_t posted = 0;
   for (const WriteOp& op : w.ops) {
     if (op.src_offset > bytes.size() || op.length > bytes.size() - op.src_offset)
       return {Code::OutOfRange, "write op source [" + std::to_string(op.src_offset) + ", +" +
                                     std::to_string(op.length) + ") is outside the stage's source bytes"};
-    by_region[op.region_id].push_back({bytes.data() + op.src_offset, op.dst_addr, op.length});
+    ops_of[op.region_id].push_back(op);
     posted += op.length;
+  }
+  // A region whose puts are rows interleaved over a DCP group takes them gathered into a staging image
+  // first (gathered_writes.h): one put per contiguous run of the region instead of one per row.
+  auto held = std::make_shared<HeldSources>();
+  held->image = src->second;
+  const UcxMemory* registration = bytes.registration();
+  std::map<uint32_t, std::vector<RemoteWrite>> by_region;
+  for (const auto& [region, ops] : ops_of) {
+    std::vector<RemoteWrite>& runs = by_region[region];
+    if (auto g = gather_writes(ops)) {
+      auto staging = new_source(g->staged_bytes);
+      if (staging.is_ok() && bytes.gather_to(*g, **staging).is_ok()) {
+        for (const StagedWrite& sw : g->writes) runs.push_back({(*staging)->data() + sw.staged_offset, sw.dst_addr, sw.length});
+        if ((*staging)->registration() != registration) registration = nullptr;   // UCX registers the sources
+        held->staged.push_back(std::move(staging).value());
+        protocol::metric::count_gathered_puts(metrics_, ops.size(), g->writes.size());
+        continue;
+      }
+      // No room to stage (or the copy failed): the rows go one put each, as planned.
+    }
+    for (const WriteOp& op : ops) runs.push_back({bytes.data() + op.src_offset, op.dst_addr, op.length});
   }
   // "host-staged": the source is device memory that this UCX cannot read, copied through pinned host memory.
   protocol::metric::count_source_bytes(metrics_, writer_->staging() ? "host-staged" : memory_type_name(bytes.type()), posted);
-  WriteJob job{.request_id = w.request_id, .runs = {}, .source = src->second, .source_registration = bytes.registration()};
+  WriteJob job{.request_id = w.request_id, .runs = {}, .source = held, .source_registration = registration};
   for (auto& [region, runs] : by_region) {
     auto rk = link->rkeys.find(region);
     if (rk == link->rkeys.end())

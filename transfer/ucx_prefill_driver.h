@@ -115,6 +115,11 @@ class PrefillDriver {
   void apply_injected_aborts(Actions& all);
   // Holds `image` as the request's source, or, when it could not be made, aborts the request naming why.
   void hold_source(uint64_t request_id, Result<std::shared_ptr<SourceImage>> image, Actions& all);
+  // What a write job reads: the request's source image and the staging images of its gathered puts.
+  struct HeldSources {
+    std::shared_ptr<SourceImage> image;
+    std::vector<std::shared_ptr<SourceImage>> staged;
+  };
   // A source image of `bytes` in source_memory: in the arena when it has room, else of its own.
   Result<std::shared_ptr<SourceImage>> new_source(size_t bytes);
   // The bytes a stage exported on the host, as a source image (taken over on the host, copied to the device).

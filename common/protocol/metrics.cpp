@@ -147,6 +147,11 @@ void set_region_bytes(MetricsRegistry* m, uint32_t region, const std::string& me
 void count_source_bytes(MetricsRegistry* m, const std::string& memory, uint64_t bytes) {
   if (m) m->counter(kSourceBytes, {{"memory", memory}}, "Bytes a prefill stage posted for writing, by where the source lives").add(bytes);
 }
+void count_gathered_puts(MetricsRegistry* m, uint64_t planned, uint64_t posted) {
+  if (!m) return;
+  m->counter(kPlannedPuts, {}, "Puts of write lists a prefill stage gathered through a staging image, as planned").add(planned);
+  m->counter(kGatheredPuts, {}, "Puts those gathered write lists took instead").add(posted);
+}
 void set_pool_free_bytes(MetricsRegistry* m, uint32_t rank, uint64_t bytes) {
   if (m) m->gauge(kPoolFreeBytes, {{"rank", std::to_string(rank)}}, "Free bytes of a decode rank's pool").set(int64_t(bytes));
 }

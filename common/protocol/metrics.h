@@ -75,6 +75,8 @@ inline constexpr const char* kActiveRequests = "k3_active_requests";        // g
 inline constexpr const char* kPoolFreeBytes = "k3_pool_free_bytes";         // gauge, label rank
 inline constexpr const char* kRegionBytes = "k3_transfer_region_bytes";     // gauge, labels region,memory
 inline constexpr const char* kSourceBytes = "k3_transfer_source_bytes_total"; // label memory
+inline constexpr const char* kPlannedPuts = "k3_transfer_planned_puts_total";
+inline constexpr const char* kGatheredPuts = "k3_transfer_gathered_puts_total";
 
 void count_bytes(MetricsRegistry* m, uint64_t bytes);
 void count_transfer(MetricsRegistry* m);
@@ -87,6 +89,8 @@ void set_pool_free_bytes(MetricsRegistry* m, uint32_t rank, uint64_t bytes);
 void set_region_bytes(MetricsRegistry* m, uint32_t region, const std::string& memory, uint64_t bytes);
 // Bytes a prefill stage posted for writing, by where their source lives (memory "host" or "cuda").
 void count_source_bytes(MetricsRegistry* m, const std::string& memory, uint64_t bytes);
+// A write list gathered through a staging image: the puts the plan had and the puts that went instead.
+void count_gathered_puts(MetricsRegistry* m, uint64_t planned, uint64_t posted);
 }  // namespace metric
 
 }  // namespace k3::protocol

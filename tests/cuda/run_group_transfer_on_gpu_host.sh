@@ -10,6 +10,7 @@
 #                  the transfer, the share of the write time hidden behind compute, MB written and the
 #                  write rate (the write batches' bytes over their time).
 #   tests/cuda/run_group_transfer_on_gpu_host.sh OUT_DIR [PROMPT]
+#   (DECODES="one dcp2 ep2" by default: which decode sides to run; RUNS rounds after the warm-up, 1)
 set -uo pipefail
 OUT=${1:?output dir}
 PROMPT=${2:-8192}
@@ -28,6 +29,7 @@ p=$((20000 + RANDOM % 20000))
 grep -E "Final|MB/s|bandwidth" "$OUT/perftest.log" | tail -4
 PATTERN="overlap:|median|^warm|^[0-9]"
 for g in "one:" "dcp2:--group-dcp 2" "ep2:--group-ep 2"; do
+  [[ " ${DECODES:-one dcp2 ep2} " == *" ${g%%:*} "* ]] || continue
   # shellcheck disable=SC2086
   gpu_host_stage "overlap-${g%%:*}.log" "${OVERLAP_LIMIT:-200}" "$PATTERN" $B/bin/k3-bench overlap --model $M \
     --backend cuda --prompt "$PROMPT" --chunk 1024 --stages 2 --runs "${RUNS:-1}" --timeout-s 120 ${g#*:}

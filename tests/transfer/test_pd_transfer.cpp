@@ -279,7 +279,11 @@ TEST_CASE("1 prefill stage -> 8 decode ranks with DCP interleave and KDA head sl
   const uint32_t layers = std::uniform_int_distribution<uint32_t>(6, 10)(rng);
   Topology t{.layers = random_layers(rng, layers), .partition = {layers}, .ranks = 8, .heads = 8};
   Cluster c(t);
-  run_requests(c, rng, 3, 40);  // token counts below 8 leave some ranks without rows
+  const auto stage_metrics = run_requests(c, rng, 3, 40);  // token counts below 8 leave some ranks without rows
+  // The interleave's one-row puts went gathered (every destination byte was checked above).
+  CHECK(stage_metrics.at(0).count("k3_transfer_gathered_puts_total"));
+  CHECK(stage_metrics.at(0).at("k3_transfer_gathered_puts_total") * 2 <=
+        stage_metrics.at(0).at("k3_transfer_planned_puts_total"));
 }
 
 namespace {

@@ -42,6 +42,13 @@ Status cuda_upload(void* dst, const void* host, size_t n) {
   return cuda_status(cudaMemcpy(dst, host, n, cudaMemcpyHostToDevice), "upload");
 }
 
+Status cuda_gather_rows(void* dst, const void* src, size_t row_bytes, size_t pitch, size_t rows) {
+  return cuda_status(cudaMemcpy2DAsync(dst, row_bytes, src, pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, 0),
+                     "row gather (cudaMemcpy2DAsync)");
+}
+
+Status cuda_copies_done() { return cuda_status(cudaStreamSynchronize(0), "row gathers (cudaStreamSynchronize)"); }
+
 Status CudaBuffer::upload(const void* host, size_t n, size_t offset) {
   if (offset > bytes_ || n > bytes_ - offset) return {Code::OutOfRange, "CudaBuffer::upload past the end"};
   return cuda_upload(static_cast<char*>(ptr_) + offset, host, n);

@@ -21,6 +21,10 @@ Status cuda_make_current(int device);
 
 // Synchronous copy of `n` host bytes to device address `dst` (any device allocation, e.g. an arena's extent).
 Status cuda_upload(void* dst, const void* host, size_t n);
+// `rows` rows of `row_bytes` at src, src + pitch, ... to dst back to back (device to device), enqueued on
+// the legacy default stream (the engine's streams do not wait for it); cuda_copies_done waits for them.
+Status cuda_gather_rows(void* dst, const void* src, size_t row_bytes, size_t pitch, size_t rows);
+Status cuda_copies_done();
 
 class CudaBuffer {
  public:
