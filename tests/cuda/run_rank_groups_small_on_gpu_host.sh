@@ -8,7 +8,7 @@
 #                   kv_partitions 2, DCP2 groups, EP2 groups), 16 concurrent greedy requests each; EP2 ==
 #                   the single processes and DCP2 == the kv_partitions 2 process, whole (GROUP-TOKENS lines;
 #                   GROUP-RUN lines: each cluster's start, requests and stop); every node's log lines
-#                   (info) under OUT_DIR/logs/<run>/, and their warnings and errors printed.
+#                   (info) in OUT_DIR/nodes-<run>.log, and their warnings and errors printed.
 #   tests/cuda/run_rank_groups_small_on_gpu_host.sh OUT_DIR
 set -uo pipefail
 OUT=${1:?output dir}
@@ -25,6 +25,12 @@ M=/tmp/k3-small
 PATTERN="GROUP-TOKENS|GROUP-RUN|FAILED|passed|failed|SKIPPED|with expansion|REQUIRE|CHECK|error"
 gpu_host_stage cluster.log "${CLUSTER_LIMIT:-420}" "$PATTERN" env K3_TEST_BACKEND=cuda K3_TEST_MODEL=$M \
   K3_TEST_LOG_DIR="$OUT/logs" $B/tests/cluster_e2e_test_cluster_group_contracts
-# What the nodes said about failures (every node's log is under OUT_DIR/logs/<run>/).
-grep -r -h -i -E "warn|error|fail|down|dead|deadline|timed out" "$OUT/logs" 2>/dev/null | head -40
+# Every run's node logs as one file OUT_DIR/nodes-<run>.log (files nested deeper do not come back from
+# the GPU host), and what they said about failures.
+for d in "$OUT"/logs/*/; do
+  [[ -d $d ]] || continue
+  for f in "$d"*.log; do echo "== $(basename "$f")"; grep -v tag_match "$f"; done > "$OUT/nodes-$(basename "$d").log"
+done
+rm -rf "$OUT/logs"
+grep -h -i -E "warn|error|fail|down \(|deadline|timed out" "$OUT"/nodes-*.log 2>/dev/null | head -40
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$OUT/cluster.log" 2>&1
