@@ -156,11 +156,11 @@ Status PrefillDriver::post_writes(const StartWritesAction& w) {
   for (const auto& [region, ops] : ops_of) {
     std::vector<RemoteWrite>& runs = by_region[region];
     if (auto g = gather_writes(ops)) {
-      auto staging = new_source(g->staged_bytes);
-      if (staging.is_ok() && bytes.gather_to(*g, **staging).is_ok()) {
+      auto staging = staging_image(g->staged_bytes);
+      if (staging && bytes.gather_to(*g, **staging).is_ok()) {
         for (const StagedWrite& sw : g->writes) runs.push_back({(*staging)->data() + sw.staged_offset, sw.dst_addr, sw.length});
         if ((*staging)->registration() != registration) registration = nullptr;   // UCX registers the sources
-        held->staged.push_back(std::move(staging).value());
+        held->staged.push_back(std::move(*staging));
         protocol::metric::count_gathered_puts(metrics_, ops.size(), g->writes.size());
         continue;
       }
@@ -288,6 +288,16 @@ Result<std::shared_ptr<SourceImage>> PrefillDriver::new_source(size_t bytes) {
   if (arena_)
     if (auto img = arena_->take(bytes)) return std::move(*img);
   return SourceImage::create(cfg_.source_memory, bytes);
+}
+
+std::optional<std::shared_ptr<SourceImage>> PrefillDriver::staging_image(size_t bytes) {
+  if (arena_) return arena_->take(bytes);
+  // Device memory of its own would cost a cudaMalloc now and a cudaFree (which waits for the whole device,
+  // stalling the stage's compute) when the writes end: without an arena the rows go one put each.
+  if (cfg_.source_memory != MemoryType::Host) return std::nullopt;
+  auto img = SourceImage::create(MemoryType::Host, bytes);
+  if (!img.is_ok()) return std::nullopt;
+  return std::move(img).value();
 }
 
 Result<std::shared_ptr<SourceImage>> PrefillDriver::source_of(std::vector<uint8_t> bytes) {
