@@ -138,13 +138,6 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   auto leader = decode::GroupLeader::create({.rank = o, .layout = layout, .collectives = &forward_comm, .deadlines = deadlines},
                                             be, cfg, weights, **comm, zctx);
   if (!leader.is_ok()) return fail(leader.status());
-  // While the leader waits for its members (their first step on a loaded GPU can take seconds), its control
-  // heartbeats go on, so the router does not take the group for dead; the hook ends before the leader does.
-  struct WaitHook {
-    transfer::UcxComm& comm;
-    ~WaitHook() { comm.set_while_waiting({}); }
-  } hook{**comm};
-  (*comm)->set_while_waiting([l = leader->get()] { l->driver().heartbeat_if_due(); });
   deadlines.use(deadlines.step);
   // Idle, the leader ticks its members well within their receive deadline.
   const auto tick = std::chrono::milliseconds(std::max(10, gf.step_deadline_ms / 4));

@@ -7,7 +7,6 @@
 // reduce_scatter/all_reduce reduce each element on its owning rank in rank order.
 #pragma once
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,9 +45,6 @@ class UcxComm final : public Comm {
   // (start-up of many processes on few cores is slow) and then shortens it to its step deadline, so a
   // dead or hung rank fails the step on every survivor in seconds.
   void set_timeout(std::chrono::milliseconds timeout) { opt_.timeout = timeout; }
-  // Called while a call waits for its peers (before each sleep, at most 50 ms apart): a group leader's
-  // control heartbeats go on while it waits for a member's first step on a loaded GPU. Empty: none.
-  void set_while_waiting(std::function<void()> f) { while_waiting_ = std::move(f); }
 
  private:
   UcxComm(int rank, int size, UcxCommOptions opt) : rank_(rank), size_(size), opt_(opt) {}
@@ -63,7 +59,6 @@ class UcxComm final : public Comm {
   int size_;
   UcxCommOptions opt_;
   uint32_t collective_seq_ = 0;  // tags of successive collectives never collide
-  std::function<void()> while_waiting_;
   std::shared_ptr<UcxContext> ctx_;
   std::shared_ptr<UcxWorker> worker_;
   std::vector<std::shared_ptr<UcxEndpoint>> eps_;  // eps_[rank_] is null

@@ -1,7 +1,5 @@
 #include "transfer/ucx_context.h"
 
-#include <cstdlib>
-
 #ifdef K3_TRANSFER_HAVE_CUDA
 #include "transfer/cuda/cuda_memory.h"
 #endif
@@ -49,19 +47,16 @@ Status ucx_status(ucs_status_t s, const std::string& what) {
 }
 
 // ---------------------------------------------------------------------------------------------
-Result<std::shared_ptr<UcxContext>> UcxContext::create(uint64_t features, const std::string& net_devices,
-                                                       const std::string& keepalive_interval) {
+Result<std::shared_ptr<UcxContext>> UcxContext::create(uint64_t features, const std::string& net_devices) {
   ucp_config_t* config = nullptr;
   K3_TRY(ucx_status(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read"));
-  auto modify = [&](const char* name, const std::string& value) -> Status {
-    const ucs_status_t mst = ucp_config_modify(config, name, value.c_str());
-    if (mst == UCS_OK) return Status::ok();
-    ucp_config_release(config);
-    return ucx_status(mst, std::string("UCX ") + name + "=" + value);
-  };
-  if (!net_devices.empty()) K3_TRY(modify("NET_DEVICES", net_devices));
-  if (!keepalive_interval.empty() && std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr)
-    K3_TRY(modify("KEEPALIVE_INTERVAL", keepalive_interval));
+  if (!net_devices.empty()) {
+    const ucs_status_t mst = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
+    if (mst != UCS_OK) {
+      ucp_config_release(config);
+      return ucx_status(mst, "UCX NET_DEVICES=" + net_devices);
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = features | UCP_FEATURE_WAKEUP;
@@ -126,7 +121,7 @@ Result<bool> UcxWorker::arm() {
 }
 
 Status UcxWorker::wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout,
-                             std::chrono::microseconds busy_poll, const std::function<void()>& idle) {
+                             std::chrono::microseconds busy_poll) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
   for (;;) {
@@ -135,7 +130,6 @@ Status UcxWorker::wait_until(const std::function<bool()>& done, std::chrono::mil
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return {Code::DeadlineExceeded, "UCX wait timed out"};
     if (now - start < busy_poll) continue;
-    if (idle) idle();
     K3_ASSIGN_OR_RETURN(bool armed, arm());
     if (!armed) continue;  // events arrived between progress() and arm(): progress again
     // Cap each sleep: some transports (tcp connection setup) progress on timers, not fds.
@@ -265,7 +259,7 @@ ucp_request_param_t ucx_recv_param(UcxCompletion* c) {
 }
 
 Status ucx_wait(UcxWorker& worker, ucs_status_ptr_t req, UcxCompletion* c, std::chrono::milliseconds timeout,
-                const std::string& what, size_t* received, const std::function<void()>& idle) {
+                const std::string& what, size_t* received) {
   if (UCS_PTR_IS_ERR(req)) {
     delete c;
     return ucx_status(UCS_PTR_STATUS(req), what);
@@ -274,7 +268,7 @@ Status ucx_wait(UcxWorker& worker, ucs_status_ptr_t req, UcxCompletion* c, std::
     delete c;
     return Status::ok();
   }
-  Status waited = worker.wait_until([c] { return c->done; }, timeout, std::chrono::microseconds{0}, idle);
+  Status waited = worker.wait_until([c] { return c->done; }, timeout);
   if (!waited.is_ok()) {
     c->abandoned = true;  // the callback frees it when UCX finally completes the request
     ucp_request_cancel(worker.get(), req);

@@ -40,12 +40,8 @@ class UcxContext {
   // docs/PERF.md.)
   // net_devices: UCX_NET_DEVICES for this context only (e.g. "lo": the tcp transport then listens on
   // that interface alone, docs/SECURITY.md); empty keeps the environment's choice.
-  // keepalive_interval: UCX_KEEPALIVE_INTERVAL for this context (e.g. "1s": a peer process that died fails
-  // the endpoint, and every wait on it, within about that time); empty, or UCX_KEEPALIVE_INTERVAL set in
-  // the environment, keeps the environment's choice.
   static Result<std::shared_ptr<UcxContext>> create(uint64_t features = UCP_FEATURE_RMA | UCP_FEATURE_TAG,
-                                                    const std::string& net_devices = "",
-                                                    const std::string& keepalive_interval = "");
+                                                    const std::string& net_devices = "");
   ~UcxContext();
   UcxContext(const UcxContext&) = delete;
   UcxContext& operator=(const UcxContext&) = delete;
@@ -90,11 +86,9 @@ class UcxWorker : public std::enable_shared_from_this<UcxWorker> {
   // Progresses until done() or the timeout, sleeping on the event fd between events; for the first
   // `busy_poll` of the wait it progresses without sleeping (a wake-up from the fd costs tens of
   // microseconds, which a short wait for a device copy cannot hide). DeadlineExceeded when the
-  // timeout passes first. `idle`, when set, is called before each sleep (at most 50 ms apart): a waiting
-  // host keeps up time-bound duties such as control heartbeats.
+  // timeout passes first.
   Status wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout,
-                    std::chrono::microseconds busy_poll = std::chrono::microseconds{0},
-                    const std::function<void()>& idle = {});
+                    std::chrono::microseconds busy_poll = std::chrono::microseconds{0});
 
  private:
   UcxWorker(std::shared_ptr<UcxContext> ctx, ucp_worker_h w, int efd, std::vector<uint8_t> addr)
@@ -170,7 +164,6 @@ class UcxEndpoint::PendingFlush {
 // Waits for `req` (the return of a *_nbx call posted with the params above). Takes ownership of
 // `c`. On timeout a receive is cancelled; the request is abandoned either way (DeadlineExceeded).
 Status ucx_wait(UcxWorker& worker, ucs_status_ptr_t req, UcxCompletion* c,
-                std::chrono::milliseconds timeout, const std::string& what, size_t* received = nullptr,
-                const std::function<void()>& idle = {});
+                std::chrono::milliseconds timeout, const std::string& what, size_t* received = nullptr);
 
 }  // namespace k3::transfer

@@ -168,7 +168,7 @@ void check_tokens(const k3::test::LaunchedCluster& c, const std::string& model) 
 // with an error event within 5 s, d-1's finish with k3-generate's tokens, the survivors free everything.
 void check_rank_death(k3::test::LaunchedCluster& c, const std::string& model, int group_size) {
   const auto prompts = long_prompts();
-  constexpr int kMax = 160;
+  constexpr int kMax = 600;   // long enough that d-0's streams still run when its member's death is noticed
   std::vector<std::future<std::pair<StreamOutcome, Clock::time_point>>> streams;
   const int port = c.port;
   for (const auto& p : prompts)
@@ -191,8 +191,11 @@ void check_rank_death(k3::test::LaunchedCluster& c, const std::string& model, in
   const auto killed_at = Clock::now();
   REQUIRE(::kill(c.pids.at(victim), SIGKILL) == 0);
   int failed = 0, finished = 0;
+  std::string ends;   // each stream's outcome and when it ended, relative to the kill
   for (size_t i = 0; i < streams.size(); ++i) {
     auto [o, end] = streams[i].get();
+    ends += " " + std::to_string(i) + ":" + k3::test::outcome_name(o.kind) + "@" +
+            std::to_string(std::chrono::duration<double>(end - killed_at).count()) + "s/" + std::to_string(o.tokens);
     INFO("stream " << i << ": " << k3::test::outcome_name(o.kind) << " " << o.error << " after "
                    << std::chrono::duration<double>(end - killed_at).count() << " s from the kill");
     if (o.kind == StreamOutcome::Kind::ErrorEvent) {
@@ -205,6 +208,7 @@ void check_rank_death(k3::test::LaunchedCluster& c, const std::string& model, in
       CHECK(o.ids == k3::test::k3_generate_tokens(model, prompts[i], kMax));
     }
   }
+  INFO("streams (outcome@seconds after the kill/tokens):" << ends);
   CHECK(failed >= 1);    // d-0's requests
   CHECK(finished >= 1);  // d-1's requests
 
