@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prefill writing to a decode rank group over UCX on the GPU host (docs/PERF.md, "Rank groups"): every
+# Prefill writing to a decode rank group over UCX on the GPU host (docs/PERF.md, "GPU rank groups with their
+# transfer regions in device memory"): every
 # process on GPU 0, the group's transfer regions in device memory, so the stages' puts go GPU to GPU over
 # cuda_ipc. Unpack the offline kit, configure + build, generate k3-small (about 15 GiB), then (logs under
 # OUT_DIR)
