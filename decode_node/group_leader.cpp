@@ -157,9 +157,8 @@ Result<RegionTables> GroupLeader::own_tables(const transfer::RankAllocation& a, 
   const bool dcp = opts_.layout.dcp > 1;
   const uint32_t rows = dcp ? static_cast<uint32_t>(dcp_rows_on(opts_.layout, prompt_len)) : prompt_len;
   const RegionEntries entries{.pages = a.pages.page_ids(), .slot = a.slot.slot()};
-  const Device device = region_memory_for(backend_) == transfer::MemoryType::Cuda ? Device::Cuda : Device::Cpu;
   return region_tables(dcp ? rank_layouts_.at(0) : full_layout_, driver_->pool(a.region_id).geometry(), entries,
-                       driver_->memory(a.region_id), device, rows);
+                       driver_->memory(a.region_id), region_memory_for(backend_), rows);
 }
 
 uint32_t GroupLeader::pages_on(int rank, int64_t tokens) const {
@@ -312,7 +311,7 @@ bool GroupLeader::admit(const transfer::ReadyAction& ready, const std::vector<tr
       if (!tables.is_ok()) return refuse(tables.status().to_string());
       const GroupAdmit own{.id = id, .position = T, .from_region = true};
       if (Status st = worker_->admit_from(own, tables->tables); !st.is_ok()) return refuse(st.to_string());
-      say_imported(own, tables->image_bytes, true);
+      say_imported(own, tables->image.total_bytes, true);
       continue;
     }
     next_[static_cast<size_t>(holder)].admits.push_back(

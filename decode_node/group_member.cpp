@@ -26,7 +26,7 @@ Status admit_one(GroupWorker& worker, MemberRegion* region, GroupAdmit& a) {
     if (!region) return invalid_argument("request " + std::to_string(a.id) + ": read from a region this rank does not own");
     K3_ASSIGN_OR_RETURN(RegionTables t, region->tables(a.page_ids, a.slot, a.position));
     K3_TRY(worker.admit_from(a, t.tables));
-    say_imported(a, t.image_bytes, true);
+    say_imported(a, t.image.total_bytes, true);
     return Status::ok();
   }
   K3_TRY(worker.admit(a));

@@ -29,7 +29,6 @@ Result<std::unique_ptr<MemberRegion>> MemberRegion::create(const ModelConfig& cf
   K3_ASSIGN_OR_RETURN(auto ctx, transfer::UcxContext::create(UCP_FEATURE_RMA | UCP_FEATURE_TAG, ucx_net_devices));
   K3_ASSIGN_OR_RETURN(m->worker_, transfer::UcxWorker::create(ctx));
   K3_ASSIGN_OR_RETURN(m->memory_, transfer::allocate_owned_region(ctx, type, probe.region_bytes(), 0xEE, what));
-  m->device_ = type == transfer::MemoryType::Cuda ? Device::Cuda : Device::Cpu;
   const uint64_t base = reinterpret_cast<uint64_t>(m->memory_.mem->base());
   K3_ASSIGN_OR_RETURN(m->geometry_, transfer::RankPoolGeometry::for_rank(full, group, index, region_id, base, req.page_size,
                                                                         req.num_pages, req.num_slots));
@@ -43,7 +42,7 @@ Result<RegionTables> MemberRegion::tables(std::span<const uint32_t> pages, int64
   progress();
   const RegionEntries entries{.pages = pages,
                               .slot = slot < 0 ? std::nullopt : std::optional<uint32_t>(static_cast<uint32_t>(slot))};
-  return region_tables(rank_layout_, geometry_, entries, {memory_.mem->base(), memory_.mem->length()}, device_,
+  return region_tables(rank_layout_, geometry_, entries, {memory_.mem->base(), memory_.mem->length()}, memory_.mem->type(),
                        static_cast<uint32_t>(dcp_rows_on(layout_, position)));
 }
 

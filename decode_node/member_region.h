@@ -51,7 +51,6 @@ class MemberRegion {
   transfer::RankPoolGeometry geometry_;
   std::shared_ptr<transfer::UcxWorker> worker_;
   transfer::OwnedRegion memory_;
-  Device device_ = Device::Cpu;
   protocol::MemoryRegion offer_;
 };
 

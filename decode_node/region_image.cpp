@@ -12,7 +12,8 @@ transfer::MemoryType region_memory_for(const Backend& backend) {
 }
 
 Result<RegionTables> region_tables(const transfer::CacheLayout& model, const transfer::RankPoolGeometry& geo,
-                                   RegionEntries entries, std::span<uint8_t> region, Device device, uint32_t num_tokens) {
+                                   RegionEntries entries, std::span<uint8_t> region, transfer::MemoryType memory,
+                                   uint32_t num_tokens) {
   const uint32_t ps = geo.page_size;
   if (ps == 0) return invalid_argument("region geometry: page_size is 0");
   // The rank's KDA entries must be the given layout's sizes (whole heads, or the rank's layout when sliced).
@@ -29,11 +30,11 @@ Result<RegionTables> region_tables(const transfer::CacheLayout& model, const tra
   };
   std::vector<uint32_t> main_layers;
   for (uint32_t l = 0; l < model.num_main_layers(); ++l) main_layers.push_back(l);
-  const PackedImage img = model.pack(main_layers, num_tokens);
   RegionTables out;
-  out.image_bytes = img.total_bytes;
+  out.image = model.pack(main_layers, num_tokens);
+  const PackedImage& img = out.image;
   CacheTables& t = out.tables;
-  t.device = device;
+  t.device = memory == transfer::MemoryType::Cuda ? Device::Cuda : Device::Cpu;
   t.table_rows = static_cast<int64_t>(geo.num_pages) * ps;
   std::map<int, uint8_t*> mla;
   std::map<int, std::pair<uint8_t*, uint8_t*>> kda;
@@ -82,10 +83,8 @@ Result<std::vector<uint8_t>> packed_image_from_region(const transfer::CacheLayou
                                                       std::span<const uint8_t> region, uint32_t num_tokens) {
   // Read only: the tables' pointers are not written through here.
   const std::span<uint8_t> bytes{const_cast<uint8_t*>(region.data()), region.size()};
-  K3_ASSIGN_OR_RETURN(RegionTables rt, region_tables(model, geo, entries, bytes, Device::Cpu, num_tokens));
-  std::vector<uint32_t> main_layers;
-  for (uint32_t l = 0; l < model.num_main_layers(); ++l) main_layers.push_back(l);
-  const PackedImage img = model.pack(main_layers, num_tokens);
+  K3_ASSIGN_OR_RETURN(RegionTables rt, region_tables(model, geo, entries, bytes, transfer::MemoryType::Host, num_tokens));
+  const PackedImage& img = rt.image;
   std::vector<uint8_t> out(img.total_bytes);
   const uint64_t row = model.mla_row_bytes;
   for (const auto& [layer, e] : img.layers) {

@@ -34,14 +34,15 @@ struct RegionEntries {
 };
 
 // The request's bytes as tables in `region` (the rank's whole registered region, byte 0 at geo.base, in
-// `device` memory), every address checked against the region; `image_bytes` is the size of the same
-// bytes as a packed image (what a rank reports it imported). Errors name what is out of bounds.
+// `memory`), every address checked against the region; `image` lays the same bytes out as a packed image
+// (its size is what a rank reports it imported). Errors name what is out of bounds.
 struct RegionTables {
   CacheTables tables;
-  uint64_t image_bytes = 0;
+  PackedImage image;
 };
 Result<RegionTables> region_tables(const transfer::CacheLayout& model, const transfer::RankPoolGeometry& geo,
-                                   RegionEntries entries, std::span<uint8_t> region, Device device, uint32_t num_tokens);
+                                   RegionEntries entries, std::span<uint8_t> region, transfer::MemoryType memory,
+                                   uint32_t num_tokens);
 
 // The packed image, from a host region.
 Result<std::vector<uint8_t>> packed_image_from_region(const transfer::CacheLayout& model,

@@ -94,13 +94,14 @@ Status import_caches(Backend& backend, CachePools& pools, const SeqCache& seq, i
   // The slot stays where it is while its bytes land (a caller may import on another thread than the
   // steps whose page reservations move slots).
   const auto held = pools.has_kda() && seq.slot >= 0 ? pools.hold_rows(seq.slot) : CachePools::HeldRows{};
+  const Tensor pool_rows = backend.from_host(Tensor::from_i32({num_tokens}, ids), DType::I32);  // every MLA layer's
   walk(pools, begin, end, num_tokens,
        [&](int, Tensor& pool, uint64_t off) {
          const int64_t w = pool.dim(2);
          Tensor rows = Tensor::view(const_cast<uint8_t*>(data + off), {num_tokens, w}, pool.dtype());
          Tensor dev_rows = backend.from_host(rows, pool.dtype());
          Tensor flat = pool.reshape({pool.dim(0) * pool.dim(1), w});
-         backend.scatter_rows({.src = dev_rows, .ids = backend.from_host(Tensor::from_i32({num_tokens}, ids), DType::I32), .dst = flat});
+         backend.scatter_rows({.src = dev_rows, .ids = pool_rows, .dst = flat});
        },
        [&](int, Tensor& conv, Tensor& state, const PackedEntry& e) {
          const int32_t cr = held.conv, sr = held.state;
@@ -133,18 +134,19 @@ Status import_caches_from(Backend& backend, CachePools& pools, const SeqCache& s
        [&](int, Tensor& conv, Tensor&, const PackedEntry&) { same_device &= conv.device() == src.device; });
   if (!same_device)
     return invalid_argument("cache tables in another memory than the pools (host bytes for device caches, or the reverse)");
+  // The row ids are every MLA layer's: on the backend once.
+  const std::vector<int32_t> from(src.rows.begin(), src.rows.begin() + num_tokens);
+  const Tensor table_rows = backend.from_host(Tensor::from_i32({num_tokens}, from), DType::I32);
+  const Tensor pool_rows = backend.from_host(Tensor::from_i32({num_tokens}, ids), DType::I32);
   walk(pools, begin, end, num_tokens,
        [&](int l, Tensor& pool, uint64_t) {
          if (num_tokens == 0) return;
          const int64_t w = pool.dim(2);
          Tensor table = Tensor::view(src.mla_table(l), {src.table_rows, w}, pool.dtype(), src.device);
          Tensor rows = backend.alloc({num_tokens, w}, pool.dtype());
-         const std::vector<int32_t> from(src.rows.begin(), src.rows.begin() + num_tokens);
-         backend.embedding({.table = table, .ids = backend.from_host(Tensor::from_i32({num_tokens}, from), DType::I32),
-                            .y = rows});
+         backend.embedding({.table = table, .ids = table_rows, .y = rows});
          Tensor flat = pool.reshape({pool.dim(0) * pool.dim(1), w});
-         backend.scatter_rows({.src = rows, .ids = backend.from_host(Tensor::from_i32({num_tokens}, ids), DType::I32),
-                               .dst = flat});
+         backend.scatter_rows({.src = rows, .ids = pool_rows, .dst = flat});
        },
        [&](int l, Tensor& conv, Tensor& state, const PackedEntry&) {
          const auto [c_src, s_src] = src.kda_entries(l);

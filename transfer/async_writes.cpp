@@ -100,10 +100,10 @@ void AsyncWrites::loop() {
       std::lock_guard ucx(ucx_mutex_);
       job.reset();   // the rkeys it holds may be the last references: dropped under the UCX lock
     } else {
-      std::lock_guard ucx(ucx_mutex_);
-      const uint64_t id = job->request_id;
       for (const auto& runs : job->runs)
         for (const RemoteWrite& w : runs.writes) d.bytes += w.length;
+      std::lock_guard ucx(ucx_mutex_);
+      const uint64_t id = job->request_id;
       for (const auto& runs : job->runs) {
         d.status = writer_.write(*runs.dest, runs.writes, [&] { return cancelled(id); }, job->source_registration);
         if (!d.status.is_ok()) break;

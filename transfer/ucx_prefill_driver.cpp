@@ -8,6 +8,7 @@
 
 #include "common/protocol/compat.h"
 #include "transfer/partner_auth.h"
+#include "transfer/region_puts.h"
 
 namespace k3::transfer {
 
@@ -148,25 +149,19 @@ Status PrefillDriver::post_writes(const StartWritesAction& w) {
     posted += op.length;
   }
   // A region whose puts are rows interleaved over a DCP group takes them gathered into a staging image
-  // first (gathered_writes.h): one put per contiguous run of the region instead of one per row.
+  // first (region_puts.h): one put per contiguous run of the region instead of one per row.
   auto held = std::make_shared<HeldSources>();
   held->image = src->second;
   const UcxMemory* registration = bytes.registration();
   std::map<uint32_t, std::vector<RemoteWrite>> by_region;
   for (const auto& [region, ops] : ops_of) {
-    std::vector<RemoteWrite>& runs = by_region[region];
-    if (auto g = gather_writes(ops)) {
-      auto staging = staging_image(g->staged_bytes);
-      if (staging && bytes.gather_to(*g, **staging).is_ok()) {
-        for (const StagedWrite& sw : g->writes) runs.push_back({(*staging)->data() + sw.staged_offset, sw.dst_addr, sw.length});
-        if ((*staging)->registration() != registration) registration = nullptr;   // UCX registers the sources
-        held->staged.push_back(std::move(*staging));
-        protocol::metric::count_gathered_puts(metrics_, ops.size(), g->writes.size());
-        continue;
-      }
-      // No room to stage (or the copy failed): the rows go one put each, as planned.
+    RegionPuts puts = region_puts(ops, bytes, arena_.get());
+    if (puts.staging) {
+      if (puts.staging->registration() != registration) registration = nullptr;   // UCX registers the sources
+      protocol::metric::count_gathered_puts(metrics_, ops.size(), puts.writes.size());
+      held->staged.push_back(std::move(puts.staging));
     }
-    for (const WriteOp& op : ops) runs.push_back({bytes.data() + op.src_offset, op.dst_addr, op.length});
+    by_region[region] = std::move(puts.writes);
   }
   // "host-staged": the source is device memory that this UCX cannot read, copied through pinned host memory.
   protocol::metric::count_source_bytes(metrics_, writer_->staging() ? "host-staged" : memory_type_name(bytes.type()), posted);
@@ -288,16 +283,6 @@ Result<std::shared_ptr<SourceImage>> PrefillDriver::new_source(size_t bytes) {
   if (arena_)
     if (auto img = arena_->take(bytes)) return std::move(*img);
   return SourceImage::create(cfg_.source_memory, bytes);
-}
-
-std::optional<std::shared_ptr<SourceImage>> PrefillDriver::staging_image(size_t bytes) {
-  if (arena_) return arena_->take(bytes);
-  // Device memory of its own would cost a cudaMalloc now and a cudaFree (which waits for the whole device,
-  // stalling the stage's compute) when the writes end: without an arena the rows go one put each.
-  if (cfg_.source_memory != MemoryType::Host) return std::nullopt;
-  auto img = SourceImage::create(MemoryType::Host, bytes);
-  if (!img.is_ok()) return std::nullopt;
-  return std::move(img).value();
 }
 
 Result<std::shared_ptr<SourceImage>> PrefillDriver::source_of(std::vector<uint8_t> bytes) {

@@ -120,9 +120,6 @@ class PrefillDriver {
     std::shared_ptr<SourceImage> image;
     std::vector<std::shared_ptr<SourceImage>> staged;
   };
-  // A staging image for gathered puts (gathered_writes.h): from the arena, or host memory of its own;
-  // none when neither has room (the puts then go as planned).
-  std::optional<std::shared_ptr<SourceImage>> staging_image(size_t bytes);
   // A source image of `bytes` in source_memory: in the arena when it has room, else of its own.
   Result<std::shared_ptr<SourceImage>> new_source(size_t bytes);
   // The bytes a stage exported on the host, as a source image (taken over on the host, copied to the device).

@@ -90,10 +90,11 @@ TEST_CASE("PP2 prefill writes every rank of a DCP group through the transfer pla
       const int L = sc.cfg.num_hidden_layers;
       CachePools caches(*be, rank_cache_config(sc.cfg, g), 0, L, reference_options().cache);
       const decode::RegionEntries entries{.pages = allocs[i].pages.page_ids(), .slot = allocs[i].slot.slot()};
-      auto tables = decode::region_tables(mine, pools[i]->geometry(), entries, regions[i], Device::Cpu, rows);
+      auto tables = decode::region_tables(mine, pools[i]->geometry(), entries, regions[i],
+                                          transfer::MemoryType::Host, rows);
       INFO(tables.status().to_string());
       REQUIRE(tables.is_ok());
-      CHECK(tables->image_bytes == got->size());
+      CHECK(tables->image.total_bytes == got->size());
       SeqCache s = caches.open().value();
       REQUIRE(caches.reserve(s, rows).is_ok());
       Status st = import_caches_from(*be, caches, s, 0, L, rows, tables->tables);
