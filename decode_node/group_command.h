@@ -13,6 +13,7 @@
 #include "common/core/comm.h"
 #include "common/core/status.h"
 #include "common/protocol/messages.h"
+#include "engine/rank_layout.h"
 
 namespace k3::decode {
 
@@ -89,6 +90,12 @@ struct GroupRoom {
 };
 Status send_group_room(Comm& comm, int leader, const GroupRoom& r);
 Result<GroupRoom> recv_group_room(Comm& comm, int peer);
+
+// Whether members return their step's logits to the leader, one rule for both sides. EP: each member's
+// rows are its own requests', which the leader draws. DCP: every rank computes the same rows, the leader
+// draws from its own, and its members skip the LM head. (A member that sent rows the leader never receives
+// would block on the send once a row outgrows UCX's eager size: 640 KiB at K3's vocabulary.)
+inline bool members_return_logits(const RankLayout& layout) { return layout.ep > 1; }
 
 // EP: a member returns the logits of its feeds (B x vocab F32, step order) to the leader.
 Status send_group_logits(Comm& comm, int leader, std::span<const float> logits);

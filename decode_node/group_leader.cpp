@@ -364,7 +364,7 @@ Status GroupLeader::step_batch() {
   const int64_t V = cfg_.vocab_size;
   std::vector<uint64_t> sampled;
   std::vector<float> logits;
-  for (size_t i = 0; i < (ep ? n : 1); ++i) {
+  for (size_t i = 0; i < (members_return_logits(opts_.layout) ? n : 1); ++i) {
     sampled.insert(sampled.end(), ids[i].begin(), ids[i].end());
     const size_t at = logits.size();
     logits.resize(at + ids[i].size() * static_cast<size_t>(V));

@@ -62,12 +62,13 @@ int run_group_member(GroupWorker& worker, Comm& comm, MemberRegion* region, cons
       for (auto& a : cmd->admits)
         if (st = admit_one(worker, region, a); !st.is_ok()) break;
       if (st.is_ok() && cmd->step) {
-        auto logits = worker.step(cmd->feeds);
+        const bool returns = members_return_logits(worker.model().layout());
+        auto logits = worker.step(cmd->feeds, {}, returns);
         st = logits.status();
         // Every rank refused the step before touching a cache (a rank out of pages): the leader drops a
         // request and goes on, and so does this rank.
         if (!logits.is_ok() && logits.status().code() == Code::ResourceExhausted) st = Status::ok();
-        else if (logits.is_ok() && !logits->empty()) st = send_group_logits(comm, 0, *logits);
+        else if (logits.is_ok() && returns && !logits->empty()) st = send_group_logits(comm, 0, *logits);
       }
       // Every command is answered with this rank's room (the leader's admission input).
       if (st.is_ok()) st = send_group_room(comm, 0, worker.room());

@@ -61,7 +61,8 @@ Status GroupWorker::admit_with(const GroupAdmit& a,
   return Status::ok();
 }
 
-Result<std::vector<float>> GroupWorker::step(const std::vector<GroupFeed>& feeds, const std::function<void()>& progress) {
+Result<std::vector<float>> GroupWorker::step(const std::vector<GroupFeed>& feeds, const std::function<void()>& progress,
+                                             bool with_logits) {
   std::vector<RankItem> items;
   std::vector<int32_t> tokens;
   for (const auto& f : feeds) {
@@ -70,9 +71,9 @@ Result<std::vector<float>> GroupWorker::step(const std::vector<GroupFeed>& feeds
     items.push_back({.seq = &it->second.seq, .position = it->second.position});
     tokens.push_back(f.token);
   }
-  K3_ASSIGN_OR_RETURN(Tensor lg, model_->decode_step(items, tokens, progress));
+  K3_ASSIGN_OR_RETURN(Tensor lg, model_->decode_step(items, tokens, progress, with_logits));
   for (const auto& f : feeds) ++seqs_.at(f.id).position;  // decode_step advanced the local rows
-  if (feeds.empty()) return std::vector<float>{};
+  if (feeds.empty() || !with_logits) return std::vector<float>{};
   const size_t n = feeds.size() * static_cast<size_t>(cfg_.vocab_size);
   return std::vector<float>(lg.f32(), lg.f32() + n);
 }

@@ -29,7 +29,9 @@ class GroupWorker {
   Status admit_from(const GroupAdmit& a, const CacheTables& tables);
   void drop(uint64_t id);
   // `progress`: called after each layer (RankModel::decode_step), e.g. the leader's control heartbeats.
-  Result<std::vector<float>> step(const std::vector<GroupFeed>& feeds, const std::function<void()>& progress = {});
+  // `with_logits` false: the LM head is skipped and nothing is returned (a DCP member's step).
+  Result<std::vector<float>> step(const std::vector<GroupFeed>& feeds, const std::function<void()>& progress = {},
+                                  bool with_logits = true);
   void close_all();
 
   size_t num_requests() const { return seqs_.size(); }

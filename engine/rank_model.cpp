@@ -49,7 +49,7 @@ Result<std::unique_ptr<RankModel>> RankModel::create(Backend& backend, const Mod
 }
 
 Result<Tensor> RankModel::decode_step(std::span<RankItem> batch, std::span<const int32_t> tokens,
-                                      const std::function<void()>& progress) {
+                                      const std::function<void()>& progress, bool with_logits) {
   const auto t_step = Clock::now();
   Backend& be = *impl_->be;
   const Model::Weights& w = *impl_->w;
@@ -150,8 +150,8 @@ Result<Tensor> RankModel::decode_step(std::span<RankItem> batch, std::span<const
     if (progress) progress();
   }
 
-  Tensor logits = Tensor::zeros({R, cfg_.vocab_size});
-  if (R > 0) {
+  Tensor logits = Tensor::zeros({R, with_logits ? cfg_.vocab_size : 0});
+  if (R > 0 && with_logits) {
     std::vector<Tensor> cands = act.bank;
     cands.push_back(act.partial);
     Tensor hn = s.rmsnorm(mix(w.out_query, cands, R), w.final_norm, eps);

@@ -54,8 +54,10 @@ class RankModel {
   // `progress`, when set, is called on this thread after each layer's work has been enqueued (and, with
   // collectives through the host, exchanged): a step that runs long on a shared or loaded GPU lets its host
   // keep up control heartbeats meanwhile, as Model::forward's does.
+  // `with_logits` false skips the final norm and the LM head and returns [B, 0]: a rank whose logits nobody
+  // draws (a DCP member's; its leader computes the same rows).
   Result<Tensor> decode_step(std::span<RankItem> batch, std::span<const int32_t> tokens,
-                             const std::function<void()>& progress = {});
+                             const std::function<void()>& progress = {}, bool with_logits = true);
 
   CachePools& caches() { return *caches_; }
   const RankLayout& layout() const { return layout_; }

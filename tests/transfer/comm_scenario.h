@@ -26,12 +26,18 @@ inline std::vector<float> floats(uint64_t seed, int rank, size_t n, uint64_t sal
   return v;
 }
 
-inline size_t all_reduce_count(uint64_t seed, int size) { return 1000 + seed % 7 + size; }  // rarely divisible
-inline size_t rs_block(uint64_t seed) { return 17 + seed % 5; }
-inline size_t gather_bytes(uint64_t seed) { return 37 + seed % 3; }
-inline size_t a2a_block(uint64_t seed) { return 13 + seed % 4; }
+// Sizes, each times `scale`: 1 keeps every message small (UCX sends it eagerly); 1024 makes them tens of KiB
+// to MiB, which UCX moves by rendezvous (the receiver's progress completes the sender), as a K3-width
+// decode group's collectives are.
+inline size_t sendrecv_bytes(size_t scale) { return 100 * scale; }
+inline size_t all_reduce_count(uint64_t seed, int size, size_t scale) { return (1000 + seed % 7 + size) * scale; }
+inline size_t rs_block(uint64_t seed, size_t scale) { return (17 + seed % 5) * scale; }
+inline size_t gather_bytes(uint64_t seed, size_t scale) { return (37 + seed % 3) * scale; }
+inline size_t a2a_block(uint64_t seed, size_t scale) { return (13 + seed % 4) * scale; }
 // Bytes rank `src` sends to rank `dst` in all_to_allv: uneven, zero for some pairs.
-inline size_t a2av_count(uint64_t seed, int src, int dst) { return (src * 7 + dst * 3 + seed) % 11 * (1 + (src + dst) % 3); }
+inline size_t a2av_count(uint64_t seed, int src, int dst, size_t scale) {
+  return (src * 7 + dst * 3 + seed) % 11 * (1 + (src + dst) % 3) * scale;
+}
 // Self-describing byte i of the block from src to dst.
 inline uint8_t a2av_byte(int src, int dst, size_t i) { return static_cast<uint8_t>(src * 31 + dst * 7 + i * 13); }
 inline std::vector<uint8_t> bytes(uint64_t seed, int rank, size_t n, uint64_t salt) {
