@@ -58,6 +58,9 @@ protocol::CompatInfo compat_for(std::vector<uint32_t> pp) {
   cfg.router_endpoint = router_endpoint;  // bind_endpoint: the default tcp://127.0.0.1:* (no port race)
   zmq::context_t zctx;
   auto d = DecodeDriver::create(cfg, zctx, nullptr);
+  if (d.is_ok()) {
+    if (Status s = (*d)->connect_router(); !s.is_ok()) d = s;
+  }
   if (!d.is_ok()) {
     std::fprintf(stderr, "round trip: decode driver: %s\n", d.status().to_string().c_str());
     ::_exit(1);

@@ -86,6 +86,7 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
     d->pool_ids_ = std::make_shared<CachePoolIds>(d->engine_->caches());
     K3_TRY(pool.share_ids(d->pool_ids_));
   }
+  K3_TRY(d->driver_->connect_router());  // up at the router only now that the engine can serve
   return d;
 }
 

@@ -9,7 +9,14 @@ namespace k3::decode {
 namespace {
 
 constexpr uint32_t kSizeTag = 0x6b3001, kCommandTag = 0x6b3002, kLogitsTag = 0x6b3003, kRegionRequestTag = 0x6b3004,
-                   kRegionSizeTag = 0x6b3005, kRegionTag = 0x6b3006, kRoomTag = 0x6b3007;
+                   kRegionSizeTag = 0x6b3005, kRegionTag = 0x6b3006, kRoomTag = 0x6b3007, kLivenessTag = 0x6b3008;
+
+// The liveness message: interval in ms, the endpoint's length, then the endpoint.
+struct LivenessHead {
+  uint32_t interval_ms = 0;
+  uint32_t endpoint_bytes = 0;
+};
+constexpr uint32_t kMaxEndpointBytes = 512;
 
 struct Writer {
   std::vector<std::byte> out;
@@ -158,6 +165,38 @@ Result<protocol::MemoryRegion> recv_region_offer(Comm& comm, int peer) {
   if (!reg || reg->regions.size() != 1)
     return invalid_argument("group region offer of rank " + std::to_string(peer) + " is not one region");
   return reg->regions[0];
+}
+
+Status send_group_liveness(Comm& comm, int peer, const GroupLiveness& l) {
+  if (l.endpoint.empty() || l.endpoint.size() > kMaxEndpointBytes || l.interval.count() <= 0)
+    return invalid_argument("group liveness: endpoint of " + std::to_string(l.endpoint.size()) + " bytes, interval " +
+                            std::to_string(l.interval.count()) + " ms");
+  std::vector<std::byte> bytes(sizeof(LivenessHead) + l.endpoint.size());
+  const LivenessHead head{.interval_ms = static_cast<uint32_t>(l.interval.count()),
+                          .endpoint_bytes = static_cast<uint32_t>(l.endpoint.size())};
+  std::memcpy(bytes.data(), &head, sizeof(head));
+  std::memcpy(bytes.data() + sizeof(head), l.endpoint.data(), l.endpoint.size());
+  const uint64_t size = bytes.size();
+  K3_TRY(comm.send(peer, std::as_bytes(std::span(&size, 1)), kLivenessTag));
+  return comm.send(peer, std::span(bytes), kLivenessTag);
+}
+
+Result<GroupLiveness> recv_group_liveness(Comm& comm, int leader) {
+  uint64_t size = 0;
+  K3_TRY(comm.recv(leader, std::as_writable_bytes(std::span(&size, 1)), kLivenessTag));
+  if (size <= sizeof(LivenessHead) || size > sizeof(LivenessHead) + kMaxEndpointBytes)
+    return invalid_argument("group liveness message of " + std::to_string(size) + " bytes");
+  std::vector<std::byte> bytes(size);
+  K3_TRY(comm.recv(leader, std::span(bytes), kLivenessTag));
+  LivenessHead head;
+  std::memcpy(&head, bytes.data(), sizeof(head));
+  if (head.interval_ms == 0 || sizeof(head) + head.endpoint_bytes != size)
+    return invalid_argument("group liveness message: interval " + std::to_string(head.interval_ms) + " ms, endpoint of " +
+                            std::to_string(head.endpoint_bytes) + " bytes in " + std::to_string(size));
+  GroupLiveness l;
+  l.interval = std::chrono::milliseconds(head.interval_ms);
+  l.endpoint.assign(reinterpret_cast<const char*>(bytes.data()) + sizeof(head), head.endpoint_bytes);
+  return l;
 }
 
 Status send_group_room(Comm& comm, int leader, const GroupRoom& r) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/core/comm.h"
@@ -90,6 +91,15 @@ struct GroupRoom {
 };
 Status send_group_room(Comm& comm, int leader, const GroupRoom& r);
 Result<GroupRoom> recv_group_room(Comm& comm, int peer);
+
+// Start-up, after the region request: where each member's beacon sends its beats, and how often
+// (member_liveness.h).
+struct GroupLiveness {
+  std::string endpoint;
+  std::chrono::milliseconds interval{200};
+};
+Status send_group_liveness(Comm& comm, int peer, const GroupLiveness& l);
+Result<GroupLiveness> recv_group_liveness(Comm& comm, int leader);
 
 // Whether members return their step's logits to the leader, one rule for both sides. EP: each member's
 // rows are its own requests', which the leader draws. DCP: every rank computes the same rows, the leader

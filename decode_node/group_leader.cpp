@@ -60,7 +60,13 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
   // Every other rank owns its region in its own process (member_region.h): ask all, then collect the answers.
   const GroupRegionRequest region_req{.first_rank = o.rank, .page_size = o.page_size, .num_pages = o.num_pages,
                                       .num_slots = o.num_slots};
-  for (int i = 1; i < opts.layout.size(); ++i) K3_TRY(send_region_request(comm, i, region_req));
+  K3_ASSIGN_OR_RETURN(d->liveness_, MemberLiveness::bind(opts.liveness_bind, opts.layout.size(), o.heartbeat.interval,
+                                                         o.heartbeat.misses));
+  const GroupLiveness beacon_to{.endpoint = d->liveness_->endpoint(), .interval = o.heartbeat.interval};
+  for (int i = 1; i < opts.layout.size(); ++i) {
+    K3_TRY(send_region_request(comm, i, region_req));
+    K3_TRY(send_group_liveness(comm, i, beacon_to));
+  }
   for (int i = 1; i < opts.layout.size(); ++i) {
     K3_ASSIGN_OR_RETURN(protocol::MemoryRegion r, recv_region_offer(comm, i));
     if (r.region_id != o.rank + static_cast<uint32_t>(i))
@@ -85,7 +91,15 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
       return self->ep_region_order(c, std::move(regions));
     };
   K3_ASSIGN_OR_RETURN(d->driver_, transfer::DecodeDriver::create(std::move(dc), zctx, &d->metrics_));
+  d->liveness_->arm();  // every member beats by now: each started before it offered its region
+  K3_TRY(d->driver_->connect_router());
   return d;
+}
+
+Status GroupLeader::while_waiting() {
+  K3_TRY(liveness_->check());
+  driver_->heartbeat_if_due();
+  return Status::ok();
 }
 
 uint64_t GroupLeader::pool_free_bytes() {

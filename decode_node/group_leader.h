@@ -36,6 +36,7 @@
 
 #include "decode_node/decode_rank.h"
 #include "decode_node/group_worker.h"
+#include "decode_node/member_liveness.h"
 #include "decode_node/region_image.h"
 
 namespace k3::decode {
@@ -45,6 +46,9 @@ struct GroupLeaderOptions {
   RankLayout layout;               // dcp / ep / kv_partitions; rank 0
   Comm* collectives = nullptr;     // the forward's collectives (group_collectives.h); null: the group comm
   GroupDeadlines deadlines;        // the group's first step under the start-up timeout, then the step deadline
+  // Where the members' beats arrive (member_liveness.h): the group's interface, any port. Their interval
+  // and window are the rank's heartbeat's (rank.heartbeat).
+  std::string liveness_bind = "tcp://127.0.0.1:*";
 };
 
 class GroupLeader {
@@ -61,6 +65,10 @@ class GroupLeader {
   Status run_once(std::chrono::milliseconds idle_wait);
   // Tells every member to leave (normal shutdown).
   void stop_members();
+  // What the leader does while it waits on its members (the group Comm's while-waiting hook): an error
+  // when a member has stopped beating (it is dead: the wait fails now, not at the step deadline);
+  // otherwise it heartbeats to the router, so a long wait on a live member does not look like a dead group.
+  Status while_waiting();
 
   size_t num_running() const { return running_.size(); }  // waiting ones not counted
   protocol::DecodeRoom room();
@@ -119,6 +127,7 @@ class GroupLeader {
   std::vector<transfer::CacheLayout> rank_layouts_;  // per rank of a DCP group (its KDA head slice)
   transfer::CacheLayout full_layout_;
   std::unique_ptr<GroupWorker> worker_;
+  std::unique_ptr<MemberLiveness> liveness_;
   protocol::MetricsRegistry metrics_;
   std::unique_ptr<transfer::DecodeDriver> driver_;
   std::map<uint64_t, Running> running_;

@@ -128,6 +128,11 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
     // names its geometry, the rank answers with it.
     auto req = decode::recv_region_request(**comm, 0);
     if (!req.is_ok()) return fail(req.status());
+    // Beats to the leader from here on, whatever this rank is doing (member_liveness.h).
+    auto beacon_to = decode::recv_group_liveness(**comm, 0);
+    if (!beacon_to.is_ok()) return fail(beacon_to.status());
+    auto beacon = decode::MemberBeacon::start(beacon_to->endpoint, gf.rank, beacon_to->interval);
+    if (!beacon.is_ok()) return fail(beacon.status());
     auto region = decode::MemberRegion::create(cfg, be, layout, *req, o.ucx_net_devices, o.cuda_device);
     if (!region.is_ok()) return fail(region.status());
     if (Status st = decode::send_region_offer(**comm, 0, (*region)->offer()); !st.is_ok()) return fail(st);
@@ -135,9 +140,20 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
     return decode::run_group_member(**worker, **comm, region->get(), deadlines);
   }
   zmq::context_t zctx;
-  auto leader = decode::GroupLeader::create({.rank = o, .layout = layout, .collectives = &forward_comm, .deadlines = deadlines},
+  auto leader = decode::GroupLeader::create({.rank = o,
+                                             .layout = layout,
+                                             .collectives = &forward_comm,
+                                             .deadlines = deadlines,
+                                             .liveness_bind = "tcp://" + interface + ":*"},
                                             be, cfg, weights, **comm, zctx);
   if (!leader.is_ok()) return fail(leader.status());
+  // While the leader waits on its members it watches their beats and heartbeats to the router; the hook
+  // is taken off before the leader goes.
+  struct WaitHook {
+    transfer::UcxComm& comm;
+    ~WaitHook() { comm.set_while_waiting({}); }
+  } hook{**comm};
+  (*comm)->set_while_waiting([l = leader->get()] { return l->while_waiting(); });
   deadlines.use(deadlines.step);
   // Idle, the leader ticks its members well within their receive deadline.
   const auto tick = std::chrono::milliseconds(std::max(10, gf.step_deadline_ms / 4));
@@ -155,7 +171,8 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   // Meanwhile the leader takes no new request and tells no stage its regions (the members' are gone): the
   // router and the stages hear it again here, and must not place on it or write to it.
   (*leader)->driver().close_to_new_requests("decode group " + o.instance_id + " failed: " + st.message());
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  // (A stage answers the ABORT between its chunks: on a loaded host that can take a second.)
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2000);
   while (std::chrono::steady_clock::now() < until && (*leader)->driver().side().num_live() > 0)
     (void)(*leader)->driver().step(std::chrono::milliseconds(100));
   say("IDLE " + std::to_string((*leader)->pool_free_bytes()) + " " + std::to_string((*leader)->pool_capacity_bytes()));

@@ -166,7 +166,7 @@ Status UcxComm::send(int peer, std::span<const std::byte> data, uint32_t tag) {
   auto* c = new UcxCompletion;
   ucp_request_param_t p = ucx_send_param(c);
   auto req = ucp_tag_send_nbx(eps_[peer]->get(), data.data(), data.size(), make_tag(false, tag, rank_), &p);
-  return ucx_wait(*worker_, req, c, opt_.timeout, "send to rank " + std::to_string(peer));
+  return ucx_wait(*worker_, req, c, opt_.timeout, "send to rank " + std::to_string(peer), nullptr, while_waiting_);
 }
 
 Status UcxComm::recv(int peer, std::span<std::byte> data, uint32_t tag) {
@@ -176,7 +176,7 @@ Status UcxComm::recv(int peer, std::span<std::byte> data, uint32_t tag) {
   ucp_request_param_t p = ucx_recv_param(c);
   auto req = ucp_tag_recv_nbx(worker_->get(), data.data(), data.size(), make_tag(false, tag, peer), ~uint64_t{0}, &p);
   size_t got = 0;
-  K3_TRY(ucx_wait(*worker_, req, c, opt_.timeout, "recv from rank " + std::to_string(peer), &got));
+  K3_TRY(ucx_wait(*worker_, req, c, opt_.timeout, "recv from rank " + std::to_string(peer), &got, while_waiting_));
   if (req != nullptr && got != data.size())
     return invalid_argument("recv from rank " + std::to_string(peer) + ": got " + std::to_string(got) +
                             " bytes, expected " + std::to_string(data.size()));
@@ -224,7 +224,7 @@ Status UcxComm::exchange(const std::vector<std::span<const std::byte>>& to,
     Status s = ucx_wait(*worker_, x.req, x.c, opt_.timeout,
                         std::string(x.is_recv ? "collective recv from rank " : "collective send to rank ") +
                             std::to_string(x.peer),
-                        &got);
+                        &got, while_waiting_);
     if (s.is_ok() && x.is_recv && x.req != nullptr && got != x.expect)
       s = invalid_argument("collective recv from rank " + std::to_string(x.peer) + ": got " + std::to_string(got) +
                            " bytes, expected " + std::to_string(x.expect));

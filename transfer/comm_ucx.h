@@ -7,6 +7,7 @@
 // reduce_scatter/all_reduce reduce each element on its owning rank in rank order.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,10 @@ class UcxComm final : public Comm {
   // (start-up of many processes on few cores is slow) and then shortens it to its step deadline, so a
   // dead or hung rank fails the step on every survivor in seconds.
   void set_timeout(std::chrono::milliseconds timeout) { opt_.timeout = timeout; }
+  // Called while a call waits for its peers (before each sleep, at most 50 ms apart); an error it returns
+  // fails the call with it. A group leader checks its members' liveness and heartbeats to the router
+  // meanwhile (decode_node/member_liveness.h). Empty: none.
+  void set_while_waiting(std::function<Status()> f) { while_waiting_ = std::move(f); }
 
  private:
   UcxComm(int rank, int size, UcxCommOptions opt) : rank_(rank), size_(size), opt_(opt) {}
@@ -59,6 +64,7 @@ class UcxComm final : public Comm {
   int size_;
   UcxCommOptions opt_;
   uint32_t collective_seq_ = 0;  // tags of successive collectives never collide
+  std::function<Status()> while_waiting_;
   std::shared_ptr<UcxContext> ctx_;
   std::shared_ptr<UcxWorker> worker_;
   std::vector<std::shared_ptr<UcxEndpoint>> eps_;  // eps_[rank_] is null

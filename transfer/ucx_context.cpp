@@ -121,7 +121,7 @@ Result<bool> UcxWorker::arm() {
 }
 
 Status UcxWorker::wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout,
-                             std::chrono::microseconds busy_poll) {
+                             std::chrono::microseconds busy_poll, const std::function<Status()>& idle) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
   for (;;) {
@@ -130,6 +130,7 @@ Status UcxWorker::wait_until(const std::function<bool()>& done, std::chrono::mil
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return {Code::DeadlineExceeded, "UCX wait timed out"};
     if (now - start < busy_poll) continue;
+    if (idle) K3_TRY(idle());
     K3_ASSIGN_OR_RETURN(bool armed, arm());
     if (!armed) continue;  // events arrived between progress() and arm(): progress again
     // Cap each sleep: some transports (tcp connection setup) progress on timers, not fds.
@@ -259,7 +260,7 @@ ucp_request_param_t ucx_recv_param(UcxCompletion* c) {
 }
 
 Status ucx_wait(UcxWorker& worker, ucs_status_ptr_t req, UcxCompletion* c, std::chrono::milliseconds timeout,
-                const std::string& what, size_t* received) {
+                const std::string& what, size_t* received, const std::function<Status()>& idle) {
   if (UCS_PTR_IS_ERR(req)) {
     delete c;
     return ucx_status(UCS_PTR_STATUS(req), what);
@@ -268,7 +269,7 @@ Status ucx_wait(UcxWorker& worker, ucs_status_ptr_t req, UcxCompletion* c, std::
     delete c;
     return Status::ok();
   }
-  Status waited = worker.wait_until([c] { return c->done; }, timeout);
+  Status waited = worker.wait_until([c] { return c->done; }, timeout, std::chrono::microseconds{0}, idle);
   if (!waited.is_ok()) {
     c->abandoned = true;  // the callback frees it when UCX finally completes the request
     ucp_request_cancel(worker.get(), req);

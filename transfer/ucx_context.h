@@ -86,9 +86,12 @@ class UcxWorker : public std::enable_shared_from_this<UcxWorker> {
   // Progresses until done() or the timeout, sleeping on the event fd between events; for the first
   // `busy_poll` of the wait it progresses without sleeping (a wake-up from the fd costs tens of
   // microseconds, which a short wait for a device copy cannot hide). DeadlineExceeded when the
-  // timeout passes first.
+  // timeout passes first. `idle`, when set, is called before each sleep (at most 50 ms apart): a waiting
+  // host keeps up time-bound duties (a group leader's heartbeats and its members' liveness); an error it
+  // returns ends the wait with that error.
   Status wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout,
-                    std::chrono::microseconds busy_poll = std::chrono::microseconds{0});
+                    std::chrono::microseconds busy_poll = std::chrono::microseconds{0},
+                    const std::function<Status()>& idle = {});
 
  private:
   UcxWorker(std::shared_ptr<UcxContext> ctx, ucp_worker_h w, int efd, std::vector<uint8_t> addr)
@@ -164,6 +167,7 @@ class UcxEndpoint::PendingFlush {
 // Waits for `req` (the return of a *_nbx call posted with the params above). Takes ownership of
 // `c`. On timeout a receive is cancelled; the request is abandoned either way (DeadlineExceeded).
 Status ucx_wait(UcxWorker& worker, ucs_status_ptr_t req, UcxCompletion* c,
-                std::chrono::milliseconds timeout, const std::string& what, size_t* received = nullptr);
+                std::chrono::milliseconds timeout, const std::string& what, size_t* received = nullptr,
+                const std::function<Status()>& idle = {});
 
 }  // namespace k3::transfer

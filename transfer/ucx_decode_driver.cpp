@@ -78,13 +78,18 @@ Result<std::unique_ptr<DecodeDriver>> DecodeDriver::create(DecodeDriverConfig cf
   K3_ASSIGN_OR_RETURN(d->server_, ControlServer::bind(zctx, c.bind_endpoint, opt));
   K3_ASSIGN_OR_RETURN(d->reg_.control_endpoint,
                       k3::transfer::advertised_endpoint(d->server_->endpoint(), c.advertise_host));
-  if (!c.router_endpoint.empty()) {
-    ControlOptions ropt = opt;
-    ropt.incarnation = d->server_->incarnation();
-    ropt.server_name = "router";
-    K3_ASSIGN_OR_RETURN(d->router_, ControlClient::connect(zctx, c.router_endpoint, ropt));
-  }
+  d->router_options_ = opt;
+  d->zctx_ = &zctx;
   return d;
+}
+
+Status DecodeDriver::connect_router() {
+  if (cfg_.router_endpoint.empty() || router_) return Status::ok();
+  ControlOptions ropt = router_options_;
+  ropt.incarnation = server_->incarnation();
+  ropt.server_name = "router";
+  K3_ASSIGN_OR_RETURN(router_, ControlClient::connect(*zctx_, cfg_.router_endpoint, ropt));
+  return Status::ok();
 }
 
 DecodeDriver::~DecodeDriver() = default;

@@ -60,6 +60,12 @@ class DecodeDriver {
                                                       protocol::MetricsRegistry* metrics);
   ~DecodeDriver();
 
+  // Connects to the router (DecodeDriverConfig::router_endpoint; nothing without one). The router takes the
+  // node as up from its first heartbeat on, so the host calls this once it can serve: a decode rank whose
+  // engine is built after the driver (its caches live in the driver's region) would otherwise go silent for
+  // the whole build (seconds on a GPU) and be taken for dead.
+  Status connect_router();
+
   const std::string& endpoint() const { return server_->endpoint(); }
   // Where peers reach the control socket (the REGISTER's control_endpoint): endpoint() with the
   // advertised host.
@@ -119,6 +125,8 @@ class DecodeDriver {
   std::unique_ptr<DecodeSide> side_;
   std::unique_ptr<ControlServer> server_;
   std::unique_ptr<ControlClient> router_;
+  ControlOptions router_options_;   // connect_router()'s (the server's name, heartbeat and keys)
+  zmq::context_t* zctx_ = nullptr;
   protocol::Register reg_;
   std::map<uint64_t, protocol::RequestState> seen_;  // last state reported to on_state
   std::set<std::string> peers_heard_;                // prefill stages that spoke to this incarnation

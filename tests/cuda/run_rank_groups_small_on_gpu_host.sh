@@ -10,9 +10,10 @@
 #                   kv_partitions 2, DCP2 groups, EP2 groups), 16 concurrent greedy requests each; EP2 ==
 #                   the single processes and DCP2 == the kv_partitions 2 process, whole (GROUP-TOKENS lines;
 #                   GROUP-RUN lines: each cluster's start, requests and stop); every node's log lines
-#                   (info) in OUT_DIR/nodes-<run>.log, and their warnings and errors printed.
-#   stacks-<pid>.log  with STACKS_AFTER=S: every thread's stack of each k3-decode process alive S seconds
+#                   (info) in OUT_DIR/nodes.log (a section per run), and their warnings and errors printed.
+#   stacks.log      with STACKS_AFTER=S: every thread's stack of each k3-decode process alive S seconds
 #                   into the cluster stage (cuda-gdb attached in batch mode), to tell where a step waits.
+# (Few files: a GPU host returns at most eight.)
 #   tests/cuda/run_rank_groups_small_on_gpu_host.sh OUT_DIR
 #   (K3_TEST_GROUP_RUNS=dcp2,ep2 runs only those clusters; CLUSTER_LIMIT, the cluster stage's seconds)
 set -uo pipefail
@@ -32,20 +33,23 @@ if [[ -n ${STACKS_AFTER:-} ]]; then
   ( sleep "$STACKS_AFTER"
     for pid in $(pgrep -f "bin/k3-decode"); do
       { tr '\0' ' ' < "/proc/$pid/cmdline"; echo; timeout 120 cuda-gdb -p "$pid" -batch -ex "thread apply all bt"; } \
-        > "$OUT/stacks-$pid.log" 2>&1 &
+        > "/tmp/stacks-$pid.log" 2>&1 &
     done
-    wait ) &
+    wait
+    cat /tmp/stacks-*.log > "$OUT/stacks.log" 2>/dev/null
+    rm -f /tmp/stacks-*.log ) &
 fi
 PATTERN="GROUP-TOKENS|GROUP-RUN|FAILED|passed|failed|SKIPPED|with expansion|REQUIRE|CHECK|error"
 gpu_host_stage cluster.log "${CLUSTER_LIMIT:-420}" "$PATTERN" env K3_TEST_BACKEND=cuda K3_TEST_MODEL=$M \
   K3_TEST_LOG_DIR="$OUT/logs" $B/tests/cluster_e2e_test_cluster_group_contracts
-# Every run's node logs as one file OUT_DIR/nodes-<run>.log (files nested deeper do not come back from
-# the GPU host), and what they said about failures.
+# Every node log of every run as one file (files nested deeper do not come back from the GPU host), and
+# what they said about failures.
 for d in "$OUT"/logs/*/; do
   [[ -d $d ]] || continue
-  for f in "$d"*.log; do echo "== $(basename "$f")"; grep -v tag_match "$f"; done > "$OUT/nodes-$(basename "$d").log"
-done
+  echo "=== run $(basename "$d")"
+  for f in "$d"*.log; do echo "== $(basename "$f")"; grep -v tag_match "$f"; done
+done > "$OUT/nodes.log"
 rm -rf "$OUT/logs"
-grep -h -i -E "warn|error|fail|down \(|deadline|timed out" "$OUT"/nodes-*.log 2>/dev/null | head -40
+grep -h -i -E "warn|error|fail|down \(|deadline|timed out" "$OUT/nodes.log" | head -40
 wait
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$OUT/cluster.log" 2>&1

@@ -166,6 +166,10 @@ int run_decode() {
     return 1;
   }
   auto d = std::move(d_or).value();
+  if (auto s = d->connect_router(); !s.is_ok()) {
+    std::fprintf(stderr, "decode: %s\n", s.to_string().c_str());
+    return 1;
+  }
   say("READY " + d->advertised_endpoint());
   uint64_t free0 = 0, cap = 0;
   for (uint32_t r : d->ranks()) {
