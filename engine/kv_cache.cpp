@@ -5,22 +5,18 @@
 
 namespace k3 {
 
-IdAllocator::IdAllocator(int count) : capacity_(count), in_use_(count, 0) {
-  for (int i = count - 1; i >= 0; --i) free_.push_back(i);
-}
+IdAllocator::IdAllocator(int count) : capacity_(count), free_(count), in_use_(count, 0) {}
 
 std::optional<int> IdAllocator::alloc() {
-  if (free_.empty()) return std::nullopt;
-  int id = free_.back();
-  free_.pop_back();
-  in_use_[id] = 1;
+  const std::optional<int> id = free_.take();
+  if (id) in_use_[*id] = 1;
   return id;
 }
 
 void IdAllocator::free(int id) {
   K3_CHECK(id >= 0 && id < capacity_ && in_use_[id], "IdAllocator::free of id " + std::to_string(id) + " not in use");
   in_use_[id] = 0;
-  free_.push_back(id);
+  free_.give(id);
 }
 
 Result<CacheLayout> cache_layout(const ModelConfig& cfg, const Backend& backend) {

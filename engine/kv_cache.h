@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/core/lowest_free_ids.h"
 #include "common/core/tensor.h"
 #include "common/config/cache_layout.h"
 #include "common/config/config.h"
@@ -65,7 +66,7 @@ class IdAllocator {
 
  private:
   int capacity_;
-  std::vector<int> free_;        // stack, lowest id on top
+  LowestFreeIds<int> free_;      // lowest id first, so a request's pages stay ascending
   std::vector<uint8_t> in_use_;
 };
 

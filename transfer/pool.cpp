@@ -142,10 +142,8 @@ Result<std::unique_ptr<RankPool>> RankPool::create(RankPoolGeometry geometry) {
   return std::unique_ptr<RankPool>(new RankPool(std::move(geometry)));
 }
 
-RankPool::RankPool(RankPoolGeometry g) : geo_(std::move(g)) {
-  // Stacks filled high-to-low so the lowest ids go out first (deterministic tests, dense use).
-  for (uint32_t p = geo_.num_pages; p > 0; --p) free_page_ids_.push_back(p - 1);
-  for (uint32_t s = geo_.num_slots; s > 0; --s) free_slot_ids_.push_back(s - 1);
+RankPool::RankPool(RankPoolGeometry g)
+    : geo_(std::move(g)), free_page_ids_(geo_.num_pages), free_slot_ids_(geo_.num_slots) {
   page_in_use_.assign(geo_.num_pages, 0);
   slot_in_use_.assign(geo_.num_slots, 0);
 }
@@ -177,9 +175,9 @@ Result<PageHandle> RankPool::allocate_pages(uint32_t n) {
   if (n > free_page_ids_.size())
     return Status(Code::ResourceExhausted, "pool rank " + std::to_string(geo_.rank) + ": " + std::to_string(n) +
                                                " pages wanted, " + std::to_string(free_page_ids_.size()) + " free");
-  std::vector<uint32_t> ids(free_page_ids_.end() - n, free_page_ids_.end());
-  std::reverse(ids.begin(), ids.end());
-  free_page_ids_.resize(free_page_ids_.size() - n);
+  std::vector<uint32_t> ids;
+  ids.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) ids.push_back(*free_page_ids_.take());
   for (uint32_t id : ids) page_in_use_[id] = 1;
   stats_.page_allocs += n;
   return PageHandle(this, std::move(ids));
@@ -196,8 +194,7 @@ Result<SlotHandle> RankPool::allocate_slot() {
     s = *taken;
     K3_CHECK(s < slot_in_use_.size() && !slot_in_use_[s], "shared ids handed out slot " + std::to_string(s) + " twice");
   } else {
-    s = free_slot_ids_.back();
-    free_slot_ids_.pop_back();
+    s = *free_slot_ids_.take();
   }
   slot_in_use_[s] = 1;
   stats_.slot_allocs += 1;
@@ -210,7 +207,7 @@ void RankPool::free_pages(const std::vector<uint32_t>& ids) {
     // Unreachable through handles; a failure here is a bug in this file.
     K3_CHECK(id < page_in_use_.size() && page_in_use_[id], "page freed twice or never allocated");
     page_in_use_[id] = 0;
-    if (!shared_) free_page_ids_.push_back(id);
+    if (!shared_) free_page_ids_.give(id);
   }
   if (shared_) shared_->give_pages(ids);
   stats_.page_frees += ids.size();
@@ -221,7 +218,7 @@ void RankPool::free_slot(uint32_t slot) {
   K3_CHECK(slot < slot_in_use_.size() && slot_in_use_[slot], "slot freed twice or never allocated");
   slot_in_use_[slot] = 0;
   if (shared_) shared_->give_slot(slot);
-  else free_slot_ids_.push_back(slot);
+  else free_slot_ids_.give(slot);
   stats_.slot_frees += 1;
 }
 

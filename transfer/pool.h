@@ -25,6 +25,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/core/lowest_free_ids.h"
 #include "common/core/status.h"
 #include "common/protocol/messages.h"
 #include "transfer/plan_layout.h"
@@ -156,8 +157,8 @@ class RankPool {
 
   RankPoolGeometry geo_;
   mutable std::mutex mu_;
-  std::vector<uint32_t> free_page_ids_;   // stack; lowest ids handed out first
-  std::vector<uint32_t> free_slot_ids_;
+  LowestFreeIds<uint32_t> free_page_ids_;   // lowest first: a request's pages ascending, adjacent where free
+  LowestFreeIds<uint32_t> free_slot_ids_;
   std::vector<uint8_t> page_in_use_, slot_in_use_;  // integrity: a double free is a bug -> K3_CHECK
   PoolStats stats_;
   std::shared_ptr<PoolIds> shared_;  // set: ids come from there and the free lists above are unused

@@ -208,3 +208,37 @@ TEST_CASE("append_addrs describes the allocation and feeds a valid plan", "[pool
     CHECK_FALSE(ops->empty());
   }
 }
+
+// Pages that come back are handed out lowest first, so a request placed on reused pages gets them ascending
+// and adjacent as a fresh pool's first request does, and its plan coalesces into as few puts.
+TEST_CASE("reused pages go out lowest first, and a later request's plan coalesces like the first's", "[pool]") {
+  const CacheLayout model = small_model();
+  const DecodeLayout layout{{0}, true};
+  auto g = RankPoolGeometry::for_rank(model, layout, 0, 7, 0x100000, 4, 32, 4).value();
+  auto pool = RankPool::create(g).value();
+  const uint32_t T = 29;  // 8 pages of 4 rows
+  const PrefillLayout prefill{{5}};  // one stage: every main layer, and the draft layer
+  const auto plan_for = [&](const RankAllocation& a) {
+    protocol::Addrs addrs{.request_id = 1};
+    append_addrs(pool->geometry(), a, addrs);
+    auto dest = DecodeDestinations::from_addrs(addrs);
+    REQUIRE(dest.is_ok());
+    auto ops = plan_stage_writes(model, prefill, layout, pack_stage_source(model, prefill, 0, T), dest.value());
+    REQUIRE(ops.is_ok());
+    return ops->size();
+  };
+  size_t fresh_ops = 0;
+  {
+    auto a = pool->allocate_pages(4).value();  // three requests; all end (the last one first)
+    auto b = pool->allocate_pages(4).value();
+    RankAllocation first{.rank = 0, .pages = pool->allocate_pages(8).value(), .slot = pool->allocate_slot().value()};
+    CHECK(first.pages.page_ids() == std::vector<uint32_t>{8, 9, 10, 11, 12, 13, 14, 15});
+    fresh_ops = plan_for(first);
+  }
+  RankAllocation later{.rank = 0, .pages = pool->allocate_pages(8).value(), .slot = pool->allocate_slot().value()};
+  CHECK(later.pages.page_ids() == std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(later.slot.slot().value() == 0);
+  CHECK(plan_for(later) == fresh_ops);
+  // One put per MLA and draft layer (their pages adjacent), one per KDA entry.
+  CHECK(fresh_ops == 2 + 1 + 3 * 2);
+}
