@@ -61,7 +61,7 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
   const GroupRegionRequest region_req{.first_rank = o.rank, .page_size = o.page_size, .num_pages = o.num_pages,
                                       .num_slots = o.num_slots};
   K3_ASSIGN_OR_RETURN(d->liveness_, MemberLiveness::bind(opts.liveness_bind, opts.layout.size(), o.heartbeat.interval,
-                                                         o.heartbeat.misses));
+                                                         o.heartbeat.misses, &d->metrics_));
   const GroupLiveness beacon_to{.endpoint = d->liveness_->endpoint(), .interval = o.heartbeat.interval};
   for (int i = 1; i < opts.layout.size(); ++i) {
     K3_TRY(send_region_request(comm, i, region_req));

@@ -64,7 +64,8 @@ MemberBeacon::~MemberBeacon() {
 
 // ---------------------------------------------------------------------------------------------
 Result<std::unique_ptr<MemberLiveness>> MemberLiveness::bind(const std::string& bind, int group_size,
-                                                             std::chrono::milliseconds interval, int misses) {
+                                                             std::chrono::milliseconds interval, int misses,
+                                                             protocol::MetricsRegistry* metrics) {
   if (group_size < 1) return invalid_argument("member liveness: group size " + std::to_string(group_size));
   if (interval.count() <= 0 || misses < 1)
     return invalid_argument("member liveness: the heartbeat interval and misses must be positive");
@@ -81,6 +82,15 @@ Result<std::unique_ptr<MemberLiveness>> MemberLiveness::bind(const std::string& 
   }
   l->window_ = interval * misses;
   l->last_.assign(static_cast<size_t>(group_size), std::chrono::steady_clock::now());
+  if (metrics) {
+    l->silence_ms_.assign(static_cast<size_t>(group_size), nullptr);
+    for (int r = 1; r < group_size; ++r)
+      l->silence_ms_[static_cast<size_t>(r)] =
+          &metrics->gauge("k3_group_member_silence_ms", {{"rank", std::to_string(r)}},
+                          "Milliseconds since the decode group member's last liveness beat, as of the leader's last check.");
+    l->dropped_metric_ = &metrics->counter("k3_group_member_beats_dropped_total", {},
+                                           "Liveness beats the group leader dropped: malformed, or a rank outside the group.");
+  }
   return l;
 }
 
@@ -103,10 +113,13 @@ Status MemberLiveness::check() {
       std::memcpy(&rank, static_cast<const char*>(m.data()) + sizeof(kMagic), sizeof(rank));
     if (rank < 1 || rank >= last_.size()) {
       ++dropped_;
+      if (dropped_metric_) dropped_metric_->add();
       continue;
     }
     last_[rank] = now;
   }
+  for (size_t r = 1; r < silence_ms_.size(); ++r)
+    silence_ms_[r]->set(std::chrono::duration_cast<std::chrono::milliseconds>(now - last_[r]).count());
   if (!armed_) return Status::ok();
   for (size_t r = 1; r < last_.size(); ++r) {
     const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_[r]);

@@ -25,6 +25,7 @@
 #include <zmq.hpp>
 
 #include "common/core/status.h"
+#include "common/protocol/metrics.h"
 
 namespace k3::decode {
 
@@ -53,8 +54,11 @@ class MemberLiveness {
  public:
   // Binds `bind` (e.g. "tcp://127.0.0.1:*") for a group of `group_size` ranks; a member is dead after
   // `interval` x `misses` without a beat.
+  // `metrics` (may be null): k3_group_member_silence_ms{rank} (gauge: since the member's last beat, as of
+  // the last check) and k3_group_member_beats_dropped_total (counter).
   static Result<std::unique_ptr<MemberLiveness>> bind(const std::string& bind, int group_size,
-                                                      std::chrono::milliseconds interval, int misses);
+                                                      std::chrono::milliseconds interval, int misses,
+                                                      protocol::MetricsRegistry* metrics = nullptr);
   const std::string& endpoint() const { return endpoint_; }
   // Every member counts as just heard from: called when the group starts serving (the members start their
   // beacons during set-up, which may take longer than the window).
@@ -74,6 +78,8 @@ class MemberLiveness {
   bool armed_ = false;
   std::vector<std::chrono::steady_clock::time_point> last_;  // per rank (rank 0, the leader, unused)
   uint64_t dropped_ = 0;
+  std::vector<protocol::Gauge*> silence_ms_;  // per rank (rank 0 null); empty without metrics
+  protocol::Counter* dropped_metric_ = nullptr;
 };
 
 }  // namespace k3::decode

@@ -33,7 +33,8 @@ Status watch(MemberLiveness& l, std::chrono::milliseconds span) {
 
 TEST_CASE("member liveness: beating members stay alive, a silent one is named once the window passes",
           "[ranks][liveness]") {
-  auto l = MemberLiveness::bind("tcp://127.0.0.1:*", 3, 50ms, 6);  // window 300 ms: 2 loaded cores
+  protocol::MetricsRegistry metrics;
+  auto l = MemberLiveness::bind("tcp://127.0.0.1:*", 3, 50ms, 6, &metrics);  // window 300 ms: 2 loaded cores
   REQUIRE(l.is_ok());
   auto one = MemberBeacon::start((*l)->endpoint(), 1, 50ms);
   auto two = MemberBeacon::start((*l)->endpoint(), 2, 50ms);
@@ -53,11 +54,15 @@ TEST_CASE("member liveness: beating members stay alive, a silent one is named on
   CHECK(noticed >= 250ms);  // the window, less the beat interval its last beat may have been early
   CHECK(noticed < 2s);
   CHECK((*l)->dropped() == 0);
+  // The leader's metrics show it: member 2 silent past the window, member 1 within it.
+  CHECK(metrics.gauge_value("k3_group_member_silence_ms", {{"rank", "2"}}) > 300);
+  CHECK(metrics.gauge_value("k3_group_member_silence_ms", {{"rank", "1"}}) <= 300);
 }
 
 TEST_CASE("member liveness: nothing is dead before arm; malformed beats and outside ranks are dropped",
           "[ranks][liveness]") {
-  auto l = MemberLiveness::bind("tcp://127.0.0.1:*", 2, 10ms, 2);
+  protocol::MetricsRegistry metrics;
+  auto l = MemberLiveness::bind("tcp://127.0.0.1:*", 2, 10ms, 2, &metrics);
   REQUIRE(l.is_ok());
   std::this_thread::sleep_for(60ms);
   CHECK((*l)->check().is_ok());  // set-up may outlast the window: no verdict until armed
@@ -78,6 +83,7 @@ TEST_CASE("member liveness: nothing is dead before arm; malformed beats and outs
     std::this_thread::sleep_for(5ms);
   }
   CHECK((*l)->dropped() == 4);
+  CHECK(metrics.counter_value("k3_group_member_beats_dropped_total") == 4);
   (*l)->arm();
   std::this_thread::sleep_for(50ms);
   Status st = (*l)->check();  // member 1 never beat
