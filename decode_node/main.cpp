@@ -88,7 +88,8 @@ Status serve(Node& d, const decode::DecodeRankOptions& o, std::chrono::milliseco
     if (live > 0 && now_live == 0)
       say("IDLE " + std::to_string(d.pool_free_bytes()) + " " + std::to_string(d.pool_capacity_bytes()));
     live = now_live;
-    if (!run.is_ok()) return run;
+    // A wait cut short by a stop signal (the group leader's hook) is the stop, not a failure.
+    if (!run.is_ok()) return g_stop && run.code() == Code::Aborted ? Status::ok() : run;
   }
   return Status::ok();
 }
@@ -148,12 +149,16 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
                                             be, cfg, weights, **comm, zctx);
   if (!leader.is_ok()) return fail(leader.status());
   // While the leader waits on its members it watches their beats and heartbeats to the router; the hook
-  // is taken off before the leader goes.
+  // is taken off before the leader goes. A stop signal ends such a wait at once (the group's first step
+  // waits under the start-up deadline, minutes): the group's requests end as failed, and it stops.
   struct WaitHook {
     transfer::UcxComm& comm;
     ~WaitHook() { comm.set_while_waiting({}); }
   } hook{**comm};
-  (*comm)->set_while_waiting([l = leader->get()] { return l->while_waiting(); });
+  (*comm)->set_while_waiting([l = leader->get(), &stop = install_stop_signals()]() -> Status {
+    if (stop) return Status(Code::Aborted, "a stop signal came while the leader waited on its members");
+    return l->while_waiting();
+  });
   deadlines.use(deadlines.step);
   // Idle, the leader ticks its members well within their receive deadline.
   const auto tick = std::chrono::milliseconds(std::max(10, gf.step_deadline_ms / 4));
