@@ -367,8 +367,13 @@ Status GroupLeader::step_batch() {
   }
   if (!has_step) return Status::ok();
   // A step of a big model on a shared GPU, with the group's collectives through the host, can outlast the
-  // router's heartbeat window: the leader keeps beating between layers so it is not taken for dead.
-  auto own = worker_->step(feeds[0], [this] { driver_->heartbeat_if_due(); });
+  // router's heartbeat window: the leader keeps beating between layers so it is not taken for dead. It also
+  // reads its members' beats as they come, so their times stay true through a long compute (the verdict
+  // on a silent member is the next wait's: that is where the leader would block on it).
+  auto own = worker_->step(feeds[0], [this] {
+    (void)liveness_->check();
+    driver_->heartbeat_if_due();
+  });
   if (!own.is_ok()) {
     if (own.status().code() != Code::ResourceExhausted) return fail_group(own.status());
     // Every rank refused the step before touching a cache: the newest request gives way.
