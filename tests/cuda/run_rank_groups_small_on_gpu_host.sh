@@ -15,7 +15,9 @@
 #                   into the cluster stage (cuda-gdb attached in batch mode), to tell where a step waits.
 # (Few files: a GPU host returns at most eight.)
 #   tests/cuda/run_rank_groups_small_on_gpu_host.sh OUT_DIR
-#   (K3_TEST_GROUP_RUNS=dcp2,ep2 runs only those clusters; CLUSTER_LIMIT, the cluster stage's seconds)
+#   (K3_TEST_GROUP_RUNS=dcp2,ep2 runs only those clusters; K3_TEST_DEFAULT_WINDOWS=1 keeps the deploy
+#   files' 600 ms liveness window and 2 s step deadline instead of the test's 10 s and 30 s for this host;
+#   CLUSTER_LIMIT, the cluster stage's seconds)
 set -uo pipefail
 OUT=${1:?output dir}
 # shellcheck source=tests/cuda/gpu_host.sh
