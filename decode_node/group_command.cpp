@@ -9,14 +9,9 @@ namespace k3::decode {
 namespace {
 
 constexpr uint32_t kSizeTag = 0x6b3001, kCommandTag = 0x6b3002, kLogitsTag = 0x6b3003, kRegionRequestTag = 0x6b3004,
-                   kRegionSizeTag = 0x6b3005, kRegionTag = 0x6b3006, kRoomTag = 0x6b3007, kLivenessTag = 0x6b3008;
-
-// The liveness message: interval in ms, the endpoint's length, then the endpoint.
-struct LivenessHead {
-  uint32_t interval_ms = 0;
-  uint32_t endpoint_bytes = 0;
-};
-constexpr uint32_t kMaxEndpointBytes = 512;
+                   kRegionSizeTag = 0x6b3005, kRegionTag = 0x6b3006, kRoomTag = 0x6b3007, kLivenessSizeTag = 0x6b3008,
+                   kLivenessTag = 0x6b3009;
+constexpr uint64_t kMaxEndpointBytes = 512;
 
 struct Writer {
   std::vector<std::byte> out;
@@ -35,9 +30,10 @@ struct Writer {
 struct Reader {
   std::span<const std::byte> in;
   size_t at = 0;
+  const char* message = "group command";  // what is read, for the errors
   template <class T>
   Status get(T& v, const char* what) {
-    if (in.size() - at < sizeof(T)) return invalid_argument(std::string("group command truncated at ") + what);
+    if (in.size() - at < sizeof(T)) return invalid_argument(std::string(message) + " truncated at " + what);
     std::memcpy(&v, in.data() + at, sizeof(T));
     at += sizeof(T);
     return Status::ok();
@@ -45,10 +41,28 @@ struct Reader {
   Status count(uint64_t& n, size_t min_item, const char* what) {
     K3_TRY(get(n, what));
     if (min_item > 0 && n > (in.size() - at) / min_item)
-      return invalid_argument(std::string("group command: ") + what + " count " + std::to_string(n) + " exceeds the message");
+      return invalid_argument(std::string(message) + ": " + what + " count " + std::to_string(n) + " exceeds the message");
     return Status::ok();
   }
 };
+
+// A message of any size over the group's Comm: its size (under size_tag), then its bytes (under tag).
+Status send_sized(Comm& comm, int peer, std::span<const std::byte> bytes, uint32_t size_tag, uint32_t tag) {
+  const uint64_t size = bytes.size();
+  K3_TRY(comm.send(peer, std::as_bytes(std::span(&size, 1)), size_tag));
+  return comm.send(peer, bytes, tag);
+}
+
+// `what` names the message in the error when it would be longer than `max_bytes`.
+Result<std::vector<std::byte>> recv_sized(Comm& comm, int peer, uint64_t max_bytes, uint32_t size_tag, uint32_t tag,
+                                          const char* what) {
+  uint64_t size = 0;
+  K3_TRY(comm.recv(peer, std::as_writable_bytes(std::span(&size, 1)), size_tag));
+  if (size > max_bytes) return invalid_argument(std::string(what) + " of " + std::to_string(size) + " bytes");
+  std::vector<std::byte> bytes(size);
+  K3_TRY(comm.recv(peer, bytes, tag));
+  return bytes;
+}
 
 }  // namespace
 
@@ -117,18 +131,12 @@ Result<GroupCommand> decode_group_command(std::span<const std::byte> bytes) {
 }
 
 Status send_group_command(Comm& comm, int peer, const GroupCommand& c) {
-  const std::vector<std::byte> payload = encode_group_command(c);
-  const uint64_t size = payload.size();
-  K3_TRY(comm.send(peer, std::as_bytes(std::span(&size, 1)), kSizeTag));
-  return comm.send(peer, payload, kCommandTag);
+  return send_sized(comm, peer, encode_group_command(c), kSizeTag, kCommandTag);
 }
 
 Result<GroupCommand> recv_group_command(Comm& comm, int leader) {
-  uint64_t size = 0;
-  K3_TRY(comm.recv(leader, std::as_writable_bytes(std::span(&size, 1)), kSizeTag));
-  if (size > (uint64_t{1} << 34)) return invalid_argument("group command of " + std::to_string(size) + " bytes");
-  std::vector<std::byte> payload(size);
-  K3_TRY(comm.recv(leader, payload, kCommandTag));
+  K3_ASSIGN_OR_RETURN(const std::vector<std::byte> payload,
+                      recv_sized(comm, leader, uint64_t{1} << 34, kSizeTag, kCommandTag, "group command"));
   return decode_group_command(payload);
 }
 
@@ -149,53 +157,46 @@ Status send_region_offer(Comm& comm, int leader, const protocol::MemoryRegion& r
   protocol::Register reg{.role = protocol::Role::Decode};
   reg.regions.push_back(region);
   const std::vector<uint8_t> frame = protocol::encode(reg);
-  const uint64_t size = frame.size();
-  K3_TRY(comm.send(leader, std::as_bytes(std::span(&size, 1)), kRegionSizeTag));
-  return comm.send(leader, std::as_bytes(std::span(frame)), kRegionTag);
+  return send_sized(comm, leader, std::as_bytes(std::span(frame)), kRegionSizeTag, kRegionTag);
 }
 
 Result<protocol::MemoryRegion> recv_region_offer(Comm& comm, int peer) {
-  uint64_t size = 0;
-  K3_TRY(comm.recv(peer, std::as_writable_bytes(std::span(&size, 1)), kRegionSizeTag));
-  if (size > (uint64_t{1} << 20)) return invalid_argument("group region offer of " + std::to_string(size) + " bytes");
-  std::vector<uint8_t> frame(size);
-  K3_TRY(comm.recv(peer, std::as_writable_bytes(std::span(frame)), kRegionTag));
-  K3_ASSIGN_OR_RETURN(protocol::Message m, protocol::decode(frame));
+  K3_ASSIGN_OR_RETURN(const std::vector<std::byte> frame,
+                      recv_sized(comm, peer, uint64_t{1} << 20, kRegionSizeTag, kRegionTag, "group region offer"));
+  K3_ASSIGN_OR_RETURN(protocol::Message m,
+                      protocol::decode({reinterpret_cast<const uint8_t*>(frame.data()), frame.size()}));
   const auto* reg = std::get_if<protocol::Register>(&m);
   if (!reg || reg->regions.size() != 1)
     return invalid_argument("group region offer of rank " + std::to_string(peer) + " is not one region");
   return reg->regions[0];
 }
 
+// Interval in ms, then the endpoint's bytes.
 Status send_group_liveness(Comm& comm, int peer, const GroupLiveness& l) {
   if (l.endpoint.empty() || l.endpoint.size() > kMaxEndpointBytes || l.interval.count() <= 0)
     return invalid_argument("group liveness: endpoint of " + std::to_string(l.endpoint.size()) + " bytes, interval " +
                             std::to_string(l.interval.count()) + " ms");
-  std::vector<std::byte> bytes(sizeof(LivenessHead) + l.endpoint.size());
-  const LivenessHead head{.interval_ms = static_cast<uint32_t>(l.interval.count()),
-                          .endpoint_bytes = static_cast<uint32_t>(l.endpoint.size())};
-  std::memcpy(bytes.data(), &head, sizeof(head));
-  std::memcpy(bytes.data() + sizeof(head), l.endpoint.data(), l.endpoint.size());
-  const uint64_t size = bytes.size();
-  K3_TRY(comm.send(peer, std::as_bytes(std::span(&size, 1)), kLivenessTag));
-  return comm.send(peer, std::span(bytes), kLivenessTag);
+  Writer w;
+  w.put(static_cast<uint32_t>(l.interval.count()));
+  w.bytes(std::vector<uint8_t>(l.endpoint.begin(), l.endpoint.end()));
+  return send_sized(comm, peer, w.out, kLivenessSizeTag, kLivenessTag);
 }
 
 Result<GroupLiveness> recv_group_liveness(Comm& comm, int leader) {
-  uint64_t size = 0;
-  K3_TRY(comm.recv(leader, std::as_writable_bytes(std::span(&size, 1)), kLivenessTag));
-  if (size <= sizeof(LivenessHead) || size > sizeof(LivenessHead) + kMaxEndpointBytes)
-    return invalid_argument("group liveness message of " + std::to_string(size) + " bytes");
-  std::vector<std::byte> bytes(size);
-  K3_TRY(comm.recv(leader, std::span(bytes), kLivenessTag));
-  LivenessHead head;
-  std::memcpy(&head, bytes.data(), sizeof(head));
-  if (head.interval_ms == 0 || sizeof(head) + head.endpoint_bytes != size)
-    return invalid_argument("group liveness message: interval " + std::to_string(head.interval_ms) + " ms, endpoint of " +
-                            std::to_string(head.endpoint_bytes) + " bytes in " + std::to_string(size));
+  K3_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes,
+                      recv_sized(comm, leader, sizeof(uint32_t) + sizeof(uint64_t) + kMaxEndpointBytes,
+                                 kLivenessSizeTag, kLivenessTag, "group liveness message"));
+  Reader r{.in = bytes, .message = "group liveness message"};
+  uint32_t interval_ms = 0;
+  uint64_t endpoint_bytes = 0;
+  K3_TRY(r.get(interval_ms, "interval"));
+  K3_TRY(r.count(endpoint_bytes, 1, "endpoint"));
+  if (interval_ms == 0 || endpoint_bytes == 0 || r.at + endpoint_bytes != bytes.size())
+    return invalid_argument("group liveness message: interval " + std::to_string(interval_ms) + " ms, endpoint of " +
+                            std::to_string(endpoint_bytes) + " bytes in " + std::to_string(bytes.size()));
   GroupLiveness l;
-  l.interval = std::chrono::milliseconds(head.interval_ms);
-  l.endpoint.assign(reinterpret_cast<const char*>(bytes.data()) + sizeof(head), head.endpoint_bytes);
+  l.interval = std::chrono::milliseconds(interval_ms);
+  l.endpoint.assign(reinterpret_cast<const char*>(bytes.data()) + r.at, endpoint_bytes);
   return l;
 }
 

@@ -2,13 +2,14 @@
 // the leader while the member's own thread is busy; a member whose beacon stopped is named dead once the
 // window passes; beats that are malformed or name a rank outside the group are dropped; and the group
 // communicator's while-waiting hook (transfer/comm_ucx.h) runs during a long wait and ends it with the
-// hook's error.
+// hook's error; the start-up message that tells a member where to beat reaches it whole.
 #include <catch2/catch.hpp>
 
 #include <future>
 #include <thread>
 #include <zmq.hpp>
 
+#include "decode_node/group_command.h"
 #include "decode_node/member_liveness.h"
 #include "transfer/comm_ucx.h"
 
@@ -27,6 +28,23 @@ Status watch(MemberLiveness& l, std::chrono::milliseconds span) {
     std::this_thread::sleep_for(10ms);
   }
   return Status::ok();
+}
+
+// A group communicator of two ranks in this process (each rank its own UCX worker): {rank 0, rank 1}.
+std::pair<std::unique_ptr<transfer::UcxComm>, std::unique_ptr<transfer::UcxComm>> comm_pair() {
+  using transfer::UcxComm;
+  std::promise<std::string> bound;
+  auto ep = bound.get_future();
+  std::unique_ptr<UcxComm> zero;
+  std::thread leader([&] {
+    auto c = UcxComm::create(0, 2, "tcp://127.0.0.1:*", {}, [&](const std::string& e) { bound.set_value(e); });
+    if (c.is_ok()) zero = std::move(c).value();
+  });
+  auto one = UcxComm::create(1, 2, ep.get());
+  leader.join();
+  REQUIRE(one.is_ok());
+  REQUIRE(zero);
+  return {std::move(zero), std::move(one).value()};
 }
 
 }  // namespace
@@ -99,18 +117,7 @@ TEST_CASE("member liveness: bad arguments are refused by name", "[ranks][livenes
 
 TEST_CASE("group comm: the while-waiting hook runs through a long wait and ends it with its error",
           "[ranks][liveness][process]") {
-  using transfer::UcxComm;
-  std::promise<std::string> bound;
-  auto ep = bound.get_future();
-  std::unique_ptr<UcxComm> zero;
-  std::thread leader([&] {
-    auto c = UcxComm::create(0, 2, "tcp://127.0.0.1:*", {}, [&](const std::string& e) { bound.set_value(e); });
-    if (c.is_ok()) zero = std::move(c).value();
-  });
-  auto one = UcxComm::create(1, 2, ep.get());
-  leader.join();
-  REQUIRE(one.is_ok());
-  REQUIRE(zero);
+  auto [zero, one] = comm_pair();
   std::vector<int32_t> in{1, 2, 3}, out(3);
   // Rank 1 sends after 400 ms: rank 0's receive waits, calling the hook all along, and succeeds.
   int calls = 0;
@@ -121,7 +128,7 @@ TEST_CASE("group comm: the while-waiting hook runs through a long wait and ends 
   Status sent;
   std::thread late([&] {
     std::this_thread::sleep_for(400ms);
-    sent = (*one)->send(0, std::as_bytes(std::span(in)), 9);
+    sent = one->send(0, std::as_bytes(std::span(in)), 9);
   });
   REQUIRE(zero->recv(1, std::as_writable_bytes(std::span(out)), 9).is_ok());
   late.join();
@@ -136,4 +143,21 @@ TEST_CASE("group comm: the while-waiting hook runs through a long wait and ends 
   CHECK(st.code() == Code::Unavailable);
   CHECK(st.message().find("recv from rank 1: member rank 1 is down: test") != std::string::npos);
   zero->set_while_waiting({});
+}
+
+TEST_CASE("group liveness message: the leader's endpoint and interval reach the member; bad ones are refused",
+          "[ranks][liveness][process]") {
+  auto [zero, one] = comm_pair();
+  const GroupLiveness sent{.endpoint = "tcp://127.0.0.1:40123", .interval = 250ms};
+  REQUIRE(send_group_liveness(*zero, 1, sent).is_ok());
+  auto got = recv_group_liveness(*one, 0);
+  REQUIRE(got.is_ok());
+  CHECK(got->endpoint == sent.endpoint);
+  CHECK(got->interval == sent.interval);
+  CHECK(send_group_liveness(*zero, 1, {.endpoint = "", .interval = 250ms}).message().find("endpoint of 0 bytes") !=
+        std::string::npos);
+  CHECK(send_group_liveness(*zero, 1, {.endpoint = std::string(600, 'x'), .interval = 250ms}).code() ==
+        Code::InvalidArgument);
+  CHECK(send_group_liveness(*zero, 1, {.endpoint = "tcp://127.0.0.1:1", .interval = 0ms}).code() ==
+        Code::InvalidArgument);
 }
