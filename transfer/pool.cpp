@@ -177,8 +177,10 @@ Result<PageHandle> RankPool::allocate_pages(uint32_t n) {
                                                " pages wanted, " + std::to_string(free_page_ids_.size()) + " free");
   std::vector<uint32_t> ids;
   ids.reserve(n);
-  for (uint32_t i = 0; i < n; ++i) ids.push_back(*free_page_ids_.take());
-  for (uint32_t id : ids) page_in_use_[id] = 1;
+  for (uint32_t i = 0; i < n; ++i) {
+    ids.push_back(*free_page_ids_.take());
+    page_in_use_[ids.back()] = 1;
+  }
   stats_.page_allocs += n;
   return PageHandle(this, std::move(ids));
 }
