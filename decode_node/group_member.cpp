@@ -68,7 +68,7 @@ int run_group_member(GroupWorker& worker, Comm& comm, MemberRegion* region, cons
         // Every rank refused the step before touching a cache (a rank out of pages): the leader drops a
         // request and goes on, and so does this rank.
         if (!logits.is_ok() && logits.status().code() == Code::ResourceExhausted) st = Status::ok();
-        else if (logits.is_ok() && returns && !logits->empty()) st = send_group_logits(comm, 0, *logits);
+        else if (logits.is_ok() && !logits->empty()) st = send_group_logits(comm, 0, *logits);  // none unless `returns`
       }
       // Every command is answered with this rank's room (the leader's admission input).
       if (st.is_ok()) st = send_group_room(comm, 0, worker.room());
