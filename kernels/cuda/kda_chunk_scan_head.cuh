@@ -14,8 +14,10 @@
 // the four to release it refills it with the chunk two ahead, so that one warpgroup's products
 // overlap another's stores (in lockstep, with one block barrier a chunk, the four issued their
 // products at the same moments and the head took 1222 µs where four 32-row blocks take 1110).
-// A chunk that ends at a checkpoint is the exception: the state's four quarters are staged in its
-// released stage, so the block meets there.
+// A checkpoint does not make them meet either: each warpgroup writes its quarter of the fp32 state
+// with streaming stores from its accumulators. Staging the state in the released stage for bulk
+// stores (the block meeting twice a chunk) measured the same on the H200: at a checkpoint after every
+// chunk the cost is the bytes, 805 MB at T = 8192, H = 96, not how they leave (docs/PERF.md).
 #pragma once
 #include <type_traits>
 
@@ -38,14 +40,11 @@ struct ScanHead {
   static constexpr int kOffBar = kOffGc + 2 * kD * 4;      // one mbarrier a stage
   static constexpr int kOffCnt = kOffBar + 16;             // releases of each stage (u32 [2])
   static constexpr int kSmem = kOffCnt + 8 + 1024;         // + alignment slack (atoms on 1024 bytes)
-  // A checkpoint's fp32 state [128][128] is staged in the stage the chunk has just released: W, Q⊙e^Γ,
-  // K_d and U hold its four 32-row quarters.
-  static constexpr uint32_t ckpt_quarter(int stage, int q) { return uint32_t(stage * kStage + q * 16384); }
 };
 static_assert(ScanHead::kSmem <= 227 * 1024, "one block per SM");
 static_assert(ScanHead::kStage % 1024 == 0 && ScanHead::kOffWg % 1024 == 0 && ScanHead::kWgBytes % 1024 == 0);
 
-// The copies of one chunk into a stage (one thread issues them), and the checkpoint's bulk store.
+// The copies of one chunk into a stage (one thread issues them).
 struct ScanHeadTma {
   uint32_t sbase;
   const KdaScanMaps* maps;
@@ -73,17 +72,6 @@ struct ScanHeadTma {
     }
     if (write_o) tma_load_2d(st + ScanHead::kStMq, &maps->mq, 0, t * kTileRows64 + 512, bar(s));
     bulk_load(sbase + ScanHead::kOffGc + s * kD * 4, work_gc(work, c, H, h), kD * 4, bar(s));
-  }
-  // The state staged in stage s to checkpoint slot `slot`; returns once the copy engine has read it.
-  __device__ __forceinline__ void ckpt(int slot, int s) const {
-    const int row = (slot * H + h) * kD;
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int kb = 0; kb < kD / 32; ++kb)
-        tma_store_2d(&maps->ckpt, 32 * kb, row + 32 * q, sbase + ScanHead::ckpt_quarter(s, q) + kb * 4096);
-    bulk_commit();
-    bulk_wait_read_all();
   }
 };
 
@@ -160,27 +148,20 @@ __global__ void __launch_bounds__(ScanHead::kThreads, 1)
       // (c) Sᵀ = Diag(e^{Γ_C}) Sᵀ + K_dᵀ V', then (b) O += M_qk V' as a second group.
       wg32_issue_cb<kO>(desc, tiles, Gc, ST, Oa, warp, g);
       wg32_finish_cb<kO>(sS, ST, Oa, a, t0, len, h, v0, warp, lane);
-      if (ck >= 0) {  // the block meets; the state through the released stage to its checkpoint slot
-        __syncthreads();
-        each_elem([&](float x, int v, int k) {
-          *reinterpret_cast<float*>(sm + ScanHead::ckpt_quarter(s, wgi) + ckpt_swizzle(v, k)) = x;
-        });
-        wg::fence_proxy_async();
-        __syncthreads();
-        if (tid == 0) {
-          fetch.ckpt(ck, s);
-          if (c + 2 < c_end) fetch.load(c + 2, s);
-        }
-      } else {
-        // This warpgroup's reads of the stage are over (its products waited for, its loads used);
-        // the fourth warpgroup to say so refills it.
-        scan_head_wg_sync(wgi);
-        if ((tid & 127) == 0) {
+      if (ck >= 0) {
+        // Each warpgroup writes its quarter of the checkpoint straight from its accumulators
+        // (streaming stores: nothing here reads them back). No meet of the block and no staging.
+        float* dst = a.ckpt + (int64_t(ck) * H + h) * kD * kD + int64_t(v0) * kD;
+        each_elem([&](float x, int v, int k) { __stcs(dst + v * kD + k, x); });
+      }
+      // This warpgroup's reads of the stage are over (its products waited for, its loads used);
+      // the fourth warpgroup to say so refills it.
+      scan_head_wg_sync(wgi);
+      if ((tid & 127) == 0) {
+        __threadfence_block();
+        if (atomicAdd(cnt + s, 1u) % 4 == 3 && c + 2 < c_end) {
           __threadfence_block();
-          if (atomicAdd(cnt + s, 1u) % 4 == 3 && c + 2 < c_end) {
-            __threadfence_block();
-            fetch.load(c + 2, s);
-          }
+          fetch.load(c + 2, s);
         }
       }
     }

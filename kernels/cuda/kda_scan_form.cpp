@@ -14,9 +14,10 @@ namespace k3::cuda {
 //
 // A head per block (four 32-row warpgroups sharing two stages of tiles) uses only H·rows SMs, and
 // without checkpoints it is 4 % slower than 32-row blocks at T = 8192, H = 96 (1134 against 1088 µs).
-// With a checkpoint after every chunk it is 8 % faster (1280 against 1384 µs, two calls): its block
-// stages the whole head's state and stores it in one go, where four blocks each stage a quarter. With
-// checkpoints every 256 tokens it is slower again (1152 against 1105). Hence the form for calls with
+// With a checkpoint after every chunk it is 8 % faster (1280 against 1384 µs, two calls), whether its
+// warpgroups write their quarters of the state from registers (now) or stage them for bulk stores
+// (1265-1275 µs either way, one call): its copies of the tiles are shared, so more of the bandwidth is
+// left to the checkpoints. With checkpoints every 256 tokens it is slower again (1152 against 1105). Hence the form for calls with
 // a checkpoint after every chunk, where its grid fits one wave (H·rows <= SMs).
 KdaScanForm pick_kda_scan_form(int64_t H, int64_t rows, int num_sms, bool wgmma, int wg_rows,
                                bool ckpt_every_chunk) {
