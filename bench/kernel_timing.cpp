@@ -2,6 +2,8 @@
 #include "bench/kernel_timing.h"
 #ifdef K3_HAVE_CUDA
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <memory>
 #include <random>
 
@@ -9,6 +11,21 @@
 
 namespace k3::bench {
 namespace {
+
+// The host function that holds a stream: blocks (no spinning) until the flag is set.
+void CUDART_CB wait_until_queued(void* flag) { static_cast<std::atomic<bool>*>(flag)->wait(false); }
+
+// Releases the held stream; on unwinding also waits for it, so that the host function is done with
+// the flag before the flag goes.
+struct StreamHold {
+  cudaStream_t s;
+  std::atomic<bool>& queued;
+  ~StreamHold() {
+    queued.store(true);
+    queued.notify_one();
+    if (std::uncaught_exceptions() > 0) cudaStreamSynchronize(s);
+  }
+};
 
 class Events {
  public:
@@ -20,11 +37,20 @@ class Events {
     cudaEventDestroy(a_);
     cudaEventDestroy(b_);
   }
-  // Microseconds of device time taken by what `f` enqueues on `s`.
+  // Microseconds of device time taken by what `f` enqueues on `s`. The stream is held (a host
+  // function that returns once everything is queued behind it) so that the start event is taken
+  // with `f`'s work already queued. On an idle stream the start event is taken as soon as it is
+  // queued, and the microseconds the host then takes to submit `f`'s work (a graph launch: several)
+  // count as the kernel's own; nvbench holds its stream with a blocking kernel for the same reason.
   double time(cudaStream_t s, const std::function<void()>& f) {
-    K3_CUDA_OK(cudaEventRecord(a_, s));
-    f();
-    K3_CUDA_OK(cudaEventRecord(b_, s));
+    std::atomic<bool> queued{false};
+    K3_CUDA_OK(cudaLaunchHostFunc(s, wait_until_queued, &queued));
+    {
+      StreamHold hold{s, queued};  // released (and, if `f` throws, drained) however this block ends
+      K3_CUDA_OK(cudaEventRecord(a_, s));
+      f();
+      K3_CUDA_OK(cudaEventRecord(b_, s));
+    }
     K3_CUDA_OK(cudaEventSynchronize(b_));
     float ms = 0;
     K3_CUDA_OK(cudaEventElapsedTime(&ms, a_, b_));
