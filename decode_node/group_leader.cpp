@@ -336,7 +336,10 @@ bool GroupLeader::admit(const transfer::ReadyAction& ready, const std::vector<tr
 }
 
 Status GroupLeader::fail_group(const Status& why) {
-  spdlog::error("decode group {}: {}", opts_.rank.instance_id, why.to_string());
+  // Aborted is a stop signal that came while the leader waited on its members: the process is being
+  // stopped, not failing, so operators' error alerts should not fire on every ordinary shutdown.
+  if (why.code() == Code::Aborted) spdlog::warn("decode group {}: stopping: {}", opts_.rank.instance_id, why.to_string());
+  else spdlog::error("decode group {}: {}", opts_.rank.instance_id, why.to_string());
   std::vector<uint64_t> ids = order_;
   for (const auto& w : std::exchange(waiting_, {})) ids.push_back(w.request_id);
   for (uint64_t id : ids) abort_local(id, "the decode group failed: " + why.message());
