@@ -36,7 +36,8 @@
 //    The wgmma scans take their tiles by TMA bulk copies (kda_chunk_scan_tma.cuh) and write a
 //    checkpoint by staging the state in a free tile buffer and one bulk store. Calls with a
 //    checkpoint after every chunk, whose heads fit one wave of SMs, run a head per block instead
-//    (kda_chunk_scan_head.cuh: four 32-row warpgroups sharing two stages of tiles).
+//    (kda_chunk_scan_head.cuh: four 32-row warpgroups sharing two stages of tiles, each storing its
+//    quarter of a checkpoint straight from its accumulators).
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"
