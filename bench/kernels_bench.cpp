@@ -189,6 +189,21 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
   l.flops = double(B) * H * 8.0 * D * D;
   l.refs = {{"fla fused_recurrent_kda", "kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H)}};
   lines.push_back(l);
+  // The same state bytes moved by a plain device copy, timed the same way (replays rotating over the slot
+  // sets: set r copied onto set r + 1): how close to the 1 GiB copy rate a copy of this size comes, i.e.
+  // what of the kernel's gap at small batches any launch of this size pays.
+  if (R < 2) return;
+  std::vector<std::function<void()>> copies;
+  const size_t set_bytes = size_t(state_bytes);
+  for (int64_t r = 0; r < R; ++r)
+    copies.push_back([&, r] {
+      char* base = static_cast<char*>(state.data());
+      K3_CUDA_OK(cudaMemcpyAsync(base + size_t((r + 1) % R) * set_bytes, base + size_t(r) * set_bytes, set_bytes,
+                                 cudaMemcpyDeviceToDevice, be.stream()));
+    });
+  const double copy_us = time_graphs(be.stream(), quick ? 50 : 300, copies);
+  lines.push_back({.name = "copy_as_kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H), .us = copy_us,
+                   .bytes = 2 * state_bytes});
 }
 
 // One configuration of the MLA decode kernels (CudaBackend's switches) and the suffix its line gets.
