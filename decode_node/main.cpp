@@ -116,12 +116,18 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   auto comm = transfer::UcxComm::create(gf.rank, gf.size(), gf.rank == 0 ? (gf.endpoint.empty() ? "tcp://" + interface + ":*" : gf.endpoint) : gf.endpoint,
                                         co, [](const std::string& ep) { say("GROUP " + ep); });
   if (!comm.is_ok()) return fail(comm.status());
-  const decode::GroupDeadlines deadlines{
-      .startup = std::chrono::seconds(gf.startup_s), .step = std::chrono::milliseconds(gf.step_deadline_ms),
-      .set = [c = comm->get()](std::chrono::milliseconds limit) { c->set_timeout(limit); }};
   auto collectives = decode::make_group_collectives(gf.collectives, **comm, o.cuda_device);
   if (!collectives.is_ok()) return fail(collectives.status());
   Comm& forward_comm = *collectives ? **collectives : static_cast<Comm&>(**comm);
+  // One deadline for the group's messages and its forward's collectives alike (over NCCL too: there a
+  // call past it aborts the communicator, comm_nccl.h).
+  const decode::GroupDeadlines deadlines{
+      .startup = std::chrono::seconds(gf.startup_s), .step = std::chrono::milliseconds(gf.step_deadline_ms),
+      .set = [c = comm->get(), f = &forward_comm](std::chrono::milliseconds limit) {
+        c->set_timeout(limit);
+        f->set_timeout(limit);
+      }};
+  deadlines.use(deadlines.startup);
   if (gf.rank > 0) {
     auto worker = decode::GroupWorker::create(be, cfg, weights, layout, forward_comm, o.cache);
     if (!worker.is_ok()) return fail(worker.status());
@@ -151,14 +157,21 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   // While the leader waits on its members it watches their beats and heartbeats to the router; the hook
   // is taken off before the leader goes. A stop signal ends such a wait at once (the group's first step
   // waits under the start-up deadline, minutes): the group's requests end as failed, and it stops.
+  // The forward's collectives (NCCL's, when they are not the UCX communicator) wait under the same hook.
   struct WaitHook {
-    transfer::UcxComm& comm;
-    ~WaitHook() { comm.set_while_waiting({}); }
-  } hook{**comm};
-  (*comm)->set_while_waiting([l = leader->get(), &stop = install_stop_signals()]() -> Status {
+    Comm& comm;
+    Comm& forward;
+    ~WaitHook() {
+      comm.set_while_waiting({});
+      forward.set_while_waiting({});
+    }
+  } hook{**comm, forward_comm};
+  const auto while_waiting = [l = leader->get(), &stop = install_stop_signals()]() -> Status {
     if (stop) return Status(Code::Aborted, "a stop signal came while the leader waited on its members");
     return l->while_waiting();
-  });
+  };
+  (*comm)->set_while_waiting(while_waiting);
+  if (&forward_comm != comm->get()) forward_comm.set_while_waiting(while_waiting);
   deadlines.use(deadlines.step);
   // Idle, the leader ticks its members well within their receive deadline.
   const auto tick = std::chrono::milliseconds(std::max(10, gf.step_deadline_ms / 4));

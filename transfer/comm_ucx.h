@@ -42,14 +42,11 @@ class UcxComm final : public Comm {
   Status all_to_allv(std::span<const std::byte> in, std::span<const size_t> send_counts, std::span<std::byte> out,
                      std::span<const size_t> recv_counts) override;
   Status barrier() override;
-  // Deadline of each later collective / point-to-point call. A decode group starts with a long one
-  // (start-up of many processes on few cores is slow) and then shortens it to its step deadline, so a
-  // dead or hung rank fails the step on every survivor in seconds.
-  void set_timeout(std::chrono::milliseconds timeout) { opt_.timeout = timeout; }
-  // Called while a call waits for its peers (before each sleep, at most 50 ms apart); an error it returns
-  // fails the call with it. A group leader checks its members' liveness and heartbeats to the router
-  // meanwhile (decode_node/member_liveness.h). Empty: none.
-  void set_while_waiting(std::function<Status()> f) { while_waiting_ = std::move(f); }
+  // Comm's deadline and waiting hook: a decode group starts with a long deadline (start-up of many
+  // processes on few cores is slow) and shortens it to its step deadline. The hook runs before each sleep
+  // of a wait (decode_node/member_liveness.h says what a leader does there).
+  void set_timeout(std::chrono::milliseconds timeout) override { opt_.timeout = timeout; }
+  void set_while_waiting(std::function<Status()> f) override { while_waiting_ = std::move(f); }
 
  private:
   UcxComm(int rank, int size, UcxCommOptions opt) : rank_(rank), size_(size), opt_(opt) {}

@@ -8,8 +8,10 @@
 // element ((x0 + x1) + x2 ...), and all_reduce_sum's result is computed once per element and then
 // broadcast, so every rank holds bitwise the same result, equal to the serial sum in rank order.
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "common/core/status.h"
@@ -44,6 +46,15 @@ class Comm {
   virtual Status all_to_allv(std::span<const std::byte> in, std::span<const size_t> send_counts,
                              std::span<std::byte> out, std::span<const size_t> recv_counts) = 0;
   virtual Status barrier() = 0;
+
+  // The deadline of each later call (each implementation says its default): a call that outlives it fails
+  // on this rank, so a dead or hung peer fails the step on every survivor instead of blocking it for ever. A
+  // decode group starts with a long one and shortens it to its step deadline once it runs.
+  virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
+  // Called while a call waits for its peers (at most about 50 ms apart); an error it returns fails the
+  // call with it. A group leader checks its members' liveness and heartbeats to the router meanwhile.
+  // Empty: none.
+  virtual void set_while_waiting(std::function<Status()> f) = 0;
 };
 
 // Splits `count` elements into `parts` contiguous chunks as evenly as possible (the first count % parts

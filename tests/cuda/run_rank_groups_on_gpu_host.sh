@@ -4,7 +4,8 @@
 #   nccl.log     nccl_test_nccl_comm: the NCCL communicator as a group of one;
 #   ranks.log    ranks_test_rank_decode_gpu: one CUDA rank vs the CUDA engine over UCX and NCCL; DCP2,
 #                DCP4 and EP2 rank processes sharing GPU 0 over host UCX vs one CUDA rank; with two GPUs or
-#                more, DCP2 and EP2 with one GPU per rank over NCCL (SKIPPED on one GPU);
+#                more, DCP2 and EP2 with one GPU per rank over NCCL, and a rank killed mid-step over NCCL
+#                failing its group at the step deadline (both SKIPPED on one GPU);
 #   cluster.log  K3_TEST_BACKEND=cuda cluster_e2e_test_cluster_group_contracts:
 #                four DP2 clusters (single processes, single processes with kv_partitions 2, DCP2 groups,
 #                EP2 groups; all on GPU 0), 16 concurrent greedy requests: EP2 == the single processes and

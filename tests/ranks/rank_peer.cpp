@@ -3,8 +3,8 @@
 // then "DONE". Rank 0 prints "BOUND <endpoint>" first.
 //   k3-test-rank-peer <rank> <size> <endpoint> <heads> <seed> <dcp> <ep> <kv_partitions> [<step_deadline_ms>]
 //                     [--backend cuda [--gpus N] [--collectives nccl]]
-// With a step deadline the rank runs a long scenario for the rank-death tests: after start-up it
-// shortens the communicator's deadline, prints "STEP <n>" after each step and, when a step fails (a peer
+// With a step deadline the rank runs a long scenario for the rank-death tests (on its backend, over its
+// collectives): after start-up it shortens the communicators' deadline, prints "STEP <n>" after each step and, when a step fails (a peer
 // died), closes every request and prints "FAILED <steady clock µs> <status>" and "FREE <free pages> <pages> <free slots>
 // <slots>" (what the pools hold once everything is released).
 // --backend cuda runs the rank on GPU <rank> modulo N (--gpus, default 1: every rank on GPU 0), on the
@@ -26,16 +26,19 @@ using namespace k3::test::ranks;
 
 namespace {
 
-int run_until_failure(const RankLayout& g, transfer::UcxComm& comm, int heads, uint64_t seed,
-                      std::chrono::milliseconds deadline) {
-  const Scenario sc = make_scenario(heads, seed, 3, 1000);  // ~35 s of steps: the kill comes long before the end
-  auto run = setup_rank(sc, g, comm);
+// `forward`: the communicator of the rank's forward (the UCX one, or NCCL's over it); both get the deadline.
+int run_until_failure(const RankLayout& g, transfer::UcxComm& comm, Comm& forward, int heads, uint64_t seed,
+                      std::chrono::milliseconds deadline, const std::string& backend, int device) {
+  // ~35 s of steps on the CPU: the kill comes long before the end.
+  const Scenario sc = make_scenario(heads, seed, 3, 1000, backend == "cuda");
+  auto run = setup_rank(sc, g, forward, 1, reference_options().cache, backend, device);
   if (!run.is_ok()) {
     std::fprintf(stderr, "rank %d: %s\n", g.rank, run.status().to_string().c_str());
     return 1;
   }
   if (auto s = comm.barrier(); !s.is_ok()) return 1;  // every rank is set up: steps are quick from here
   comm.set_timeout(deadline);
+  forward.set_timeout(deadline);
   for (size_t st = 0; st < sc.steps.size(); ++st) {
     auto out = (*run)->step(sc, st);
     if (!out.is_ok()) {
@@ -88,8 +91,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "comm: %s\n", comm.status().to_string().c_str());
     return 1;
   }
-  if (argc == 10) return run_until_failure(g, **comm, std::atoi(argv[4]), std::strtoull(argv[5], nullptr, 10),
-                                           std::chrono::milliseconds(std::atoi(argv[9])));
   const int device = backend == "cuda" ? rank % gpus : 0;
   auto kind = decode::parse_group_collectives(collectives);
   if (!kind.is_ok()) {
@@ -102,6 +103,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   Comm& forward = *nccl ? **nccl : static_cast<Comm&>(**comm);
+  if (argc == 10)
+    return run_until_failure(g, **comm, forward, std::atoi(argv[4]), std::strtoull(argv[5], nullptr, 10),
+                             std::chrono::milliseconds(std::atoi(argv[9])), backend, device);
   const Scenario sc = make_scenario(std::atoi(argv[4]), std::strtoull(argv[5], nullptr, 10), 3, 4, backend == "cuda");
   auto out = run_group(sc, g, forward, 1, backend, device);
   if (!out.is_ok()) {

@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include "decode_node/group_collectives.h"
 #include "tests/ranks/rank_peers.h"
 #include "tests/ranks/rank_scenario.h"
+#include "tests/transfer/process_guard.h"
 #include "transfer/comm_ucx.h"
 
 using namespace k3;
@@ -168,6 +170,23 @@ TEST_CASE("GPU ranks: one CUDA rank gives the CUDA engine's logits over UCX and 
     for (size_t s = 0; s < b.size(); ++s)
       for (auto& [req, lg] : (*ref)[s]) over_nccl.add(b[s].at(req), lg);
     over_nccl.report("one rank, kv_partitions " + std::to_string(kv) + ", NCCL, vs the engine", kv == 1);
+    // The same with a deadline and a waiting hook: every call then runs under the communicator's
+    // watchdog (comm_nccl.h), and the bits do not move.
+    (*nccl)->set_timeout(30s);
+    std::atomic<int> hooks{0};
+    (*nccl)->set_while_waiting([&] {
+      ++hooks;
+      return Status::ok();
+    });
+    RowCheck watched;
+    const StepLogits c = one_rank(sc, {.dcp = 1, .kv_partitions = kv}, **nccl);
+    (*nccl)->set_while_waiting({});
+    (*nccl)->set_timeout(0ms);
+    for (size_t s = 0; s < c.size(); ++s)
+      for (auto& [req, lg] : (*ref)[s]) watched.add(c[s].at(req), lg);
+    watched.report("one rank, kv_partitions " + std::to_string(kv) + ", NCCL under its watchdog (" +
+                       std::to_string(hooks.load()) + " hook calls), vs the engine",
+                   kv == 1);
   }
 }
 
@@ -202,6 +221,50 @@ TEST_CASE("GPU ranks: DCP2 and EP2 rank processes with one GPU each over NCCL gi
   check_group("DCP2 on two GPUs (NCCL)", sc, {.dcp = 2, .kv_partitions = 4}, 2, "nccl");
   check_group("EP2 on two GPUs (NCCL)", sc, {.ep = 2}, 2, "nccl");
   if (gpus >= 4) check_group("DCP4 on four GPUs (NCCL)", sc, {.dcp = 4, .kv_partitions = 8}, 4, "nccl");
+}
+
+TEST_CASE("GPU ranks: over NCCL, a rank killed mid-step fails its group within 5 s and leaks no pages",
+          "[ranks][cuda][process]") {
+  if (const std::string why = no_gpu(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  if (!decode::nccl_built()) {
+    WARN("SKIPPED: this build has no NCCL");
+    return;
+  }
+  if (gpu_count() < 2) {
+    WARN("SKIPPED: NCCL needs one GPU per rank, " << gpu_count() << " visible");
+    return;
+  }
+  // DCP2 over NCCL, one GPU a rank, a 2 s step deadline. Without a deadline of its own NCCL would wait for
+  // the dead rank for ever; the communicator's watchdog aborts it at the deadline (comm_nccl.h).
+  const auto exe = k3::test::helper_path("k3-test-rank-peer");
+  auto args = [&](int r, const std::string& ep) {
+    return std::vector<std::string>{std::to_string(r), "2", ep, "4", "63", "2", "1", "2", "2000",
+                                    "--backend", "cuda", "--gpus", "2", "--collectives", "nccl"};
+  };
+  std::vector<std::unique_ptr<k3::test::ProcessGuard>> ranks;
+  ranks.push_back(std::make_unique<k3::test::ProcessGuard>(exe, args(0, "tcp://127.0.0.1:*")));
+  auto ep = ranks[0]->wait_for("BOUND ", 30s);
+  REQUIRE(ep);
+  ranks.push_back(std::make_unique<k3::test::ProcessGuard>(exe, args(1, *ep)));
+  for (auto& r : ranks) REQUIRE(r->wait_for("STEP 3", 180s));
+  ranks[1]->kill_now();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto failed = ranks[0]->wait_for("FAILED ", 30s);
+  REQUIRE(failed);
+  const auto at = std::chrono::steady_clock::time_point(std::chrono::microseconds(std::stoll(*failed)));
+  const double after = std::chrono::duration<double>(at - t0).count();
+  INFO("failed " << after << " s after the kill: " << *failed);
+  CHECK(after < 5.0);
+  auto free = ranks[0]->wait_for("FREE ", 10s);
+  REQUIRE(free);
+  int fp = 0, np = 0, fs = 0, ns = 0;
+  REQUIRE(std::sscanf(free->c_str(), "%d %d %d %d", &fp, &np, &fs, &ns) == 4);
+  CHECK(fp == np);
+  CHECK(fs == ns);
+  CHECK(ranks[0]->wait_exit(10s) == 0);
 }
 
 // A diagnosis for GPU hosts (hidden; tests/cuda/run_small_diag_on_gpu_host.sh runs it): k3-small (93 layers,

@@ -57,15 +57,31 @@ Result<std::unique_ptr<NcclComm>> NcclComm::create(int rank, int size, const Ncc
   return c;
 }
 
+NcclComm::NcclComm(int rank, int size, int device)
+    : rank_(rank), size_(size), device_(device), watchdog_([this](const Status& why) { abort(why); }) {}
+
 NcclComm::~NcclComm() {
   cudaSetDevice(device_);
-  if (comm_) ncclCommDestroy(comm_);
+  if (comm_ && !aborted_) ncclCommDestroy(comm_);  // ncclCommAbort already freed an aborted one
   if (scratch_) cudaFree(scratch_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-Status NcclComm::finish(const char* what) {
-  return cuda_status(cudaStreamSynchronize(stream_), std::string("NcclComm ") + what);
+void NcclComm::abort(const Status& why) {
+  if (aborted_) return;
+  abort_status_ = Status(why.code(), "NcclComm rank " + std::to_string(rank_) + " aborted: " + why.message());
+  if (comm_) ncclCommAbort(comm_);
+  aborted_ = true;
+}
+
+Status NcclComm::run(const char* what, const std::function<Status()>& enqueue) {
+  if (aborted_) return abort_status_;
+  const Status st = watchdog_.watch(std::string("NcclComm ") + what, [&] {
+    K3_TRY(enqueue());
+    return cuda_status(cudaStreamSynchronize(stream_), std::string("NcclComm ") + what);
+  });
+  if (aborted_) return abort_status_;
+  return st;
 }
 
 Result<float*> NcclComm::scratch(size_t floats) {
@@ -81,23 +97,22 @@ Result<float*> NcclComm::scratch(size_t floats) {
 Status NcclComm::send(int peer, std::span<const std::byte> data, uint32_t tag) {
   if (tag != 0) return invalid_argument("NcclComm::send: NCCL has no tags (tag " + std::to_string(tag) + ")");
   if (peer < 0 || peer >= size_ || peer == rank_) return invalid_argument("NcclComm::send: bad peer " + std::to_string(peer));
-  K3_TRY(nccl_status(ncclSend(data.data(), data.size(), ncclUint8, peer, comm_, stream_), "ncclSend"));
-  return finish("send");
+  return run("send", [&] { return nccl_status(ncclSend(data.data(), data.size(), ncclUint8, peer, comm_, stream_), "ncclSend"); });
 }
 
 Status NcclComm::recv(int peer, std::span<std::byte> data, uint32_t tag) {
   if (tag != 0) return invalid_argument("NcclComm::recv: NCCL has no tags (tag " + std::to_string(tag) + ")");
   if (peer < 0 || peer >= size_ || peer == rank_) return invalid_argument("NcclComm::recv: bad peer " + std::to_string(peer));
-  K3_TRY(nccl_status(ncclRecv(data.data(), data.size(), ncclUint8, peer, comm_, stream_), "ncclRecv"));
-  return finish("recv");
+  return run("recv", [&] { return nccl_status(ncclRecv(data.data(), data.size(), ncclUint8, peer, comm_, stream_), "ncclRecv"); });
 }
 
 Status NcclComm::all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {
   if (all.size() != mine.size() * size_)
     return invalid_argument("all_gather: all has " + std::to_string(all.size()) + " bytes, expected size x " +
                             std::to_string(mine.size()));
-  K3_TRY(nccl_status(ncclAllGather(mine.data(), all.data(), mine.size(), ncclUint8, comm_, stream_), "ncclAllGather"));
-  return finish("all_gather");
+  return run("all_gather", [&] {
+    return nccl_status(ncclAllGather(mine.data(), all.data(), mine.size(), ncclUint8, comm_, stream_), "ncclAllGather");
+  });
 }
 
 Status NcclComm::all_to_allv(std::span<const std::byte> in, std::span<const size_t> send_counts,
@@ -108,6 +123,11 @@ Status NcclComm::all_to_allv(std::span<const std::byte> in, std::span<const size
   for (int p = 0; p < size_; ++p) st += send_counts[p], rt += recv_counts[p];
   if (st != in.size() || rt != out.size()) return invalid_argument("all_to_allv: counts do not add up to the buffers");
   if (send_counts[rank_] != recv_counts[rank_]) return invalid_argument("all_to_allv: self send != self recv count");
+  return run("all_to_allv", [&] { return enqueue_all_to_allv(in, send_counts, out, recv_counts); });
+}
+
+Status NcclComm::enqueue_all_to_allv(std::span<const std::byte> in, std::span<const size_t> send_counts,
+                                     std::span<std::byte> out, std::span<const size_t> recv_counts) {
   size_t so = 0, ro = 0;
   NcclGroup group;
   for (int p = 0; p < size_; ++p) {
@@ -122,8 +142,7 @@ Status NcclComm::all_to_allv(std::span<const std::byte> in, std::span<const size
     so += send_counts[p];
     ro += recv_counts[p];
   }
-  K3_TRY(group.end());
-  return finish("all_to_allv");
+  return group.end();
 }
 
 Status NcclComm::all_to_all(std::span<const std::byte> in, std::span<std::byte> out) {
@@ -139,25 +158,28 @@ Status NcclComm::reduce_scatter_sum(std::span<const float> in, std::span<float> 
                             std::to_string(size_) + " x out " + std::to_string(out.size()));
   K3_ASSIGN_OR_RETURN(float* parts, scratch(in.size()));
   // Block p of every rank's `in` lands at parts[q * out.size()] on rank p, in rank order q.
-  K3_TRY(all_to_all(std::as_bytes(in), std::as_writable_bytes(std::span<float>(parts, in.size()))));
-  K3_TRY(cuda_status(ordered_sum(parts, size_, out.size(), out.data(), stream_), "reduce_scatter_sum: ordered_sum"));
-  return finish("reduce_scatter_sum");
+  return run("reduce_scatter_sum", [&] {
+    const std::vector<size_t> counts(size_, out.size() * sizeof(float));
+    K3_TRY(enqueue_all_to_allv(std::as_bytes(in), counts,
+                               std::as_writable_bytes(std::span<float>(parts, in.size())), counts));
+    return cuda_status(ordered_sum(parts, size_, out.size(), out.data(), stream_), "reduce_scatter_sum: ordered_sum");
+  });
 }
 
 Status NcclComm::all_reduce_sum(std::span<float> data) {
   const size_t n = data.size();
   K3_ASSIGN_OR_RETURN(float* all, scratch(n * size_));
   // Every rank gathers every contribution and adds them in rank order: the same bits everywhere.
-  K3_TRY(nccl_status(ncclAllGather(data.data(), all, n, ncclFloat32, comm_, stream_), "ncclAllGather"));
-  K3_TRY(cuda_status(ordered_sum(all, size_, n, data.data(), stream_), "all_reduce_sum: ordered_sum"));
-  return finish("all_reduce_sum");
+  return run("all_reduce_sum", [&] {
+    K3_TRY(nccl_status(ncclAllGather(data.data(), all, n, ncclFloat32, comm_, stream_), "ncclAllGather"));
+    return cuda_status(ordered_sum(all, size_, n, data.data(), stream_), "all_reduce_sum: ordered_sum");
+  });
 }
 
 Status NcclComm::barrier() {
   K3_ASSIGN_OR_RETURN(float* slots, scratch(size_));
   // In place: this rank's float is slot rank() of the gathered array.
-  K3_TRY(nccl_status(ncclAllGather(slots + rank_, slots, 1, ncclFloat32, comm_, stream_), "barrier"));
-  return finish("barrier");
+  return run("barrier", [&] { return nccl_status(ncclAllGather(slots + rank_, slots, 1, ncclFloat32, comm_, stream_), "barrier"); });
 }
 
 }  // namespace k3::transfer

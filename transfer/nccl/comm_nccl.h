@@ -8,14 +8,24 @@
 //
 // Bootstrap: rank 0 makes the id (new_unique_id) and the group hands it to every rank (the launcher or
 // the control plane carries its 128 bytes); a group of one needs nothing else.
+//
+// Deadlines: NCCL waits for a dead peer for ever. With a deadline or a waiting hook set (Comm's
+// set_timeout / set_while_waiting; none by default), each call runs under a CallWatchdog: when the
+// deadline passes or the hook fails, the watchdog aborts the communicator (ncclCommAbort, which releases
+// the kernels and the stream synchronise that wait on the peer), the call returns that status, and so
+// does every later call: an aborted communicator is gone, and the group fails as it does over UCX.
 #pragma once
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <memory>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include "common/core/comm.h"
+#include "common/core/call_watchdog.h"
 
 namespace k3::transfer {
 
@@ -43,10 +53,17 @@ class NcclComm final : public Comm {
   Status all_to_allv(std::span<const std::byte> in, std::span<const size_t> send_counts, std::span<std::byte> out,
                      std::span<const size_t> recv_counts) override;
   Status barrier() override;
+  void set_timeout(std::chrono::milliseconds timeout) override { watchdog_.set_timeout(timeout); }
+  void set_while_waiting(std::function<Status()> f) override { watchdog_.set_hook(std::move(f)); }
 
  private:
-  NcclComm(int rank, int size, int device) : rank_(rank), size_(size), device_(device) {}
-  Status finish(const char* what);                // synchronise the stream, map errors
+  NcclComm(int rank, int size, int device);
+  // Runs `enqueue` (the call's NCCL and CUDA work on the stream), then waits for the stream, all under the
+  // watchdog; refuses at once once the communicator was aborted.
+  Status run(const char* what, const std::function<Status()>& enqueue);
+  void abort(const Status& why);                  // the watchdog's: ncclCommAbort, on its thread
+  Status enqueue_all_to_allv(std::span<const std::byte> in, std::span<const size_t> send_counts,
+                             std::span<std::byte> out, std::span<const size_t> recv_counts);
   Result<float*> scratch(size_t floats);          // device scratch, grown on demand, owned here
 
   int rank_, size_, device_;
@@ -54,6 +71,9 @@ class NcclComm final : public Comm {
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;
   size_t scratch_floats_ = 0;
+  std::atomic<bool> aborted_{false};
+  Status abort_status_;    // why, once aborted_ (written by the watchdog's abort before aborted_ is set)
+  CallWatchdog watchdog_;  // last: its thread stops before the members it aborts go
 };
 
 }  // namespace k3::transfer
