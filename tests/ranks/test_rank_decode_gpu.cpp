@@ -42,6 +42,13 @@ int gpu_count() {
   while (n < 8 && make_backend({.kind = "cuda", .device = n}).is_ok()) ++n;
   return n;
 }
+// Why groups over NCCL with one GPU a rank cannot run here ("" when they can: NCCL and two GPUs or more).
+std::string no_nccl_pair() {
+  if (std::string why = no_gpu(); !why.empty()) return why;
+  if (!decode::nccl_built()) return "this build has no NCCL";
+  if (const int n = gpu_count(); n < 2) return "NCCL needs one GPU per rank, " + std::to_string(n) + " visible";
+  return "";
+}
 
 // Worst |a - b| over the largest |b| of a row, with the argmax test.
 struct RowCheck {
@@ -204,19 +211,11 @@ TEST_CASE("GPU ranks: DCP2 DCP4 and EP2 rank processes sharing one GPU over host
 
 TEST_CASE("GPU ranks: DCP2 and EP2 rank processes with one GPU each over NCCL give one CUDA rank's logits",
           "[ranks][cuda][process]") {
-  if (const std::string why = no_gpu(); !why.empty()) {
+  if (const std::string why = no_nccl_pair(); !why.empty()) {
     WARN("SKIPPED: " << why);
     return;
   }
-  if (!decode::nccl_built()) {
-    WARN("SKIPPED: this build has no NCCL");
-    return;
-  }
   const int gpus = gpu_count();
-  if (gpus < 2) {
-    WARN("SKIPPED: NCCL needs one GPU per rank, " << gpus << " visible");
-    return;
-  }
   const Scenario sc = make_scenario(4, 0, 3, 4, true);
   check_group("DCP2 on two GPUs (NCCL)", sc, {.dcp = 2, .kv_partitions = 4}, 2, "nccl");
   check_group("EP2 on two GPUs (NCCL)", sc, {.ep = 2}, 2, "nccl");
@@ -225,16 +224,8 @@ TEST_CASE("GPU ranks: DCP2 and EP2 rank processes with one GPU each over NCCL gi
 
 TEST_CASE("GPU ranks: over NCCL, a rank killed mid-step fails its group within 5 s and leaks no pages",
           "[ranks][cuda][process]") {
-  if (const std::string why = no_gpu(); !why.empty()) {
+  if (const std::string why = no_nccl_pair(); !why.empty()) {
     WARN("SKIPPED: " << why);
-    return;
-  }
-  if (!decode::nccl_built()) {
-    WARN("SKIPPED: this build has no NCCL");
-    return;
-  }
-  if (gpu_count() < 2) {
-    WARN("SKIPPED: NCCL needs one GPU per rank, " << gpu_count() << " visible");
     return;
   }
   // DCP2 over NCCL, one GPU a rank, a 2 s step deadline. Without a deadline of its own NCCL would wait for
