@@ -89,19 +89,26 @@ TEST_CASE("call watchdog: a failing hook aborts the call with its status", "[cor
 
 TEST_CASE("call watchdog: a call that ends in time is left alone, and the hook runs only during calls", "[core]") {
   std::atomic<int> aborts{0}, hooks{0};
-  CallWatchdog w([&](const Status&) { ++aborts; }, 30ms);
-  w.set_timeout(2000ms);
-  w.set_hook([&] {
+  const auto counting = [&] {
     ++hooks;
     return Status::ok();
-  });
-  // Shorter than the hook's period: the hook never runs.
-  CHECK(w.watch("send", [] {
-           std::this_thread::sleep_for(5ms);
-           return Status::ok();
-         }).is_ok());
-  CHECK(hooks == 0);
+  };
+  // Shorter than the hook's period (by far, so that a loaded host cannot make it look longer): the hook
+  // never runs.
+  {
+    CallWatchdog slow([&](const Status&) { ++aborts; }, 1000ms);
+    slow.set_timeout(5000ms);
+    slow.set_hook(counting);
+    CHECK(slow.watch("send", [] {
+             std::this_thread::sleep_for(5ms);
+             return Status::ok();
+           }).is_ok());
+    CHECK(hooks == 0);
+  }
   // Longer: it runs about every 30 ms while the call lasts, and not after.
+  CallWatchdog w([&](const Status&) { ++aborts; }, 30ms);
+  w.set_timeout(5000ms);
+  w.set_hook(counting);
   CHECK(w.watch("recv", [] {
            std::this_thread::sleep_for(200ms);
            return Status::ok();
