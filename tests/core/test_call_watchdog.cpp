@@ -95,24 +95,24 @@ TEST_CASE("call watchdog: a call that ends in time is left alone, and the hook r
   };
   // Shorter than the hook's period (by far, so that a loaded host cannot make it look longer): the hook
   // never runs.
+  const auto call_of = [](std::chrono::milliseconds d) {
+    return [d] {
+      std::this_thread::sleep_for(d);
+      return Status::ok();
+    };
+  };
   {
     CallWatchdog slow([&](const Status&) { ++aborts; }, 1000ms);
     slow.set_timeout(5000ms);
     slow.set_hook(counting);
-    CHECK(slow.watch("send", [] {
-             std::this_thread::sleep_for(5ms);
-             return Status::ok();
-           }).is_ok());
+    CHECK(slow.watch("send", call_of(5ms)).is_ok());
     CHECK(hooks == 0);
   }
   // Longer: it runs about every 30 ms while the call lasts, and not after.
   CallWatchdog w([&](const Status&) { ++aborts; }, 30ms);
   w.set_timeout(5000ms);
   w.set_hook(counting);
-  CHECK(w.watch("recv", [] {
-           std::this_thread::sleep_for(200ms);
-           return Status::ok();
-         }).is_ok());
+  CHECK(w.watch("recv", call_of(200ms)).is_ok());
   const int during = hooks;
   CHECK(during >= 2);
   std::this_thread::sleep_for(150ms);
