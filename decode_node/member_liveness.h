@@ -15,7 +15,6 @@
 // the interface the group uses. A beat is the rank's 4 bytes after a 4-byte magic; anything else, and a
 // rank outside the group, is dropped and counted.
 #pragma once
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>

@@ -28,27 +28,28 @@ void CallWatchdog::set_hook(std::function<Status()> hook) {
 
 bool CallWatchdog::enabled() const {
   std::lock_guard lk(mu_);
-  return timeout_.count() > 0 || static_cast<bool>(hook_);
+  return enabled_locked();
 }
+
+bool CallWatchdog::enabled_locked() const { return timeout_.count() > 0 || static_cast<bool>(hook_); }
 
 Status CallWatchdog::watch(const std::string& what, const std::function<Status()>& wait) {
   {
-    std::lock_guard lk(mu_);
-    if (timeout_.count() <= 0 && !hook_) {
-      // Unwatched: the plain wait, with no hand-over to the thread.
-    } else {
-      armed_ = true;
-      fired_ = false;
-      what_ = what;
-      const auto now = std::chrono::steady_clock::now();
-      deadline_ = timeout_.count() > 0 ? now + timeout_ : std::chrono::steady_clock::time_point::max();
-      next_hook_ = now + period_;  // a call that ends sooner never wakes the thread's hook
+    std::unique_lock lk(mu_);
+    if (!enabled_locked()) {
+      lk.unlock();
+      return wait();  // the plain wait: the thread is not woken (a hot path's calls)
     }
+    armed_ = true;
+    fired_ = false;
+    what_ = what;
+    const auto now = std::chrono::steady_clock::now();
+    deadline_ = timeout_.count() > 0 ? now + timeout_ : std::chrono::steady_clock::time_point::max();
+    next_hook_ = now + period_;  // a call that ends sooner never wakes the thread's hook
   }
   cv_.notify_all();
   Status st = wait();
   std::lock_guard lk(mu_);  // waits for a hook call or an abort in progress
-  if (!armed_) return st;
   armed_ = false;
   return fired_ ? failure_ : st;
 }

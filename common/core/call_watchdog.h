@@ -45,6 +45,7 @@ class CallWatchdog {
 
  private:
   void run();
+  bool enabled_locked() const;  // enabled(), with mu_ held
 
   Abort abort_;
   const std::chrono::milliseconds period_;

@@ -76,9 +76,10 @@ void NcclComm::abort(const Status& why) {
 
 Status NcclComm::run(const char* what, const std::function<Status()>& enqueue) {
   if (aborted_) return abort_status_;
-  const Status st = watchdog_.watch(std::string("NcclComm ") + what, [&] {
+  const std::string name = std::string("NcclComm ") + what;
+  const Status st = watchdog_.watch(name, [&] {
     K3_TRY(enqueue());
-    return cuda_status(cudaStreamSynchronize(stream_), std::string("NcclComm ") + what);
+    return cuda_status(cudaStreamSynchronize(stream_), name);
   });
   if (aborted_) return abort_status_;
   return st;
