@@ -31,6 +31,8 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr double kTol = 2e-2;
+// The same for k3-small's 93 layers, where the rounding of a merge travels through every later layer.
+constexpr double kDeepTol = 0.1;
 
 // Why the CUDA backend cannot run here ("" when it can), and how many GPUs it can use.
 std::string no_gpu() {
@@ -163,7 +165,7 @@ TEST_CASE("GPU ranks: one CUDA rank gives the CUDA engine's logits over UCX and 
   INFO(ref.status().to_string());
   REQUIRE(ref.is_ok());
   auto ucx = transfer::UcxComm::create(0, 1, "tcp://127.0.0.1:*").value();
-  auto nccl = decode::make_group_collectives(decode::GroupCollectives::Nccl, *ucx, 0);
+  auto nccl = decode::make_group_collectives(decode::GroupCollectives::Nccl, *ucx, 0, std::chrono::seconds(60));
   if (!nccl.is_ok()) WARN("SKIPPED over NCCL: " << nccl.status().to_string());
   for (int kv : {1, 8}) {
     RowCheck over_ucx;
@@ -263,7 +265,9 @@ TEST_CASE("GPU ranks: over NCCL, a rank killed mid-step fails its group within 5
 // with kv_partitions 1. Served by clusters on the H200, the two part at the first or second decoded token of
 // every request. If the cause is the expert choice (a near tie of the router's scores flipped by the rounding
 // of two merged attention partitions instead of one pass), then with every expert routed (k = E) the two
-// agree within kTol with the same argmax: that case is checked; the top-4 case is reported.
+// agree with the same argmax: that case is checked; the top-4 case is reported. The bound is kDeepTol, not
+// kTol: 93 layers carry the bf16 rounding of the merge further than the tiny models' few (measured on the
+// H200: 0.042 with every expert routed, against 1.07 and 10 of 16 argmaxes changed with top-4).
 // K3_DIAG_BACKEND=cpu runs the same on the CPU backend (fp32), and K3_DIAG_LAYERS=N keeps the first N layers
 // (the whole k3-small does not fit a small host's memory in fp32).
 TEST_CASE("GPU ranks: k3-small with kv_partitions 2 against 1, top-4 and every expert routed", "[.][diag][small]") {
@@ -309,7 +313,13 @@ TEST_CASE("GPU ranks: k3-small with kv_partitions 2 against 1, top-4 and every e
       for (auto& [req, lg] : one[st]) check.add(two[st].at(req), lg);
     const std::string what =
         "k3-small on " + backend + ", kv_partitions 2 vs 1, " + (every_expert ? "every expert" : "top-4");
-    if (every_expert) check.report(what, false);
-    else check.print(what);
+    if (every_expert) {
+      check.print(what);
+      INFO(what << ": worst " << check.worst);
+      CHECK(check.worst < kDeepTol);
+      CHECK(check.argmax_differs == 0);
+    } else {
+      check.print(what);
+    }
   }
 }
