@@ -70,7 +70,7 @@ int run_child(const CollectivesOptions& o) {
   if (!ucx.is_ok()) return std::fprintf(stderr, "rank %d: %s\n", rank, ucx.status().to_string().c_str()), 1;
   auto be = make_backend({.kind = "cuda", .device = rank});
   if (!be.is_ok()) return std::fprintf(stderr, "rank %d: %s\n", rank, be.status().to_string().c_str()), 1;
-  auto nccl = decode::make_group_collectives(decode::GroupCollectives::Nccl, **ucx, rank);
+  auto nccl = decode::make_group_collectives(decode::GroupCollectives::Nccl, **ucx, rank, std::chrono::seconds(60));
   if (!nccl.is_ok()) return std::fprintf(stderr, "rank %d: %s\n", rank, nccl.status().to_string().c_str()), 1;
   Comm& c = **nccl;
   const size_t lo = parse_bytes(o.min_bytes).value(), hi = parse_bytes(o.max_bytes).value();

@@ -74,7 +74,7 @@ int run_child(const RanksOptions& o) {
   auto be = std::move(*made);
   auto kind = decode::parse_group_collectives(o.collectives);
   if (!kind.is_ok()) return std::fprintf(stderr, "%s\n", kind.status().to_string().c_str()), 2;
-  auto nccl = decode::make_group_collectives(*kind, **comm, device);
+  auto nccl = decode::make_group_collectives(*kind, **comm, device, std::chrono::seconds(60));
   if (!nccl.is_ok()) return std::fprintf(stderr, "rank %d: %s\n", g.rank, nccl.status().to_string().c_str()), 1;
   Comm& forward = *nccl ? **nccl : static_cast<Comm&>(**comm);
   const CacheOptions copt{.max_seqs = o.batch, .page_size = 16,

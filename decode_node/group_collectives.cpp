@@ -23,7 +23,8 @@ bool nccl_built() {
 #endif
 }
 
-Result<std::unique_ptr<Comm>> make_group_collectives(GroupCollectives kind, Comm& group, int device) {
+Result<std::unique_ptr<Comm>> make_group_collectives(GroupCollectives kind, Comm& group, int device,
+                                                     std::chrono::milliseconds join_within) {
   if (kind == GroupCollectives::Ucx) return std::unique_ptr<Comm>();
 #ifdef K3_WITH_NCCL
   transfer::NcclId id{};
@@ -33,11 +34,12 @@ Result<std::unique_ptr<Comm>> make_group_collectives(GroupCollectives kind, Comm
   } else {
     K3_TRY(group.recv(0, std::as_writable_bytes(std::span(id)), kNcclIdTag));
   }
-  K3_ASSIGN_OR_RETURN(auto nccl, transfer::NcclComm::create(group.rank(), group.size(), id, device));
+  K3_ASSIGN_OR_RETURN(auto nccl, transfer::NcclComm::create(group.rank(), group.size(), id, device, join_within));
   return std::unique_ptr<Comm>(std::move(nccl));
 #else
   (void)group;
   (void)device;
+  (void)join_within;
   return invalid_argument("--group-collectives nccl: this build has no NCCL (k3_nccl was not built)");
 #endif
 }

@@ -116,7 +116,7 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   auto comm = transfer::UcxComm::create(gf.rank, gf.size(), gf.rank == 0 ? (gf.endpoint.empty() ? "tcp://" + interface + ":*" : gf.endpoint) : gf.endpoint,
                                         co, [](const std::string& ep) { say("GROUP " + ep); });
   if (!comm.is_ok()) return fail(comm.status());
-  auto collectives = decode::make_group_collectives(gf.collectives, **comm, o.cuda_device);
+  auto collectives = decode::make_group_collectives(gf.collectives, **comm, o.cuda_device, std::chrono::seconds(gf.startup_s));
   if (!collectives.is_ok()) return fail(collectives.status());
   Comm& forward_comm = *collectives ? **collectives : static_cast<Comm&>(**comm);
   // One deadline for the group's messages and its forward's collectives alike (over NCCL too: there a

@@ -1,11 +1,14 @@
 // The NCCL Comm as a group of one on GPU 0: every collective on device buffers gives the Comm
 // interface's result (a group of one: copies, and the sums of one contribution), and bad calls are refused
 // by name. More ranks need one GPU each (NCCL refuses two ranks on one device); the same calls then run
-// the NCCL transfers. Prints SKIPPED where no GPU is visible.
+// the NCCL transfers. One GPU can still show the join deadline: rank 0 of a group of two whose rank 1
+// never comes. Prints SKIPPED where no GPU is visible.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <cstdio>
 #include <numeric>
 #include <vector>
 
@@ -88,4 +91,42 @@ TEST_CASE("NCCL Comm: a group of one on one GPU", "[nccl]") {
   DeviceBuffer<std::byte> short_out(bytes.size() - 1);
   CHECK(c.all_gather(src.bytes(), short_out.bytes()).to_string().find("expected size x 37") != std::string::npos);
   CHECK(NcclComm::create(0, 1, *id, 4096).status().to_string().find("device 4096 outside") != std::string::npos);
+}
+
+TEST_CASE("NCCL Comm: a group whose other rank never joins fails at the join deadline and keeps no memory",
+          "[nccl]") {
+  std::string why;
+  if (!have_gpu(why)) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  REQUIRE(cudaFree(nullptr) == cudaSuccess);  // the context exists before the first measure
+  size_t free_before = 0, free_after = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
+  auto id = NcclComm::new_unique_id();
+  REQUIRE(id.is_ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto made = NcclComm::create(0, 2, *id, 0, std::chrono::milliseconds(2000));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
+  const double kept_mib = (double(free_before) - double(free_after)) / (1 << 20);
+  std::printf("NCCL-JOIN rank 0 of 2 alone: failed after %.2f s (%s), device memory kept %.1f MiB\n", waited,
+              made.status().to_string().c_str(), kept_mib);
+  REQUIRE_FALSE(made.is_ok());
+  CHECK(made.status().code() == Code::DeadlineExceeded);
+  CHECK(made.status().message().find("rank 0 of 2") != std::string::npos);
+  CHECK(made.status().message().find("did not form within 2000 ms") != std::string::npos);
+  CHECK(waited >= 2.0);
+  CHECK(waited < 10.0);
+  // The abort gave back what the half-made communicator allocated (NCCL may keep a little per process).
+  CHECK(kept_mib < 64.0);
+
+  // The process can still form a group afterwards.
+  auto id1 = NcclComm::new_unique_id();
+  REQUIRE(id1.is_ok());
+  auto one = NcclComm::create(0, 1, *id1, 0, std::chrono::milliseconds(30000));
+  INFO(one.status().to_string());
+  REQUIRE(one.is_ok());
+  CHECK((*one)->barrier().is_ok());
 }

@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", kind.status().to_string().c_str());
     return 2;
   }
-  auto nccl = decode::make_group_collectives(*kind, **comm, device);
+  auto nccl = decode::make_group_collectives(*kind, **comm, device, std::chrono::seconds(60));
   if (!nccl.is_ok()) {
     std::fprintf(stderr, "rank %d: collectives: %s\n", rank, nccl.status().to_string().c_str());
     return 1;

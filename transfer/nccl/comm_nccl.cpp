@@ -1,6 +1,8 @@
 #include "transfer/nccl/comm_nccl.h"
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -9,10 +11,18 @@
 namespace k3::transfer {
 namespace {
 
+// ncclInProgress is not an error: the call's work was handed to NCCL, and settle() waits for it.
 Status nccl_status(ncclResult_t r, const std::string& what) {
-  if (r == ncclSuccess) return Status::ok();
+  if (r == ncclSuccess || r == ncclInProgress) return Status::ok();
   return Status(Code::Internal, what + ": " + ncclGetErrorString(r));
 }
+// How long settle() sleeps between looks at the communicator's state: short at first (a call on a
+// formed communicator settles at once, or within microseconds), growing to a bound, so a long wait costs
+// little and a short one adds little.
+constexpr auto kFirstPause = std::chrono::microseconds(20);
+constexpr auto kLongestPause = std::chrono::milliseconds(2);
+// How long the destructor lets a finalize flush before it aborts instead (a peer gone mid-call).
+constexpr auto kFinalizeWithin = std::chrono::seconds(10);
 Status cuda_status(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return Status::ok();
   return Status(Code::Internal, what + ": " + cudaGetErrorString(e));
@@ -39,7 +49,8 @@ Result<NcclId> NcclComm::new_unique_id() {
   return out;
 }
 
-Result<std::unique_ptr<NcclComm>> NcclComm::create(int rank, int size, const NcclId& id, int device) {
+Result<std::unique_ptr<NcclComm>> NcclComm::create(int rank, int size, const NcclId& id, int device,
+                                                   std::chrono::milliseconds join_within) {
   if (size < 1) return invalid_argument("NcclComm: size must be >= 1, got " + std::to_string(size));
   if (rank < 0 || rank >= size)
     return invalid_argument("NcclComm: rank " + std::to_string(rank) + " outside 0.." + std::to_string(size - 1));
@@ -53,7 +64,25 @@ Result<std::unique_ptr<NcclComm>> NcclComm::create(int rank, int size, const Ncc
   K3_TRY(cuda_status(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "NcclComm: cudaStreamCreate"));
   ncclUniqueId uid;
   std::memcpy(uid.internal, id.data(), id.size());
-  K3_TRY(nccl_status(ncclCommInitRank(&c->comm_, size, uid, rank), "ncclCommInitRank"));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const std::string who = "NcclComm rank " + std::to_string(rank) + " of " + std::to_string(size);
+  if (Status st = nccl_status(ncclCommInitRankConfig(&c->comm_, size, uid, rank, &config), who + ": ncclCommInitRankConfig");
+      !st.is_ok()) {
+    if (c->comm_) ncclCommAbort(c->comm_);
+    c->comm_ = nullptr;
+    return st;
+  }
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  if (join_within.count() > 0) deadline = std::chrono::steady_clock::now() + join_within;
+  if (Status joined = c->settle(who + ": joining", deadline); !joined.is_ok()) {
+    ncclCommAbort(c->comm_);  // frees what the half-made communicator holds; nothing else uses it yet
+    c->comm_ = nullptr;
+    if (joined.code() == Code::DeadlineExceeded)
+      return Status(Code::DeadlineExceeded, who + ": the group did not form within " + std::to_string(join_within.count()) +
+                                                " ms (a rank never joined, or died while joining)");
+    return joined;
+  }
   return c;
 }
 
@@ -62,23 +91,52 @@ NcclComm::NcclComm(int rank, int size, int device)
 
 NcclComm::~NcclComm() {
   cudaSetDevice(device_);
-  if (comm_ && !aborted_) ncclCommDestroy(comm_);  // ncclCommAbort already freed an aborted one
+  if (comm_ && !aborted_) {  // ncclCommAbort already freed an aborted one
+    // Flush, then free; a flush that does not settle (a peer gone mid-call) is aborted instead.
+    const bool flushed = nccl_status(ncclCommFinalize(comm_), "ncclCommFinalize").is_ok() &&
+                         settle("NcclComm finalize", std::chrono::steady_clock::now() + kFinalizeWithin).is_ok();
+    if (flushed) ncclCommDestroy(comm_);
+    else ncclCommAbort(comm_);
+  }
   if (scratch_) cudaFree(scratch_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
 void NcclComm::abort(const Status& why) {
+  std::lock_guard lock(mu_);
   if (aborted_) return;
   abort_status_ = Status(why.code(), "NcclComm rank " + std::to_string(rank_) + " aborted: " + why.message());
   if (comm_) ncclCommAbort(comm_);
   aborted_ = true;
 }
 
+Status NcclComm::settle(const std::string& what, std::optional<std::chrono::steady_clock::time_point> deadline) {
+  std::chrono::microseconds pause = kFirstPause;
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    {
+      std::lock_guard lock(mu_);
+      if (aborted_) return abort_status_;
+      K3_TRY(nccl_status(ncclCommGetAsyncError(comm_, &state), what + ": ncclCommGetAsyncError"));
+    }
+    if (state == ncclSuccess) return Status::ok();
+    if (state != ncclInProgress) return Status(Code::Internal, what + ": " + ncclGetErrorString(state));
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) return Status(Code::DeadlineExceeded, what + ": past its deadline");
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(2 * pause, kLongestPause);
+  }
+}
+
 Status NcclComm::run(const char* what, const std::function<Status()>& enqueue) {
   if (aborted_) return abort_status_;
   const std::string name = std::string("NcclComm ") + what;
   const Status st = watchdog_.watch(name, [&] {
-    K3_TRY(enqueue());
+    {
+      std::lock_guard lock(mu_);
+      if (aborted_) return abort_status_;
+      K3_TRY(enqueue());
+    }
+    K3_TRY(settle(name));  // the watchdog's deadline and hook hold here too: its abort ends the poll
     return cuda_status(cudaStreamSynchronize(stream_), name);
   });
   if (aborted_) return abort_status_;

@@ -9,17 +9,27 @@
 // Bootstrap: rank 0 makes the id (new_unique_id) and the group hands it to every rank (the launcher or
 // the control plane carries its 128 bytes); a group of one needs nothing else.
 //
-// Deadlines: NCCL waits for a dead peer for ever. With a deadline or a waiting hook set (Comm's
-// set_timeout / set_while_waiting; none by default), each call runs under a CallWatchdog: when the
-// deadline passes or the hook fails, the watchdog aborts the communicator (ncclCommAbort, which releases
-// the kernels and the stream synchronise that wait on the peer), the call returns that status, and so
-// does every later call: an aborted communicator is gone, and the group fails as it does over UCX.
+// Deadlines: NCCL waits for a dead peer for ever, in its set-up as in its kernels. So the communicator
+// is NCCL's non-blocking kind: no NCCL call blocks the host, and one that has work left (the set-up, the
+// first connection to a peer) returns ncclInProgress until the communicator's state settles, which this
+// class polls (sleeping; NCCL offers nothing to wait on).
+// - Joining has its own deadline (create's `join_within`): a rank that never joins, or dies while
+//   joining, fails create with DeadlineExceeded, and the half-made communicator is aborted.
+// - With a deadline or a waiting hook set (Comm's set_timeout / set_while_waiting; none by default),
+//   each call runs under a CallWatchdog: when the deadline passes or the hook fails, the watchdog aborts
+//   the communicator (ncclCommAbort, which releases the kernels and the stream synchronise that wait on
+//   the peer), the call returns that status, and so does every later call: an aborted communicator is
+//   gone, and the group fails as it does over UCX. Every NCCL call and the abort take one lock, so the
+//   abort never frees the communicator under a call that is using it.
 #pragma once
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -34,8 +44,10 @@ using NcclId = std::array<char, NCCL_UNIQUE_ID_BYTES>;
 class NcclComm final : public Comm {
  public:
   static Result<NcclId> new_unique_id();
-  // Joins the group `id` as `rank` of `size` on CUDA device `device` (blocks until every rank joined).
-  static Result<std::unique_ptr<NcclComm>> create(int rank, int size, const NcclId& id, int device);
+  // Joins the group `id` as `rank` of `size` on CUDA device `device`: returns once every rank joined, or
+  // fails when they have not within `join_within` (0: no limit).
+  static Result<std::unique_ptr<NcclComm>> create(int rank, int size, const NcclId& id, int device,
+                                                  std::chrono::milliseconds join_within = std::chrono::milliseconds(0));
   ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -58,9 +70,12 @@ class NcclComm final : public Comm {
 
  private:
   NcclComm(int rank, int size, int device);
-  // Runs `enqueue` (the call's NCCL and CUDA work on the stream), then waits for the stream, all under the
-  // watchdog; refuses at once once the communicator was aborted.
+  // Runs `enqueue` (the call's NCCL and CUDA work on the stream, under mu_), waits until NCCL has queued
+  // it all, then for the stream, all under the watchdog; refuses at once once the communicator was aborted.
   Status run(const char* what, const std::function<Status()>& enqueue);
+  // Polls the communicator's state until it leaves ncclInProgress: its error if it settles on one, the
+  // abort's status if it was aborted meanwhile, DeadlineExceeded past `deadline` (if given).
+  Status settle(const std::string& what, std::optional<std::chrono::steady_clock::time_point> deadline = {});
   void abort(const Status& why);                  // the watchdog's: ncclCommAbort, on its thread
   Status enqueue_all_to_allv(std::span<const std::byte> in, std::span<const size_t> send_counts,
                              std::span<std::byte> out, std::span<const size_t> recv_counts);
@@ -71,6 +86,7 @@ class NcclComm final : public Comm {
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;
   size_t scratch_floats_ = 0;
+  std::mutex mu_;           // held by every NCCL call on comm_ and by abort
   std::atomic<bool> aborted_{false};
   Status abort_status_;    // why, once aborted_ (written by the watchdog's abort before aborted_ is set)
   CallWatchdog watchdog_;  // last: its thread stops before the members it aborts go
