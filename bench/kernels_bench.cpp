@@ -20,6 +20,17 @@ void k3::bench::add_kernels_options(CLI::App& app, KernelsBenchOptions& o) {
                "block (_wg64, _wg32, _wg128 rows)");
   app.add_flag("--kda-scan-mma", o.kda_scan_mma,
                "also time the main KDA prefill rows with the scan's wide grid on mma.sync (_mma rows)");
+  app.add_option("--mla-splits", o.mla_splits,
+                 "also time the H >= 64 MLA decode rows with the context cut into each of these split counts (_sN rows)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
+  app.add_option("--mla-invariant-splits", o.mla_invariant_splits,
+                 "also time the MLA decode rows in batch-invariant mode with each of these split sizes in tokens (_invN rows)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--mla-main-rows", o.mla_main_rows,
+               "MLA decode: only each shape's default, batch-invariant (_inv) and --mla-*splits rows, plus four "
+               "long-context shapes of 1 to 8 requests");
   app.add_option("--only", o.only,
                  "comma-separated kernel families to time after the ceilings: kda_chunk, kda_decode, mla_decode, "
                  "lse_merge (default: all)");
@@ -217,26 +228,33 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
 // head groups of a request launched as one cluster ("_cluster"); the seesaw block that keeps P in
 // registers and refills each half of a stage on its own, which the default takes on splits of 8192
 // tokens or more, forced on ("_halves") and off ("_nohalves"); the 48-head transposed seesaw blocks
-// forced on ("_t48").
+// forced on ("_t48"); the batch-invariant mode that serving runs, whose splits are of a fixed size
+// ("_inv"); the context cut into n splits whatever the plan says ("_sN", --mla-splits).
 struct MlaVariant {
-  bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true, cluster = false;
-  int l2_prefetch = -1, t32 = 0, halves = 2, t48 = 0;
+  bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true, cluster = false, invariant = false;
+  int l2_prefetch = -1, t32 = 0, halves = 2, t48 = 0, splits = 0;
+  int invariant_split = 0;  // > 0 with `invariant`: that split size instead of the backend's ("_invN")
   // > 0: every request's pages are these few, so the cache rows stay in L2 and no tile waits for
   // memory: how fast the kernel would run if its loads were hidden. A diagnostic, "_l2hot" (its
   // bytes and floor are those of the real shape, which it does not move).
   int hot_pages = 0;
+  // How the context was cut, when not by the plan.
+  std::string plan_suffix() const {
+    std::string s = invariant ? "_inv" + (invariant_split > 0 ? std::to_string(invariant_split) : std::string()) : "";
+    return splits > 0 ? s + "_s" + std::to_string(splits) : s;
+  }
   std::string halves_suffix() const { return halves == 1 ? "_halves" : halves == 0 ? "_nohalves" : ""; }
   std::string suffix(int64_t H) const {
     if (hot_pages > 0)
       return (t48 == 1 ? "_t48" : !seesaw ? "_lockstep" : halves_suffix()) + std::string("_l2hot");
-    if (H < 64) return "";
+    if (H < 64) return plan_suffix();
     if (!wgmma) return "_mma";
     std::string s = t48 == 1 ? "_t48" : t32 == 2 ? "_t32" : split_s ? "_splits" : !tma ? "_cpasync" : !seesaw ? "_lockstep" : halves_suffix();
     if (t32 == 1 && !seesaw) s += "_t32tail";
     if (l2_prefetch >= 0) s += "_pf" + std::to_string(l2_prefetch);
     if (!lazy) s += "_exact";
     if (cluster) s += "_cluster";
-    return s;
+    return s + plan_suffix();
   }
 };
 
@@ -262,6 +280,11 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   const bool was_tma = be.mla_decode_tma(), was_lazy = be.mla_decode_lazy_rescale(), was_seesaw = be.mla_decode_seesaw();
   const bool was_cluster = be.mla_decode_cluster();
   const int was_halves = be.mla_decode_seesaw_halves(), was_t48 = be.mla_decode_t48();
+  const bool was_invariant = be.batch_invariant();
+  const int was_splits = be.mla_decode_splits(), was_invariant_split = be.mla_decode_invariant_split();
+  be.set_batch_invariant(v.invariant);
+  if (v.invariant_split > 0) be.set_mla_decode_invariant_split(v.invariant_split);
+  be.set_mla_decode_splits(v.splits);
   be.set_mla_decode_seesaw(v.seesaw);
   be.set_mla_decode_seesaw_halves(v.halves);
   be.set_mla_decode_cluster(v.cluster);
@@ -286,6 +309,9 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   be.set_mla_decode_cluster(was_cluster);
   be.set_mla_decode_seesaw_halves(was_halves);
   be.set_mla_decode_t48(was_t48);
+  be.set_batch_invariant(was_invariant);
+  be.set_mla_decode_splits(was_splits);
+  be.set_mla_decode_invariant_split(was_invariant_split);
   Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
                  v.suffix(H),
          .us = us};
@@ -390,11 +416,20 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
   }
   if (wanted("kda_decode"))
     for (int B : opts.decode_batches) kda_decode_case(be, B, 96, opts.quick, lines);
+  std::vector<std::array<int64_t, 3>> mla_shapes{
+      {96, 32, 4096}, {96, 64, 8192}, {96, 128, 16384}, {64, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}};
+  if (opts.mla_main_rows)  // few requests with long contexts: where few splits cost latency
+    for (auto shape : std::vector<std::array<int64_t, 3>>{{96, 1, 16384}, {96, 4, 16384}, {96, 1, 65536}, {96, 8, 32768}})
+      mla_shapes.push_back(shape);
   if (wanted("mla_decode"))
-    for (auto [H, B, ctx] : std::vector<std::array<int64_t, 3>>{
-             {96, 32, 4096}, {96, 64, 8192}, {96, 128, 16384}, {64, 64, 8192}, {16, 64, 8192}, {16, 128, 16384}}) {
+    for (auto [H, B, ctx] : mla_shapes) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines);
-      if (H >= 64) {
+      mla_decode_case(be, B, H, ctx, opts.quick, lines, {.invariant = true});
+      for (int n : opts.mla_invariant_splits)
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.invariant = true, .invariant_split = n});
+      if (H >= 64)
+        for (int n : opts.mla_splits) mla_decode_case(be, B, H, ctx, opts.quick, lines, {.splits = n});
+      if (H >= 64 && !opts.mla_main_rows) {
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.lazy = false});
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.t48 = 1});
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.t48 = 1, .hot_pages = 16});

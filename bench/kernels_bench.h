@@ -31,6 +31,10 @@ struct KernelsBenchOptions {
   bool kda_scan_rows = false;  // also time KDA prefill rows with the wgmma scan held to 64 / 32 rows ("_wg64", "_wg32")
   bool kda_scan_mma = false;  // also time the main KDA prefill rows with the wide scan on mma.sync ("_mma")
   std::string only;       // comma-separated kernel families to run (kda_chunk,kda_decode,mla_decode,lse_merge); empty = all
+  std::vector<int> mla_splits;  // also time the H >= 64 MLA rows with the context cut into each of these split counts
+  std::vector<int> mla_invariant_splits;  // also time the MLA rows batch-invariant with each of these split sizes
+  bool mla_main_rows = false;   // MLA: only each shape's default, batch-invariant and --mla-*splits rows, and four
+                                // long-context shapes of 1 to 8 requests
 };
 
 // Returns a process exit code; prints the table on stdout. Without a CUDA build: prints why, returns 2.

@@ -70,6 +70,15 @@ class CudaBackend final : public Backend {
   // On: gemm and head_gemm use the fixed-order kernel (gemm_fixed.cu) instead of cuBLASLt, and
   // mla_decode splits the context in pieces of kInvariantSplitTokens whatever the batch.
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
+  // The batch-invariant split size of mla_decode in tokens (a multiple of 64; default
+  // kInvariantSplitTokens). For measuring what the size costs; every rank and call of one model must
+  // use one size, or their partials differ.
+  void set_mla_decode_invariant_split(int tokens) {
+    if (tokens < 64 || tokens % 64 != 0)
+      throw Error("mla_decode: invariant split of " + std::to_string(tokens) + " tokens is not a positive multiple of 64");
+    mla_invariant_split_ = tokens;
+  }
+  int mla_decode_invariant_split() const { return mla_invariant_split_; }
   bool batch_invariant() const override { return batch_invariant_; }
   // Batch-invariant mode is chunk-invariant too: kda_chunk runs the token recurrence, and the model
   // (seeing chunk_invariant) decodes KDA through that same path and sends prompt rows through mla_decode.
@@ -119,6 +128,13 @@ class CudaBackend final : public Backend {
   // wgmma kernel: the head groups of a request as one thread-block cluster (MlaDecodeArgs::wgmma_cluster).
   void set_mla_decode_cluster(bool on) { mla_cluster_ = on; }
   bool mla_decode_cluster() const { return mla_cluster_; }
+  // mla_decode: cut the context into `n` splits of equal whole tiles, over the plan and over the
+  // batch-invariant split size (0, the default: the plan decides). For measuring the plan's choices.
+  void set_mla_decode_splits(int n) {
+    if (n < 0 || n > 64) throw Error("mla_decode: forced split count " + std::to_string(n) + " not in 0..64");
+    mla_splits_ = n;
+  }
+  int mla_decode_splits() const { return mla_splits_; }
   // kda_chunk: long sequences with few heads scanned as segments at once and fixed up
   // (kda_split_plan.h; default on), or each sequence as one chain of chunks.
   void set_kda_chunk_split(bool on) { kda_split_ = on; }
@@ -161,6 +177,8 @@ class CudaBackend final : public Backend {
   bool mla_seesaw_ = true;  // set_mla_decode_seesaw
   int mla_seesaw_halves_ = 2;  // set_mla_decode_seesaw_halves
   bool mla_cluster_ = false;  // set_mla_decode_cluster
+  int mla_splits_ = 0;  // set_mla_decode_splits
+  int mla_invariant_split_ = kInvariantSplitTokens;  // set_mla_decode_invariant_split
   bool kda_split_ = true;  // set_kda_chunk_split
   bool kda_scan_wgmma_ = true;  // set_kda_chunk_scan_wgmma
   int kda_scan_wg_rows_ = 0;  // set_kda_chunk_scan_wg_rows

@@ -313,9 +313,15 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
     // Splits of a fixed size, so a request's partials do not depend on the batch (up to 64 splits,
     // the merge's limit; past 64 x kInvariantSplitTokens tokens the size grows in whole multiples).
     const int ctx = std::max(a.max_pages * a.page_size, 1);
-    const int units = (ctx + kInvariantSplitTokens - 1) / kInvariantSplitTokens;
-    plan.tokens_per_split = kInvariantSplitTokens * ((units + 63) / 64);
+    const int units = (ctx + mla_invariant_split_ - 1) / mla_invariant_split_;
+    plan.tokens_per_split = mla_invariant_split_ * ((units + 63) / 64);
     plan.splits = (ctx + plan.tokens_per_split - 1) / plan.tokens_per_split;
+  }
+  if (mla_splits_ > 0) {  // held by set_mla_decode_splits: equal whole 64-token tiles
+    const int tiles = std::max(1, (a.max_pages * a.page_size + 63) / 64);
+    const int per = (tiles + mla_splits_ - 1) / mla_splits_;
+    plan.tokens_per_split = per * 64;
+    plan.splits = (tiles + per - 1) / per;
   }
   auto* work = static_cast<float*>(grow(mla_work_, size_t(mla_decode_workspace_floats(plan, a.B, a.H, a.R)) * 4 + 256));
   launch_mla_decode(a, plan, work, stream_);
