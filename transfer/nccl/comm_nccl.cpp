@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "transfer/nccl/ordered_sum.h"
