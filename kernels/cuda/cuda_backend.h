@@ -79,6 +79,13 @@ class CudaBackend final : public Backend {
     mla_invariant_split_ = tokens;
   }
   int mla_decode_invariant_split() const { return mla_invariant_split_; }
+  // Batch-invariant mla_decode: how many of the fixed splits one seesaw block takes in turn (0, the
+  // default: as many as make the plan's block count). The result is bitwise the same for every value;
+  // tests hold it to show that.
+  void set_mla_decode_splits_per_block(int n) {
+    if (n < 0) throw Error("mla_decode: splits per block " + std::to_string(n) + " is negative");
+    mla_splits_per_block_ = n;
+  }
   bool batch_invariant() const override { return batch_invariant_; }
   // Batch-invariant mode is chunk-invariant too: kda_chunk runs the token recurrence, and the model
   // (seeing chunk_invariant) decodes KDA through that same path and sends prompt rows through mla_decode.
@@ -179,6 +186,7 @@ class CudaBackend final : public Backend {
   bool mla_cluster_ = false;  // set_mla_decode_cluster
   int mla_splits_ = 0;  // set_mla_decode_splits
   int mla_invariant_split_ = kInvariantSplitTokens;  // set_mla_decode_invariant_split
+  int mla_splits_per_block_ = 0;  // set_mla_decode_splits_per_block
   bool kda_split_ = true;  // set_kda_chunk_split
   bool kda_scan_wgmma_ = true;  // set_kda_chunk_scan_wgmma
   int kda_scan_wg_rows_ = 0;  // set_kda_chunk_scan_wg_rows

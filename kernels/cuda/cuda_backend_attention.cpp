@@ -314,8 +314,13 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
     // the merge's limit; past 64 x kInvariantSplitTokens tokens the size grows in whole multiples).
     const int ctx = std::max(a.max_pages * a.page_size, 1);
     const int units = (ctx + mla_invariant_split_ - 1) / mla_invariant_split_;
+    const int plan_splits = plan.splits;
     plan.tokens_per_split = mla_invariant_split_ * ((units + 63) / 64);
     plan.splits = (ctx + plan.tokens_per_split - 1) / plan.tokens_per_split;
+    // As many blocks per request as the plan would run: each takes its share of the fixed splits in
+    // turn (MlaDecodePlan::splits_per_block; the result is the same however many it takes).
+    plan.splits_per_block = mla_splits_per_block_ > 0 ? mla_splits_per_block_
+                                                      : (plan.splits + plan_splits - 1) / std::max(plan_splits, 1);
   }
   if (mla_splits_ > 0) {  // held by set_mla_decode_splits: equal whole 64-token tiles
     const int tiles = std::max(1, (a.max_pages * a.page_size + 63) / 64);

@@ -365,7 +365,8 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
 
   // Row sums (both warpgroups end on the same running max).
   block_row_sums(l0, l1, sums_s, w, t4, r0);
-  store_rows64(a, part_o, part_lse, o, h0, r0, w, t4, sums_s[r0], sums_s[r1], max_s[r0], max_s[r1]);
+  store_rows64(a, part_o, part_lse, o, h0, r0, w, t4, sums_s[r0], sums_s[r1], max_s[r0], max_s[r1], blockIdx.y,
+               gridDim.y);
 }
 
 }  // namespace k3::cuda::mla_halves

@@ -43,16 +43,18 @@ constexpr int kRowsOff = kKvOff + 2 * kTileBytes;  // floats: scale[2][64], max[
 constexpr int kBarOff = kRowsOff + 5 * kHeads * 4;
 constexpr int kSmemFromBase = kBarOff + 4 * 8;  // full[2], empty[2]
 
-// Heads [h0, h0 + 64) of request blockIdx.z, split blockIdx.y; 256 threads.
-__device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_split, float* part_o, float* part_lse,
-                                      const CUtensorMap* kv_map, int box_rows, int h0, unsigned char* base,
-                                      uint32_t base_addr) {
+// Heads [h0, h0 + 64) of request blockIdx.z, splits [blockIdx.y · per_block, + per_block) of `splits`, one
+// after the other (MlaDecodePlan::splits_per_block: each split's partial is what a block of its own would
+// write; per_block > 1 needs splits of an even tile count, so that no pair straddles two); 256 threads.
+__device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_split, int per_block, int splits,
+                                      float* part_o, float* part_lse, const CUtensorMap* kv_map, int box_rows, int h0,
+                                      unsigned char* base, uint32_t base_addr) {
   const int b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 7, ti = tid & 127;
   const int wq = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
   const int r0 = 16 * wq + g, r1 = r0 + 8;
-  const SplitRows rows = split_rows(a, tokens_per_split);
-  const int begin = rows.begin, end = rows.end;
+  const SplitRows rows = split_rows(a, tokens_per_split, per_block);  // the pipeline runs through all of them
+  const int end = rows.end;
   const uint32_t q_addr = base_addr, kv_addr = base_addr + kKvOff;
   float* scale_s = reinterpret_cast<float*>(base + kRowsOff);  // [2][64]: A's, B's row scale
   float* max_s = scale_s + 2 * kHeads;                          // [2][64]: m_A, m_B
@@ -138,100 +140,109 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
   // Done with stage st: the refilling warp waits for both warpgroups and loads the tile two ahead.
   const auto release = [&](int st, int t_next) { stages.release(st, t_next, w, ti, empty_phase, a, rows); };
 
-  for (int tA = begin; tA < end; tA += 2 * kTok) {
-    const int tB = tA + kTok;
-    const bool has_b = tB < end;
-    const uint32_t ktA = kv_addr, ktB = kv_addr + kTileBytes;
-    unsigned char* stA = base + kKvOff;
-    unsigned char* stB = stA + kTileBytes;
-    if (w == 0) {
-      float x0, x1;
-      scores(ktA, stA, full0, full_phase & 1u, tA, x0, x1);
-      const float mn0 = next_max(m0, x0), mn1 = next_max(m1, x1);
-      const float c0 = fast_exp2(m0 - mn0), c1 = fast_exp2(m1 - mn1);
-      const bool moved = __any_sync(0xffffffffu, mn0 != m0 || mn1 != m1);
-      float sum0, sum1;
-      write_p(stA, mn0, mn1, sum0, sum1);
-      if (t4 == 0) {
-        scale_s[r0] = c0;
-        scale_s[r1] = c1;
-        max_s[r0] = mn0;
-        max_s[r1] = mn1;
-      }
-      m0 = mn0;
-      m1 = mn1;
-      l0 = l0 * c0 + sum0;
-      l1 = l1 * c1 + sum1;
-      wg_sync(0);  // P_A of all four warps is in shared memory before either warpgroup's products read it
-      arrive(1);   // "A ready"
-      if (moved) rescale(c0, c1);
-      pv_issue(ktA);
-      if (has_b) {
-        sync(2);  // "B ready": P_B, B's scale and m_B (while P_A V_A runs)
-        const float d0 = scale_s[kHeads + r0], d1 = scale_s[kHeads + r1];
-        const float nm0 = max_s[kHeads + r0], nm1 = max_s[kHeads + r1];
-        pv_wait();
-        release(0, tA + 2 * kTok);
-        if (__any_sync(0xffffffffu, d0 != 1.f || d1 != 1.f)) rescale(d0, d1);
-        l0 *= d0;
-        l1 *= d1;
-        m0 = nm0;
-        m1 = nm1;
-        pv_issue(ktB);
-        pv_wait();
-        release(1, tB + 2 * kTok);
-      } else {
-        pv_wait();
-        release(0, tA + 2 * kTok);
-      }
-    } else {
-      float x0 = -INFINITY, x1 = -INFINITY;
-      if (has_b) {
-        scores(ktB, stB, full0 + 8, (full_phase >> 1) & 1u, tB, x0, x1);
-      }
-      sync(1);  // "A ready": P_A, A's scale and m_A
-      const float c0 = scale_s[r0], c1 = scale_s[r1];
-      const float ma0 = max_s[r0], ma1 = max_s[r1];
-      l0 *= c0;
-      l1 *= c1;
-      if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) rescale(c0, c1);
-      pv_issue(ktA);  // runs while this warpgroup does B's softmax
-      if (has_b) {
-        const float mn0 = next_max(ma0, x0), mn1 = next_max(ma1, x1);
-        const float d0 = fast_exp2(ma0 - mn0), d1 = fast_exp2(ma1 - mn1);
+  const int first = int(blockIdx.y) * per_block, last = min(splits, first + per_block);
+  for (int split = first; split < last; ++split) {
+    const int split_end = min(end, (split + 1) * tokens_per_split);
+    for (int tA = split * tokens_per_split; tA < split_end; tA += 2 * kTok) {
+      const int tB = tA + kTok;
+      const bool has_b = tB < split_end;
+      const uint32_t ktA = kv_addr, ktB = kv_addr + kTileBytes;
+      unsigned char* stA = base + kKvOff;
+      unsigned char* stB = stA + kTileBytes;
+      if (w == 0) {
+        float x0, x1;
+        scores(ktA, stA, full0, full_phase & 1u, tA, x0, x1);
+        const float mn0 = next_max(m0, x0), mn1 = next_max(m1, x1);
+        const float c0 = fast_exp2(m0 - mn0), c1 = fast_exp2(m1 - mn1);
+        const bool moved = __any_sync(0xffffffffu, mn0 != m0 || mn1 != m1);
         float sum0, sum1;
-        write_p(stB, mn0, mn1, sum0, sum1);
+        write_p(stA, mn0, mn1, sum0, sum1);
         if (t4 == 0) {
-          scale_s[kHeads + r0] = d0;
-          scale_s[kHeads + r1] = d1;
-          max_s[kHeads + r0] = mn0;
-          max_s[kHeads + r1] = mn1;
+          scale_s[r0] = c0;
+          scale_s[r1] = c1;
+          max_s[r0] = mn0;
+          max_s[r1] = mn1;
         }
-        wg_sync(1);  // P_B of all four warps is in shared memory
-        arrive(2);   // "B ready"
-        pv_wait();
-        release(0, tA + 2 * kTok);
-        if (__any_sync(0xffffffffu, d0 != 1.f || d1 != 1.f)) rescale(d0, d1);
-        l0 = l0 * d0 + sum0;
-        l1 = l1 * d1 + sum1;
         m0 = mn0;
         m1 = mn1;
-        pv_issue(ktB);
-        pv_wait();
-        release(1, tB + 2 * kTok);
+        l0 = l0 * c0 + sum0;
+        l1 = l1 * c1 + sum1;
+        wg_sync(0);  // P_A of all four warps is in shared memory before either warpgroup's products read it
+        arrive(1);   // "A ready"
+        if (moved) rescale(c0, c1);
+        pv_issue(ktA);
+        if (has_b) {
+          sync(2);  // "B ready": P_B, B's scale and m_B (while P_A V_A runs)
+          const float d0 = scale_s[kHeads + r0], d1 = scale_s[kHeads + r1];
+          const float nm0 = max_s[kHeads + r0], nm1 = max_s[kHeads + r1];
+          pv_wait();
+          release(0, tA + 2 * kTok);
+          if (__any_sync(0xffffffffu, d0 != 1.f || d1 != 1.f)) rescale(d0, d1);
+          l0 *= d0;
+          l1 *= d1;
+          m0 = nm0;
+          m1 = nm1;
+          pv_issue(ktB);
+          pv_wait();
+          release(1, tB + 2 * kTok);
+        } else {
+          pv_wait();
+          release(0, tA + 2 * kTok);
+        }
       } else {
-        m0 = ma0;
-        m1 = ma1;
-        pv_wait();
-        release(0, tA + 2 * kTok);
+        float x0 = -INFINITY, x1 = -INFINITY;
+        if (has_b) {
+          scores(ktB, stB, full0 + 8, (full_phase >> 1) & 1u, tB, x0, x1);
+        }
+        sync(1);  // "A ready": P_A, A's scale and m_A
+        const float c0 = scale_s[r0], c1 = scale_s[r1];
+        const float ma0 = max_s[r0], ma1 = max_s[r1];
+        l0 *= c0;
+        l1 *= c1;
+        if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) rescale(c0, c1);
+        pv_issue(ktA);  // runs while this warpgroup does B's softmax
+        if (has_b) {
+          const float mn0 = next_max(ma0, x0), mn1 = next_max(ma1, x1);
+          const float d0 = fast_exp2(ma0 - mn0), d1 = fast_exp2(ma1 - mn1);
+          float sum0, sum1;
+          write_p(stB, mn0, mn1, sum0, sum1);
+          if (t4 == 0) {
+            scale_s[kHeads + r0] = d0;
+            scale_s[kHeads + r1] = d1;
+            max_s[kHeads + r0] = mn0;
+            max_s[kHeads + r1] = mn1;
+          }
+          wg_sync(1);  // P_B of all four warps is in shared memory
+          arrive(2);   // "B ready"
+          pv_wait();
+          release(0, tA + 2 * kTok);
+          if (__any_sync(0xffffffffu, d0 != 1.f || d1 != 1.f)) rescale(d0, d1);
+          l0 = l0 * d0 + sum0;
+          l1 = l1 * d1 + sum1;
+          m0 = mn0;
+          m1 = mn1;
+          pv_issue(ktB);
+          pv_wait();
+          release(1, tB + 2 * kTok);
+        } else {
+          m0 = ma0;
+          m1 = ma1;
+          pv_wait();
+          release(0, tA + 2 * kTok);
+        }
       }
+      full_phase ^= has_b ? 3u : 1u;
     }
-    full_phase ^= has_b ? 3u : 1u;
-  }
 
-  // Row sums (both warpgroups end on the same running max).
-  block_row_sums(l0, l1, sums_s, w, t4, r0);
-  store_rows64(a, part_o, part_lse, o, h0, r0, w, t4, sums_s[r0], sums_s[r1], m0, m1);
+    // Row sums (both warpgroups end on the same running max), the split's result, and a fresh start for
+    // the next split (whose first tiles are already on their way).
+    block_row_sums(l0, l1, sums_s, w, t4, r0);
+    store_rows64(a, part_o, part_lse, o, h0, r0, w, t4, sums_s[r0], sums_s[r1], m0, m1, split, splits);
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    m0 = m1 = -INFINITY;
+    l0 = l1 = 0.f;
+  }
 }
 
 }  // namespace k3::cuda::mla_seesaw

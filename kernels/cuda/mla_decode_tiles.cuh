@@ -74,9 +74,10 @@ struct SplitRows {
   const int32_t* pages;
   int page_shift;
 };
-__device__ __forceinline__ SplitRows split_rows(const MlaDecodeArgs& a, int tokens_per_split) {
-  const int b = blockIdx.z, begin = int(blockIdx.y) * tokens_per_split;
-  return {begin, min(a.seq_lens[b], begin + tokens_per_split), a.block_table + int64_t(b) * a.max_pages,
+// The rows of this block: splits [blockIdx.y · per_block, + per_block) of request blockIdx.z, cut at its end.
+__device__ __forceinline__ SplitRows split_rows(const MlaDecodeArgs& a, int tokens_per_split, int per_block = 1) {
+  const int b = blockIdx.z, begin = int(blockIdx.y) * per_block * tokens_per_split;
+  return {begin, min(a.seq_lens[b], begin + per_block * tokens_per_split), a.block_table + int64_t(b) * a.max_pages,
           page_shift_of(a.page_size)};
 }
 
@@ -168,15 +169,15 @@ __device__ __forceinline__ void stage_q(unsigned char* q, const MlaDecodeArgs& a
 
 // The result of a 64-head block for this thread's rows r0 and r0 + 8 (heads h0 + r0, h0 + r0 + 8):
 // its warpgroup w's m64n256 accumulator o[4q + e] is row r0 + 8 (e >> 1), column 256 w + 8 q + 2 t4 +
-// (e & 1), divided by the row sum L; with one split into a.o (bf16 or fp32) and a.lse, else into
-// the fp32 partials of split blockIdx.y. L == 0 only when the split saw no token (an empty request
-// or a split past the end): o = 0, lse = -inf. m: the rows' running max in log2 units.
+// (e & 1), divided by the row sum L; with one split (of `splits`) into a.o (bf16 or fp32) and a.lse,
+// else into the fp32 partials of split `split`. L == 0 only when the split saw no token (an empty
+// request or a split past the end): o = 0, lse = -inf. m: the rows' running max in log2 units.
 __device__ __forceinline__ void store_rows64(const MlaDecodeArgs& a, float* part_o, float* part_lse, const float* o,
-                                             int h0, int r0, int w, int t4, float L0, float L1, float m0, float m1) {
+                                             int h0, int r0, int w, int t4, float L0, float L1, float m0, float m1,
+                                             int split, int splits) {
   const float inv0 = L0 > 0.f ? 1.f / L0 : 0.f, inv1 = L1 > 0.f ? 1.f / L1 : 0.f;
   const int hA = h0 + r0, hB = hA + 8;
-  const int splits = gridDim.y;
-  const int64_t rowA = (splits == 1 ? 0 : int64_t(blockIdx.y) * a.B * a.H) + int64_t(blockIdx.z) * a.H + hA;
+  const int64_t rowA = (splits == 1 ? 0 : int64_t(split) * a.B * a.H) + int64_t(blockIdx.z) * a.H + hA;
   const int64_t rowB = rowA + 8;
   const int colw = 256 * w + 2 * t4;
   if (splits == 1 && a.o.bf16) {

@@ -52,6 +52,7 @@
 // tokens or more); and the 32-head transposed block (mla_decode_t32.cuh, MlaDecodeArgs::wgmma_t32:
 // no padded rows for a last group of 32 heads, measured slower); and the 48-head transposed seesaw
 // (mla_decode_t48.cuh, MlaDecodeArgs::wgmma_t48: H = 96 as two blocks of 48 heads, no padded rows).
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -130,8 +131,8 @@ __device__ __forceinline__ void prefetch_tile_l2(const MlaDecodeArgs& a, const i
 // transposed seesaw (mla_decode_t48.cuh).
 template <bool kSplitS, bool kTma, int kSeesaw = 0>
 __global__ void __launch_bounds__(kThreads, 1)
-    mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse,
-                            const __grid_constant__ CUtensorMap kv_map, int box_rows, int groups64) {
+    mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, int splits_per_block, int splits, float* part_o,
+                            float* part_lse, const __grid_constant__ CUtensorMap kv_map, int box_rows, int groups64) {
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 at run time below
   // Atoms must be 1024-byte aligned in the shared window (descriptor base offset 0).
   const uint32_t raw_addr = smem_u32(smem_raw);
@@ -156,7 +157,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kSeesaw == 2)
         mla_halves::block(a, tokens_per_split, part_o, part_lse, &kv_map, box_rows, kHeads * int(blockIdx.x), q_s, q_addr);
       else
-        mla_seesaw::block(a, tokens_per_split, part_o, part_lse, &kv_map, box_rows, kHeads * int(blockIdx.x), q_s, q_addr);
+        mla_seesaw::block(a, tokens_per_split, splits_per_block, splits, part_o, part_lse, &kv_map, box_rows,
+                          kHeads * int(blockIdx.x), q_s, q_addr);
       return;
     }
   }
@@ -378,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   store_rows64(a, part_o, part_lse, &o[0][0], h0, r0, w, t4, red_l[r0] + red_l[kHeads + r0],
-               red_l[r1] + red_l[kHeads + r1], m0, m1);
+               red_l[r1] + red_l[kHeads + r1], m0, m1, blockIdx.y, gridDim.y);
 }
 
 }  // namespace
@@ -409,7 +411,12 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   // The 32-head transposed blocks load by TMA only.
   const MlaHeadGroups groups = mla_wgmma_head_groups(a.H, head_form);
-  const dim3 grid(groups.g64 + groups.g32 + groups.g48, plan.splits, a.B);
+  // Only the 64-head seesaw blocks take several splits each, and only splits of an even tile count.
+  const bool seesaw = kern == mla_decode_wgmma_kernel<false, true, 1>;
+  const int per_block = seesaw && groups.g32 == 0 && plan.tokens_per_split % (2 * kTok) == 0
+                            ? std::clamp(plan.splits_per_block, 1, plan.splits)
+                            : 1;
+  const dim3 grid(groups.g64 + groups.g32 + groups.g48, (plan.splits + per_block - 1) / per_block, a.B);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kThreads);
@@ -425,7 +432,8 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
   const bool clustered = a.wgmma_cluster && grid.x > 1 && grid.x <= 8;
   cfg.attrs = &cluster;
   cfg.numAttrs = clustered ? 1 : 0;
-  K3_CUDA_OK(cudaLaunchKernelEx(&cfg, kern, a, plan.tokens_per_split, part_o, part_lse, map, box_rows, groups.g64));
+  K3_CUDA_OK(cudaLaunchKernelEx(&cfg, kern, a, plan.tokens_per_split, per_block, plan.splits, part_o, part_lse, map,
+                                box_rows, groups.g64));
   K3_CUDA_LAUNCHED("mla_decode_wgmma_kernel");
 }
 

@@ -3,6 +3,7 @@
 // no cached tokens, lengths on tile and split boundaries, empty partitions. Unused cache pages hold
 // NaN.
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -21,43 +22,59 @@ struct MlaCase {
   bool f32_out = false;
 };
 
-// Runs each case on the cpu reference and on `g` (bf16 inputs, NaN in every cache row past a
-// request's length, outputs poisoned with NaN) and compares o and lse.
+// A case's inputs on the host: random bf16-exact rows for every cached token, NaN in every cache row
+// past a request's length (never to be read), pages shuffled over the pool.
+struct MlaInputs {
+  Tensor kv, q_lat, q_rope, block_table, seq_lens;
+  float scale = 1.f / std::sqrt(192.f);
+};
+MlaInputs mla_inputs(const MlaCase& c, std::mt19937& rng) {
+  const int64_t B = int64_t(c.lens.size());
+  int64_t max_pages = 0;
+  for (int32_t l : c.lens) max_pages = std::max<int64_t>(max_pages, (l + c.page - 1) / c.page);
+  max_pages += 1;
+  const int64_t num_pages = B * max_pages + 3;
+  Tensor kv = filled({num_pages, c.page, c.R + c.Dr}, std::numeric_limits<float>::quiet_NaN());
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> table(B * max_pages, 0);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  int next = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < max_pages; ++j) {
+      const int32_t page = perm[next++];
+      table[b * max_pages + j] = page;
+      for (int64_t r = 0; r < c.page; ++r) {
+        if (j * c.page + r >= c.lens[b]) continue;  // stays NaN: must never be read
+        float* row = kv.f32() + (int64_t(page) * c.page + r) * (c.R + c.Dr);
+        for (int64_t i = 0; i < c.R + c.Dr; ++i) row[i] = round_bf16(nd(rng));
+      }
+    }
+  Tensor q_lat = randn({B, c.H, c.R}, rng, 0.3f), q_rope = randn({B, c.H, c.Dr}, rng, 0.3f);
+  return {std::move(kv), std::move(q_lat), std::move(q_rope), Tensor::from_i32({B, max_pages}, table), ints(c.lens)};
+}
+
+// `in` through g's mla_decode (uploaded as bf16; outputs poisoned with NaN first): {o, lse} on the device.
+std::pair<Tensor, Tensor> gpu_mla_decode(Backend& g, const MlaCase& c, const MlaInputs& in) {
+  const int64_t B = int64_t(c.lens.size());
+  Tensor go = poisoned(g, {B, c.H, c.R}, c.f32_out ? DType::F32 : DType::BF16), glse = poisoned(g, {B, c.H}, DType::F32);
+  g.mla_decode({.q_lat = g.from_host(in.q_lat, DType::BF16), .q_rope = g.from_host(in.q_rope, DType::BF16),
+                .kv_cache = g.from_host(in.kv, DType::BF16), .block_table = g.from_host(in.block_table, DType::I32),
+                .seq_lens = g.from_host(in.seq_lens, DType::I32), .o = go, .lse = glse, .scale = in.scale});
+  return {std::move(go), std::move(glse)};
+}
+
+// Runs each case on the cpu reference and on `g` and compares o and lse.
 void check_mla_decode_cases(Backend& cpu, Backend& g, const std::vector<MlaCase>& cases, std::mt19937& rng,
                             const std::string& what) {
   for (const auto& c : cases) {
     const int64_t B = int64_t(c.lens.size());
-    int64_t max_pages = 0;
-    for (int32_t l : c.lens) max_pages = std::max<int64_t>(max_pages, (l + c.page - 1) / c.page);
-    max_pages += 1;
-    const int64_t num_pages = B * max_pages + 3;
-    Tensor kv = filled({num_pages, c.page, c.R + c.Dr}, std::numeric_limits<float>::quiet_NaN());
-    std::vector<int32_t> perm(num_pages);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    std::vector<int32_t> table(B * max_pages, 0);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    int next = 0;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t j = 0; j < max_pages; ++j) {
-        const int32_t page = perm[next++];
-        table[b * max_pages + j] = page;
-        for (int64_t r = 0; r < c.page; ++r) {
-          if (j * c.page + r >= c.lens[b]) continue;  // stays NaN: must never be read
-          float* row = kv.f32() + (int64_t(page) * c.page + r) * (c.R + c.Dr);
-          for (int64_t i = 0; i < c.R + c.Dr; ++i) row[i] = round_bf16(nd(rng));
-        }
-      }
-    Tensor q_lat = randn({B, c.H, c.R}, rng, 0.3f), q_rope = randn({B, c.H, c.Dr}, rng, 0.3f);
-    Tensor bt = Tensor::from_i32({B, max_pages}, table), sl = ints(c.lens);
-    const float scale = 1.f / std::sqrt(192.f);
+    const MlaInputs in = mla_inputs(c, rng);
     Tensor o = Tensor::zeros({B, c.H, c.R}), lse = Tensor::zeros({B, c.H});
-    cpu.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = bt, .seq_lens = sl, .o = o,
-                    .lse = lse, .scale = scale});
-    Tensor go = poisoned(g, {B, c.H, c.R}, c.f32_out ? DType::F32 : DType::BF16), glse = poisoned(g, {B, c.H}, DType::F32);
-    g.mla_decode({.q_lat = g.from_host(q_lat, DType::BF16), .q_rope = g.from_host(q_rope, DType::BF16),
-                  .kv_cache = g.from_host(kv, DType::BF16), .block_table = g.from_host(bt, DType::I32),
-                  .seq_lens = g.from_host(sl, DType::I32), .o = go, .lse = glse, .scale = scale});
+    cpu.mla_decode({.q_lat = in.q_lat, .q_rope = in.q_rope, .kv_cache = in.kv, .block_table = in.block_table,
+                    .seq_lens = in.seq_lens, .o = o, .lse = lse, .scale = in.scale});
+    const auto [go, glse] = gpu_mla_decode(g, c, in);
     std::string tag = " H=" + std::to_string(c.H) + " R=" + std::to_string(c.R) + " page=" + std::to_string(c.page) +
                       (c.f32_out ? " f32 out" : "") + " lens=";
     for (int32_t l : c.lens) tag += std::to_string(l) + ",";
@@ -208,6 +225,40 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
 // Host only (runs without a GPU): the split plan at the K3 decode shapes on 132 SMs, which the
 // measured figures in docs/PERF.md rest on, and which of them take the seesaw block refilled by
 // halves by default (splits of 8192 tokens or more).
+// Batch-invariant mode cuts contexts into fixed splits, and a seesaw block may take several of them in
+// turn (MlaDecodePlan::splits_per_block): every count must give the same bits as a block per split. H =
+// 96 (two 64-head groups), splits of 1024 tokens: a request ending inside a split on an odd tile, one on a
+// split boundary, one of a single token (splits past its end: empty partials), one past the others;
+// 1, 2, 3, 5 and 13 splits a block, and the count the backend picks itself. One split a block is checked
+// against the CPU as well.
+TEST_CASE("cuda mla_decode in batch-invariant mode: splits taken several to a block give the same bits",
+          "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  std::mt19937 rng(53);
+  cb->set_batch_invariant(true);
+  for (const bool f32_out : {false, true}) {
+    const MlaCase c{96, 512, 64, 64, {12 * 1024 + 3 * 64, 4 * 1024, 1, 13 * 1024 - 5}, f32_out};
+    const MlaInputs in = mla_inputs(c, rng);
+    cb->set_mla_decode_splits_per_block(1);
+    const auto [ref_o, ref_lse] = gpu_mla_decode(*bk.gpu, c, in);
+    check_mla_decode_cases(*bk.cpu, *bk.gpu, {c}, rng, "mla_decode invariant, a split a block");
+    const Tensor want_o = bk.gpu->to_host(ref_o), want_lse = bk.gpu->to_host(ref_lse);
+    for (const int per_block : {2, 3, 5, 13, 0}) {
+      cb->set_mla_decode_splits_per_block(per_block);
+      const auto [o, lse] = gpu_mla_decode(*bk.gpu, c, in);
+      const Tensor got_o = bk.gpu->to_host(o), got_lse = bk.gpu->to_host(lse);
+      INFO("splits a block " << per_block << (f32_out ? ", fp32 o" : ", bf16 o"));
+      REQUIRE(got_o.nbytes() == want_o.nbytes());
+      CHECK(std::memcmp(got_o.data(), want_o.data(), want_o.nbytes()) == 0);
+      CHECK(std::memcmp(got_lse.data(), want_lse.data(), want_lse.nbytes()) == 0);
+    }
+  }
+  cb->set_mla_decode_splits_per_block(0);
+  cb->set_batch_invariant(false);
+}
+
 TEST_CASE("mla decode plan at the K3 shapes and where the halves block is taken", "[cuda]") {
   struct Shape {
     int B, H, ctx, splits, tokens_per_split;
