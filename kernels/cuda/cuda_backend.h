@@ -79,7 +79,7 @@ class CudaBackend final : public Backend {
     mla_invariant_split_ = tokens;
   }
   int mla_decode_invariant_split() const { return mla_invariant_split_; }
-  // Batch-invariant mla_decode: how many of the fixed splits one seesaw block takes in turn (0, the
+  // Batch-invariant mla_decode: how many of the fixed splits one block takes in turn (0, the
   // default: as many as make the plan's block count). The result is bitwise the same for every value;
   // tests hold it to show that.
   void set_mla_decode_splits_per_block(int n) {

@@ -238,11 +238,12 @@ inline int mla_wgmma_head_form(const MlaDecodeArgs& a) {
 struct MlaDecodePlan {
   int splits = 1;
   int tokens_per_split = 0;
-  // The wgmma kernel's 64-head seesaw blocks (mla_decode_seesaw.cuh) take this many consecutive splits
-  // each, in turn, and write each split's partial exactly as a block of its own would: the same tiles
-  // in the same order from the same start, so the result does not depend on it. Batch-invariant mode
-  // cuts contexts into short splits of a fixed size; taking several per block pays one block start
-  // (Q staged, pipeline filled) for many. Other forms take one split a block.
+  // The mma.sync kernel's blocks and the wgmma kernel's 64-head seesaw blocks (mla_decode_seesaw.cuh)
+  // take this many consecutive splits each, in turn, and write each split's partial exactly as a block
+  // of its own would: the same tiles in the same order from the same start, so the result does not
+  // depend on it. Batch-invariant mode cuts contexts into short splits of a fixed size; taking several
+  // per block pays one block start (Q staged, pipeline filled) for many. The other wgmma forms take one
+  // split a block.
   int splits_per_block = 1;
 };
 // wgmma_kernel: the call will run the wgmma kernel (MlaDecodeArgs::use_wgmma with R = 512, Dr = 64),

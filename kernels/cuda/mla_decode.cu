@@ -2,7 +2,8 @@
 // s = (q_lat·c + q_rope·kr)·scale, o = softmax(s)·c (512 wide), natural-log LSE.
 //
 // Fast path (R = 512, Dr = 64): mla_decode_mma_kernel<HT, WS, KT, NS>. A block serves 16·HT heads
-// of one (request, KV split); WS warps share each 16-head tile. A KT-token tile of the cache is
+// of one request and one KV split, or several consecutive splits in turn (MlaDecodePlan::
+// splits_per_block, batch-invariant mode); WS warps share each 16-head tile. A KT-token tile of the cache is
 // staged once in shared memory (NS-stage cp.async ring) and read by every warp: warp (ht, ws)
 // computes the scores of its 16 heads against its KT/WS tokens with mma.sync (Q from shared memory,
 // K = the staged rows), the WS warps of a head tile agree on the row max through shared memory,
@@ -83,7 +84,8 @@ __device__ __forceinline__ void issue_tile(__nv_bfloat16* dst, const MlaDecodeAr
 
 template <int HT, int WS, int KT, int NS>
 __global__ void __launch_bounds__(MmaCfg<HT, WS, KT, NS>::kThreads, MmaCfg<HT, WS, KT, NS>::kMinBlocks)
-    mla_decode_mma_kernel(MlaDecodeArgs a, int tokens_per_split, float* part_o, float* part_lse) {
+    mla_decode_mma_kernel(MlaDecodeArgs a, int tokens_per_split, int per_block, int splits, float* part_o,
+                          float* part_lse) {
   using C = MmaCfg<HT, WS, KT, NS>;
   constexpr int kTok = KT, kStages = NS, kLdP = C::kLdP;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -93,14 +95,18 @@ __global__ void __launch_bounds__(MmaCfg<HT, WS, KT, NS>::kThreads, MmaCfg<HT, W
   float* red_max = reinterpret_cast<float*>(smem_raw + C::kQBytes + C::kKvBytes + C::kPBytes);
   float* red_l = red_max + C::kRedFloats;
 
-  const int hg = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  const int hg = blockIdx.x, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int ht = warp / WS, ws = warp % WS;
   const int g = lane >> 2, t4 = lane & 3;  // C fragment: rows g and g+8, columns 2·t4, 2·t4+1 of each n8 tile
   const int h0 = hg * 16 * HT;
   const int seq = a.seq_lens[b];
-  const int begin = split * tokens_per_split;
-  const int end = min(seq, begin + tokens_per_split);
+  // Splits [first, last) one after the other (MlaDecodePlan::splits_per_block), each from a fresh start
+  // and written as a block of its own would; the tile pipeline runs on through their boundaries. A tile
+  // never straddles two splits, so masking at the block's end masks exactly what each split's would.
+  const int first = int(blockIdx.y) * per_block, last = min(splits, first + per_block);
+  const int begin = first * tokens_per_split;
+  const int end = min(seq, last * tokens_per_split);
   const int32_t* pages = a.block_table + int64_t(b) * a.max_pages;
   const int page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __ffs(a.page_size) - 1 : -1;
 
@@ -127,168 +133,172 @@ __global__ void __launch_bounds__(MmaCfg<HT, WS, KT, NS>::kThreads, MmaCfg<HT, W
   float* red_max_w = red_max + ht * WS * 16;
   float* red_l_w = red_l + ht * WS * 16;
   const float sl2 = a.scale * kLog2e;  // scores in log2 units: p = 2^(s - m)
-  float o[C::kNO][4];
-#pragma unroll
-  for (int j = 0; j < C::kNO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY;  // running max of rows g, g+8 (same in all WS warps)
-  float l0 = 0.f, l1 = 0.f;              // this lane's share of the running sums (own tokens only)
-
   int stage = 0;
-  for (int t0 = begin; t0 < end; t0 += kTok) {
-    cp_async_wait<kStages - 2>();
-    // Tile t0 is visible to every warp, and every warp has finished the previous tile, whose
-    // stage the next copy refills.
-    __syncthreads();
-    {
-      const int tn = t0 + (kStages - 1) * kTok;
-      const int sn = (stage + kStages - 1) % kStages;
-      if (tn < end) issue_tile<C::kThreads, kTok>(kv_s + sn * kTok * kLdK, a, pages, tn, end, page_shift);
-      cp_async_commit();  // possibly empty: keeps the group count uniform for the wait above
-    }
-    const __nv_bfloat16* kt = kv_s + stage * kTok * kLdK;
+  for (int split = first; split < last; ++split) {
+    float o[C::kNO][4];
+#pragma unroll
+    for (int j = 0; j < C::kNO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY;  // running max of rows g, g+8 (same in all WS warps)
+    float l0 = 0.f, l1 = 0.f;              // this lane's share of the running sums (own tokens only)
 
-    // Scores of 16 heads x this warp's kTokW tokens over the 576 dims.
-    float sacc[C::kSAcc][C::kNT][4];
-#pragma unroll
-    for (int u = 0; u < C::kSAcc; ++u)
-#pragma unroll
-      for (int j = 0; j < C::kNT; ++j) sacc[u][j][0] = sacc[u][j][1] = sacc[u][j][2] = sacc[u][j][3] = 0.f;
-    const __nv_bfloat16* k_w = kt + ws * C::kTokW * kLdK;
-#pragma unroll
-    for (int ks = 0; ks < kDk / 16; ++ks) {
-      uint32_t af[4];
-      load_a(af, q_w + ks * 16, kLdK);
-#pragma unroll
-      for (int jp = 0; jp < C::kNT / 2; ++jp) {
-        uint32_t bfr[4];
-        load_b_nk(bfr, k_w + jp * 16 * kLdK + ks * 16, kLdK);
-        mma_bf16(sacc[ks % C::kSAcc][2 * jp], af, bfr);
-        mma_bf16(sacc[ks % C::kSAcc][2 * jp + 1], af, bfr + 2);
+    const int split_end = min(end, (split + 1) * tokens_per_split);
+    for (int t0 = split * tokens_per_split; t0 < split_end; t0 += kTok) {
+      cp_async_wait<kStages - 2>();
+      // Tile t0 is visible to every warp, and every warp has finished the previous tile, whose
+      // stage the next copy refills.
+      __syncthreads();
+      {
+        const int tn = t0 + (kStages - 1) * kTok;
+        const int sn = (stage + kStages - 1) % kStages;
+        if (tn < end) issue_tile<C::kThreads, kTok>(kv_s + sn * kTok * kLdK, a, pages, tn, end, page_shift);
+        cp_async_commit();  // possibly empty: keeps the group count uniform for the wait above
       }
+      const __nv_bfloat16* kt = kv_s + stage * kTok * kLdK;
+
+      // Scores of 16 heads x this warp's kTokW tokens over the 576 dims.
+      float sacc[C::kSAcc][C::kNT][4];
+#pragma unroll
+      for (int u = 0; u < C::kSAcc; ++u)
+#pragma unroll
+        for (int j = 0; j < C::kNT; ++j) sacc[u][j][0] = sacc[u][j][1] = sacc[u][j][2] = sacc[u][j][3] = 0.f;
+      const __nv_bfloat16* k_w = kt + ws * C::kTokW * kLdK;
+#pragma unroll
+      for (int ks = 0; ks < kDk / 16; ++ks) {
+        uint32_t af[4];
+        load_a(af, q_w + ks * 16, kLdK);
+#pragma unroll
+        for (int jp = 0; jp < C::kNT / 2; ++jp) {
+          uint32_t bfr[4];
+          load_b_nk(bfr, k_w + jp * 16 * kLdK + ks * 16, kLdK);
+          mma_bf16(sacc[ks % C::kSAcc][2 * jp], af, bfr);
+          mma_bf16(sacc[ks % C::kSAcc][2 * jp + 1], af, bfr + 2);
+        }
+      }
+      // Scale, mask tokens past the end, partial row max over this warp's tokens.
+      float sc[C::kNT][4];
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+      const int tw = t0 + ws * C::kTokW + 2 * t4;  // token of c[0] in n8 tile 0
+#pragma unroll
+      for (int j = 0; j < C::kNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = sacc[0][j][e];
+          if constexpr (C::kSAcc == 2) v += sacc[1][j][e];
+          v = tw + 8 * j + (e & 1) < end ? v * sl2 : -INFINITY;
+          sc[j][e] = v;
+          if (e < 2) mx0 = fmaxf(mx0, v);
+          else mx1 = fmaxf(mx1, v);
+        }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      if (t4 == 0) {
+        red_max_w[ws * 16 + g] = mx0;
+        red_max_w[ws * 16 + g + 8] = mx1;
+      }
+      __syncthreads();
+      // The warp holding token t0 (< end) has a finite max, so m_new is finite: corr = 2^(-inf) = 0
+      // on the first tile, never 2^(-inf + inf).
+      float mn0 = m0, mn1 = m1;
+#pragma unroll
+      for (int w = 0; w < WS; ++w) {
+        mn0 = fmaxf(mn0, red_max_w[w * 16 + g]);
+        mn1 = fmaxf(mn1, red_max_w[w * 16 + g + 8]);
+      }
+      const float c0 = fast_exp2(m0 - mn0), c1 = fast_exp2(m1 - mn1);
+      m0 = mn0;
+      m1 = mn1;
+      l0 *= c0;
+      l1 *= c1;
+#pragma unroll
+      for (int j = 0; j < C::kNT; ++j) {
+        const float p0 = fast_exp2(sc[j][0] - mn0), p1 = fast_exp2(sc[j][1] - mn0);
+        const float p2 = fast_exp2(sc[j][2] - mn1), p3 = fast_exp2(sc[j][3] - mn1);
+        l0 += p0 + p1;
+        l1 += p2 + p3;
+        const int col = ws * C::kTokW + 8 * j + 2 * t4;
+        *reinterpret_cast<uint32_t*>(p_w + g * kLdP + col) = pack_bf16(p0, p1);
+        *reinterpret_cast<uint32_t*>(p_w + (g + 8) * kLdP + col) = pack_bf16(p2, p3);
+      }
+#pragma unroll
+      for (int j = 0; j < C::kNO; ++j) {
+        o[j][0] *= c0;
+        o[j][1] *= c0;
+        o[j][2] *= c1;
+        o[j][3] *= c1;
+      }
+      __syncthreads();  // P of all WS warps of the head tile is written
+
+      // O[16 x this warp's kColW columns] += P[16 x 64] · V[64 x kColW].
+      const __nv_bfloat16* v_w = kt + ws * C::kColW;
+#pragma unroll
+      for (int kk = 0; kk < kTok / 16; ++kk) {
+        uint32_t af[4];
+        load_a(af, p_w + kk * 16, kLdP);
+#pragma unroll
+        for (int jp = 0; jp < C::kNO / 2; ++jp) {
+          uint32_t bfr[4];
+          load_b_kn(bfr, v_w + kk * 16 * kLdK + jp * 16, kLdK);
+          mma_bf16(o[2 * jp], af, bfr);
+          mma_bf16(o[2 * jp + 1], af, bfr + 2);
+        }
+      }
+      stage = (stage + 1) % kStages;
     }
-    // Scale, mask tokens past the end, partial row max over this warp's tokens.
-    float sc[C::kNT][4];
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-    const int tw = t0 + ws * C::kTokW + 2 * t4;  // token of c[0] in n8 tile 0
-#pragma unroll
-    for (int j = 0; j < C::kNT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = sacc[0][j][e];
-        if constexpr (C::kSAcc == 2) v += sacc[1][j][e];
-        v = tw + 8 * j + (e & 1) < end ? v * sl2 : -INFINITY;
-        sc[j][e] = v;
-        if (e < 2) mx0 = fmaxf(mx0, v);
-        else mx1 = fmaxf(mx1, v);
-      }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+
+    // Row sums: the quad's lanes, then the WS warps (all used the same running max). The barrier first:
+    // an empty split follows the previous one's reads of red_l without a tile between them.
+    __syncthreads();
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     if (t4 == 0) {
-      red_max_w[ws * 16 + g] = mx0;
-      red_max_w[ws * 16 + g + 8] = mx1;
+      red_l_w[ws * 16 + g] = l0;
+      red_l_w[ws * 16 + g + 8] = l1;
     }
     __syncthreads();
-    // The warp holding token t0 (< end) has a finite max, so m_new is finite: corr = 2^(-inf) = 0
-    // on the first tile, never 2^(-inf + inf).
-    float mn0 = m0, mn1 = m1;
+    float L0 = 0.f, L1 = 0.f;
 #pragma unroll
     for (int w = 0; w < WS; ++w) {
-      mn0 = fmaxf(mn0, red_max_w[w * 16 + g]);
-      mn1 = fmaxf(mn1, red_max_w[w * 16 + g + 8]);
+      L0 += red_l_w[w * 16 + g];
+      L1 += red_l_w[w * 16 + g + 8];
     }
-    const float c0 = fast_exp2(m0 - mn0), c1 = fast_exp2(m1 - mn1);
-    m0 = mn0;
-    m1 = mn1;
-    l0 *= c0;
-    l1 *= c1;
+    // l == 0 only when this split saw no token (empty request or split past the end): o = 0, lse = -inf.
+    const float inv0 = L0 > 0.f ? 1.f / L0 : 0.f, inv1 = L1 > 0.f ? 1.f / L1 : 0.f;
+    const float lse0 = L0 > 0.f ? (m0 + __log2f(L0)) * kLn2 : -INFINITY;
+    const float lse1 = L1 > 0.f ? (m1 + __log2f(L1)) * kLn2 : -INFINITY;
+    const int hA = h0 + ht * 16 + g, hB = hA + 8;
+    const int col0 = ws * C::kColW + 2 * t4;
+    const int64_t rowA = (splits == 1 ? 0 : int64_t(split) * a.B * a.H) + int64_t(b) * a.H + hA;
+    const int64_t rowB = rowA + 8;
+    if (splits == 1 && a.o.bf16) {
+      auto* out = static_cast<__nv_bfloat16*>(a.o.p);
 #pragma unroll
-    for (int j = 0; j < C::kNT; ++j) {
-      const float p0 = fast_exp2(sc[j][0] - mn0), p1 = fast_exp2(sc[j][1] - mn0);
-      const float p2 = fast_exp2(sc[j][2] - mn1), p3 = fast_exp2(sc[j][3] - mn1);
-      l0 += p0 + p1;
-      l1 += p2 + p3;
-      const int col = ws * C::kTokW + 8 * j + 2 * t4;
-      *reinterpret_cast<uint32_t*>(p_w + g * kLdP + col) = pack_bf16(p0, p1);
-      *reinterpret_cast<uint32_t*>(p_w + (g + 8) * kLdP + col) = pack_bf16(p2, p3);
-    }
+      for (int j = 0; j < C::kNO; ++j) {
+        const int col = col0 + 8 * j;
+        if (hA < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowA * kR + col) =
+            __floats2bfloat162_rn(o[j][0] * inv0, o[j][1] * inv0);
+        if (hB < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowB * kR + col) =
+            __floats2bfloat162_rn(o[j][2] * inv1, o[j][3] * inv1);
+      }
+    } else {
+      float* out = splits == 1 ? static_cast<float*>(a.o.p) : part_o;
 #pragma unroll
-    for (int j = 0; j < C::kNO; ++j) {
-      o[j][0] *= c0;
-      o[j][1] *= c0;
-      o[j][2] *= c1;
-      o[j][3] *= c1;
-    }
-    __syncthreads();  // P of all WS warps of the head tile is written
-
-    // O[16 x this warp's kColW columns] += P[16 x 64] · V[64 x kColW].
-    const __nv_bfloat16* v_w = kt + ws * C::kColW;
-#pragma unroll
-    for (int kk = 0; kk < kTok / 16; ++kk) {
-      uint32_t af[4];
-      load_a(af, p_w + kk * 16, kLdP);
-#pragma unroll
-      for (int jp = 0; jp < C::kNO / 2; ++jp) {
-        uint32_t bfr[4];
-        load_b_kn(bfr, v_w + kk * 16 * kLdK + jp * 16, kLdK);
-        mma_bf16(o[2 * jp], af, bfr);
-        mma_bf16(o[2 * jp + 1], af, bfr + 2);
+      for (int j = 0; j < C::kNO; ++j) {
+        const int col = col0 + 8 * j;
+        if (hA < a.H) *reinterpret_cast<float2*>(out + rowA * kR + col) = make_float2(o[j][0] * inv0, o[j][1] * inv0);
+        if (hB < a.H) *reinterpret_cast<float2*>(out + rowB * kR + col) = make_float2(o[j][2] * inv1, o[j][3] * inv1);
       }
     }
-    stage = (stage + 1) % kStages;
+    if (ws == 0 && t4 == 0) {
+      float* lse_out = splits == 1 ? a.lse : part_lse;
+      if (hA < a.H) lse_out[rowA] = lse0;
+      if (hB < a.H) lse_out[rowB] = lse1;
+    }
   }
   cp_async_wait<0>();  // only empty groups can remain; leave none behind
-
-  // Row sums: the quad's lanes, then the WS warps (all used the same running max).
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  if (t4 == 0) {
-    red_l_w[ws * 16 + g] = l0;
-    red_l_w[ws * 16 + g + 8] = l1;
-  }
-  __syncthreads();
-  float L0 = 0.f, L1 = 0.f;
-#pragma unroll
-  for (int w = 0; w < WS; ++w) {
-    L0 += red_l_w[w * 16 + g];
-    L1 += red_l_w[w * 16 + g + 8];
-  }
-  // l == 0 only when this split saw no token (empty request or split past the end): o = 0, lse = -inf.
-  const float inv0 = L0 > 0.f ? 1.f / L0 : 0.f, inv1 = L1 > 0.f ? 1.f / L1 : 0.f;
-  const float lse0 = L0 > 0.f ? (m0 + __log2f(L0)) * kLn2 : -INFINITY;
-  const float lse1 = L1 > 0.f ? (m1 + __log2f(L1)) * kLn2 : -INFINITY;
-  const int hA = h0 + ht * 16 + g, hB = hA + 8;
-  const int col0 = ws * C::kColW + 2 * t4;
-  const int splits = gridDim.y;
-  const int64_t rowA = (splits == 1 ? 0 : int64_t(split) * a.B * a.H) + int64_t(b) * a.H + hA;
-  const int64_t rowB = rowA + 8;
-  if (splits == 1 && a.o.bf16) {
-    auto* out = static_cast<__nv_bfloat16*>(a.o.p);
-#pragma unroll
-    for (int j = 0; j < C::kNO; ++j) {
-      const int col = col0 + 8 * j;
-      if (hA < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowA * kR + col) =
-          __floats2bfloat162_rn(o[j][0] * inv0, o[j][1] * inv0);
-      if (hB < a.H) *reinterpret_cast<__nv_bfloat162*>(out + rowB * kR + col) =
-          __floats2bfloat162_rn(o[j][2] * inv1, o[j][3] * inv1);
-    }
-  } else {
-    float* out = splits == 1 ? static_cast<float*>(a.o.p) : part_o;
-#pragma unroll
-    for (int j = 0; j < C::kNO; ++j) {
-      const int col = col0 + 8 * j;
-      if (hA < a.H) *reinterpret_cast<float2*>(out + rowA * kR + col) = make_float2(o[j][0] * inv0, o[j][1] * inv0);
-      if (hB < a.H) *reinterpret_cast<float2*>(out + rowB * kR + col) = make_float2(o[j][2] * inv1, o[j][3] * inv1);
-    }
-  }
-  if (ws == 0 && t4 == 0) {
-    float* lse_out = splits == 1 ? a.lse : part_lse;
-    if (hA < a.H) lse_out[rowA] = lse0;
-    if (hB < a.H) lse_out[rowB] = lse1;
-  }
 }
 
 // Simple form for any (R, Dr): one block per (request, head), 128 tokens per step, fp32.
@@ -361,8 +371,10 @@ void launch_mma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* part_o
   using C = MmaCfg<HT, WS, KT, NS>;
   auto* kernel = mla_decode_mma_kernel<HT, WS, KT, NS>;
   K3_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-  const dim3 grid((a.H + 16 * HT - 1) / (16 * HT), plan.splits, a.B);
-  kernel<<<grid, C::kThreads, C::kSmem, s>>>(a, plan.tokens_per_split, part_o, part_lse);
+  static_assert(kPlanTok % KT == 0, "a tile never straddles two splits");
+  const int per_block = std::clamp(plan.splits_per_block, 1, plan.splits);
+  const dim3 grid((a.H + 16 * HT - 1) / (16 * HT), (plan.splits + per_block - 1) / per_block, a.B);
+  kernel<<<grid, C::kThreads, C::kSmem, s>>>(a, plan.tokens_per_split, per_block, plan.splits, part_o, part_lse);
   K3_CUDA_LAUNCHED("mla_decode_mma_kernel");
 }
 

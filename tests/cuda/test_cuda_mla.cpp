@@ -225,11 +225,12 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
 // Host only (runs without a GPU): the split plan at the K3 decode shapes on 132 SMs, which the
 // measured figures in docs/PERF.md rest on, and which of them take the seesaw block refilled by
 // halves by default (splits of 8192 tokens or more).
-// Batch-invariant mode cuts contexts into fixed splits, and a seesaw block may take several of them in
-// turn (MlaDecodePlan::splits_per_block): every count must give the same bits as a block per split. H =
-// 96 (two 64-head groups), splits of 1024 tokens: a request ending inside a split on an odd tile, one on a
-// split boundary, one of a single token (splits past its end: empty partials), one past the others;
-// 1, 2, 3, 5 and 13 splits a block, and the count the backend picks itself. One split a block is checked
+// Batch-invariant mode cuts contexts into fixed splits, and a block may take several of them in turn
+// (MlaDecodePlan::splits_per_block): every count must give the same bits as a block per split. H = 96
+// (the wgmma kernel's seesaw: two 64-head groups) and H = 16 and 40 (the mma.sync kernel: one 16-head
+// and 48-head blocks), splits of 1024 tokens: a request ending inside a split on an odd tile, one on a
+// split boundary, one of a single token (splits past its end: empty partials), one past the others; 1,
+// 2, 3, 5 and 13 splits a block, and the count the backend picks itself. One split a block is checked
 // against the CPU as well.
 TEST_CASE("cuda mla_decode in batch-invariant mode: splits taken several to a block give the same bits",
           "[cuda]") {
@@ -238,8 +239,8 @@ TEST_CASE("cuda mla_decode in batch-invariant mode: splits taken several to a bl
   REQUIRE(cb != nullptr);
   std::mt19937 rng(53);
   cb->set_batch_invariant(true);
-  for (const bool f32_out : {false, true}) {
-    const MlaCase c{96, 512, 64, 64, {12 * 1024 + 3 * 64, 4 * 1024, 1, 13 * 1024 - 5}, f32_out};
+  for (const auto& [H, f32_out] : std::vector<std::pair<int64_t, bool>>{{96, false}, {96, true}, {16, false}, {40, true}}) {
+    const MlaCase c{H, 512, 64, 64, {12 * 1024 + 3 * 64, 4 * 1024, 1, 13 * 1024 - 5}, f32_out};
     const MlaInputs in = mla_inputs(c, rng);
     cb->set_mla_decode_splits_per_block(1);
     const auto [ref_o, ref_lse] = gpu_mla_decode(*bk.gpu, c, in);
@@ -249,7 +250,7 @@ TEST_CASE("cuda mla_decode in batch-invariant mode: splits taken several to a bl
       cb->set_mla_decode_splits_per_block(per_block);
       const auto [o, lse] = gpu_mla_decode(*bk.gpu, c, in);
       const Tensor got_o = bk.gpu->to_host(o), got_lse = bk.gpu->to_host(lse);
-      INFO("splits a block " << per_block << (f32_out ? ", fp32 o" : ", bf16 o"));
+      INFO("H " << H << ", splits a block " << per_block << (f32_out ? ", fp32 o" : ", bf16 o"));
       REQUIRE(got_o.nbytes() == want_o.nbytes());
       CHECK(std::memcmp(got_o.data(), want_o.data(), want_o.nbytes()) == 0);
       CHECK(std::memcmp(got_lse.data(), want_lse.data(), want_lse.nbytes()) == 0);
