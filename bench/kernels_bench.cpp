@@ -69,6 +69,7 @@ k3::bench::BenchCeilings k3::bench::measure_bench_ceilings(Backend&, bool) { ret
 #include <vector>
 
 #include "bench/kernel_timing.h"
+#include "bench/mla_decode_rows.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -215,114 +216,6 @@ void kda_decode_case(CudaBackend& be, int64_t B, int64_t H, bool quick, std::vec
   const double copy_us = time_graphs(be.stream(), quick ? 50 : 300, copies);
   lines.push_back({.name = "copy_as_kda_decode_B" + std::to_string(B) + "_H" + std::to_string(H), .us = copy_us,
                    .bytes = 2 * state_bytes});
-}
-
-// One configuration of the MLA decode kernels (CudaBackend's switches) and the suffix its line gets.
-// wgmma: set_mla_decode_wgmma (the default, on, takes H >= 64); off (with --with-mma) reports the
-// mma.sync kernel for those shapes as "_mma". For H >= 64, the default is the seesaw form; beside
-// it: the exact running max instead of the lazy one ("_exact"), the lockstep form ("_lockstep"),
-// with the 32-head transposed block for the last head group ("_lockstep_t32tail"), the 32-head
-// transposed blocks for every group ("_t32"), S split over dims between the warpgroups
-// ("_splits"), KV tiles by per-thread cp.async instead of TMA ("_cpasync"), the L2 prefetch
-// (l2_prefetch >= 0, default off; no longer printed: slower in every measured call, "_pfN"); the
-// head groups of a request launched as one cluster ("_cluster"); the seesaw block that keeps P in
-// registers and refills each half of a stage on its own, which the default takes on splits of 8192
-// tokens or more, forced on ("_halves") and off ("_nohalves"); the 48-head transposed seesaw blocks
-// forced on ("_t48"); the batch-invariant mode that serving runs, whose splits are of a fixed size
-// ("_inv"); the context cut into n splits whatever the plan says ("_sN", --mla-splits).
-struct MlaVariant {
-  bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true, cluster = false, invariant = false;
-  int l2_prefetch = -1, t32 = 0, halves = 2, t48 = 0, splits = 0;
-  int invariant_split = 0;  // > 0 with `invariant`: that split size instead of the backend's ("_invN")
-  // > 0: every request's pages are these few, so the cache rows stay in L2 and no tile waits for
-  // memory: how fast the kernel would run if its loads were hidden. A diagnostic, "_l2hot" (its
-  // bytes and floor are those of the real shape, which it does not move).
-  int hot_pages = 0;
-  // How the context was cut, when not by the plan.
-  std::string plan_suffix() const {
-    std::string s = invariant ? "_inv" + (invariant_split > 0 ? std::to_string(invariant_split) : std::string()) : "";
-    return splits > 0 ? s + "_s" + std::to_string(splits) : s;
-  }
-  std::string halves_suffix() const { return halves == 1 ? "_halves" : halves == 0 ? "_nohalves" : ""; }
-  std::string suffix(int64_t H) const {
-    if (hot_pages > 0)
-      return (t48 == 1 ? "_t48" : !seesaw ? "_lockstep" : halves_suffix()) + std::string("_l2hot");
-    if (H < 64) return plan_suffix();
-    if (!wgmma) return "_mma";
-    std::string s = t48 == 1 ? "_t48" : t32 == 2 ? "_t32" : split_s ? "_splits" : !tma ? "_cpasync" : !seesaw ? "_lockstep" : halves_suffix();
-    if (t32 == 1 && !seesaw) s += "_t32tail";
-    if (l2_prefetch >= 0) s += "_pf" + std::to_string(l2_prefetch);
-    if (!lazy) s += "_exact";
-    if (cluster) s += "_cluster";
-    return s + plan_suffix();
-  }
-};
-
-void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool quick, std::vector<Line>& lines,
-                     const MlaVariant& v = {}) {
-  const int64_t R = 512, Dr = 64, page = 64, pages_per = ctx / page, num_pages = B * pages_per;
-  Tensor kv = be.alloc({num_pages, page, R + Dr}, DType::BF16);
-  Tensor q_lat = be.alloc({B, H, R}, DType::BF16), q_rope = be.alloc({B, H, Dr}, DType::BF16);
-  Tensor o = be.alloc({B, H, R}, DType::BF16), lse = be.alloc({B, H}, DType::F32);
-  fill(be, kv, -1.f, 1.f, 30);
-  fill(be, q_lat, -0.2f, 0.2f, 31);
-  fill(be, q_rope, -0.2f, 0.2f, 32);
-  std::vector<int32_t> perm(num_pages);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), std::mt19937(33));
-  if (v.hot_pages > 0)
-    for (size_t i = 0; i < perm.size(); ++i) perm[i] = perm[i % size_t(v.hot_pages)];
-  Tensor table = be.from_host(Tensor::from_i32({B, pages_per}, perm), DType::I32);
-  Tensor lens = dev_ints(be, std::vector<int32_t>(B, int32_t(ctx)));
-  const float scale = 1.f / std::sqrt(192.f);
-  const bool was = be.mla_decode_wgmma(), was_split = be.mla_decode_split_s();
-  const int was_pf = be.mla_decode_l2_prefetch(), was_t32 = be.mla_decode_t32();
-  const bool was_tma = be.mla_decode_tma(), was_lazy = be.mla_decode_lazy_rescale(), was_seesaw = be.mla_decode_seesaw();
-  const bool was_cluster = be.mla_decode_cluster();
-  const int was_halves = be.mla_decode_seesaw_halves(), was_t48 = be.mla_decode_t48();
-  const bool was_invariant = be.batch_invariant();
-  const int was_splits = be.mla_decode_splits(), was_invariant_split = be.mla_decode_invariant_split();
-  be.set_batch_invariant(v.invariant);
-  if (v.invariant_split > 0) be.set_mla_decode_invariant_split(v.invariant_split);
-  be.set_mla_decode_splits(v.splits);
-  be.set_mla_decode_seesaw(v.seesaw);
-  be.set_mla_decode_seesaw_halves(v.halves);
-  be.set_mla_decode_cluster(v.cluster);
-  be.set_mla_decode_tma(v.tma);
-  be.set_mla_decode_lazy_rescale(v.lazy);
-  be.set_mla_decode_wgmma(v.wgmma);
-  be.set_mla_decode_split_s(v.split_s);
-  be.set_mla_decode_t32(v.t32);
-  be.set_mla_decode_t48(v.t48);
-  if (v.l2_prefetch >= 0) be.set_mla_decode_l2_prefetch(v.l2_prefetch);
-  const double us = time_graphs(be.stream(), quick ? 50 : 200, {[&] {
-    be.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = table, .seq_lens = lens, .o = o,
-                   .lse = lse, .scale = scale});
-  }});
-  be.set_mla_decode_wgmma(was);
-  be.set_mla_decode_split_s(was_split);
-  be.set_mla_decode_l2_prefetch(was_pf);
-  be.set_mla_decode_tma(was_tma);
-  be.set_mla_decode_lazy_rescale(was_lazy);
-  be.set_mla_decode_t32(was_t32);
-  be.set_mla_decode_seesaw(was_seesaw);
-  be.set_mla_decode_cluster(was_cluster);
-  be.set_mla_decode_seesaw_halves(was_halves);
-  be.set_mla_decode_t48(was_t48);
-  be.set_batch_invariant(was_invariant);
-  be.set_mla_decode_splits(was_splits);
-  be.set_mla_decode_invariant_split(was_invariant_split);
-  Line l{.name = "mla_decode_H" + std::to_string(H) + "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx) +
-                 v.suffix(H),
-         .us = us};
-  l.bytes = double(B) * ctx * (R + Dr) * 2 + double(B) * H * (R + Dr) * 2 + double(B) * H * R * 2 + double(B) * H * 4;
-  l.flops = 2.0 * B * H * ctx * (R + Dr + R);
-  // FlashMLA takes 64 or 128 heads: 128 for our 96-head rows (as a user of it pads K3's 96), 64 for 64.
-  const std::string shape = "_B" + std::to_string(B) + "_ctx" + std::to_string(ctx);
-  if (H == 64 || H == 96) l.refs.push_back({"FlashMLA " + std::to_string(H == 64 ? 64 : 128) + " heads",
-                                            "flashmla_H" + std::to_string(H == 64 ? 64 : 128) + shape});
-  l.refs.push_back({"torch einsum+softmax", "mla_decode_H" + std::to_string(H) + shape});
-  lines.push_back(l);
 }
 
 void lse_merge_case(CudaBackend& be, int64_t N, int64_t B, int64_t H, int64_t D, bool quick, std::vector<Line>& lines) {
