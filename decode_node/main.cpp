@@ -281,7 +281,8 @@ int main(int argc, char** argv) {
                  "size does)")->check(CLI::NonNegativeNumber);
   app.add_option("--group-step-deadline-ms", gf.step_deadline_ms, "deadline of each collective once the group formed: "
                  "a rank dead or hung this long fails the group (default 2000)")->check(CLI::Range(50, 600000));
-  app.add_option("--group-startup-s", gf.startup_s, "how long rank 0 waits for the group to form (default 180)")
+  app.add_option("--group-startup-s", gf.startup_s, "how long the ranks wait for the group to form, its UCX "
+                 "communicator and (with --group-collectives nccl) its NCCL one (default 180)")
       ->check(CLI::Range(1, 3600));
   std::string collectives_name = "ucx";
   app.add_option("--group-collectives", collectives_name,
