@@ -127,7 +127,7 @@ Status NcclComm::settle(const std::string& what, std::optional<std::chrono::stea
   }
 }
 
-Status NcclComm::run(const char* what, const std::function<Status()>& enqueue) {
+Status NcclComm::run(const char* what, const std::function<Status()>& enqueue, const std::function<Status()>& then) {
   if (aborted_) return abort_status_;
   const std::string name = std::string("NcclComm ") + what;
   const Status st = watchdog_.watch(name, [&] {
@@ -137,6 +137,7 @@ Status NcclComm::run(const char* what, const std::function<Status()>& enqueue) {
       K3_TRY(enqueue());
     }
     K3_TRY(settle(name));  // the watchdog's deadline and hook hold here too: its abort ends the poll
+    if (then) K3_TRY(then());  // only now is NCCL's work on the stream, ahead of what reads its results
     return cuda_status(cudaStreamSynchronize(stream_), name);
   });
   if (aborted_) return abort_status_;
@@ -217,22 +218,26 @@ Status NcclComm::reduce_scatter_sum(std::span<const float> in, std::span<float> 
                             std::to_string(size_) + " x out " + std::to_string(out.size()));
   K3_ASSIGN_OR_RETURN(float* parts, scratch(in.size()));
   // Block p of every rank's `in` lands at parts[q * out.size()] on rank p, in rank order q.
-  return run("reduce_scatter_sum", [&] {
-    const std::vector<size_t> counts(size_, out.size() * sizeof(float));
-    K3_TRY(enqueue_all_to_allv(std::as_bytes(in), counts,
-                               std::as_writable_bytes(std::span<float>(parts, in.size())), counts));
-    return cuda_status(ordered_sum(parts, size_, out.size(), out.data(), stream_), "reduce_scatter_sum: ordered_sum");
-  });
+  const std::vector<size_t> counts(size_, out.size() * sizeof(float));
+  return run(
+      "reduce_scatter_sum",
+      [&] {
+        return enqueue_all_to_allv(std::as_bytes(in), counts, std::as_writable_bytes(std::span<float>(parts, in.size())),
+                                   counts);
+      },
+      [&] {
+        return cuda_status(ordered_sum(parts, size_, out.size(), out.data(), stream_), "reduce_scatter_sum: ordered_sum");
+      });
 }
 
 Status NcclComm::all_reduce_sum(std::span<float> data) {
   const size_t n = data.size();
   K3_ASSIGN_OR_RETURN(float* all, scratch(n * size_));
   // Every rank gathers every contribution and adds them in rank order: the same bits everywhere.
-  return run("all_reduce_sum", [&] {
-    K3_TRY(nccl_status(ncclAllGather(data.data(), all, n, ncclFloat32, comm_, stream_), "ncclAllGather"));
-    return cuda_status(ordered_sum(all, size_, n, data.data(), stream_), "all_reduce_sum: ordered_sum");
-  });
+  return run(
+      "all_reduce_sum",
+      [&] { return nccl_status(ncclAllGather(data.data(), all, n, ncclFloat32, comm_, stream_), "ncclAllGather"); },
+      [&] { return cuda_status(ordered_sum(all, size_, n, data.data(), stream_), "all_reduce_sum: ordered_sum"); });
 }
 
 Status NcclComm::barrier() {

@@ -70,9 +70,11 @@ class NcclComm final : public Comm {
 
  private:
   NcclComm(int rank, int size, int device);
-  // Runs `enqueue` (the call's NCCL and CUDA work on the stream, under mu_), waits until NCCL has queued
-  // it all, then for the stream, all under the watchdog; refuses at once once the communicator was aborted.
-  Status run(const char* what, const std::function<Status()>& enqueue);
+  // Runs `enqueue` (the call's NCCL work on the stream, under mu_), waits until NCCL has queued it all
+  // (a non-blocking call may return before its kernels are on the stream, e.g. while it connects to a
+  // peer), then `then` (local work on the stream that reads NCCL's results), then waits for the stream,
+  // all under the watchdog; refuses at once once the communicator was aborted.
+  Status run(const char* what, const std::function<Status()>& enqueue, const std::function<Status()>& then = {});
   // Polls the communicator's state until it leaves ncclInProgress: its error if it settles on one, the
   // abort's status if it was aborted meanwhile, DeadlineExceeded past `deadline` (if given).
   Status settle(const std::string& what, std::optional<std::chrono::steady_clock::time_point> deadline = {});
