@@ -228,6 +228,20 @@ int run_engine_bench(const EngineBenchOptions& o) {
                 flops / dt / 1e6 / c.gemm_flops_per_us);
     std::fflush(stdout);
   }
+  if (o.profile) {
+    std::printf("\nprefill time by layer type (ms; synchronised at each change of type, so launches count)\n\n"
+                "| prompt | KDA | MLA | MoE | dense | rest | total |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int P : o.prefill) {
+      std::vector<int32_t> prompt(P);
+      for (int i = 0; i < P; ++i) prompt[i] = (i * 131 + 7) % cfg.vocab_size;
+      SeqCache s = e.open().value();
+      const PrefillSplit ps = profile_prefill(e, s, prompt);
+      e.close(s);
+      std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", P, ps.ms[1], ps.ms[2], ps.ms[3], ps.ms[4],
+                  ps.ms[0], ps.total_ms);
+      std::fflush(stdout);
+    }
+  }
   return 0;
 }
 
@@ -245,7 +259,7 @@ void add_engine_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "timed decode steps per point")->check(CLI::PositiveNumber);
   cmd->add_option("--seed", o->seed, "seed of the synthetic weights (default 0)");
   cmd->add_flag("--batch-invariant", o->batch_invariant, "fixed-order GEMMs and fixed attention splits");
-  cmd->add_flag("!--no-profile", o->profile, "skip the decode time split by layer type");
+  cmd->add_flag("!--no-profile", o->profile, "skip the decode and prefill time split by layer type");
   cmd->callback([o] {
     const int rc = run_engine_bench(*o);
     if (rc != 0) throw CLI::RuntimeError(rc);

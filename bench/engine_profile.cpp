@@ -72,4 +72,29 @@ PhaseSplit profile_decode_step(Engine& e, std::span<SeqCache* const> seqs,
   return out;
 }
 
+PrefillSplit profile_prefill(Engine& e, SeqCache& seq, std::span<const int32_t> prompt) {
+  using Clock = std::chrono::steady_clock;
+  Backend& be = e.backend();
+  PrefillSplit out;
+  int current = static_cast<int>(LayerPhase::Rest);
+  be.synchronize();
+  const auto t_begin = Clock::now();
+  auto mark = t_begin;
+  e.model().set_phase_hook([&](LayerPhase p) {
+    be.synchronize();
+    const auto now = Clock::now();
+    out.ms[static_cast<size_t>(current)] += std::chrono::duration<double, std::milli>(now - mark).count();
+    mark = now;
+    current = p == LayerPhase::End ? static_cast<int>(LayerPhase::Rest) : static_cast<int>(p);
+  });
+  auto result = e.prefill_on_backend(seq, prompt);
+  e.model().set_phase_hook(nullptr);
+  (void)result.value();
+  be.synchronize();
+  const auto end = Clock::now();
+  out.ms[static_cast<size_t>(current)] += std::chrono::duration<double, std::milli>(end - mark).count();
+  out.total_ms = std::chrono::duration<double, std::milli>(end - t_begin).count();
+  return out;
+}
+
 }  // namespace k3::bench

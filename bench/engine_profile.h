@@ -26,6 +26,15 @@ struct PhaseSplit {
 PhaseSplit profile_decode_step(Engine& e, std::span<SeqCache* const> seqs,
                                std::span<const std::vector<int32_t>> tokens, int reps);
 
+// A prefill's time split by layer type: the backend is synchronised at every change of stretch, and
+// each stretch's wall time (its launches and its device work) goes to its type. The syncs cost a few
+// hundred round trips over a forward of seconds, so the split is a prefill's, not a decode step's.
+struct PrefillSplit {
+  std::array<double, PhaseSplit::kTypes> ms{};
+  double total_ms = 0;
+};
+PrefillSplit profile_prefill(Engine& e, SeqCache& seq, std::span<const int32_t> prompt);
+
 const char* phase_name(int type);
 
 }  // namespace k3::bench
