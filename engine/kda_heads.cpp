@@ -48,11 +48,71 @@ void run_kda_heads(Backend& be, const KdaHeadsStep& s) {
   Tensor beta = s.alloc({R, H}, DType::F32);
   be.sigmoid(s.blog, beta);
   const bool ckpt = s.checkpoint_interval > 0;
-  be.kda_chunk({.q = q.reshape({R, H, D}), .k = k.reshape({R, H, D}), .v = v.reshape({R, H, D}), .g = g, .beta = beta,
-                .state = state, .slots = s.slots, .cu_seqlens = cu, .o = s.o, .chunk_size = kKdaChunkTokens,
-                .checkpoints = ckpt ? state : Tensor(), .checkpoint_slots = s.checkpoint_slots,
-                .checkpoint_interval = ckpt ? s.checkpoint_interval : 0,
-                .bounded_gate = gate_form(cfg) == ops::GateForm::LowerBoundedSigmoid});
+  const ops::KdaParams all{.q = q.reshape({R, H, D}), .k = k.reshape({R, H, D}), .v = v.reshape({R, H, D}), .g = g,
+                           .beta = beta, .state = state, .slots = s.slots, .cu_seqlens = cu, .o = s.o,
+                           .chunk_size = kKdaChunkTokens, .checkpoints = ckpt ? state : Tensor(),
+                           .checkpoint_slots = s.checkpoint_slots, .checkpoint_interval = ckpt ? s.checkpoint_interval : 0,
+                           .bounded_gate = gate_form(cfg) == ops::GateForm::LowerBoundedSigmoid};
+  if (!be.chunk_invariant()) {
+    be.kda_chunk(all);
+    return;
+  }
+  // Chunk-invariant: whole aligned blocks chunked, the rest by the recurrence (kda_heads.h).
+  if (s.single_token_decode) {
+    be.kda_recurrent(all);
+    return;
+  }
+  const int64_t n = s.slots.numel();
+  K3_CHECK(static_cast<int64_t>(s.positions.size()) == n && static_cast<int64_t>(s.lengths.size()) == n,
+           "run_kda_heads: a chunk-invariant backend needs every item's position and length");
+  const KdaAlignedRows parts = kda_aligned_rows(s.positions, s.lengths);
+  auto with_rows = [&](const std::vector<int32_t>& rows, bool checkpoints) {
+    ops::KdaParams p = all;
+    p.seq_rows = be.from_host(Tensor::from_i32({n, 2}, rows), DType::I32);
+    if (!checkpoints) {
+      p.checkpoints = Tensor();
+      p.checkpoint_slots = Tensor();
+      p.checkpoint_interval = 0;
+    }
+    return p;
+  };
+  if (ckpt) {
+    // Checkpoints fall at multiples of 64 from each item's first row; they are block ends only when
+    // that row starts a block, which a resumed prefix always does.
+    for (int64_t i = 0; i < n; ++i)
+      K3_CHECK(parts.head[static_cast<size_t>(2 * i + 1)] == parts.head[static_cast<size_t>(2 * i)],
+               "run_kda_heads: KDA checkpoints need each item to start at a multiple of " +
+                   std::to_string(kKdaChunkTokens) + " tokens on a chunk-invariant backend (item " +
+                   std::to_string(i) + " starts at " + std::to_string(s.positions[static_cast<size_t>(i)]) + ")");
+  }
+  if (parts.any_head) be.kda_recurrent(with_rows(parts.head, false));
+  if (parts.any_blocks) be.kda_chunk(with_rows(parts.blocks, ckpt));
+  if (parts.any_tail) be.kda_recurrent(with_rows(parts.tail, false));
+}
+
+KdaAlignedRows kda_aligned_rows(std::span<const int64_t> positions, std::span<const int64_t> lengths) {
+  K3_CHECK(positions.size() == lengths.size(), "kda_aligned_rows: one position per length");
+  constexpr int64_t C = kKdaChunkTokens;
+  KdaAlignedRows r;
+  int64_t row = 0;
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const int64_t p = positions[i], T = lengths[i];
+    K3_CHECK(p >= 0 && T >= 0, "kda_aligned_rows: negative position or length");
+    const int64_t first = (p + C - 1) / C * C, last = (p + T) / C * C;   // whole blocks [first, last)
+    const int64_t head = last > first ? first - p : T, blocks = last > first ? last - first : 0;
+    auto put = [&](std::vector<int32_t>& v, int64_t b, int64_t e) {
+      v.push_back(static_cast<int32_t>(b));
+      v.push_back(static_cast<int32_t>(e));
+    };
+    put(r.head, row, row + head);
+    put(r.blocks, row + head, row + head + blocks);
+    put(r.tail, row + head + blocks, row + T);
+    r.any_head |= head > 0;
+    r.any_blocks |= blocks > 0;
+    r.any_tail |= T - head - blocks > 0;
+    row += T;
+  }
+  return r;
 }
 
 }  // namespace k3

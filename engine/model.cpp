@@ -183,9 +183,16 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
       ckpt_table = backend_.from_host(Tensor::from_i32({n, width}, table), DType::I32);
     }
   }
+  std::vector<int64_t> positions, lengths;
+  if (!single)
+    for (const BatchItem& it : batch) {
+      positions.push_back(it.seq->num_tokens);
+      lengths.push_back(it.num_new);
+    }
   run_kda_heads(backend_, {.cfg = cfg_, .lw = lw, .heads = H, .qkv = qkv, .f = f, .blog = blog,
                            .conv_cache = caches.kda_conv(l), .state = caches.kda_state(l), .slots = slots,
                            .conv_slots = conv_slots, .cu_seqlens = cu, .single_token_decode = single,
+                           .positions = std::move(positions), .lengths = std::move(lengths),
                            .checkpoint_slots = ckpt_table, .checkpoint_interval = width > 0 ? kKdaChunkTokens : 0,
                            .o = o, .alloc = [this](Shape sh, DType t) { return alloc(std::move(sh), t); }});
   // Gated RMSNorm per head (shared o_norm weight), then the output projection.

@@ -59,11 +59,13 @@ class Backend {
   // costs GEMM speed: docs/PERF.md).
   virtual void set_batch_invariant(bool on) {}
   virtual bool batch_invariant() const { return kind() == BackendKind::Cpu; }
-  // Chunk invariance: a token's results also independent of how its sequence was cut into forwards
-  // (prompt whole, in chunks of any size, or one token at a time). Where this is on the model runs
-  // every attention row through the same per-row kernels a decode step uses (docs/ARCHITECTURE.md,
-  // "Batch and chunk invariance"). CUDA in batch-invariant mode; the CPU keeps its faster chunked
-  // forms, equal across chunkings only to rounding, unless CpuBackendOptions::chunk_invariant.
+  // Chunk invariance: a token's results also independent of how its sequence was cut into forwards,
+  // as long as the cuts fall at multiples of 64 tokens (prompt whole or in such chunks; decode steps
+  // after it). Where this is on, the model runs MLA rows through the per-row kernel a decode step uses
+  // and KDA by the aligned-block rule of engine/kda_heads.h, and kda_chunk's arithmetic for a block
+  // depends only on its state and rows (docs/ARCHITECTURE.md, "Batch and chunk invariance"). CUDA in
+  // batch-invariant mode; the CPU keeps its faster forms, equal across chunkings only to rounding,
+  // unless CpuBackendOptions::chunk_invariant.
   virtual bool chunk_invariant() const { return false; }
 
   // Empty string: supported; otherwise the reason it is not.
@@ -104,9 +106,10 @@ class Backend {
 
 struct CpuBackendOptions {
   int threads = 0;  // 0: hardware concurrency (or K3_THREADS)
-  // The CUDA batch-invariant mode's paths on the CPU (Backend::chunk_invariant: KDA token
-  // recurrence for prompts, MLA prompt rows through mla_decode): their fp32 reference and a CPU test
-  // of the model logic behind them. Off by default (the chunked forms are faster).
+  // The CUDA batch-invariant mode's paths on the CPU (Backend::chunk_invariant: KDA's aligned-block
+  // rule, with the chunked form where CUDA's chunked kernel runs and the recurrence elsewhere; MLA
+  // prompt rows through mla_decode): their fp32 reference and a CPU test of the model logic behind them.
+  // Off by default (the default forms are faster).
   bool chunk_invariant = false;
 };
 

@@ -81,6 +81,11 @@ struct KdaParams {
   Tensor state;       // [num_slots, H, V, K] F32, in/out
   Tensor slots;       // [N] I32 state slot per sequence
   Tensor cu_seqlens;  // [N+1] I32
+  // Optional [N, 2] I32: sequence n's rows in this call are [seq_rows[n][0], seq_rows[n][1]) instead of
+  // [cu_seqlens[n], cu_seqlens[n+1]); rows outside every range are neither read nor written. It lets a
+  // caller run one sequence's rows in pieces by different forms (the chunk-invariant rule,
+  // engine/kda_heads.h). Checkpoint positions then count from the range's first row.
+  Tensor seq_rows;
   Tensor o;           // [T_total, H, V] output
   int chunk_size = 64;  // chunked form only
   // Optional state checkpoints (for a prefix cache): with checkpoint_interval = I > 0, the state

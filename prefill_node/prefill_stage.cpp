@@ -66,6 +66,10 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   if (opts.stage < 0 || opts.stage >= stages)
     return invalid_argument("--stage " + std::to_string(opts.stage) + " is outside 0.." + std::to_string(stages - 1));
   if (opts.chunk_size <= 0) return invalid_argument("--chunk-size must be > 0");
+  if (backend.chunk_invariant() && opts.chunk_size % 64 != 0)
+    spdlog::warn("prefill stage {}: --chunk-size {} is not a multiple of 64: with batch-invariant kernels a prompt's "
+                 "tokens then equal k3-generate's only to rounding (KDA cuts at multiples of 64 keep them bitwise)",
+                 opts.stage, opts.chunk_size);
   if (opts.max_inflight_chunks < 1)
     return invalid_argument("--max-inflight-chunks must be >= 1 (got " + std::to_string(opts.max_inflight_chunks) + ")");
   if (opts.decodes.empty()) return invalid_argument("--decode-endpoint is required");

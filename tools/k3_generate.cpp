@@ -166,6 +166,9 @@ int main(int argc, char** argv) {
     if (!weights.is_ok()) return fail(weights.status());
     auto backend = make_backend(bc);
     if (!backend.is_ok()) return fail(backend.status());
+    if ((*backend)->chunk_invariant() && chunk % 64 != 0)
+      std::fprintf(stderr, "k3-generate: --prefill-chunk %d is not a multiple of 64: with batch-invariant kernels the "
+                           "tokens then equal a whole-prompt prefill's (and the cluster's) only to rounding\n", chunk);
     EngineOptions eo;
     eo.prefill_chunk = chunk;
     eo.top_logits = top_n;

@@ -57,9 +57,14 @@ class CpuBackend final : public Backend {
   void short_conv(const ops::ShortConvParams& p) override { cpu::short_conv(pool_, p); }
   void kda_gate(const ops::KdaGateParams& p) override { cpu::kda_gate(pool_, p); }
   bool chunk_invariant() const override { return chunk_invariant_; }
-  // Chunk-invariant: the recurrence, whose state after a token does not depend on where calls cut.
+  // Chunk-invariant: the forms the CUDA backend runs in that mode, as their fp32 reference. The engine
+  // sends only whole 64-token blocks at absolute multiples of 64 here (engine/kda_heads.h); the chunked
+  // form takes them where CUDA's chunked kernel would (K = V = 128, 64-token chunks), the recurrence
+  // elsewhere.
   void kda_chunk(const ops::KdaParams& p) override {
-    if (chunk_invariant_) cpu::kda_recurrent(pool_, p);
+    const bool chunked_on_cuda = p.q.ndim() == 3 && p.q.dim(2) == 128 && p.v.ndim() == 3 && p.v.dim(2) == 128 &&
+                                 p.chunk_size == 64;
+    if (chunk_invariant_ && !chunked_on_cuda) cpu::kda_recurrent(pool_, p);
     else cpu::kda_chunk(pool_, p);
   }
   void kda_recurrent(const ops::KdaParams& p) override { cpu::kda_recurrent(pool_, p); }

@@ -27,6 +27,16 @@ KdaDims check_kda(const char* op, const ops::KdaParams& p) {
   d.num_slots = p.state.dim(0);
   check_tensor(op, "o", p.o, DType::F32, {d.T, d.H, d.V});
   d.N = check_varlen(op, p.cu_seqlens, p.slots, d.T, d.num_slots);
+  d.cu = p.cu_seqlens.i32();
+  if (!p.seq_rows.empty()) {
+    check_tensor(op, "seq_rows", p.seq_rows, DType::I32, {d.N, 2});
+    d.seq_rows = p.seq_rows.i32();
+    for (int64_t n = 0; n < d.N; ++n)
+      check_arg(d.cu[n] <= d.begin(n) && d.begin(n) <= d.end(n) && d.end(n) <= d.cu[n + 1], op,
+                "seq_rows[" + std::to_string(n) + "] = [" + std::to_string(d.begin(n)) + ", " +
+                    std::to_string(d.end(n)) + ") is not an ordered range inside the sequence's rows [" +
+                    std::to_string(d.cu[n]) + ", " + std::to_string(d.cu[n + 1]) + ")");
+  }
   return d;
 }
 
@@ -96,18 +106,17 @@ void kda_recurrent(ThreadPool& pool, const ops::KdaParams& p) {
   const float *q = p.q.f32(), *k = p.k.f32(), *v = p.v.f32(), *g = p.g.f32(), *beta = p.beta.f32();
   float* state = p.state.f32();
   float* o = p.o.f32();
-  const int32_t* cu = p.cu_seqlens.i32();
   const int32_t* slots = p.slots.i32();
   // Work item = (sequence, head): each owns one state matrix and its output columns.
   pool.parallel_for(d.N * d.H, [&](int64_t i0, int64_t i1) {
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t n = item / d.H, h = item % d.H;
       float* S = state + (static_cast<int64_t>(slots[n]) * d.H + h) * d.V * d.K;
-      for (int64_t t = cu[n]; t < cu[n + 1]; ++t) {
+      for (int64_t t = d.begin(n); t < d.end(n); ++t) {
         const int64_t qk = (t * d.H + h) * d.K;
         kda_token_step(S, q + qk, k + qk, v + (t * d.H + h) * d.V, g + qk, beta[t * d.H + h],
                        o + (t * d.H + h) * d.V, d.K, d.V);
-        ckpt.write(n, h, t + 1 - cu[n], S);
+        ckpt.write(n, h, t + 1 - d.begin(n), S);
       }
     }
   });

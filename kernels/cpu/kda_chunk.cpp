@@ -203,7 +203,6 @@ void kda_chunk(ThreadPool& pool, const ops::KdaParams& p) {
   const float *q = p.q.f32(), *k = p.k.f32(), *v = p.v.f32(), *g = p.g.f32(), *beta = p.beta.f32();
   float* state = p.state.f32();
   float* o = p.o.f32();
-  const int32_t* cu = p.cu_seqlens.i32();
   const int32_t* slots = p.slots.i32();
   const int64_t C = p.chunk_size;
   const KdaCheckpoints ckpt = check_kda_checkpoints("kda_chunk", p, d, C);
@@ -213,12 +212,12 @@ void kda_chunk(ThreadPool& pool, const ops::KdaParams& p) {
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t n = item / d.H, h = item % d.H;
       float* S = state + (static_cast<int64_t>(slots[n]) * d.H + h) * d.V * d.K;
-      for (int64_t t0 = cu[n]; t0 < cu[n + 1]; t0 += C) {
-        const int64_t L = std::min<int64_t>(C, cu[n + 1] - t0);
+      for (int64_t t0 = d.begin(n); t0 < d.end(n); t0 += C) {
+        const int64_t L = std::min<int64_t>(C, d.end(n) - t0);
         const int64_t qk = (t0 * d.H + h) * d.K, vo = (t0 * d.H + h) * d.V;
         run_chunk(S, q + qk, k + qk, v + vo, g + qk, beta + t0 * d.H + h, o + vo, L, d.K, d.V, d.H * d.K,
                   d.H * d.V, d.H, scratch);
-        ckpt.write(n, h, t0 + L - cu[n], S);
+        ckpt.write(n, h, t0 + L - d.begin(n), S);
       }
     }
   });

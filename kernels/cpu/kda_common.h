@@ -8,6 +8,11 @@ namespace k3::cpu {
 
 struct KdaDims {
   int64_t T = 0, H = 0, K = 0, V = 0, N = 0, num_slots = 0;
+  const int32_t* cu = nullptr;        // [N+1]
+  const int32_t* seq_rows = nullptr;  // [N][2] or null (KdaParams::seq_rows)
+  // Sequence n's rows in this call.
+  int64_t begin(int64_t n) const { return seq_rows ? seq_rows[2 * n] : cu[n]; }
+  int64_t end(int64_t n) const { return seq_rows ? seq_rows[2 * n + 1] : cu[n + 1]; }
 };
 
 // Validates KdaParams for `op` and returns the sizes.

@@ -129,7 +129,7 @@ std::string CudaBackend::supports(const std::string& op, const Shape& shape) con
   return {};
 }
 
-std::vector<const int32_t*> CudaBackend::device_ints(std::initializer_list<const Tensor*> ts) {
+std::vector<const int32_t*> CudaBackend::device_ints(std::span<const Tensor* const> ts) {
   std::vector<const int32_t*> out;
   std::vector<int32_t> staged;
   std::vector<std::pair<size_t, size_t>> where;  // (index in out, offset in staged)

@@ -6,7 +6,9 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -87,8 +89,10 @@ class CudaBackend final : public Backend {
     mla_splits_per_block_ = n;
   }
   bool batch_invariant() const override { return batch_invariant_; }
-  // Batch-invariant mode is chunk-invariant too: kda_chunk runs the token recurrence, and the model
-  // (seeing chunk_invariant) decodes KDA through that same path and sends prompt rows through mla_decode.
+  // Batch-invariant mode is chunk-invariant too: kda_chunk runs one scan form for every grid (no split
+  // scan), and the model (seeing chunk_invariant) gives it only whole 64-token blocks at absolute
+  // multiples of 64, the other KDA rows and every decode token to kda_recurrent, and sends prompt rows
+  // through mla_decode.
   bool chunk_invariant() const override { return batch_invariant_; }
   static constexpr int kInvariantSplitTokens = 1024;
   bool mla_decode_wgmma() const { return mla_wgmma_; }
@@ -166,7 +170,10 @@ class CudaBackend final : public Backend {
 
  private:
   // Device pointers for I32 index tensors that may live on the host (staged through one upload).
-  std::vector<const int32_t*> device_ints(std::initializer_list<const Tensor*> ts);
+  std::vector<const int32_t*> device_ints(std::span<const Tensor* const> ts);
+  std::vector<const int32_t*> device_ints(std::initializer_list<const Tensor*> ts) {
+    return device_ints(std::span<const Tensor* const>(ts.begin(), ts.size()));
+  }
   // buf.ensure(bytes), bumping the workspace epoch when the buffer moves (graphs recorded before are
   // stale). Used for the buffers a decode step reads (MLA split partials, grouped MoE); the others
   // (staged indices, KDA chunk work, sampled ids) never appear in a recordable step.

@@ -94,27 +94,47 @@ void check_kda_checkpoints(const char* op, const ops::KdaParams& p, KdaArgs& a, 
   a.ckpt_m = int(p.checkpoint_slots.dim(1));
   a.ckpt_interval = I;
 }
+
+// Sequence n's rows of the call, [begin, end) pairs: ops::KdaParams::seq_rows where given (checked to lie
+// inside the sequence), else cu_seqlens' (read on the host: a prefill call).
+std::vector<int32_t> kda_row_ranges(const char* op, const ops::KdaParams& p, int N, int64_t T, cudaStream_t s) {
+  const std::vector<int32_t> cu = host_ints(p.cu_seqlens, s);
+  K3_CHECK(!cu.empty() && cu.front() == 0 && cu.back() == T, std::string(op) + ": cu_seqlens must run from 0 to T");
+  std::vector<int32_t> rows(size_t(2 * N));
+  for (int n = 0; n < N; ++n) {
+    K3_CHECK(cu[n + 1] >= cu[n], std::string(op) + ": cu_seqlens must be non-decreasing");
+    rows[2 * n] = cu[n];
+    rows[2 * n + 1] = cu[n + 1];
+  }
+  if (p.seq_rows.empty()) return rows;
+  need_i32(op, "seq_rows", p.seq_rows, 2 * int64_t(N));
+  const std::vector<int32_t> given = host_ints(p.seq_rows, s);
+  for (int n = 0; n < N; ++n)
+    K3_CHECK(cu[n] <= given[2 * n] && given[2 * n] <= given[2 * n + 1] && given[2 * n + 1] <= cu[n + 1],
+             std::string(op) + ": seq_rows[" + std::to_string(n) + "] = [" + std::to_string(given[2 * n]) + ", " +
+                 std::to_string(given[2 * n + 1]) + ") is not an ordered range inside the sequence's rows [" +
+                 std::to_string(cu[n]) + ", " + std::to_string(cu[n + 1]) + ")");
+  return given;
+}
 }  // namespace
 
 void CudaBackend::kda_recurrent(const ops::KdaParams& p) {
   KdaCheck c = check_kda("kda_recurrent", p);
   check_kda_checkpoints("kda_recurrent", p, c.args, 1, stream_);
-  // An absent checkpoint table is a default (0-d) tensor: staged only when checkpoints are asked for.
-  const auto ptrs = c.args.ckpt ? device_ints({&p.slots, &p.cu_seqlens, &p.checkpoint_slots})
-                                : device_ints({&p.slots, &p.cu_seqlens});
+  if (!p.seq_rows.empty()) (void)kda_row_ranges("kda_recurrent", p, c.args.N, c.T, stream_);  // checks them
+  // Absent tables (checkpoints, row ranges) are default (0-d) tensors: staged only when given.
+  std::vector<const Tensor*> ints = {&p.slots, &p.cu_seqlens};
+  if (c.args.ckpt) ints.push_back(&p.checkpoint_slots);
+  if (!p.seq_rows.empty()) ints.push_back(&p.seq_rows);
+  const auto ptrs = device_ints(ints);
   c.args.slots = ptrs[0];
   c.args.cu_seqlens = ptrs[1];
   if (c.args.ckpt) c.args.ckpt_slots = ptrs[2];
+  if (!p.seq_rows.empty()) c.args.seq_rows = ptrs.back();
   launch_kda_recurrent(c.args, stream_);
 }
 
 void CudaBackend::kda_chunk(const ops::KdaParams& p) {
-  // Batch-invariant mode: the token recurrence, whose state after a token does not depend on where
-  // the forward calls cut the sequence (the chunked form's blocks start at each call's first token).
-  if (batch_invariant_) {
-    kda_recurrent(p);
-    return;
-  }
   KdaCheck c = check_kda("kda_chunk", p);
   KdaArgs& a = c.args;
   K3_CHECK(p.chunk_size >= 1, "kda_chunk: chunk_size must be >= 1, got " + std::to_string(p.chunk_size));
@@ -131,22 +151,24 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   a.unbounded_gate = !p.bounded_gate;
   a.scan_wgmma = kda_scan_wgmma_;
   a.scan_wg_rows = kda_scan_wg_rows_;
+  // Batch-invariant mode: one scan form for every grid and no split scan, so a chunk's bits depend on
+  // its state and its own rows alone (the caller cuts calls at absolute multiples of 64 tokens for
+  // them to match: engine/kda_heads.h).
+  a.scan_one_form = batch_invariant_;
   check_kda_checkpoints("kda_chunk", p, a, 64, stream_);
-  const std::vector<int32_t> cu = host_ints(p.cu_seqlens, stream_);
-  K3_CHECK(!cu.empty() && cu.front() == 0 && cu.back() == c.T, "kda_chunk: cu_seqlens must run from 0 to T");
+  const std::vector<int32_t> rows = kda_row_ranges("kda_chunk", p, a.N, c.T, stream_);
   // Chunk table: (first token, length, sequence, index in sequence) and each sequence's first chunk.
   std::vector<int32_t> table, seq0;
   for (int n = 0; n < a.N; ++n) {
-    K3_CHECK(cu[n + 1] >= cu[n], "kda_chunk: cu_seqlens must be non-decreasing");
     seq0.push_back(int32_t(table.size() / 4));
-    for (int32_t t = cu[n], i = 0; t < cu[n + 1]; t += 64, ++i) {
-      table.insert(table.end(), {t, std::min<int32_t>(64, cu[n + 1] - t), n, i});
+    for (int32_t t = rows[2 * n], i = 0; t < rows[2 * n + 1]; t += 64, ++i) {
+      table.insert(table.end(), {t, std::min<int32_t>(64, rows[2 * n + 1] - t), n, i});
     }
   }
   seq0.push_back(int32_t(table.size() / 4));
   const int num_chunks = int(table.size() / 4);
   // Long sequences with few heads: segments scanned at once and fixed up (kda_split_plan.h).
-  const KdaSplitPlan split = kda_split_ ? plan_kda_split(seq0, a.H, num_sms_) : KdaSplitPlan{};
+  const KdaSplitPlan split = kda_split_ && !batch_invariant_ ? plan_kda_split(seq0, a.H, num_sms_) : KdaSplitPlan{};
   auto job_ints = [](const std::vector<KdaScanJob>& jobs) {
     std::vector<int32_t> v(jobs.size() * 8);
     if (!jobs.empty()) std::memcpy(v.data(), jobs.data(), v.size() * 4);

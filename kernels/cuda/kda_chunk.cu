@@ -358,7 +358,10 @@ void launch_scan_wg(Kernel* kern, const char* name, const KdaArgs& a, const int3
 void scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work, int num_chunks,
           int rows, const KdaScanJob* jobs, float* carry, int num_sms, cudaStream_t s) {
   const bool ckpt_every_chunk = a.ckpt != nullptr && a.ckpt_interval == kC;
-  switch (pick_kda_scan_form(a.H, rows, num_sms, a.scan_wgmma, a.scan_wg_rows, ckpt_every_chunk)) {
+  const KdaScanForm form = a.scan_one_form ? KdaScanForm::kWg32
+                                           : pick_kda_scan_form(a.H, rows, num_sms, a.scan_wgmma, a.scan_wg_rows,
+                                                                ckpt_every_chunk);
+  switch (form) {
     case KdaScanForm::kWg32:
       return launch_scan_wg<kda_chunk::ScanWg32, 32>(kda_chunk::kda_chunk_scan_wg32_kernel, "kda_chunk_scan_wg32_kernel", a,
                                                      chunk_table, seq_chunk0, work, num_chunks, rows, jobs, carry, s);

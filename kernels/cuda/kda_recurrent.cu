@@ -20,7 +20,9 @@ __global__ void kda_recurrent_kernel(KdaArgs a) {
   for (int i = threadIdx.x; i < V * K; i += blockDim.x) S[(i / K) * ld + i % K] = state[i];
   __syncthreads();
   const int j = threadIdx.x;
-  for (int64_t t = a.cu_seqlens[n]; t < a.cu_seqlens[n + 1]; ++t) {
+  const int64_t t0 = a.seq_rows ? a.seq_rows[2 * n] : a.cu_seqlens[n];
+  const int64_t t1 = a.seq_rows ? a.seq_rows[2 * n + 1] : a.cu_seqlens[n + 1];
+  for (int64_t t = t0; t < t1; ++t) {
     const int64_t row = t * a.H + h;
     for (int i = threadIdx.x; i < K; i += blockDim.x) {
       qs[i] = a.q[row * K + i];
@@ -44,7 +46,7 @@ __global__ void kda_recurrent_kernel(KdaArgs a) {
       a.o.set(row * V + j, o);
     }
     __syncthreads();
-    const int cs = kda_ckpt_slot(a, n, int(t + 1 - a.cu_seqlens[n]));
+    const int cs = kda_ckpt_slot(a, n, int(t + 1 - t0));
     if (cs >= 0) {  // row j is final for this token; the next token's barrier orders the reads
       float* dst = a.ckpt + (int64_t(cs) * a.H + h) * int64_t(V) * K;
       for (int i = threadIdx.x; i < V * K; i += blockDim.x) dst[i] = S[(i / K) * ld + i % K];

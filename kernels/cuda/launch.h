@@ -72,6 +72,9 @@ struct KdaArgs {
   float* state = nullptr;        // [slots, H, V, K] in/out
   const int32_t* slots = nullptr;       // [N] device
   const int32_t* cu_seqlens = nullptr;  // [N+1] device
+  // [N][2] device or null (ops::KdaParams::seq_rows): the token recurrence's rows of sequence n. The
+  // chunked form takes its rows from the host-built chunk table instead.
+  const int32_t* seq_rows = nullptr;
   FOut o;                        // [T, H, V]
   int N = 0, H = 0, K = 0, V = 0;
   // Chunked form only: some g may be below K3's bound of -5 (Kimi Linear's softplus gate), so the
@@ -87,6 +90,9 @@ struct KdaArgs {
   // or 0: by the grid); kda_scan_form.h picks the kernel. CudaBackend's switches, same defaults.
   bool scan_wgmma = true;
   int scan_wg_rows = 0;
+  // Batch-invariant mode: every grid runs the 32-row wgmma scan, whatever its width, so a chunk's
+  // arithmetic does not depend on the other sequences of the call (the forms differ in their bits).
+  bool scan_one_form = false;
 };
 // The checkpoint slot for `done` tokens of sequence n, or -1 (device and host).
 __host__ __device__ inline int kda_ckpt_slot(const KdaArgs& a, int n, int done) {

@@ -16,6 +16,13 @@ namespace k3::cudatest {
 
 // k3-tiny with the real K3 head shapes (KDA D = 128, MLA r_kv = 512, d_r = 64, d_n = d_v = 128), so
 // the GPU runs its fast kernels (chunked KDA, fused KDA decode, tensor-core MLA decode) at small width.
+// Every expert routed (k = E): bf16 rounding then cannot flip a token's expert set at near ties, so two
+// paths' logits differ by rounding alone and can be bounded.
+inline ModelConfig dense_routing(ModelConfig c) {
+  c.num_experts_per_token = c.num_experts;
+  return c;
+}
+
 inline ModelConfig tiny_with_k3_heads() {
   ModelConfig c = with_k3_head_shapes(preset_config("k3-tiny").value());
   c.kda.num_heads = 2;

@@ -3,9 +3,13 @@
 //   - alone and sharing every forward with 7 other requests of other lengths (the batched prefill and
 //     batched decode steps; the others' contexts run to 2000 tokens, so the attention split count and
 //     every GEMM's row count change), and
-//   - with its prompt fed whole or in chunks of 1, 63, 64, 65 or 1000 tokens per forward (KDA runs the
-//     token recurrence and MLA one absorbed row per token in this mode, so no kernel's arithmetic
-//     depends on where a forward starts).
+//   - with its prompt fed whole or in chunks of 64, 128 or 1024 tokens per forward (KDA takes whole
+//     64-token blocks at absolute multiples of 64 through the chunked kernel and the other rows
+//     through the token recurrence, MLA one absorbed row per token: engine/kda_heads.h).
+// Cuts elsewhere (chunks of 1, 63, 65, 1000) are also bitwise for k3-tiny, whose KDA (D = 16) runs the
+// recurrence everywhere; with K3's head shapes they move a block's rows to the recurrence, and the test
+// reports how far that moves the logits. That is bounded with every expert routed; with top-k routing
+// bf16 rounding flips a token's experts at near ties (O(1) logit changes), so it is only reported.
 // For k3-tiny, k3-tiny with the K3 head shapes and k3-small (93 layers). k3-small's chunk-1 case runs
 // a shorter prompt (one forward per token through 93 layers), compared with that prompt fed whole.
 #include <catch2/catch.hpp>
@@ -80,7 +84,9 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void check_model(const char* label, ModelConfig cfg, Backend& gpu, int chunk1_len) {
+// unaligned_bound: the largest logit difference a cut off the 64-token grid may make (0: must be
+// bitwise; negative: reported only).
+void check_model(const char* label, ModelConfig cfg, Backend& gpu, int chunk1_len, double unaligned_bound) {
   const auto t0 = std::chrono::steady_clock::now();
   cfg.vocab_size = 2048;
   const WeightStore w = random_weights(cfg, 13, DType::BF16);
@@ -101,7 +107,7 @@ void check_model(const char* label, ModelConfig cfg, Backend& gpu, int chunk1_le
               "(%.1f s)\n", label, kSteps, same ? "bitwise equal" : "DIFFERS", max_diff(alone, batched), since(t0));
   std::fflush(stdout);
   CHECK(same);
-  for (const int chunk : {1, 63, 64, 65, 1000}) {
+  for (const int chunk : {64, 128, 1024, 1, 63, 65, 1000}) {
     // Chunk 1 on a shorter prompt where one forward per token would be slow; its reference is that
     // prompt fed whole.
     const bool short_prompt = chunk == 1 && chunk1_len < lens[0];
@@ -114,22 +120,27 @@ void check_model(const char* label, ModelConfig cfg, Backend& gpu, int chunk1_le
                 label, p.size(), chunk, equal ? "bitwise equal" : "DIFFERS", max_diff(got, ref), since(t0));
     std::fflush(stdout);
     INFO("chunk " << chunk);
-    CHECK(equal);
+    if (chunk % 64 == 0 || unaligned_bound == 0) {
+      CHECK(equal);
+    } else if (unaligned_bound > 0) {
+      CHECK(max_diff(got, ref) <= unaligned_bound);
+    }
   }
 }
 
 }  // namespace
 
-TEST_CASE("CUDA batch invariance: alone == in a batch of 8 == any prefill chunking, bitwise", "[cuda][engine]") {
+TEST_CASE("CUDA batch invariance: alone == in a batch of 8 == prefill cut at multiples of 64, bitwise", "[cuda][engine]") {
   K3_GPU_OR_SKIP(bk);
   bk.gpu->set_batch_invariant(true);
-  check_model("k3-tiny", preset_config("k3-tiny").value(), *bk.gpu, 1100);
-  check_model("k3-tiny/K3-heads", tiny_with_k3_heads(), *bk.gpu, 1100);
+  check_model("k3-tiny", preset_config("k3-tiny").value(), *bk.gpu, 1100, 0);
+  check_model("k3-tiny/K3-heads", tiny_with_k3_heads(), *bk.gpu, 1100, -1);
+  check_model("k3-tiny/K3-heads (k = E)", dense_routing(tiny_with_k3_heads()), *bk.gpu, 1100, 0.25);
 }
 
-TEST_CASE("CUDA batch invariance for k3-small: alone == in a batch of 8 == any prefill chunking, bitwise",
+TEST_CASE("CUDA batch invariance for k3-small: alone == in a batch of 8 == prefill cut at multiples of 64, bitwise",
           "[cuda][engine][small]") {
   K3_GPU_OR_SKIP(bk);
   bk.gpu->set_batch_invariant(true);
-  check_model("k3-small", preset_config("k3-small").value(), *bk.gpu, 80);
+  check_model("k3-small", preset_config("k3-small").value(), *bk.gpu, 80, -1);
 }

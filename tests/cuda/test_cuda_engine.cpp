@@ -22,15 +22,10 @@ using namespace k3::cudatest;
 
 namespace {
 
-// Every expert selected (k = E): the router's top-k has no discontinuity, so the two backends differ
-// only by bf16 rounding and the comparison is strict. With k < E a token whose expert scores nearly
-// tie can pick a different expert set under bf16 activations, and its logits then differ by O(1):
-// that is precision, not a defect, and is reported rather than bounded.
-ModelConfig dense_routing(ModelConfig c) {
-  c.num_experts_per_token = c.num_experts;
-  return c;
-}
-
+// With every expert selected (k = E, dense_routing in engine_rig.h) the router's top-k has no
+// discontinuity, so the two backends differ only by bf16 rounding and the comparison is strict. With
+// k < E a token whose expert scores nearly tie can pick a different expert set under bf16 activations,
+// and its logits then differ by O(1): that is precision, not a defect, and is reported rather than bounded.
 // Prints the figures of one comparison and returns them (prefill: positions [0, prefill) came from
 // the batched prefill forward, the rest from decode steps).
 Agreement report(const std::string& label, const ForcedLogits& got, const ForcedLogits& ref, int prefill) {
