@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/reduce.cuh"
@@ -24,6 +25,7 @@ constexpr int kK = 32;      // K step
 constexpr int kLd = kK + 8; // bf16 smem row pitch (16-byte multiple, shifts banks)
 constexpr int kCLd = kTile + 4;
 constexpr int kMaxExperts = 4096;
+constexpr int kStages = 4;  // K steps in the ring (kStages - 1 in flight)
 
 // One block: counts per expert, tile ownership, and each pair's row.
 __global__ void moe_route_kernel(const int32_t* ids, int P, int E, int tiles_max, int32_t* tile_expert,
@@ -62,10 +64,14 @@ __global__ void moe_route_kernel(const int32_t* ids, int P, int E, int tiles_max
   }
 }
 
-// 8 bf16 from row `src` at column k0 into smem, zero past K (or for a null row).
-__device__ __forceinline__ void load8(__nv_bfloat16* dst, const __nv_bfloat16* src, int k0, int K) {
-  if (src != nullptr && k0 + 8 <= K && (K % 8) == 0) {
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src + k0);
+// 8 bf16 from row `src` at column k0 into smem, zero past K (or for a null row). vec: K % 8 == 0 and the
+// operands 16-byte aligned, so the copy is one cp.async that stays in flight (zero-filled where there is
+// nothing to read); otherwise a synchronous element copy.
+__device__ __forceinline__ void load8(__nv_bfloat16* dst, const __nv_bfloat16* src, const __nv_bfloat16* any_valid,
+                                      int k0, int K, bool vec) {
+  if (vec) {
+    const bool ok = src != nullptr && k0 + 8 <= K;
+    cp_async16(dst, ok ? src + k0 : any_valid, ok);
     return;
   }
 #pragma unroll
@@ -73,23 +79,55 @@ __device__ __forceinline__ void load8(__nv_bfloat16* dst, const __nv_bfloat16* s
 }
 
 // out tile (t, blockIdx.y) = A[rows of tile t] @ W_e[n0 .. n0+63]^T over K; DUAL: two weights (W1, W3),
-// SiTU(g, u) -> bf16 h [rows, N]; else fp32 out [rows, N].
+// SiTU(g, u) -> bf16 h [rows, N]; else fp32 out [rows, N]. The K steps stream through a ring of kStages
+// stages, kStages - 1 of them in flight while one is multiplied; every output element still sums its K
+// steps in order, so the ring changes when bytes arrive, never a value.
 template <bool DUAL>
 __global__ void __launch_bounds__(128) moe_gemm_kernel(const __nv_bfloat16* a_src, const int32_t* row_token,
                                                        const int32_t* tile_expert, const __nv_bfloat16* w_a,
                                                        const __nv_bfloat16* w_b, void* out, int N, int K, float beta,
-                                                       float beta_linear, bool silu) {
+                                                       float beta_linear, bool silu, bool vec) {
   const int t = blockIdx.x, n0 = blockIdx.y * kTile;
   const int e = tile_expert[t];
   if (e < 0) return;
   extern __shared__ __align__(16) unsigned char smem[];
-  auto* As = reinterpret_cast<__nv_bfloat16*>(smem);          // [64][kLd]
-  auto* Bs = As + kTile * kLd;                                  // [64][kLd]
-  auto* Bs2 = Bs + kTile * kLd;                                 // [64][kLd] (DUAL)
+  constexpr int kOperands = DUAL ? 3 : 2;
+  constexpr int kStageElems = kOperands * kTile * kLd;   // A, B (and B2) of one K step
+  auto* ring = reinterpret_cast<__nv_bfloat16*>(smem);
   const int r0 = t * kTile;
   const __nv_bfloat16* wa = w_a + int64_t(e) * N * K;
   const __nv_bfloat16* wb = DUAL ? w_b + int64_t(e) * N * K : nullptr;
   const int warp = threadIdx.x >> 5, wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+
+  // Each thread's rows are the same at every K step: resolve them once.
+  constexpr int kChunks = kTile * (kK / 8) / 128;   // 8-element chunks per thread and operand
+  const __nv_bfloat16* arow[kChunks];
+  const __nv_bfloat16* brow[kChunks];
+  const __nv_bfloat16* b2row[kChunks];
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int row = (threadIdx.x + i * 128) / (kK / 8);
+    if (row_token != nullptr) {
+      const int tok = row_token[r0 + row];
+      arow[i] = tok >= 0 ? a_src + int64_t(tok) * K : nullptr;
+    } else {
+      arow[i] = a_src + int64_t(r0 + row) * K;
+    }
+    const bool n_ok = n0 + row < N;
+    brow[i] = n_ok ? wa + int64_t(n0 + row) * K : nullptr;
+    b2row[i] = DUAL && n_ok ? wb + int64_t(n0 + row) * K : nullptr;
+  }
+  auto load_step = [&](int stage, int k0) {
+    __nv_bfloat16* As = ring + stage * kStageElems;
+    __nv_bfloat16* Bs = As + kTile * kLd;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = threadIdx.x + i * 128, row = c / (kK / 8), kc = (c % (kK / 8)) * 8;
+      load8(As + row * kLd + kc, arow[i], wa, k0 + kc, K, vec);
+      load8(Bs + row * kLd + kc, brow[i], wa, k0 + kc, K, vec);
+      if (DUAL) load8(Bs + kTile * kLd + row * kLd + kc, b2row[i], wa, k0 + kc, K, vec);
+    }
+  };
 
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2], acc2[2][2];
 #pragma unroll
@@ -100,23 +138,21 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const __nv_bfloat16* a_sr
       if (DUAL) wmma::fill_fragment(acc2[i][j], 0.f);
     }
 
-  for (int k0 = 0; k0 < K; k0 += kK) {
-    // 64 rows x 4 chunks of 8 per operand: 2 chunks per thread.
-    for (int c = threadIdx.x; c < kTile * (kK / 8); c += blockDim.x) {
-      const int row = c / (kK / 8), kc = (c % (kK / 8)) * 8;
-      const __nv_bfloat16* arow;
-      if (row_token != nullptr) {
-        const int tok = row_token[r0 + row];
-        arow = tok >= 0 ? a_src + int64_t(tok) * K : nullptr;
-      } else {
-        arow = a_src + int64_t(r0 + row) * K;
-      }
-      load8(As + row * kLd + kc, arow, k0 + kc, K);
-      const bool n_ok = n0 + row < N;
-      load8(Bs + row * kLd + kc, n_ok ? wa + int64_t(n0 + row) * K : nullptr, k0 + kc, K);
-      if (DUAL) load8(Bs2 + row * kLd + kc, n_ok ? wb + int64_t(n0 + row) * K : nullptr, k0 + kc, K);
-    }
-    __syncthreads();
+  const int steps = (K + kK - 1) / kK;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < steps) load_step(st, st * kK);
+    cp_async_commit();
+  }
+  for (int it = 0; it < steps; ++it) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();   // step `it` is in; every warp is done with the stage the next load overwrites
+    const int next = it + kStages - 1;
+    if (next < steps) load_step(next % kStages, next * kK);
+    cp_async_commit();
+    const __nv_bfloat16* As = ring + (it % kStages) * kStageElems;
+    const __nv_bfloat16* Bs = As + kTile * kLd;
+    const __nv_bfloat16* Bs2 = Bs + kTile * kLd;
 #pragma unroll
     for (int kk = 0; kk < kK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
@@ -136,8 +172,9 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const __nv_bfloat16* a_sr
         }
       }
     }
-    __syncthreads();
   }
+  cp_async_wait<0>();
+  __syncthreads();
   // Epilogue through shared memory (reusing the operand tiles' space and beyond).
   auto* Cs = reinterpret_cast<float*>(smem);          // [64][kCLd]
   auto* Cs2 = Cs + kTile * kCLd;                      // [64][kCLd] (DUAL)
@@ -177,7 +214,7 @@ __global__ void moe_combine_kernel(const float* out, const int32_t* pos_of, cons
 }
 
 size_t gemm_smem(bool dual) {
-  const size_t tiles = size_t(kTile) * kLd * sizeof(__nv_bfloat16) * (dual ? 3 : 2);
+  const size_t tiles = size_t(kStages) * kTile * kLd * sizeof(__nv_bfloat16) * (dual ? 3 : 2);
   const size_t epi = size_t(kTile) * kCLd * sizeof(float) * (dual ? 2 : 1);
   return std::max(tiles, epi);
 }
@@ -228,12 +265,18 @@ void launch_moe_grouped(const MoeArgs& a, void* workspace, cudaStream_t s) {
   K3_CUDA_OK(cudaFuncSetAttribute(moe_gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem1)));
   K3_CUDA_OK(cudaFuncSetAttribute(moe_gemm_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem2)));
   const auto* z = static_cast<const __nv_bfloat16*>(a.z.p);
+  // 16-byte copies where every row starts 16-byte aligned (a property of the shapes and buffers, the
+  // same for every call of a model: the path never depends on the batch).
+  auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec1 = a.Dl % 8 == 0 && al16(z) && al16(a.w1.p) && al16(a.w3.p);
+  const bool vec2 = a.F % 8 == 0 && al16(h) && al16(a.w2.p);
   moe_gemm_kernel<true><<<dim3(tiles_max, (a.F + kTile - 1) / kTile), 128, smem1, s>>>(
       z, row_token, tile_expert, static_cast<const __nv_bfloat16*>(a.w1.p), static_cast<const __nv_bfloat16*>(a.w3.p),
-      h, a.F, a.Dl, a.beta, a.beta_linear, a.silu);
+      h, a.F, a.Dl, a.beta, a.beta_linear, a.silu, vec1);
   K3_CUDA_LAUNCHED("moe_gemm_kernel<w1,w3>");
   moe_gemm_kernel<false><<<dim3(tiles_max, (a.Dl + kTile - 1) / kTile), 128, smem2, s>>>(
-      h, nullptr, tile_expert, static_cast<const __nv_bfloat16*>(a.w2.p), nullptr, out, a.Dl, a.F, 0.f, 0.f, false);
+      h, nullptr, tile_expert, static_cast<const __nv_bfloat16*>(a.w2.p), nullptr, out, a.Dl, a.F, 0.f, 0.f, false,
+      vec2);
   K3_CUDA_LAUNCHED("moe_gemm_kernel<w2>");
   moe_combine_kernel<<<a.M, 256, 0, s>>>(out, pos_of, a.weights, a.y, a.k, a.Dl);
   K3_CUDA_LAUNCHED("moe_combine_kernel");
