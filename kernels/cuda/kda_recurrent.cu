@@ -1,8 +1,9 @@
-// KDA token recurrence (docs/MODEL.md §2.3), the CUDA oracle: one thread block per (sequence, head),
-// thread j owns row j of S[V][K] (shared memory), tokens in order:
+// KDA token recurrence (docs/MODEL.md §2.3). The scalar kernel, for any head size: one thread block per
+// (sequence, head), thread j owns row j of S[V][K] (shared memory), tokens in order:
 // S <- Diag(α) S; u = β(v - Sᵀk); S <- S + k uᵀ; o = Sᵀ q.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -55,10 +56,120 @@ __global__ void kda_recurrent_kernel(KdaArgs a) {
   for (int i = threadIdx.x; i < V * K; i += blockDim.x) state[i] = S[(i / K) * ld + i % K];
 }
 
+// The same recurrence for K = V = D (64 or 128, K3's and Kimi Linear's heads), one block of 2·D
+// threads per (sequence, head) and the state in registers: warp w owns rows [16 w, 16 w + 16), lane l
+// their columns [4 l, 4 l + 4) (D = 128; 2 for D = 64), read once at the start and written once at the
+// end. Per token the block stages q, k, v, the decays and β in shared memory, and each warp updates its
+// rows with two warp reductions a row (s·k, then s·q): the arithmetic of the fused decode kernel's
+// update (kda_decode.cu). It serves decode tokens and the rows of partial blocks in batch-invariant
+// mode, where a few tokens per (sequence, head) move the whole state; the scalar kernel above (a row
+// per thread, the state in shared memory) serves every other head size.
+constexpr int kRecRows = 16;
+
+template <int D>
+__global__ void __launch_bounds__(2 * D) kda_recurrent_rows_kernel(KdaArgs a) {
+  constexpr int NV = D / 32;
+  __shared__ __align__(16) float qs[D], ks[D], vs[D], als[D];
+  __shared__ float beta_s;
+  const int n = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int row0 = warp * kRecRows;
+  float* state = a.state + (int64_t(a.slots[n]) * a.H + h) * int64_t(D) * D;
+  float s[kRecRows][NV];
+#pragma unroll
+  for (int r = 0; r < kRecRows; ++r) {
+    const float* x = state + (row0 + r) * D + lane * NV;
+    if constexpr (NV == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(x);
+      s[r][0] = v.x, s[r][1] = v.y, s[r][2] = v.z, s[r][3] = v.w;
+    } else {
+      const float2 v = *reinterpret_cast<const float2*>(x);
+      s[r][0] = v.x, s[r][1] = v.y;
+    }
+  }
+  const int64_t t0 = a.seq_rows ? a.seq_rows[2 * n] : a.cu_seqlens[n];
+  const int64_t t1 = a.seq_rows ? a.seq_rows[2 * n + 1] : a.cu_seqlens[n + 1];
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t row = t * a.H + h;
+    if (tid < D) {
+      qs[tid] = a.q[row * D + tid];
+      ks[tid] = a.k[row * D + tid];
+    } else {
+      vs[tid - D] = a.v[row * D + tid - D];
+      als[tid - D] = expf(a.g[row * D + tid - D]);
+      if (tid == D) beta_s = a.beta[row];
+    }
+    __syncthreads();
+    float q[NV], k[NV], al[NV];
+#pragma unroll
+    for (int e = 0; e < NV; ++e) {
+      q[e] = qs[lane * NV + e];
+      k[e] = ks[lane * NV + e];
+      al[e] = als[lane * NV + e];
+    }
+    const float beta = beta_s;
+    float kv[kRecRows];
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) {
+      float acc = 0.f;
+#pragma unroll
+      for (int e = 0; e < NV; ++e) acc += s[r][e] * al[e] * k[e];
+      kv[r] = acc;
+    }
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) kv[r] = warp_sum(kv[r]);
+    float ov[kRecRows];
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) {
+      const float u = beta * (vs[row0 + r] - kv[r]);
+      float acc = 0.f;
+#pragma unroll
+      for (int e = 0; e < NV; ++e) {
+        s[r][e] = s[r][e] * al[e] + k[e] * u;
+        acc += s[r][e] * q[e];
+      }
+      ov[r] = acc;
+    }
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) ov[r] = warp_sum(ov[r]);
+    if (lane < kRecRows) {
+      float mine = ov[0];
+#pragma unroll
+      for (int r = 1; r < kRecRows; ++r)
+        if (lane == r) mine = ov[r];
+      a.o.set(row * D + row0 + lane, mine);
+    }
+    const int cs = kda_ckpt_slot(a, n, int(t + 1 - t0));
+    if (cs >= 0) {
+      float* dst = a.ckpt + (int64_t(cs) * a.H + h) * int64_t(D) * D;
+#pragma unroll
+      for (int r = 0; r < kRecRows; ++r)
+#pragma unroll
+        for (int e = 0; e < NV; ++e) dst[(row0 + r) * D + lane * NV + e] = s[r][e];
+    }
+    __syncthreads();   // every warp has read this token's q, k, v before the next token's overwrite them
+  }
+#pragma unroll
+  for (int r = 0; r < kRecRows; ++r)
+#pragma unroll
+    for (int e = 0; e < NV; ++e) state[(row0 + r) * D + lane * NV + e] = s[r][e];
+}
+
+template <int D>
+void launch_rows(const KdaArgs& a, cudaStream_t s) {
+  static_assert(2 * D / 32 * kRecRows == D, "the block's warps cover the D rows");
+  kda_recurrent_rows_kernel<D><<<dim3(a.N, a.H), 2 * D, 0, s>>>(a);
+  K3_CUDA_LAUNCHED("kda_recurrent_rows_kernel");
+}
+
 }  // namespace
 
 void launch_kda_recurrent(const KdaArgs& a, cudaStream_t s) {
   if (a.N == 0 || a.H == 0) return;
+  if (a.K == a.V && (a.K == 64 || a.K == 128)) {
+    if (a.K == 128) launch_rows<128>(a, s);
+    else launch_rows<64>(a, s);
+    return;
+  }
   const int threads = ((a.V + 31) / 32) * 32;
   const size_t smem = (size_t(a.V) * (a.K + 1) + 3 * a.K) * sizeof(float);
   K3_CUDA_OK(cudaFuncSetAttribute(kda_recurrent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
