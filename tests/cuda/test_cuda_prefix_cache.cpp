@@ -1,11 +1,14 @@
 // The prefix cache on the GPU: the engine on CUDA with the cache on gives the tokens of the engine on
 // CUDA with it off (greedy and seeded) over the randomized shared-prefix workload of the CPU test
-// (tests/engine/prefix_workload.h): checkpoints taken inside the chunked KDA pass, copy-on-write slot
-// copies and shared pages all on the device, evictions under a tight budget, every byte back after a
-// flush. Prints SKIPPED where no GPU is visible.
+// (tests/engine/prefix_workload.h): checkpoints taken inside the KDA pass, copy-on-write slot copies and
+// shared pages all on the device, evictions under a tight budget, every byte back after a flush. With
+// k3-tiny (KDA D = 16: the token recurrence), and with K3's head shapes (D = 128: the chunked kernel),
+// in the default mode and in the batch-invariant mode that serving runs (whole aligned blocks chunked,
+// the rest by the recurrence). Prints SKIPPED where no GPU is visible.
 #include <catch2/catch.hpp>
 
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/engine_rig.h"
 #include "tests/engine/prefix_workload.h"
 
 using namespace k3;
@@ -13,4 +16,15 @@ using namespace k3;
 TEST_CASE("prefix cache on CUDA gives the cache-off tokens (randomized workload, 60 requests)", "[cuda][prefix]") {
   K3_GPU_OR_SKIP(bk);
   k3::test::run_prefix_workload(*bk.gpu, DType::BF16, 60);
+}
+
+TEST_CASE("prefix cache on CUDA with K3's head shapes gives the cache-off tokens, both modes (30 requests each)",
+          "[cuda][prefix]") {
+  K3_GPU_OR_SKIP(bk);
+  for (const bool invariant : {false, true}) {
+    INFO("batch-invariant " << invariant);
+    bk.gpu->set_batch_invariant(invariant);
+    k3::test::run_prefix_workload(*bk.gpu, DType::BF16, 30, k3::cudatest::tiny_with_k3_heads());
+  }
+  bk.gpu->set_batch_invariant(false);
 }

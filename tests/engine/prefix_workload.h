@@ -46,9 +46,12 @@ struct PrefixWorkload {
 
 // Runs `total` requests of the workload through two engines on `backend`, cache off and on, and
 // checks the same tokens, real reuse and evictions, and every byte back after a flush. `weights`:
-// F32 on the CPU, BF16 on a GPU (its compute dtype).
-inline void run_prefix_workload(Backend& backend, DType weight_dtype, int total) {
-  ModelConfig cfg = tiny_config("k3-tiny");
+// F32 on the CPU, BF16 on a GPU (its compute dtype). `cfg`: k3-tiny unless given (its vocabulary is
+// replaced by the test's).
+inline void run_prefix_workload(Backend& backend, DType weight_dtype, int total,
+                                ModelConfig cfg = tiny_config("k3-tiny")) {
+  cfg.vocab_size = tiny_config("k3-tiny").vocab_size;
+  cfg.eos_token_ids.clear();
   WeightStore weights = random_weights(cfg, 21, weight_dtype);
   EngineOptions off = engine_options(/*chunk=*/128, /*max_seqs=*/4);
   off.cache.num_pages = 256;

@@ -18,6 +18,16 @@ TEST_CASE("prefix cache on gives the cache-off tokens (randomized workload, 120 
   run_prefix_workload(*backend, DType::F32, 120);
 }
 
+// The chunk-invariant paths with K3's KDA heads (D = 128): whole 64-token blocks through the chunked form,
+// checkpoints written by it, the rows of partial blocks by the recurrence (engine/kda_heads.h).
+TEST_CASE("prefix cache on gives the cache-off tokens on the chunk-invariant paths with K3's KDA heads", "[prefix]") {
+  auto backend = make_cpu_backend({.threads = 2, .chunk_invariant = true});
+  ModelConfig cfg = tiny_config("k3-tiny");
+  cfg.kda.num_heads = 2;
+  cfg.kda.head_dim = 128;
+  run_prefix_workload(*backend, DType::F32, 40, cfg);
+}
+
 TEST_CASE("prefix cache on gives the cache-off tokens (2,000 requests)", "[.long]") {
   auto backend = make_cpu_backend({.threads = 2});
   run_prefix_workload(*backend, DType::F32, 2000);
