@@ -22,6 +22,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_decode_conv.cuh"
+#include "kernels/cuda/kda_rows.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -123,46 +124,14 @@ __device__ __forceinline__ void update_rows(const float* st, float* dst, const f
                                             int64_t o_at, const float (&q)[D / 32], const float (&k)[D / 32],
                                             const float (&alpha)[D / 32], int lane) {
   constexpr int NV = D / 32;
-  static_assert(kRowsPerWarp <= 32, "one lane per row writes o");
-  // Two passes over the rows (shared memory is cheap to re-read): s·k for all the rows first so
-  // their warp reductions overlap, then the update, the store and s·q.
-  float kvr[kRowsPerWarp];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const float* x = st + r * D + lane * NV;
-    float acc = 0.f;
-#pragma unroll
-    for (int e = 0; e < NV; ++e) acc += x[e] * alpha[e] * k[e];
-    kvr[r] = acc;
-  }
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) kvr[r] = warp_sum(kvr[r]);
-  float ov[kRowsPerWarp];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const float* x = st + r * D + lane * NV;
-    const float u = beta * (vv[r] - kvr[r]);
-    float v[NV];
-    float acc = 0.f;
-#pragma unroll
-    for (int e = 0; e < NV; ++e) {
-      v[e] = x[e] * alpha[e] + k[e] * u;
-      acc += v[e] * q[e];
-    }
-    ov[r] = acc;
+  auto elem = [&](int r, int e) { return st[r * D + lane * NV + e]; };
+  auto put = [&](int r, const float (&v)[NV]) {
     float* d = dst + r * D + lane * NV;
     if constexpr (NV == 4) __stcs(reinterpret_cast<float4*>(d), make_float4(v[0], v[1], v[2], v[3]));
     else __stcs(reinterpret_cast<float2*>(d), make_float2(v[0], v[1]));
-  }
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) ov[r] = warp_sum(ov[r]);
-  if (lane < kRowsPerWarp) {
-    float mine = ov[0];
-#pragma unroll
-    for (int r = 1; r < kRowsPerWarp; ++r)
-      if (lane == r) mine = ov[r];
-    o.set(o_at + lane, mine);
-  }
+  };
+  const float mine = kda_rows_step<NV, kRowsPerWarp>(elem, put, vv, beta, q, k, alpha, lane);
+  if (lane < kRowsPerWarp) o.set(o_at + lane, mine);
 }
 
 template <int D>

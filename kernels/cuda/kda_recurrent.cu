@@ -3,7 +3,7 @@
 // S <- Diag(α) S; u = β(v - Sᵀk); S <- S + k uᵀ; o = Sᵀ q.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/kda_rows.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -60,8 +60,7 @@ __global__ void kda_recurrent_kernel(KdaArgs a) {
 // threads per (sequence, head) and the state in registers: warp w owns rows [16 w, 16 w + 16), lane l
 // their columns [4 l, 4 l + 4) (D = 128; 2 for D = 64), read once at the start and written once at the
 // end. Per token the block stages q, k, v, the decays and β in shared memory, and each warp updates its
-// rows with two warp reductions a row (s·k, then s·q): the arithmetic of the fused decode kernel's
-// update (kda_decode.cu). It serves decode tokens and the rows of partial blocks in batch-invariant
+// rows by the fused decode kernel's step (kda_rows.cuh). It serves decode tokens and the rows of partial blocks in batch-invariant
 // mode, where a few tokens per (sequence, head) move the whole state; the scalar kernel above (a row
 // per thread, the state in shared memory) serves every other head size.
 constexpr int kRecRows = 16;
@@ -107,37 +106,13 @@ __global__ void __launch_bounds__(2 * D) kda_recurrent_rows_kernel(KdaArgs a) {
       al[e] = als[lane * NV + e];
     }
     const float beta = beta_s;
-    float kv[kRecRows];
+    auto elem = [&](int r, int e) { return s[r][e]; };
+    auto put = [&](int r, const float (&v)[NV]) {
 #pragma unroll
-    for (int r = 0; r < kRecRows; ++r) {
-      float acc = 0.f;
-#pragma unroll
-      for (int e = 0; e < NV; ++e) acc += s[r][e] * al[e] * k[e];
-      kv[r] = acc;
-    }
-#pragma unroll
-    for (int r = 0; r < kRecRows; ++r) kv[r] = warp_sum(kv[r]);
-    float ov[kRecRows];
-#pragma unroll
-    for (int r = 0; r < kRecRows; ++r) {
-      const float u = beta * (vs[row0 + r] - kv[r]);
-      float acc = 0.f;
-#pragma unroll
-      for (int e = 0; e < NV; ++e) {
-        s[r][e] = s[r][e] * al[e] + k[e] * u;
-        acc += s[r][e] * q[e];
-      }
-      ov[r] = acc;
-    }
-#pragma unroll
-    for (int r = 0; r < kRecRows; ++r) ov[r] = warp_sum(ov[r]);
-    if (lane < kRecRows) {
-      float mine = ov[0];
-#pragma unroll
-      for (int r = 1; r < kRecRows; ++r)
-        if (lane == r) mine = ov[r];
-      a.o.set(row * D + row0 + lane, mine);
-    }
+      for (int e = 0; e < NV; ++e) s[r][e] = v[e];
+    };
+    const float mine = kda_rows_step<NV, kRecRows>(elem, put, vs + row0, beta, q, k, al, lane);
+    if (lane < kRecRows) a.o.set(row * D + row0 + lane, mine);
     const int cs = kda_ckpt_slot(a, n, int(t + 1 - t0));
     if (cs >= 0) {
       float* dst = a.ckpt + (int64_t(cs) * a.H + h) * int64_t(D) * D;
