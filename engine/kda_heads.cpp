@@ -51,7 +51,8 @@ void run_kda_heads(Backend& be, const KdaHeadsStep& s) {
   const ops::KdaParams all{.q = q.reshape({R, H, D}), .k = k.reshape({R, H, D}), .v = v.reshape({R, H, D}), .g = g,
                            .beta = beta, .state = state, .slots = s.slots, .cu_seqlens = cu, .o = s.o,
                            .chunk_size = kKdaChunkTokens, .checkpoints = ckpt ? state : Tensor(),
-                           .checkpoint_slots = s.checkpoint_slots, .checkpoint_interval = ckpt ? s.checkpoint_interval : 0,
+                           .checkpoint_slots = s.checkpoint_slots,
+                           .checkpoint_interval = ckpt ? s.checkpoint_interval : 0,
                            .bounded_gate = gate_form(cfg) == ops::GateForm::LowerBoundedSigmoid};
   if (!be.chunk_invariant()) {
     be.kda_chunk(all);

@@ -60,9 +60,10 @@ __global__ void kda_recurrent_kernel(KdaArgs a) {
 // threads per (sequence, head) and the state in registers: warp w owns rows [16 w, 16 w + 16), lane l
 // their columns [4 l, 4 l + 4) (D = 128; 2 for D = 64), read once at the start and written once at the
 // end. Per token the block stages q, k, v, the decays and β in shared memory, and each warp updates its
-// rows by the fused decode kernel's step (kda_rows.cuh). It serves decode tokens and the rows of partial blocks in batch-invariant
-// mode, where a few tokens per (sequence, head) move the whole state; the scalar kernel above (a row
-// per thread, the state in shared memory) serves every other head size.
+// rows by the fused decode kernel's step (kda_rows.cuh). It serves decode tokens and the rows of
+// partial blocks in batch-invariant mode, where a few tokens per (sequence, head) move the whole
+// state; the scalar kernel above (a row per thread, the state in shared memory) serves every other
+// head size. A sequence with no rows in the call still reads and writes back its state unchanged.
 constexpr int kRecRows = 16;
 
 template <int D>
