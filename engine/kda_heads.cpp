@@ -77,15 +77,9 @@ void run_kda_heads(Backend& be, const KdaHeadsStep& s) {
     }
     return p;
   };
-  if (ckpt) {
-    // Checkpoints fall at multiples of 64 from each item's first row; they are block ends only when
-    // that row starts a block, which a resumed prefix always does.
-    for (int64_t i = 0; i < n; ++i)
-      K3_CHECK(parts.head[static_cast<size_t>(2 * i + 1)] == parts.head[static_cast<size_t>(2 * i)],
-               "run_kda_heads: KDA checkpoints need each item to start at a multiple of " +
-                   std::to_string(kKdaChunkTokens) + " tokens on a chunk-invariant backend (item " +
-                   std::to_string(i) + " starts at " + std::to_string(s.positions[static_cast<size_t>(i)]) + ")");
-  }
+  // Checkpoints fall at multiples of 64 from each item's first row, and go with the whole blocks, whose
+  // ranges start there when the item starts a block: the caller asks checkpoints only of such items
+  // (Model::kda_layer checks it).
   if (parts.any_head) be.kda_recurrent(with_rows(parts.head, false));
   if (parts.any_blocks) be.kda_chunk(with_rows(parts.blocks, ckpt));
   if (parts.any_tail) be.kda_recurrent(with_rows(parts.tail, false));

@@ -32,7 +32,8 @@ struct KdaHeadsStep {
   // Host copies for a chunk-invariant backend (below): each item's position of its first row (tokens
   // already cached) and its row count. Empty for single_token_decode.
   std::vector<int64_t> positions, lengths;
-  // The chunked form's checkpoints ([n, width] state rows, -1 = none; empty: none).
+  // The chunked form's checkpoints ([n, width] state rows, -1 = none; empty: none). On a chunk-invariant
+  // backend only items whose first row sits at a multiple of 64 tokens may have any.
   Tensor checkpoint_slots;
   int64_t checkpoint_interval = 0;
   Tensor o;                  // [R, H, D] out

@@ -178,6 +178,11 @@ void Model::kda_layer(int l, std::span<const BatchItem> batch, const Tensor& x, 
         for (const KdaCheckpoint& c : batch[i].checkpoints) {
           const int64_t o = c.pos - batch[i].seq->num_tokens;
           K3_CHECK(o > 0 && o % kKdaChunkTokens == 0, "KDA checkpoint at " + std::to_string(c.pos) + " is not a chunk end of this step");
+          // A chunk-invariant backend chunks only whole blocks at absolute multiples of 64 (kda_heads.h).
+          K3_CHECK(!backend_.chunk_invariant() || batch[i].seq->num_tokens % kKdaChunkTokens == 0,
+                   "KDA checkpoint at " + std::to_string(c.pos) + ": on a chunk-invariant backend a step with checkpoints "
+                   "must start its sequence at a multiple of " + std::to_string(kKdaChunkTokens) + " tokens (it starts at " +
+                   std::to_string(batch[i].seq->num_tokens) + ")");
           table[static_cast<size_t>(i * width + o / kKdaChunkTokens - 1)] = caches.state_row(c.slot);
         }
       ckpt_table = backend_.from_host(Tensor::from_i32({n, width}, table), DType::I32);

@@ -107,3 +107,23 @@ TEST_CASE("chunk-invariant mode with the chunked KDA form: cuts at multiples of 
     }
   }
 }
+
+TEST_CASE("chunk-invariant mode refuses KDA checkpoints for a step that starts off the 64-token grid", "[engine]") {
+  const ModelConfig cfg = tiny_with_k3_kda_heads("k3-tiny");
+  const WeightStore w = random_weights(cfg, 9, DType::F32);
+  auto be = make_cpu_backend({.threads = 2, .chunk_invariant = true});
+  EngineOptions o = engine_options();
+  o.cache.checkpoint_slots = 1;
+  auto e = Engine::create(*be, cfg, w, o).value();
+  std::mt19937 rng(7);
+  const auto toks = random_tokens(rng, 100, cfg.vocab_size);
+  SeqCache s = e->open().value();
+  (void)e->prefill(s, std::span<const int32_t>(toks.data(), 10)).value();
+  const int slot = e->caches().alloc_slot().value();
+  // 64 tokens after the step's start, so a chunk end of the step, but not an absolute multiple of 64.
+  const std::vector<KdaCheckpoint> plan{{.pos = 74, .slot = slot}};
+  CHECK_THROWS_WITH(e->prefill_planned_on_backend(s, toks, plan, 90),
+                    Catch::Contains("must start its sequence at a multiple of 64") && Catch::Contains("starts at 10"));
+  e->caches().free_slot(slot);
+  e->close(s);
+}
