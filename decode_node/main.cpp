@@ -259,6 +259,8 @@ int main(int argc, char** argv) {
   BackendChoice bc;
   app.add_option("--backend", bc.kind, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--device", bc.device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
+  std::string kernels = "invariant";
+  app.add_option("--kernels", kernels, kKernelsFlagHelp)->check(CLI::IsMember({"invariant", "fast"}));
   app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval; the router's --heartbeat-ms or less (default 200, the router's default)")->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-misses", hb_misses, "missed heartbeats before a peer is dead (default 3)")
       ->check(CLI::PositiveNumber);
@@ -336,6 +338,7 @@ int main(int argc, char** argv) {
   auto weights = load_weights(model_dir, *cfg);
   if (!weights.is_ok()) return fail(weights.status());
   bc.threads = threads;
+  if (Status st = set_kernels(bc, kernels); !st.is_ok()) return fail(st);
   auto backend = make_backend(bc);
   if (!backend.is_ok()) return fail(backend.status());
   if (cache_in_pool && no_cache_in_pool) return fail(invalid_argument("--cache-in-pool and --no-cache-in-pool: give one"));

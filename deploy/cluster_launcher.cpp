@@ -167,6 +167,7 @@ Status Launcher::start() {
 
   // Decode ranks next: the prefill stages need their endpoints. A rank group's leader binds the group's
   // communicator (GROUP line) and waits for its members before it connects anywhere (READY line).
+  const std::vector<std::string> kernels = kernels_flags(spec_);
   std::vector<std::string> decode_eps;
   uint32_t global_ranks = 0;
   for (const auto& d : decodes) global_ranks += static_cast<uint32_t>(d.group_size());
@@ -178,6 +179,7 @@ Status Launcher::start() {
                                      "--bind", "tcp://" + spec_.bind_host + ":*", "--interface", spec_.reachable_host(),
                                      "--metrics-listen", spec_.bind_host + ":0"};
     if (spec_.backend == "cuda") args.insert(args.end(), {"--device", std::to_string(d.device_of(0))});
+    args.insert(args.end(), kernels.begin(), kernels.end());
     args.insert(args.end(), advertise.begin(), advertise.end());
     const std::vector<std::string> group = group_args(d);
     args.insert(args.end(), group.begin(), group.end());
@@ -192,6 +194,7 @@ Status Launcher::start() {
                                           "--log-level", log_level_, "--group-rank", std::to_string(i),
                                           "--group-endpoint", group_ep};
         if (spec_.backend == "cuda") margs.insert(margs.end(), {"--device", std::to_string(d.device_of(i))});
+        margs.insert(margs.end(), kernels.begin(), kernels.end());
         margs.insert(margs.end(), group.begin(), group.end());
         K3_TRY(spawn("decode/" + d.instance + "/" + std::to_string(i), "k3-decode", margs, "decode/" + d.instance).status());
       }
@@ -219,6 +222,7 @@ Status Launcher::start() {
       args.insert(args.end(), {"--router-endpoint", control, "--threads", threads, "--backend", spec_.backend, "--heartbeat-ms", hb,
                                 "--heartbeat-misses", misses, "--log-level", log_level_});
       if (!partition.empty()) args.insert(args.end(), {"--partition", partition});
+      args.insert(args.end(), kernels.begin(), kernels.end());
       const std::vector<std::string> prefix = prefix_cache_args(p);
       const std::vector<std::string> stream = stream_args(p);
       const std::vector<std::string> region = prefill_memory_args(p);

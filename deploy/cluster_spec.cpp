@@ -70,11 +70,16 @@ std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec) {
   return out;
 }
 
+std::vector<std::string> kernels_flags(const ClusterSpec& spec) {
+  if (spec.kernels == "invariant") return {};
+  return {"--kernels", spec.kernels};
+}
+
 Result<ClusterSpec> parse_cluster_spec(const json& j) {
   ClusterSpec s;
   if (!j.is_object()) return bad("(top level)", "must be a JSON object");
-  K3_TRY(known_keys(j, "", {"model", "generate", "router", "prefill", "decode", "threads", "backend", "timeouts", "restart",
-                            "network"}));
+  K3_TRY(known_keys(j, "", {"model", "generate", "router", "prefill", "decode", "threads", "backend", "kernels",
+                            "timeouts", "restart", "network"}));
   if (j.contains("network")) {
     const json& n = j.at("network");
     if (!n.is_object()) return bad("network", "must be an object");
@@ -89,6 +94,9 @@ Result<ClusterSpec> parse_cluster_spec(const json& j) {
   K3_TRY(get_int(j, "", "threads", s.threads, 0, 1024));
   K3_TRY(get_string(j, "", "backend", s.backend));
   if (s.backend != "cpu" && s.backend != "cuda") return bad("backend", "must be \"cpu\" or \"cuda\", got \"" + s.backend + "\"");
+  K3_TRY(get_string(j, "", "kernels", s.kernels));
+  if (s.kernels != "invariant" && s.kernels != "fast")
+    return bad("kernels", "must be \"invariant\" or \"fast\", got \"" + s.kernels + "\"");
   if (j.contains("generate")) {
     const json& g = j.at("generate");
     if (!g.is_object()) return bad("generate", "must be an object");

@@ -25,6 +25,10 @@
 //   "threads": 1,                        CPU threads per node process (0 = all cores)
 //   "backend": "cpu",                    node compute backend: "cpu" (fp32) or "cuda" (bf16, GPU 0);
 //                                        every node uses the same one (the cache bytes must agree)
+//   "kernels": "invariant",              cuda kernels: "invariant" (a request's tokens depend neither on its
+//                                        batch nor on its prompt's cuts at multiples of 64: k3-generate's
+//                                        tokens) or "fast" (about twice the prefill and large-batch decode
+//                                        speed; tokens may change with the batch)
 //   "timeouts": {"heartbeat_ms": 200, "heartbeat_misses": 3, "claim_ms": 5000, "startup_s": 180,
 //                "shutdown_ms": 5000},
 //   "restart": {"enabled": true, "initial_backoff_ms": 200, "max_backoff_ms": 10000, "stable_ms": 30000,
@@ -94,6 +98,7 @@ struct ClusterSpec {
   std::vector<DecodeSpec> decode;
   int threads = 1;
   std::string backend = "cpu";  // "cpu" | "cuda": passed to every k3-prefill / k3-decode as --backend
+  std::string kernels = "invariant";  // "invariant" | "fast": every node's --kernels (passed when "fast")
   std::string bind_host = "127.0.0.1";  // what node sockets bind (network.bind_host)
   std::string advertise_host;           // what peers are told (network.advertise_host); empty: bind_host
   // The address peers reach nodes at, which is also the UCX interface.
@@ -126,6 +131,9 @@ struct DecodeProcess {
 // The decode DP ranks of a spec, in rank order ("<id>" for one rank, "<id>-<r>" for several); global
 // ranks advance by each group's size.
 std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec);
+// The --kernels flag every k3-prefill / k3-decode of the spec gets: none for the default, invariant (so
+// command lines stay as they were), else {"--kernels", kernels}.
+std::vector<std::string> kernels_flags(const ClusterSpec& spec);
 
 Result<ClusterSpec> parse_cluster_spec(const nlohmann::json& j);
 Result<ClusterSpec> load_cluster_spec(const std::string& path);

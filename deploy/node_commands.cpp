@@ -81,6 +81,8 @@ void add_node_common(std::vector<std::string>& a, const ClusterSpec& spec, const
                      ctx.backend.empty() ? spec.backend : ctx.backend, "--heartbeat-ms",
                      std::to_string(spec.heartbeat_ms), "--heartbeat-misses", std::to_string(spec.heartbeat_misses),
                      "--log-level", ctx.log_level, "--interface", ctx.address});
+  const std::vector<std::string> kernels = kernels_flags(spec);
+  a.insert(a.end(), kernels.begin(), kernels.end());
 }
 
 const std::string& bind_of(const NodeContext& ctx) { return ctx.bind_address.empty() ? ctx.address : ctx.bind_address; }

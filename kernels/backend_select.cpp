@@ -10,6 +10,13 @@ Status validate(const BackendChoice& c) {
   return Status::ok();
 }
 
+Status set_kernels(BackendChoice& c, const std::string& kernels) {
+  if (kernels != "invariant" && kernels != "fast")
+    return invalid_argument("kernels: expected 'invariant' or 'fast', got '" + kernels + "'");
+  c.batch_invariant = kernels == "invariant";
+  return Status::ok();
+}
+
 Result<std::unique_ptr<Backend>> make_backend(const BackendChoice& c) {
   K3_TRY(validate(c));
   if (c.kind == "cpu") return make_cpu_backend({.threads = c.threads});

@@ -22,6 +22,14 @@ struct BackendChoice {
 // Help text for the flags, shared by every role's command line.
 inline constexpr const char* kBackendFlagHelp = "compute backend: cpu (fp32 reference) or cuda (bf16 on one GPU)";
 inline constexpr const char* kDeviceFlagHelp = "CUDA device ordinal for --backend cuda";
+inline constexpr const char* kKernelsFlagHelp =
+    "cuda kernels: invariant (default: a request's tokens depend neither on the batch it shares nor on how "
+    "its prompt was cut at multiples of 64, so a cluster gives k3-generate's tokens) or fast (cuBLASLt GEMMs "
+    "and the kernel forms picked per call: about twice the prefill and large-batch decode speed, tokens that "
+    "may change with the batch); the cpu backend's kernels are invariant either way";
+
+// "invariant" | "fast" -> BackendChoice::batch_invariant; names the value otherwise.
+Status set_kernels(BackendChoice& c, const std::string& kernels);
 
 // Checks the kind's spelling and the device ordinal; names the field.
 Status validate(const BackendChoice& c);

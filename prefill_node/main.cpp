@@ -128,6 +128,8 @@ int main(int argc, char** argv) {
   BackendChoice bc;
   app.add_option("--backend", bc.kind, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--device", bc.device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
+  std::string kernels = "invariant";
+  app.add_option("--kernels", kernels, kKernelsFlagHelp)->check(CLI::IsMember({"invariant", "fast"}));
   app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval; the router's --heartbeat-ms or less (default 200, the router's default)")->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-misses", hb_misses, "missed heartbeats before a peer is dead (default 3)")
       ->check(CLI::PositiveNumber);
@@ -192,6 +194,7 @@ int main(int argc, char** argv) {
   auto weights = load_weights(model_dir, *cfg, begin, begin + o.partition[o.stage]);
   if (!weights.is_ok()) return fail(weights.status());
   bc.threads = threads;
+  if (Status st = set_kernels(bc, kernels); !st.is_ok()) return fail(st);
   o.cuda_device = bc.device;
   o.cache.region_bytes = static_cast<uint64_t>(cache_region_mib * (1 << 20));
   if (source_arena_mib >= 0) o.source_arena_bytes = static_cast<int64_t>(source_arena_mib * (1 << 20));

@@ -33,7 +33,9 @@ Result<std::unique_ptr<LocalEngineService>> LocalEngineService::create(const Mod
   s->tokenizer_ = std::move(tokenizer);
   s->weights_ = std::move(weights);
   s->vocab_bytes_ = grammar::TokenVocab::from_tokenizer(*s->tokenizer_);
-  K3_ASSIGN_OR_RETURN(s->backend_, make_backend({.kind = opts.backend, .device = opts.device, .threads = opts.threads}));
+  BackendChoice bc{.kind = opts.backend, .device = opts.device, .threads = opts.threads};
+  K3_TRY(set_kernels(bc, opts.kernels));
+  K3_ASSIGN_OR_RETURN(s->backend_, make_backend(bc));
   EngineOptions eo;
   eo.prefill_chunk = opts.prefill_chunk;
   eo.top_logits = 0;

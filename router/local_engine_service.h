@@ -35,6 +35,7 @@ struct LocalEngineOptions {
   int threads = 0;           // CPU backend threads (0 = all cores)
   std::string backend = "cpu";  // "cpu" | "cuda" (kernels/backend_select.h)
   int device = 0;               // CUDA device ordinal
+  std::string kernels = "invariant";  // "invariant" | "fast" (kernels/backend_select.h, kKernelsFlagHelp)
   int page_size = 16;
   // Prefix cache: on when checkpoint_slots > 0 (KDA slots for checkpoints beside max_running).
   int prefix_checkpoint_slots = 0;

@@ -79,6 +79,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads for the engine (0 = all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--backend", backend, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--device", device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
+  std::string kernels = "invariant";
+  app.add_option("--kernels", kernels, kKernelsFlagHelp)->check(CLI::IsMember({"invariant", "fast"}));
   app.add_option("--prefill-chunk", prefill_chunk, "prompt tokens per prefill forward (0 = whole prompt)")->check(CLI::NonNegativeNumber);
   int prefix_slots = 0, prefix_block = 256, prefix_every = 1;
   double prefix_budget_mb = 0;
@@ -170,7 +172,7 @@ int main(int argc, char** argv) {
     if (cluster_endpoint.empty()) {
       auto local = LocalEngineService::open(model_dir, {.max_running = max_running, .max_queue = max_queue,
                                                         .prefill_chunk = prefill_chunk, .threads = threads,
-                                                        .backend = backend, .device = device,
+                                                        .backend = backend, .device = device, .kernels = kernels,
                                                         .prefix_checkpoint_slots = prefix_slots,
                                                         .prefix_block_tokens = prefix_block,
                                                         .prefix_checkpoint_every = prefix_every,

@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", bc.threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
   app.add_option("--backend", bc.kind, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--device", bc.device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
+  std::string kernels = "invariant";
+  app.add_option("--kernels", kernels, kKernelsFlagHelp)->check(CLI::IsMember({"invariant", "fast"}));
   app.add_option("--prefill-chunk", chunk, "prefill chunk size in tokens (0 = whole prompt)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-logits", top_n, "top logits recorded per step in --json output")->check(CLI::Range(0, 100));
   app.add_flag("--ignore-eos", ignore_eos, "do not stop at the tokenizer's end-of-sequence tokens");
@@ -90,6 +92,7 @@ int main(int argc, char** argv) {
   app.add_option("--prompts-file", prompts_file, "with --logits-out: a JSON array of token-id arrays, run as one batch");
   app.add_flag("--json", json, "print one JSON object: tokens, text, per-step top logits, tokens/s");
   CLI11_PARSE(app, argc, argv);
+  if (Status st = set_kernels(bc, kernels); !st.is_ok()) return fail(st);
   if (!prompts_file.empty()) {
     if (logits_out.empty()) return fail(invalid_argument("--prompts-file needs --logits-out"));
     if (!prompt.empty() || !prompt_ids.empty() || !messages_file.empty())

@@ -110,6 +110,8 @@ TEST_CASE("cluster spec: every bad field is named", "[cluster_e2e]") {
       {[](json& j) { j["threads"] = -1; }, "threads"},
       {[](json& j) { j["backend"] = "tpu"; }, "backend"},
       {[](json& j) { j["backend"] = 1; }, "backend"},
+      {[](json& j) { j["kernels"] = "quick"; }, "kernels"},
+      {[](json& j) { j["kernels"] = true; }, "kernels"},
       {[](json& j) { j["extra"] = true; }, "extra"},
   };
   for (const auto& c : cases) {

@@ -53,6 +53,7 @@ TEST_CASE("the rendered command lines carry every flag k3-cluster passes its chi
                                               {"prefix_cache", {{"slots", 2}, {"budget_mb", 1}}}}})},
                     {"decode", json::array({{{"id", "d"}, {"ranks", 1}, {"max_requests", 10}}})},
                     {"threads", 1},
+                    {"kernels", "fast"},   // every node gets --kernels fast (the CPU backend's kernels ignore it)
                     {"timeouts", {{"heartbeat_ms", 250}, {"heartbeat_misses", 4}, {"claim_ms", 4000}}}};
   std::ofstream(dir + "/spec.json") << raw.dump(2);
   auto launched = test::launch_cluster(dir + "/spec.json", std::chrono::seconds(300), {"--log-level", "info"});
@@ -75,6 +76,10 @@ TEST_CASE("the rendered command lines carry every flag k3-cluster passes its chi
     const Flags local = flags_of(cmdline(launched.pids.at(p.name)));
     const Flags rendered = flags_of(deploy::node_command(*spec, deploy::PortLayout{}, p, ctx));
     REQUIRE(!local.empty());
+    if (p.kind != deploy::NodeProcess::Kind::Router) {   // the spec's kernels reach every node, and it started
+      REQUIRE(local.count("--kernels"));
+      CHECK(local.at("--kernels") == std::vector<std::string>{"fast"});
+    }
     for (const auto& [flag, values] : local) {
       INFO(flag);
       REQUIRE(rendered.count(flag));

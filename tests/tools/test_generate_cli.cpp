@@ -79,6 +79,15 @@ TEST_CASE("k3-generate names bad input", "[cli]") {
   r = run_command(kBin + "/k3-generate --model " + model + " --prompt hi --backend tpu 2>&1");
   REQUIRE(r.exit_code != 0);
   REQUIRE_THAT(r.out, Catch::Contains("--backend"));
+  r = run_command(kBin + "/k3-generate --model " + model + " --prompt-ids 1,2 --kernels quick 2>&1");
+  REQUIRE(r.exit_code != 0);
+  REQUIRE_THAT(r.out, Catch::Contains("--kernels") && Catch::Contains("quick"));
+  // The cpu backend's kernels are invariant either way: --kernels fast gives the same tokens there.
+  const auto dflt = run_command(kBin + "/k3-generate --model " + model + " --prompt-ids 1,2,3 --max-tokens 4 2>&1");
+  r = run_command(kBin + "/k3-generate --model " + model + " --prompt-ids 1,2,3 --max-tokens 4 --kernels fast 2>&1");
+  REQUIRE(dflt.exit_code == 0);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.substr(0, r.out.find("prompt ")) == dflt.out.substr(0, dflt.out.find("prompt ")));
   // Without a GPU (or without CUDA in the build) --backend cuda fails and says why; with one it runs.
   r = run_command(kBin + "/k3-generate --model " + model + " --prompt hi --max-tokens 2 --backend cuda 2>&1");
   if (r.exit_code != 0) REQUIRE_THAT(r.out, Catch::Contains("backend cuda (device 0) is unavailable"));
