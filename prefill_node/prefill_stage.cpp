@@ -79,6 +79,7 @@ Result<std::unique_ptr<PrefillStage>> PrefillStage::create(const PrefillStageOpt
   if (opts.stage > 0 && opts.listen_endpoint.empty())
     return invalid_argument("--listen is required on every stage but the first");
   std::unique_ptr<PrefillStage> s(new PrefillStage(opts, backend));
+  protocol::metric::report_kernels(s->metrics_, backend.name(), backend.batch_invariant());
   s->cfg_ = cfg;
   s->begin_ = stage_begin(opts.partition, opts.stage);
   s->end_ = s->begin_ + opts.partition[opts.stage];

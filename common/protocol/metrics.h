@@ -77,6 +77,12 @@ inline constexpr const char* kRegionBytes = "k3_transfer_region_bytes";     // g
 inline constexpr const char* kSourceBytes = "k3_transfer_source_bytes_total"; // label memory
 inline constexpr const char* kPlannedPuts = "k3_transfer_planned_puts_total";
 inline constexpr const char* kGatheredPuts = "k3_transfer_gathered_puts_total";
+// gauge, label backend: 1 where the node's kernels are batch-invariant (--kernels invariant; the cpu
+// backend always), 0 under --kernels fast. Set once at start by k3-prefill and k3-decode.
+inline constexpr const char* kKernelsInvariant = "k3_kernels_invariant";
+inline void report_kernels(MetricsRegistry& m, const std::string& backend, bool invariant) {
+  m.gauge(kKernelsInvariant, {{"backend", backend}}, "1: batch-invariant kernels, 0: --kernels fast").set(invariant ? 1 : 0);
+}
 
 void count_bytes(MetricsRegistry* m, uint64_t bytes);
 void count_transfer(MetricsRegistry* m);

@@ -52,6 +52,7 @@ TEST_CASE("k3-prefill and k3-decode serve their own /metrics with --metrics-list
   CHECK(k3::test::metric_or(d, "k3_transfer_bytes_total") > 0);
   CHECK(k3::test::metric_or(d, "k3_transfer_region_bytes{memory=\"host\",region=\"0\"}") > 0);
   CHECK(d.count("k3_transfer_source_bytes_total{memory=\"host\"}") == 0);   // decode puts nothing
+  CHECK(k3::test::metric_or(d, "k3_kernels_invariant{backend=\"cpu\"}") == 1);   // the cpu backend's always are
 
   // The stage's arena (256 MiB by default on the host) is whole again once the request let go of its image.
   const double arena = 256.0 * (1 << 20);
@@ -64,6 +65,7 @@ TEST_CASE("k3-prefill and k3-decode serve their own /metrics with --metrics-list
   CHECK(k3::test::metric_or(p, "k3_transfer_source_bytes_total{memory=\"host\"}") > 0);
   CHECK(k3::test::metric_or(p, "k3_transfer_source_arena_overflow_total") == 0);
   CHECK(p.count("k3_transfer_region_bytes{memory=\"host\",region=\"0\"}") == 0);   // prefill receives nothing
+  CHECK(k3::test::metric_or(p, "k3_kernels_invariant{backend=\"cpu\"}") == 1);
 
   const auto bad = k3::test::run_command(kBin + "/k3-decode --model '" + model + "' --metrics-listen nonsense 2>&1");
   CHECK(bad.exit_code != 0);
