@@ -51,7 +51,6 @@ Result<std::unique_ptr<DecodeRank>> DecodeRank::create(const DecodeRankOptions& 
     return invalid_argument("--max-requests (" + std::to_string(opts.cache.max_seqs) + ") must be >= --pool-slots (" +
                             std::to_string(opts.num_slots) + ")");
   std::unique_ptr<DecodeRank> d(new DecodeRank(opts, backend));
-  protocol::metric::report_kernels(d->metrics_, backend.name(), backend.batch_invariant());
   d->cfg_ = cfg;
   K3_ASSIGN_OR_RETURN(d->layout_, cache_layout(cfg, backend));
   EngineOptions eo;

@@ -67,6 +67,7 @@ class DecodeRank {
 
   // Everything this node counts (k3-decode / k3-prefill --metrics-listen serve it).
   const protocol::MetricsRegistry& metrics() const { return metrics_; }
+  protocol::MetricsRegistry& metrics() { return metrics_; }
   size_t num_running() const { return running_.size(); }
   // Capacity and free room of the transfer pool and the decode cache (the router's admission input).
   protocol::DecodeRoom room();

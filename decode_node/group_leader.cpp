@@ -33,7 +33,6 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
                             to_string(opts.layout));
   K3_TRY(validate_rank_layout(opts.layout, cfg));
   std::unique_ptr<GroupLeader> d(new GroupLeader(opts, backend, comm));
-  protocol::metric::report_kernels(d->metrics_, backend.name(), backend.batch_invariant());
   d->cfg_ = cfg;
   K3_ASSIGN_OR_RETURN(d->full_layout_, cache_layout(cfg, backend));
   for (int i = 0; i < opts.layout.dcp && opts.layout.dcp > 1; ++i) {

@@ -80,6 +80,7 @@ class GroupLeader {
 
   // Everything this node counts (k3-decode / k3-prefill --metrics-listen serve it).
   const protocol::MetricsRegistry& metrics() const { return metrics_; }
+  protocol::MetricsRegistry& metrics() { return metrics_; }
  private:
   struct Running : StreamedRequest {
     int rank = 0;                  // EP: the rank that holds it (its region was written); DCP: 0 (every rank)

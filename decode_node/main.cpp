@@ -48,9 +48,10 @@ int fail(const Status& s) { return fail_status("k3-decode", s); }
 // The serving loop of a decode rank or a group leader (same surface): driver events, decode steps,
 // the router's heartbeats, DONE / IDLE lines. Returns the error that ended it (ok on a stop signal).
 template <class Node>
-Status serve(Node& d, const decode::DecodeRankOptions& o, std::chrono::milliseconds idle_wait,
+Status serve(Node& d, const Backend& be, const decode::DecodeRankOptions& o, std::chrono::milliseconds idle_wait,
              const std::optional<protocol::ListenAddress>& metrics_at) {
   const std::atomic<bool>& g_stop = install_stop_signals();
+  protocol::metric::report_kernels(d.metrics(), be.name(), be.batch_invariant());
   std::unique_ptr<protocol::MetricsEndpoint> metrics_endpoint;
   if (metrics_at) {
     K3_ASSIGN_OR_RETURN(metrics_endpoint, protocol::MetricsEndpoint::start(*metrics_at, d.metrics()));
@@ -175,7 +176,7 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
   deadlines.use(deadlines.step);
   // Idle, the leader ticks its members well within their receive deadline.
   const auto tick = std::chrono::milliseconds(std::max(10, gf.step_deadline_ms / 4));
-  Status st = serve(**leader, o, tick, metrics_at);
+  Status st = serve(**leader, be, o, tick, metrics_at);
   if (st.is_ok()) {
     // Members stopped by the same signal are gone: do not wait a step deadline on each.
     (*comm)->set_timeout(std::chrono::milliseconds(200));
@@ -365,7 +366,7 @@ int main(int argc, char** argv) {
   zmq::context_t zctx;
   auto rank = decode::DecodeRank::create(o, **backend, *cfg, *weights, zctx);
   if (!rank.is_ok()) return fail(rank.status());
-  if (Status st = serve(**rank, o, std::chrono::milliseconds(50), metrics_at); !st.is_ok()) return fail(st);
+  if (Status st = serve(**rank, **backend, o, std::chrono::milliseconds(50), metrics_at); !st.is_ok()) return fail(st);
   say("STOPPED");
   return 0;
 }
