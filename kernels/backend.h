@@ -67,6 +67,9 @@ class Backend {
   // batch-invariant mode; the CPU keeps its faster forms, equal across chunkings only to rounding,
   // unless CpuBackendOptions::chunk_invariant.
   virtual bool chunk_invariant() const { return false; }
+  // Whether the CUDA backend's chunked KDA kernel takes a head of K x V in chunks of `chunk` tokens (it
+  // runs the token recurrence otherwise); the CPU's chunk-invariant mode mirrors the same split.
+  static bool kda_chunk_kernel_fits(int64_t K, int64_t V, int chunk) { return K == 128 && V == 128 && chunk == 64; }
 
   // Empty string: supported; otherwise the reason it is not.
   virtual std::string supports(const std::string& op, const Shape& shape) const { return {}; }

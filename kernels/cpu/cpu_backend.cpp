@@ -62,8 +62,8 @@ class CpuBackend final : public Backend {
   // form takes them where CUDA's chunked kernel would (K = V = 128, 64-token chunks), the recurrence
   // elsewhere.
   void kda_chunk(const ops::KdaParams& p) override {
-    const bool chunked_on_cuda = p.q.ndim() == 3 && p.q.dim(2) == 128 && p.v.ndim() == 3 && p.v.dim(2) == 128 &&
-                                 p.chunk_size == 64;
+    const bool chunked_on_cuda = p.q.ndim() == 3 && p.v.ndim() == 3 &&
+                                 kda_chunk_kernel_fits(p.q.dim(2), p.v.dim(2), p.chunk_size);
     if (chunk_invariant_ && !chunked_on_cuda) cpu::kda_recurrent(pool_, p);
     else cpu::kda_chunk(pool_, p);
   }

@@ -144,7 +144,7 @@ void CudaBackend::kda_chunk(const ops::KdaParams& p) {
   // Same function, token by token, where the chunked kernel's head shape does not fit. A gate without
   // K3's lower bound (Kimi Linear's softplus) takes the chunked kernel's run-sum variant, whose
   // exponents stay exact and finite for any g <= 0 (docs/MODEL.md §2.4).
-  if (a.K != 128 || a.V != 128 || p.chunk_size != 64) {
+  if (!kda_chunk_kernel_fits(a.K, a.V, p.chunk_size)) {
     kda_recurrent(p);
     return;
   }
