@@ -38,6 +38,7 @@ struct EngineBenchOptions {
   int steps = 10;
   bool batch_invariant = false;
   bool profile = true;  // decode time split by layer type
+  bool gemm_only = false;  // the GEMM table alone
   uint64_t seed = 0;     // of the synthetic weights
 };
 
@@ -103,9 +104,10 @@ int run_engine_bench(const EngineBenchOptions& o) {
   // GEMM cost of batch invariance: fixed-order kernel vs cuBLASLt at decode and prefill row counts.
   {
     const int64_t N = cfg.hidden_size, K = cfg.hidden_size;
-    std::printf("| GEMM M x %lld x %lld | cuBLASLt (us) | fixed-order (us) | fixed / cuBLASLt |\n|---|---:|---:|---:|\n",
+    std::printf("| GEMM M x %lld x %lld | cuBLASLt (us) | fixed-order (us) | fixed / cuBLASLt | fixed TFLOP/s |\n"
+                "|---|---:|---:|---:|---:|\n",
                 (long long)N, (long long)K);
-    for (int64_t M : {1, 8, 64, 256, 8192}) {
+    for (int64_t M : {1, 8, 64, 128, 256, 1024, 2048, 8192}) {
       Tensor x = be.alloc({M, K}, DType::BF16), w = be.alloc({N, K}, DType::BF16), y = be.alloc({M, N}, DType::BF16);
       double us[2];
       for (int inv = 0; inv < 2; ++inv) {
@@ -118,10 +120,12 @@ int run_engine_bench(const EngineBenchOptions& o) {
         be.synchronize();
         us[inv] = seconds_since(t0) * 1e6 / reps;
       }
-      std::printf("| %lld | %.1f | %.1f | %.2f |\n", (long long)M, us[0], us[1], us[1] / us[0]);
+      std::printf("| %lld | %.1f | %.1f | %.2f | %.0f |\n", (long long)M, us[0], us[1], us[1] / us[0],
+                  2.0 * double(M) * double(N) * double(K) / us[1] / 1e6);
     }
     std::printf("\n");
   }
+  if (o.gemm_only) return 0;
   be.set_batch_invariant(o.batch_invariant);
 
   const int bmax = *std::max_element(o.batches.begin(), o.batches.end());
@@ -259,6 +263,7 @@ void add_engine_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "timed decode steps per point")->check(CLI::PositiveNumber);
   cmd->add_option("--seed", o->seed, "seed of the synthetic weights (default 0)");
   cmd->add_flag("--batch-invariant", o->batch_invariant, "fixed-order GEMMs and fixed attention splits");
+  cmd->add_flag("--gemm-only", o->gemm_only, "print the GEMM table (fixed-order vs cuBLASLt) and stop");
   cmd->add_flag("!--no-profile", o->profile, "skip the decode and prefill time split by layer type");
   cmd->callback([o] {
     const int rc = run_engine_bench(*o);

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/arg_checks.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm_fixed.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/tensor_map.h"
 
@@ -112,6 +113,11 @@ void CudaBackend::zero(Tensor& t) {
   if (t.nbytes()) K3_CUDA_OK(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream_));
 }
 
+void CudaBackend::gemm_fixed(const FixedGemmArgs& a) {
+  const FixedGemmPlan plan = plan_gemm_fixed(a, num_sms_);
+  launch_gemm_fixed(a, plan, plan.workspace_bytes ? grow(gemm_work_, plan.workspace_bytes) : nullptr, stream_);
+}
+
 void* CudaBackend::grow(DeviceBuffer& buf, size_t bytes) {
   if (bytes > buf.bytes()) ++epoch_;
   return buf.ensure(bytes);
@@ -165,9 +171,8 @@ void CudaBackend::gemm(const ops::GemmParams& p) {
     return;
   }
   if (batch_invariant_) {
-    launch_gemm_fixed({.x = p.x.data(), .w = p.w.data(), .y = fout(op, "y", p.y), .M = M, .N = N, .K = K, .ldx = K,
-                       .ldw = K, .ldy = N, .alpha = p.alpha, .beta = p.beta},
-                      stream_);
+    gemm_fixed({.x = p.x.data(), .w = p.w.data(), .y = fout(op, "y", p.y), .M = M, .N = N, .K = K, .ldx = K, .ldw = K,
+                .ldy = N, .alpha = p.alpha, .beta = p.beta});
     return;
   }
   GemmShape s{.M = M, .N = N, .K = K, .ldx = K, .ldw = K, .ldy = N, .y_f32 = p.y.dtype() == DType::F32};
@@ -188,10 +193,8 @@ void CudaBackend::head_gemm(const ops::HeadGemmParams& p) {
   need_shape(op, "w", p.w, {H, N, K});
   need_shape(op, "y", p.y, {M, H, N});
   if (batch_invariant_) {
-    launch_gemm_fixed({.x = p.x.data(), .w = p.w.data(), .y = fout(op, "y", p.y), .M = M, .N = N, .K = K,
-                       .ldx = H * K, .ldw = K, .ldy = H * N, .batch = H, .stride_x = K, .stride_w = N * K,
-                       .stride_y = N},
-                      stream_);
+    gemm_fixed({.x = p.x.data(), .w = p.w.data(), .y = fout(op, "y", p.y), .M = M, .N = N, .K = K, .ldx = H * K,
+                .ldw = K, .ldy = H * N, .batch = H, .stride_x = K, .stride_w = N * K, .stride_y = N});
     return;
   }
   GemmShape s{.M = M, .N = N, .K = K, .ldx = H * K, .ldw = K, .ldy = H * N, .batch = H, .stride_x = K,

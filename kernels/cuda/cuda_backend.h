@@ -18,6 +18,8 @@
 
 namespace k3::cuda {
 
+struct FixedGemmArgs;  // gemm_fixed.h
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device);
@@ -69,7 +71,7 @@ class CudaBackend final : public Backend {
   // on by default: 1.4x the mma.sync kernel at the K3 shape on the H200); false selects the mma.sync
   // kernel (mla_decode.cu), which also serves every other shape.
   void set_mla_decode_wgmma(bool on) { mla_wgmma_ = on; }
-  // On: gemm and head_gemm use the fixed-order kernel (gemm_fixed.cu) instead of cuBLASLt, and
+  // On: gemm and head_gemm use the fixed-order kernels (gemm_fixed.h) instead of cuBLASLt, and
   // mla_decode splits the context in pieces of kInvariantSplitTokens whatever the batch.
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
   // The batch-invariant split size of mla_decode in tokens (a multiple of 64; default
@@ -178,6 +180,8 @@ class CudaBackend final : public Backend {
   // stale). Used for the buffers a decode step reads (MLA split partials, grouped MoE); the others
   // (staged indices, KDA chunk work, sampled ids) never appear in a recordable step.
   void* grow(DeviceBuffer& buf, size_t bytes);
+  // The fixed-order GEMM of batch-invariant mode, planned for this GPU, its split partials in gemm_work_.
+  void gemm_fixed(const FixedGemmArgs& a);
 
   int device_ = 0;
   int num_sms_ = 0;
@@ -213,6 +217,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer ints_;     // staged index arrays
   DeviceBuffer sample_ids_;  // sampled token ids of one step
   DeviceBuffer moe_work_;    // grouped-MoE routing tables and expert rows
+  DeviceBuffer gemm_work_;   // fixed-order GEMM split partials (decode steps)
   uint64_t epoch_ = 0;       // workspace_epoch()
   uint64_t capture_epoch_ = 0;  // epoch_ when the current capture began
   std::unique_ptr<Backend> host_;  // the host sampler for rows with temperature > 0

@@ -33,17 +33,6 @@ void launch_copy_cols(const void* src, int64_t src_rows, int64_t src_cols, void*
 void launch_scatter_rows(const void* src /*[R,W]*/, const int32_t* ids /*[R]*/, void* dst /*[N,W]*/, int64_t R,
                          int64_t row_bytes, cudaStream_t s);
 
-// ---- gemm_fixed.cu: y = alpha x w^T + beta y in a fixed order (batch-invariant), bf16 x and w ----
-struct FixedGemmArgs {
-  const void* x = nullptr;  // bf16 [batch][M, K] (row pitch ldx)
-  const void* w = nullptr;  // bf16 [batch][N, K] (row pitch ldw)
-  FOut y;                   // [batch][M, N] (row pitch ldy), bf16 or f32
-  int64_t M = 0, N = 0, K = 0, ldx = 0, ldw = 0, ldy = 0;
-  int64_t batch = 1, stride_x = 0, stride_w = 0, stride_y = 0;
-  float alpha = 1.f, beta = 0.f;
-};
-void launch_gemm_fixed(const FixedGemmArgs& a, cudaStream_t s);
-
 // ---- sampling.cu: out[b] = argmax of row b (lowest id on ties), logits [B, V] F32 ----
 void launch_argmax_rows(const float* logits, int64_t B, int64_t V, int32_t* out, cudaStream_t s);
 

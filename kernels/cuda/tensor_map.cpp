@@ -70,4 +70,30 @@ CUtensorMap make_f32_tensor_map_sw128(void* base, int64_t rows, int64_t cols, in
   return encode(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, base, rows, cols, 32, box_rows, true);
 }
 
+RowsTensorMap make_bf16_rows_map_sw128(const void* base, int64_t rows, int64_t cols, int64_t row_pitch, int64_t batch,
+                                       int64_t batch_pitch, int box_rows) {
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) throw Error("tensor map: base address is not 16-byte aligned");
+  if (rows <= 0 || cols <= 0 || batch <= 0 || rows > (int64_t(1) << 31) || batch > (int64_t(1) << 31))
+    throw Error("tensor map: rows " + std::to_string(rows) + ", cols " + std::to_string(cols) + ", batch " +
+                std::to_string(batch) + " out of range");
+  if (batch == 1) batch_pitch = rows * row_pitch;  // never stepped; any valid pitch
+  if (row_pitch % 8 != 0 || batch_pitch % 8 != 0 || row_pitch < cols)
+    throw Error("tensor map: row pitch " + std::to_string(row_pitch) + " and batch pitch " + std::to_string(batch_pitch) +
+                " must be multiples of 8 elements, the row pitch >= cols " + std::to_string(cols));
+  if (box_rows < 1 || box_rows > 256) throw Error("tensor map: box_rows " + std::to_string(box_rows) + " not in 1..256");
+  const bool rows_inner = row_pitch <= batch_pitch;
+  const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows_inner ? rows : batch),
+                              cuuint64_t(rows_inner ? batch : rows)};
+  const cuuint64_t strides[2] = {cuuint64_t(rows_inner ? row_pitch : batch_pitch) * 2,
+                                 cuuint64_t(rows_inner ? batch_pitch : row_pitch) * 2};
+  const cuuint32_t box[3] = {64, cuuint32_t(rows_inner ? box_rows : 1), cuuint32_t(rows_inner ? 1 : box_rows)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  RowsTensorMap out{{}, rows_inner};
+  const CUresult r = encoder()(&out.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box,
+                               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) throw Error("tensor map: cuTensorMapEncodeTiled (3-D) failed with CUresult " + std::to_string(int(r)));
+  return out;
+}
+
 }  // namespace k3::cuda

@@ -25,6 +25,19 @@ CUtensorMap make_bf16_tensor_map(const void* base, int64_t rows, int64_t cols, i
 // in the swizzled layout (which keeps their 4-byte writes free of bank conflicts).
 CUtensorMap make_f32_tensor_map_sw128(void* base, int64_t rows, int64_t cols, int box_rows);
 
+// A bf16 matrix of `rows` rows of `cols` elements at a row pitch of row_pitch elements, repeated
+// `batch` times batch_pitch elements apart (both pitches multiples of 8), copied in boxes of 64
+// columns x box_rows rows of one batch entry with the 128B swizzle; reads past `cols` or `rows` land
+// as zeros. The driver is given the two outer dimensions in increasing pitch, so a batch nested
+// inside the rows (head_gemm's x, [M][H][K]) is as valid as one outside them; a kernel names a box as
+// (column, row, entry) when rows_inner, else (column, entry, row).
+struct RowsTensorMap {
+  CUtensorMap map;
+  bool rows_inner;
+};
+RowsTensorMap make_bf16_rows_map_sw128(const void* base, int64_t rows, int64_t cols, int64_t row_pitch, int64_t batch,
+                                       int64_t batch_pitch, int box_rows);
+
 // Looks the driver's encoder up now (once per process; CudaBackend does it at construction, so the
 // lookup never happens inside a CUDA graph capture). Throws k3::Error if the driver lacks it.
 void load_tensor_map_encoder();

@@ -1,8 +1,11 @@
-// The fixed-order GEMM of batch-invariant mode (kernels/cuda/gemm_fixed.cu): every row of the result
-// is bitwise the row computed alone (M = 1), whatever M picks for the tile and grid, and close to an
-// fp32 reference. Shapes include N and K that are no multiple of the tile or the K step, and rows
-// whose start is not 16-byte aligned (K = 200), which take the by-hand loads.
+// The fixed-order GEMM of batch-invariant mode (kernels/cuda/gemm_fixed.h): every row of the result
+// is bitwise the row computed alone (M = 1), whatever M picks for the tile, the grid and the split,
+// and close to an fp32 reference. Shapes include N and K that are no multiple of the tile, the K step
+// or the part, K of several parts with a short last one (1096), and K that the wgmma form's TMA loads
+// cannot take (60: rows 120 bytes apart), which run the mma.sync form.
 #include <cstring>
+
+#include "kernels/cuda/gemm_fixed.h"
 
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/tolerances.h"
@@ -32,6 +35,34 @@ Tensor reference_rows(const Tensor& x, const Tensor& w, const Tensor& y0, const 
 
 }  // namespace
 
+TEST_CASE("fixed-order gemm plan: the form by K and pitches, the split by M", "[cuda][plan]") {
+  using cuda::FixedGemmArgs;
+  alignas(16) static const char base[64] = {};
+  auto args = [&](int64_t M, int64_t N, int64_t K) {
+    return FixedGemmArgs{.x = base, .w = base, .M = M, .N = N, .K = K, .ldx = K, .ldw = K, .ldy = N};
+  };
+  const cuda::FixedGemmPlan one = cuda::plan_gemm_fixed(args(1, 2048, 2048), 132);
+  CHECK(one.wgmma);
+  CHECK(one.parts == 4);
+  CHECK(one.split);  // 32 tiles of 64 columns: a CTA per part gives 128
+  CHECK(one.workspace_bytes == size_t(4) * 2048 * 4);
+  const cuda::FixedGemmPlan big = cuda::plan_gemm_fixed(args(8192, 2048, 2048), 132);
+  CHECK(big.wgmma);
+  CHECK_FALSE(big.split);
+  CHECK(big.warpgroups == 2);
+  CHECK(big.block_n == 128);
+  CHECK_FALSE(cuda::plan_gemm_fixed(args(1, 2048, 2048), 132).split == cuda::plan_gemm_fixed(args(1000, 2048, 2048), 132).split);
+  // The form never follows M: K < 64, a pitch off the 16-byte grid or an unaligned base take mma.sync.
+  for (const int64_t M : {1, 64, 65, 8192}) {
+    CHECK_FALSE(cuda::plan_gemm_fixed(args(M, 130, 60), 132).wgmma);
+    CHECK_FALSE(cuda::plan_gemm_fixed(args(M, 128, 32), 132).wgmma);
+    CHECK(cuda::plan_gemm_fixed(args(M, 100, 200), 132).wgmma);
+    FixedGemmArgs odd = args(M, 128, 128);
+    odd.x = base + 2;
+    CHECK_FALSE(cuda::plan_gemm_fixed(odd, 132).wgmma);
+  }
+}
+
 TEST_CASE("fixed-order gemm: rows bitwise equal to the row alone, close to fp32", "[cuda]") {
   K3_GPU_OR_SKIP(bk);
   auto& g = *bk.gpu;
@@ -41,7 +72,8 @@ TEST_CASE("fixed-order gemm: rows bitwise equal to the row alone, close to fp32"
   const std::vector<int64_t> Ms = {1, 3, 8, 64, 65, 257, kMaxM};
   const std::vector<int64_t> alone = {0, 1, 2, 7, 63, 64, 256, 999};
   struct Shape { int64_t N, K; };
-  for (const Shape sh : {Shape{2048, 2048}, Shape{96, 576}, Shape{2048, 576}, Shape{100, 200}})
+  for (const Shape sh : {Shape{2048, 2048}, Shape{96, 576}, Shape{2048, 576}, Shape{100, 200}, Shape{300, 1096},
+                         Shape{130, 60}})
     for (const bool scaled : {false, true})
       for (const DType out : {DType::F32, DType::BF16}) {
         const int64_t N = sh.N, K = sh.K;
