@@ -27,8 +27,8 @@
 //                                        every node uses the same one (the cache bytes must agree)
 //   "kernels": "invariant",              cuda kernels: "invariant" (a request's tokens depend neither on its
 //                                        batch nor on its prompt's cuts at multiples of 64: k3-generate's
-//                                        tokens) or "fast" (about twice the prefill and large-batch decode
-//                                        speed; tokens may change with the batch)
+//                                        tokens) or "fast" (about 1.25x the prefill and 1.2x the large-batch
+//                                        decode speed; tokens may change with the batch)
 //   "timeouts": {"heartbeat_ms": 200, "heartbeat_misses": 3, "claim_ms": 5000, "startup_s": 180,
 //                "shutdown_ms": 5000},
 //   "restart": {"enabled": true, "initial_backoff_ms": 200, "max_backoff_ms": 10000, "stable_ms": 30000,

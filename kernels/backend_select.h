@@ -25,7 +25,7 @@ inline constexpr const char* kDeviceFlagHelp = "CUDA device ordinal for --backen
 inline constexpr const char* kKernelsFlagHelp =
     "cuda kernels: invariant (default: a request's tokens depend neither on the batch it shares nor on how "
     "its prompt was cut at multiples of 64, so a cluster gives k3-generate's tokens) or fast (cuBLASLt GEMMs "
-    "and the kernel forms picked per call: about twice the prefill and large-batch decode speed, tokens that "
+    "and the kernel forms picked per call: about 1.25x the prefill and 1.2x the large-batch decode speed, tokens that "
     "may change with the batch); the cpu backend's kernels are invariant either way";
 
 // "invariant" | "fast" -> BackendChoice::batch_invariant; names the value otherwise.
