@@ -10,7 +10,7 @@ ops::GateForm gate_form(const ModelConfig& cfg) {
 }
 
 bool kda_takes_fused_decode(const Backend& be, int64_t heads, int64_t head_dim) {
-  return !be.chunk_invariant() && be.supports("kda_decode", {heads, head_dim}).empty();
+  return (!be.chunk_invariant() || be.kda_decode_matches_steps()) && be.supports("kda_decode", {heads, head_dim}).empty();
 }
 
 void run_kda_heads(Backend& be, const KdaHeadsStep& s) {
@@ -52,7 +52,7 @@ void run_kda_heads(Backend& be, const KdaHeadsStep& s) {
                            .beta = beta, .state = state, .slots = s.slots, .cu_seqlens = cu, .o = s.o,
                            .chunk_size = kKdaChunkTokens, .checkpoints = ckpt ? state : Tensor(),
                            .checkpoint_slots = s.checkpoint_slots,
-                           .checkpoint_interval = ckpt ? s.checkpoint_interval : 0,
+                           .checkpoint_interval = ckpt ? static_cast<int>(s.checkpoint_interval) : 0,
                            .bounded_gate = gate_form(cfg) == ops::GateForm::LowerBoundedSigmoid};
   if (!be.chunk_invariant()) {
     be.kda_chunk(all);

@@ -15,9 +15,9 @@ namespace k3 {
 ops::GateForm gate_form(const ModelConfig& cfg);
 
 // Whether a decode step of one token per item takes the backend's fused decode kernel: where it has one
-// for this head shape, and does not promise chunk invariance (the fused kernel's conv/norm/gate
-// arithmetic is not the prompt path's, so a token decoded by it would not match the same token in a
-// prompt).
+// for this head shape, and either does not promise chunk invariance or says the fused kernel gives the
+// separate steps' bits (Backend::kda_decode_matches_steps). Otherwise a token decoded by it would not
+// match the same token computed as a prompt row.
 bool kda_takes_fused_decode(const Backend& be, int64_t heads, int64_t head_dim);
 
 struct KdaHeadsStep {

@@ -67,6 +67,10 @@ class Backend {
   // batch-invariant mode; the CPU keeps its faster forms, equal across chunkings only to rounding,
   // unless CpuBackendOptions::chunk_invariant.
   virtual bool chunk_invariant() const { return false; }
+  // On a chunk-invariant backend: whether kda_decode gives the bits of the separate steps a prompt's
+  // rows take (short_conv, l2norm, kda_gate, sigmoid, kda_recurrent), so the model may take it for
+  // decode steps without breaking the promise. Off where not shown on the hardware.
+  virtual bool kda_decode_matches_steps() const { return false; }
   // Whether the CUDA backend's chunked KDA kernel takes a head of K x V in chunks of `chunk` tokens (it
   // runs the token recurrence otherwise); the CPU's chunk-invariant mode mirrors the same split.
   static bool kda_chunk_kernel_fits(int64_t K, int64_t V, int chunk) { return K == 128 && V == 128 && chunk == 64; }

@@ -96,6 +96,11 @@ class CudaBackend final : public Backend {
   // multiples of 64, the other KDA rows and every decode token to kda_recurrent, and sends prompt rows
   // through mla_decode.
   bool chunk_invariant() const override { return batch_invariant_; }
+  // In batch-invariant mode kda_decode rounds and sums as the separate steps do
+  // (KdaDecodeArgs::as_steps). Whether the model takes it there is this switch, off by default until
+  // the bitwise test (tests/cuda/test_cuda_kda_invariant.cpp) has passed on the hardware.
+  void set_kda_decode_matches_steps(bool on) { kda_decode_as_steps_ = on; }
+  bool kda_decode_matches_steps() const override { return batch_invariant_ && kda_decode_as_steps_; }
   static constexpr int kInvariantSplitTokens = 1024;
   bool mla_decode_wgmma() const { return mla_wgmma_; }
   // The wgmma kernel's S = Q Kᵀ split over dims between its warpgroups (partials summed through
@@ -202,6 +207,7 @@ class CudaBackend final : public Backend {
   bool kda_scan_wgmma_ = true;  // set_kda_chunk_scan_wgmma
   int kda_scan_wg_rows_ = 0;  // set_kda_chunk_scan_wg_rows
   bool batch_invariant_ = false;
+  bool kda_decode_as_steps_ = false;  // set_kda_decode_matches_steps
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the
   // stream-ordered pool (cudaFreeAsync) on this stream, even when a tensor outlives the backend.

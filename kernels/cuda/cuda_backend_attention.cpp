@@ -230,6 +230,8 @@ void CudaBackend::kda_decode(const ops::KdaDecodeParams& p) {
   need_shape(op, "o", p.o, {a.B, a.H, a.D});
   a.g_min = p.g_min;
   a.softplus = p.form == ops::GateForm::Softplus;
+  a.as_steps = batch_invariant_;
+  a.q_scale = 1.f / std::sqrt(static_cast<float>(a.D));  // the engine's l2norm scale of q, the same expression
   const auto rows = device_ints({&p.slots, own_conv_rows ? &p.conv_slots : &p.slots});
   a.slots = rows[0];
   a.conv_slots = rows[1];

@@ -4,7 +4,8 @@
 // memory in flight (the bulk copy engine, one mbarrier: no registers held, so three blocks' states
 // travel per SM at once), and only then computes the small per-token part while the copy travels:
 //   short-conv update of q/k/v (cache shifted in place), SiLU, L2 norm of q and k (q also scaled
-//   by D^-1/2), decay α = exp(g_min·σ(e^A·(f+dt))), β = σ(b)  -> shared memory;
+//   by D^-1/2), decay α = exp(g_min·σ(e^A·(f+dt))), β = σ(b)  -> shared memory (in batch-invariant
+//   mode rounded and summed as the separate steps do: KdaDecodeArgs::as_steps);
 // then per state row [V index]: s *= α; u = β(v - s·k); s += u k; o = s·q (docs/MODEL.md §2.3 order),
 // each row written back to global memory straight from registers: no shared-memory write-back and
 // no bulk store to wait for, so the block ends (and frees its shared memory for the next one) as
@@ -31,6 +32,9 @@ namespace k3::cuda {
 namespace {
 
 constexpr int kRowsPerWarp = 16;
+
+// x as a bf16 tensor stores it and reads it back (round to nearest even, FOut's conversion).
+__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 // Bulk-copy-engine path (sm_90): the whole state moves into shared memory in a few cp.async.bulk
 // operations tracked by one mbarrier, instead of 16 per-thread copies.
@@ -70,8 +74,12 @@ __device__ __forceinline__ QkScale prep_shared(const KdaDecodeArgs& a, int b, in
   if (tid < D) {
     const ConvChannel cq = load_conv(a, b, slot, int64_t(h) * D + tid);
     const ConvChannel ck = load_conv(a, b, slot, P + int64_t(h) * D + tid);
-    const float qx = finish_conv(a, slot, int64_t(h) * D + tid, cq);
-    const float kx = finish_conv(a, slot, P + int64_t(h) * D + tid, ck);
+    float qx = finish_conv(a, slot, int64_t(h) * D + tid, cq);
+    float kx = finish_conv(a, slot, P + int64_t(h) * D + tid, ck);
+    if (a.as_steps) {  // short_conv's output is stored in the compute dtype
+      qx = bf16_round(qx);
+      kx = bf16_round(kx);
+    }
     sc.qv[tid] = qx;
     sc.kv[tid] = kx;
     sq = qx * qx;
@@ -81,7 +89,8 @@ __device__ __forceinline__ QkScale prep_shared(const KdaDecodeArgs& a, int b, in
     const ConvChannel cv = load_conv(a, b, slot, 2 * P + int64_t(h) * D + i);
     const float f = a.f[int64_t(b) * P + int64_t(h) * D + i], dt = a.dt_bias[h * D + i], a_log = a.a_log[h];
     const float b_logit = a.b[int64_t(b) * H + h];
-    sc.vv[i] = finish_conv(a, slot, 2 * P + int64_t(h) * D + i, cv);
+    const float vx = finish_conv(a, slot, 2 * P + int64_t(h) * D + i, cv);
+    sc.vv[i] = a.as_steps ? bf16_round(vx) : vx;
     sc.al[i] = expf(kda_log_decay(a.softplus, a_log, f + dt, a.g_min));
     if (i == 0) sc.beta = sigmoidf(b_logit);
   }
@@ -92,6 +101,13 @@ __device__ __forceinline__ QkScale prep_shared(const KdaDecodeArgs& a, int b, in
     sc.red[1][warp] = sk;
   }
   __syncthreads();
+  if (a.as_steps) {
+    // block_sum's order (l2norm's 128 threads, a warp per 32 elements): the warps' sums in lanes
+    // 0..D/32-1 of a warp, zeros after them, added by the same butterfly; each warp gets the same sum.
+    const float tq = warp_sum(lane < D / 32 ? sc.red[0][lane] : 0.f);
+    const float tk = warp_sum(lane < D / 32 ? sc.red[1][lane] : 0.f);
+    return {a.q_scale * rsqrtf(tq + 1e-6f), 1.f * rsqrtf(tk + 1e-6f)};
+  }
   float tq = 0.f, tk = 0.f;
 #pragma unroll
   for (int w = 0; w < D / 32; ++w) {  // the q/k warps are the first D/32
@@ -112,6 +128,10 @@ __device__ __forceinline__ void prep_item(const KdaDecodeArgs& a, int b, int h, 
   for (int e = 0; e < NV; ++e) {
     q[e] = sc.qv[lane * NV + e] * n.q;
     k[e] = sc.kv[lane * NV + e] * n.k;
+    if (a.as_steps) {  // l2norm's output is stored in the compute dtype
+      q[e] = bf16_round(q[e]);
+      k[e] = bf16_round(k[e]);
+    }
     alpha[e] = sc.al[lane * NV + e];
   }
 }

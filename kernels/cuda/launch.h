@@ -145,6 +145,12 @@ struct KdaDecodeArgs {
   int B = 0, H = 0, D = 0, W = 0;
   float g_min = -5.f;
   bool softplus = false;  // Kimi Linear's gate form
+  // The separate steps' rounding (batch-invariant mode): the conv outputs and the normalised q and k
+  // rounded to bf16, the norms summed in block_sum's order and q scaled by q_scale, as short_conv,
+  // l2norm, kda_gate, sigmoid and kda_recurrent with a bf16 compute dtype do, so that a token gives
+  // the same bits through this kernel as through those steps.
+  bool as_steps = false;
+  float q_scale = 0.f;  // as_steps: the l2norm scale of q (1 / sqrt(D) in fp32, as the engine computes it)
 };
 void launch_kda_decode(const KdaDecodeArgs& a, cudaStream_t s);
 

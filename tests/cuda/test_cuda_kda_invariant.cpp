@@ -2,12 +2,16 @@
 // no split scan, so a sequence's outputs, state and checkpoints are the same bits whether it runs alone,
 // beside forty others (a grid the default rule would give another form), or cut in two calls at a
 // multiple of 64 tokens. And row ranges (ops::KdaParams::seq_rows) on both KDA kernels: a range gives
-// the bits of its rows run as a call of their own, and rows outside every range are not written.
+// the bits of its rows run as a call of their own, and rows outside every range are not written. And
+// the fused decode kernel in that mode: a decode step through it gives the bits of the separate steps
+// (conv, norms, gate, recurrence) that the same token takes as a prompt row.
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <string>
 
+#include "engine/kda_heads.h"
+#include "engine/model_weights.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/tolerances.h"
@@ -186,4 +190,55 @@ TEST_CASE("cuda kda row ranges: a range gives its rows' bits as a call of its ow
   // A range outside its sequence is refused by name.
   CHECK_THROWS_WITH(run(g, true, in, lens, s0, 0, {0, 301, 300, 300, 300, 500}), Catch::Contains("seq_rows[0]"));
   CHECK_THROWS_WITH(run(g, false, in, lens, s0, 0, {0, 300, 300, 300, 299, 500}), Catch::Contains("seq_rows[2]"));
+}
+
+TEST_CASE("cuda kda_decode in batch-invariant mode gives the separate steps' bits", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto& g = *bk.gpu;
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  g.set_batch_invariant(true);
+  std::mt19937 rng(85);
+  for (const int64_t hd : {int64_t(64), int64_t(128)})
+    for (const KdaGateForm form : {KdaGateForm::LowerBoundedSigmoid, KdaGateForm::Softplus})
+      for (const int64_t B : {int64_t(1), int64_t(7), int64_t(40)}) {
+        const int64_t heads = 4, W = 4, P = heads * hd, slots = B + 3;
+        INFO("D=" << hd << (form == KdaGateForm::Softplus ? " softplus" : " bounded sigmoid") << " B=" << B);
+        ModelConfig cfg;
+        cfg.kda.num_heads = int(heads);
+        cfg.kda.head_dim = int(hd);
+        cfg.kda.short_conv_kernel_size = int(W);
+        cfg.kda.gate_form = form;
+        LayerWeights lw;
+        lw.conv_w = g.from_host(randn({3 * P, W}, rng, 0.5f, false), DType::F32);
+        lw.a_log = g.from_host(randn({heads}, rng, 0.3f, false), DType::F32);
+        lw.dt_bias = g.from_host(randn({P}, rng, 0.3f, false), DType::F32);
+        const Tensor qkv = g.from_host(randn({B, 3 * P}, rng), DType::BF16);
+        const Tensor f = g.from_host(randn({B, P}, rng), DType::BF16), blog = g.from_host(randn({B, heads}, rng), DType::BF16);
+        const Tensor cache0 = randn({slots, W - 1, 3 * P}, rng), state0 = randn({slots, heads, hd, hd}, rng, 0.1f, false);
+        std::vector<int32_t> ids(static_cast<size_t>(slots));
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        ids.resize(static_cast<size_t>(B));
+        const Tensor slot_t = g.from_host(ints(ids), DType::I32);
+        struct Got {
+          Tensor o, state, cache;
+        };
+        auto step = [&](bool fused) {
+          cb->set_kda_decode_matches_steps(fused);
+          REQUIRE(kda_takes_fused_decode(g, heads, hd) == fused);
+          Tensor cache = g.from_host(cache0, DType::BF16), state = g.from_host(state0, DType::F32);
+          Tensor o = poisoned(g, {B, heads, hd}, DType::BF16);
+          run_kda_heads(g, {.cfg = cfg, .lw = lw, .heads = heads, .qkv = qkv, .f = f, .blog = blog, .conv_cache = cache,
+                            .state = state, .slots = slot_t, .conv_slots = slot_t, .single_token_decode = true, .o = o,
+                            .alloc = [&g](Shape sh, DType t) { return g.alloc(sh, t); }});
+          return Got{g.to_host(o), g.to_host(state), g.to_host(cache)};
+        };
+        const Got steps = step(false), fused = step(true);
+        CHECK(same_bytes(fused.o, 0, steps.o, 0, B * P));
+        CHECK(same_bytes(fused.state, 0, steps.state, 0, slots * heads * hd * hd));
+        CHECK(same_bytes(fused.cache, 0, steps.cache, 0, slots * (W - 1) * 3 * P));
+      }
+  cb->set_kda_decode_matches_steps(false);
+  g.set_batch_invariant(false);
 }
