@@ -25,7 +25,8 @@ FixedGemmPlan plan_gemm_fixed(const FixedGemmArgs& a, int num_sms) {
   p.block_n = a.M <= 64 ? 64 : 128;
   const int64_t ctas = (a.N + p.block_n - 1) / p.block_n * ((a.M + 64 * p.warpgroups - 1) / (64 * p.warpgroups)) * a.batch;
   const size_t work = size_t(a.batch) * size_t(p.parts) * size_t(a.M) * size_t(a.N) * sizeof(float);
-  if (p.parts > 1 && ctas * 2 <= num_sms && work <= kMaxSplitWorkspace) {
+  // (The split's grid has batch x parts CTAs along z, at most 65535.)
+  if (p.parts > 1 && ctas * 2 <= num_sms && work <= kMaxSplitWorkspace && a.batch * p.parts <= 65535) {
     p.split = true;
     p.workspace_bytes = work;
   }
