@@ -20,6 +20,7 @@
 
 #include "bench/bench_commands.h"
 #include "bench/engine_profile.h"
+#include "bench/kernel_timing.h"
 #include "bench/kernels_bench.h"
 #include "engine/engine.h"
 #include "common/model/weights_init.h"
@@ -47,6 +48,40 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 // Bytes of weights one decode step reads for B requests: everything but the embedding table, the
 // routed experts only as many as B*k draws touch (uniform routing: E (1 - (1 - k/E)^B) per layer).
+// y = x w^T at M x N x K: cuBLASLt against the fixed-order form, each timed two ways. Host-timed: 50
+// calls between two synchronisations, what a caller outside a graph sees (at small M that is the
+// host's time per call as much as the GPU's). Graph-timed (CUDA): the median device time of one call
+// replayed from a CUDA graph, what a recorded decode step pays.
+void print_gemm_table(Backend& be, int64_t N, int64_t K) {
+  std::printf("| GEMM M x %lld x %lld | cuBLASLt (us) | fixed-order (us) | fixed / cuBLASLt | fixed TFLOP/s "
+              "| cuBLASLt, graph (us) | fixed-order, graph (us) | fixed / cuBLASLt, graph |\n"
+              "|---|---:|---:|---:|---:|---:|---:|---:|\n",
+              (long long)N, (long long)K);
+  for (int64_t M : {1, 8, 64, 128, 256, 1024, 2048, 8192}) {
+    Tensor x = be.alloc({M, K}, DType::BF16), w = be.alloc({N, K}, DType::BF16), y = be.alloc({M, N}, DType::BF16);
+    auto call = [&] { be.gemm({.x = x, .w = w, .y = y}); };
+    double host[2], graph[2] = {0, 0};
+    for (int inv = 0; inv < 2; ++inv) {
+      be.set_batch_invariant(inv == 1);
+      for (int i = 0; i < 3; ++i) call();
+      be.synchronize();
+      const auto t0 = Clock::now();
+      const int reps = 50;
+      for (int i = 0; i < reps; ++i) call();
+      be.synchronize();
+      host[inv] = seconds_since(t0) * 1e6 / reps;
+#ifdef K3_HAVE_CUDA
+      if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be)) graph[inv] = time_graphs(cb->stream(), 50, {call});
+#endif
+    }
+    std::printf("| %lld | %.1f | %.1f | %.2f | %.0f |", (long long)M, host[0], host[1], host[1] / host[0],
+                2.0 * double(M) * double(N) * double(K) / host[1] / 1e6);
+    if (graph[0] > 0) std::printf(" %.1f | %.1f | %.2f |\n", graph[0], graph[1], graph[1] / graph[0]);
+    else std::printf(" - | - | - |\n");
+  }
+  std::printf("\n");
+}
+
 double decode_weight_bytes(const ModelConfig& cfg, int B) {
   double bytes = 0, expert_bytes = 0;
   for (const TensorSpec& s : expected_tensors(cfg)) {
@@ -102,29 +137,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
               c.gemm_flops_per_us / 1e6);
 
   // GEMM cost of batch invariance: fixed-order kernel vs cuBLASLt at decode and prefill row counts.
-  {
-    const int64_t N = cfg.hidden_size, K = cfg.hidden_size;
-    std::printf("| GEMM M x %lld x %lld | cuBLASLt (us) | fixed-order (us) | fixed / cuBLASLt | fixed TFLOP/s |\n"
-                "|---|---:|---:|---:|---:|\n",
-                (long long)N, (long long)K);
-    for (int64_t M : {1, 8, 64, 128, 256, 1024, 2048, 8192}) {
-      Tensor x = be.alloc({M, K}, DType::BF16), w = be.alloc({N, K}, DType::BF16), y = be.alloc({M, N}, DType::BF16);
-      double us[2];
-      for (int inv = 0; inv < 2; ++inv) {
-        be.set_batch_invariant(inv == 1);
-        for (int i = 0; i < 3; ++i) be.gemm({.x = x, .w = w, .y = y});
-        be.synchronize();
-        const auto t0 = Clock::now();
-        const int reps = 50;
-        for (int i = 0; i < reps; ++i) be.gemm({.x = x, .w = w, .y = y});
-        be.synchronize();
-        us[inv] = seconds_since(t0) * 1e6 / reps;
-      }
-      std::printf("| %lld | %.1f | %.1f | %.2f | %.0f |\n", (long long)M, us[0], us[1], us[1] / us[0],
-                  2.0 * double(M) * double(N) * double(K) / us[1] / 1e6);
-    }
-    std::printf("\n");
-  }
+  print_gemm_table(be, cfg.hidden_size, cfg.hidden_size);
   if (o.gemm_only) return 0;
   be.set_batch_invariant(o.batch_invariant);
 
