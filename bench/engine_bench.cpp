@@ -40,6 +40,7 @@ struct EngineBenchOptions {
   bool batch_invariant = false;
   bool profile = true;  // decode time split by layer type
   bool gemm_only = false;  // the GEMM table alone
+  std::vector<std::string> gemm_shapes;  // "NxK" of the GEMM tables (empty: hidden x hidden)
   uint64_t seed = 0;     // of the synthetic weights
 };
 
@@ -119,6 +120,17 @@ int run_engine_bench(const EngineBenchOptions& o) {
     return 2;
   }
   ModelConfig cfg = *cfg_r;
+  std::vector<std::pair<int64_t, int64_t>> gemm_shapes;  // (N, K) of the GEMM tables
+  for (const std::string& nk : o.gemm_shapes) {
+    long long n = 0, k = 0;
+    char tail = 0;
+    if (std::sscanf(nk.c_str(), "%lldx%lld%c", &n, &k, &tail) != 2 || n <= 0 || k <= 0) {
+      std::fprintf(stderr, "k3-bench engine: --gemm-shapes: '%s' is not NxK with positive N and K\n", nk.c_str());
+      return 2;
+    }
+    gemm_shapes.emplace_back(n, k);
+  }
+  if (gemm_shapes.empty()) gemm_shapes.emplace_back(cfg.hidden_size, cfg.hidden_size);
   if (o.layers > 0) {
     cfg.num_hidden_layers = o.layers;
     cfg.attn_res_block_size = std::min(cfg.attn_res_block_size, o.layers);
@@ -137,7 +149,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
               c.gemm_flops_per_us / 1e6);
 
   // GEMM cost of batch invariance: fixed-order kernel vs cuBLASLt at decode and prefill row counts.
-  print_gemm_table(be, cfg.hidden_size, cfg.hidden_size);
+  for (const auto& [n, k] : gemm_shapes) print_gemm_table(be, n, k);
   if (o.gemm_only) return 0;
   be.set_batch_invariant(o.batch_invariant);
 
@@ -277,6 +289,7 @@ void add_engine_command(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "seed of the synthetic weights (default 0)");
   cmd->add_flag("--batch-invariant", o->batch_invariant, "fixed-order GEMMs and fixed attention splits");
   cmd->add_flag("--gemm-only", o->gemm_only, "print the GEMM table (fixed-order vs cuBLASLt) and stop");
+  cmd->add_option("--gemm-shapes", o->gemm_shapes, "N x K of the GEMM tables, as NxK (default: the preset's hidden size twice)");
   cmd->add_flag("!--no-profile", o->profile, "skip the decode and prefill time split by layer type");
   cmd->callback([o] {
     const int rc = run_engine_bench(*o);
