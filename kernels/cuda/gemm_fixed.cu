@@ -3,10 +3,10 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/align.h"
+
 namespace k3::cuda {
 namespace {
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Above this the split's partials would cost more memory than its extra CTAs are worth.
 constexpr size_t kMaxSplitWorkspace = size_t(256) << 20;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/reduce.cuh"
@@ -84,8 +85,6 @@ __global__ void moe_gemv_combine_kernel(const float* out, const float* weights, 
     y.set(m * Dl + d, acc);
   }
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

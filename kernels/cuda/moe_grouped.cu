@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
@@ -267,9 +268,8 @@ void launch_moe_grouped(const MoeArgs& a, void* workspace, cudaStream_t s) {
   const auto* z = static_cast<const __nv_bfloat16*>(a.z.p);
   // 16-byte copies where every row starts 16-byte aligned (a property of the shapes and buffers, the
   // same for every call of a model: the path never depends on the batch).
-  auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec1 = a.Dl % 8 == 0 && al16(z) && al16(a.w1.p) && al16(a.w3.p);
-  const bool vec2 = a.F % 8 == 0 && al16(h) && al16(a.w2.p);
+  const bool vec1 = a.Dl % 8 == 0 && aligned16(z) && aligned16(a.w1.p) && aligned16(a.w3.p);
+  const bool vec2 = a.F % 8 == 0 && aligned16(h) && aligned16(a.w2.p);
   moe_gemm_kernel<true><<<dim3(tiles_max, (a.F + kTile - 1) / kTile), 128, smem1, s>>>(
       z, row_token, tile_expert, static_cast<const __nv_bfloat16*>(a.w1.p), static_cast<const __nv_bfloat16*>(a.w3.p),
       h, a.F, a.Dl, a.beta, a.beta_linear, a.silu, vec1);

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace k3::cuda {
@@ -37,7 +38,7 @@ namespace {
 CUtensorMap encode(CUtensorMapDataType type, int elem_bytes, const void* base, int64_t rows, int64_t cols,
                    int box_cols, int box_rows, bool swizzle128) {
   const int align = 16 / elem_bytes;  // elements per 16 bytes: the row pitch's and a plain box row's unit
-  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) throw Error("tensor map: base address is not 16-byte aligned");
+  if (!aligned16(base)) throw Error("tensor map: base address is not 16-byte aligned");
   if (cols % align != 0 || cols < box_cols)
     throw Error("tensor map: cols " + std::to_string(cols) + " is not a multiple of " + std::to_string(align) +
                 " >= the box's " + std::to_string(box_cols));
@@ -72,7 +73,7 @@ CUtensorMap make_f32_tensor_map_sw128(void* base, int64_t rows, int64_t cols, in
 
 RowsTensorMap make_bf16_rows_map_sw128(const void* base, int64_t rows, int64_t cols, int64_t row_pitch, int64_t batch,
                                        int64_t batch_pitch, int box_rows) {
-  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) throw Error("tensor map: base address is not 16-byte aligned");
+  if (!aligned16(base)) throw Error("tensor map: base address is not 16-byte aligned");
   if (rows <= 0 || cols <= 0 || batch <= 0 || rows > (int64_t(1) << 31) || batch > (int64_t(1) << 31))
     throw Error("tensor map: rows " + std::to_string(rows) + ", cols " + std::to_string(cols) + ", batch " +
                 std::to_string(batch) + " out of range");
