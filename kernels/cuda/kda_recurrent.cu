@@ -21,8 +21,7 @@ __global__ void kda_recurrent_kernel(KdaArgs a) {
   for (int i = threadIdx.x; i < V * K; i += blockDim.x) S[(i / K) * ld + i % K] = state[i];
   __syncthreads();
   const int j = threadIdx.x;
-  const int64_t t0 = a.seq_rows ? a.seq_rows[2 * n] : a.cu_seqlens[n];
-  const int64_t t1 = a.seq_rows ? a.seq_rows[2 * n + 1] : a.cu_seqlens[n + 1];
+  const int64_t t0 = kda_row_begin(a, n), t1 = kda_row_end(a, n);
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t row = t * a.H + h;
     for (int i = threadIdx.x; i < K; i += blockDim.x) {
@@ -86,8 +85,7 @@ __global__ void __launch_bounds__(2 * D) kda_recurrent_rows_kernel(KdaArgs a) {
       s[r][0] = v.x, s[r][1] = v.y;
     }
   }
-  const int64_t t0 = a.seq_rows ? a.seq_rows[2 * n] : a.cu_seqlens[n];
-  const int64_t t1 = a.seq_rows ? a.seq_rows[2 * n + 1] : a.cu_seqlens[n + 1];
+  const int64_t t0 = kda_row_begin(a, n), t1 = kda_row_end(a, n);
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t row = t * a.H + h;
     if (tid < D) {

@@ -83,6 +83,13 @@ struct KdaArgs {
   // arithmetic does not depend on the other sequences of the call (the forms differ in their bits).
   bool scan_one_form = false;
 };
+// Sequence n's rows in the call: its seq_rows range where given, else its cu_seqlens range (device).
+__host__ __device__ inline int64_t kda_row_begin(const KdaArgs& a, int n) {
+  return a.seq_rows ? a.seq_rows[2 * n] : a.cu_seqlens[n];
+}
+__host__ __device__ inline int64_t kda_row_end(const KdaArgs& a, int n) {
+  return a.seq_rows ? a.seq_rows[2 * n + 1] : a.cu_seqlens[n + 1];
+}
 // The checkpoint slot for `done` tokens of sequence n, or -1 (device and host).
 __host__ __device__ inline int kda_ckpt_slot(const KdaArgs& a, int n, int done) {
   if (a.ckpt == nullptr || done <= 0 || done % a.ckpt_interval != 0) return -1;
