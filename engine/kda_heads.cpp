@@ -69,7 +69,9 @@ void run_kda_heads(Backend& be, const KdaHeadsStep& s) {
   const KdaAlignedRows parts = kda_aligned_rows(s.positions, s.lengths);
   auto with_rows = [&](const std::vector<int32_t>& rows, bool checkpoints) {
     ops::KdaParams p = all;
-    p.seq_rows = be.from_host(Tensor::from_i32({n, 2}, rows), DType::I32);
+    // A host tensor: the backends take index tables from either side, and CUDA reads these on the host
+    // (to check them, and for the chunked form's chunk table) before staging them with its other indices.
+    p.seq_rows = Tensor::from_i32({n, 2}, rows);
     if (!checkpoints) {
       p.checkpoints = Tensor();
       p.checkpoint_slots = Tensor();
