@@ -15,6 +15,7 @@
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm_fixed.h"
+#include "kernels/cuda/gemm_fixed_epilogue.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -151,11 +152,7 @@ __global__ void __launch_bounds__(kThreads) gemm_fixed_kernel(FixedGemmArgs a) {
   for (int c = threadIdx.x; c < BM * BN; c += kThreads) {
     const int row = c / BN, col = c % BN;
     if (m0 + row >= a.M || n0 + col >= a.N) continue;
-    const int64_t o = b * a.stride_y + (m0 + row) * a.ldy + n0 + col;
-    // Rounded intrinsics: no tile instantiation may contract these into a different FMA.
-    float v = __fmul_rn(a.alpha, part[row * C::kCLd + col]);
-    if (a.beta != 0.f) v = __fadd_rn(v, __fmul_rn(a.beta, a.y.get(o)));
-    a.y.set(o, v);
+    store_fixed_gemm(a.y, b * a.stride_y + (m0 + row) * a.ldy + n0 + col, part[row * C::kCLd + col], a.alpha, a.beta);
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm_fixed.h"
+#include "kernels/cuda/gemm_fixed_epilogue.cuh"
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
@@ -148,11 +149,7 @@ __global__ void __launch_bounds__(WgCfg<kWG, kBN>::kThreads, 1)
         a.work[((int64_t(entry) * a.parts + part_lo) * a.M + row) * a.N + col] = total[j][e];
         continue;
       }
-      const int64_t o = entry * a.stride_y + row * a.ldy + col;
-      // Rounded intrinsics: no instantiation may contract these into a different FMA.
-      float v = __fmul_rn(a.alpha, total[j][e]);
-      if (a.beta != 0.f) v = __fadd_rn(v, __fmul_rn(a.beta, a.y.get(o)));
-      a.y.set(o, v);
+      store_fixed_gemm(a.y, entry * a.stride_y + row * a.ldy + col, total[j][e], a.alpha, a.beta);
     }
 }
 
@@ -164,10 +161,7 @@ __global__ void gemm_fixed_add_parts(const WgArgs a, int64_t batch) {
     const float* p = a.work + b * a.parts * mn + r * a.N + c;
     float sum = p[0];
     for (int q = 1; q < a.parts; ++q) sum = __fadd_rn(sum, p[q * mn]);
-    const int64_t o = b * a.stride_y + r * a.ldy + c;
-    float v = __fmul_rn(a.alpha, sum);
-    if (a.beta != 0.f) v = __fadd_rn(v, __fmul_rn(a.beta, a.y.get(o)));
-    a.y.set(o, v);
+    store_fixed_gemm(a.y, b * a.stride_y + r * a.ldy + c, sum, a.alpha, a.beta);
   }
 }
 
