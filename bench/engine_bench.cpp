@@ -47,8 +47,6 @@ struct EngineBenchOptions {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Bytes of weights one decode step reads for B requests: everything but the embedding table, the
-// routed experts only as many as B*k draws touch (uniform routing: E (1 - (1 - k/E)^B) per layer).
 // y = x w^T at M x N x K: cuBLASLt against the fixed-order form, each timed two ways. Host-timed: 50
 // calls between two synchronisations, what a caller outside a graph sees (at small M that is the
 // host's time per call as much as the GPU's). Graph-timed (CUDA): the median device time of one call
@@ -83,6 +81,15 @@ void print_gemm_table(Backend& be, int64_t N, int64_t K) {
   std::printf("\n");
 }
 
+// The prefill benches' prompt of P tokens: ids spread over the vocabulary, the same every run.
+std::vector<int32_t> bench_prompt(const ModelConfig& cfg, int P) {
+  std::vector<int32_t> prompt(P);
+  for (int i = 0; i < P; ++i) prompt[i] = (i * 131 + 7) % cfg.vocab_size;
+  return prompt;
+}
+
+// Bytes of weights one decode step reads for B requests: everything but the embedding table, the
+// routed experts only as many as B*k draws touch (uniform routing: E (1 - (1 - k/E)^B) per layer).
 double decode_weight_bytes(const ModelConfig& cfg, int B) {
   double bytes = 0, expert_bytes = 0;
   for (const TensorSpec& s : expected_tensors(cfg)) {
@@ -244,8 +251,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
 
   std::printf("\n| prefill: prompt | seconds | tok/s | TFLOP/s | fraction of bf16 GEMM peak |\n|---:|---:|---:|---:|---:|\n");
   for (int P : o.prefill) {
-    std::vector<int32_t> prompt(P);
-    for (int i = 0; i < P; ++i) prompt[i] = (i * 131 + 7) % cfg.vocab_size;
+    const std::vector<int32_t> prompt = bench_prompt(cfg, P);
     SeqCache s = e.open().value();
     const auto t0 = Clock::now();
     Tensor lg = e.prefill_on_backend(s, prompt).value();
@@ -261,8 +267,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
     std::printf("\nprefill time by layer type (ms; synchronised at each change of type, so launches count)\n\n"
                 "| prompt | KDA | MLA | MoE | dense | rest | total |\n|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int P : o.prefill) {
-      std::vector<int32_t> prompt(P);
-      for (int i = 0; i < P; ++i) prompt[i] = (i * 131 + 7) % cfg.vocab_size;
+      const std::vector<int32_t> prompt = bench_prompt(cfg, P);
       SeqCache s = e.open().value();
       const PrefillSplit ps = profile_prefill(e, s, prompt);
       e.close(s);
