@@ -116,16 +116,17 @@ __global__ void __launch_bounds__(kThreads) gemm_fixed_kernel(FixedGemmArgs a) {
 
   // Fixed tree over the warp partials: warps [h, 2h) hand theirs to warps [0, h), h = 4, 2, 1.
   auto* part = reinterpret_cast<float*>(smem);
+  // This warp's partial tile into shared memory at p (a hand-over in the tree, then warp 0's sum).
+  auto store_acc = [&](float* p) {
+#pragma unroll
+    for (int i = 0; i < kFm; ++i)
+#pragma unroll
+      for (int j = 0; j < kFn; ++j)
+        wmma::store_matrix_sync(p + 16 * i * C::kCLd + 16 * j, acc[i][j], C::kCLd, wmma::mem_row_major);
+  };
 #pragma unroll
   for (int h = kWarps / 2; h >= 1; h /= 2) {
-    if (warp >= h && warp < 2 * h) {
-      float* p = part + (warp - h) * BM * C::kCLd;
-#pragma unroll
-      for (int i = 0; i < kFm; ++i)
-#pragma unroll
-        for (int j = 0; j < kFn; ++j)
-          wmma::store_matrix_sync(p + 16 * i * C::kCLd + 16 * j, acc[i][j], C::kCLd, wmma::mem_row_major);
-    }
+    if (warp >= h && warp < 2 * h) store_acc(part + (warp - h) * BM * C::kCLd);
     __syncthreads();
     if (warp < h) {
       const float* p = part + warp * BM * C::kCLd;
@@ -141,13 +142,7 @@ __global__ void __launch_bounds__(kThreads) gemm_fixed_kernel(FixedGemmArgs a) {
     }
     __syncthreads();
   }
-  if (warp == 0) {
-#pragma unroll
-    for (int i = 0; i < kFm; ++i)
-#pragma unroll
-      for (int j = 0; j < kFn; ++j)
-        wmma::store_matrix_sync(part + 16 * i * C::kCLd + 16 * j, acc[i][j], C::kCLd, wmma::mem_row_major);
-  }
+  if (warp == 0) store_acc(part);
   __syncthreads();
   for (int c = threadIdx.x; c < BM * BN; c += kThreads) {
     const int row = c / BN, col = c % BN;
