@@ -36,7 +36,7 @@
 #include "transfer/net_interface.h"
 
 #include "common/core/node_process.h"
-#include "kernels/backend_select.h"
+#include "kernels/backend_flags.h"
 
 using namespace k3;
 
@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
                "the router."};
   std::string model_dir, stop_text, log_level = "warn";
   decode::DecodeRankOptions o;
-  int threads = 0, hb_ms = 200, hb_misses = 3;   // the router's defaults: it expects a heartbeat this often
+  int hb_ms = 200, hb_misses = 3;   // the router's defaults: it expects a heartbeat this often
   long compute_ms = 300000, transfer_ms = 300000;
   bool ignore_eos = false;
   app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tokenizer)")->required();
@@ -256,12 +256,8 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", o.sampling.top_k, "decode-step top-k (0 = off)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-p", o.sampling.top_p, "decode-step top-p (1 = off)")->check(CLI::Range(0.f, 1.f));
   app.add_option("--seed", o.sampling.seed, "decode-step sampling seed (default 0; the router must give PREFILLs the same seed)");
-  app.add_option("--threads", threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
-  BackendChoice bc;
-  app.add_option("--backend", bc.kind, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--device", bc.device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
-  std::string kernels = "invariant";
-  app.add_option("--kernels", kernels, kKernelsFlagHelp)->check(CLI::IsMember({"invariant", "fast"}));
+  BackendFlags backend_flags;
+  add_backend_flags(app, backend_flags);
   app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval; the router's --heartbeat-ms or less (default 200, the router's default)")->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-misses", hb_misses, "missed heartbeats before a peer is dead (default 3)")
       ->check(CLI::PositiveNumber);
@@ -338,9 +334,9 @@ int main(int argc, char** argv) {
 
   auto weights = load_weights(model_dir, *cfg);
   if (!weights.is_ok()) return fail(weights.status());
-  bc.threads = threads;
-  if (Status st = set_kernels(bc, kernels); !st.is_ok()) return fail(st);
-  auto backend = make_backend(bc);
+  auto bc = backend_flags.resolve();
+  if (!bc.is_ok()) return fail(bc.status());
+  auto backend = make_backend(*bc);
   if (!backend.is_ok()) return fail(backend.status());
   if (cache_in_pool && no_cache_in_pool) return fail(invalid_argument("--cache-in-pool and --no-cache-in-pool: give one"));
   // --kv-partitions alone: a group of one running the rank-sliced forward with that many MLA partitions
@@ -349,7 +345,7 @@ int main(int argc, char** argv) {
   // One copy of a transferred request wherever the region can hold the engine's caches: one rank, its
   // region in the backend's memory (host, or device memory of --device).
   o.cache_in_pool = cache_in_pool || (!no_cache_in_pool && !grouped);
-  o.cuda_device = bc.device;
+  o.cuda_device = bc->device;
   if (grouped) {
     auto kind = decode::parse_group_collectives(collectives_name);
     if (!kind.is_ok()) return fail(kind.status());

@@ -27,7 +27,7 @@
 #include "transfer/net_interface.h"
 
 #include "common/core/node_process.h"
-#include "kernels/backend_select.h"
+#include "kernels/backend_flags.h"
 
 using namespace k3;
 
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
                "instance over UCX (control over ZeroMQ). Start one process per stage."};
   std::string model_dir, partition_text, log_level = "warn";
   prefill::PrefillStageOptions o;
-  int stages = 0, threads = 0, hb_ms = 200, hb_misses = 3;   // the router's defaults: it expects a heartbeat this often
+  int stages = 0, hb_ms = 200, hb_misses = 3;   // the router's defaults: it expects a heartbeat this often
   long addrs_ms = 300000;
   app.add_option("--model", model_dir, "model directory (config.json, model.safetensors)")->required();
   app.add_option("--stage", o.stage, "this process's stage index, 0-based (default 0)")->check(CLI::NonNegativeNumber);
@@ -124,12 +124,8 @@ int main(int argc, char** argv) {
   app.add_option("--control-key", key_file, transfer::kControlKeyHelp);
   app.add_option("--control-public-keys", public_keys_file, transfer::kControlPublicKeysHelp);
   app.add_flag("--insecure-control-plane", insecure, transfer::kInsecureControlHelp);
-  app.add_option("--threads", threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
-  BackendChoice bc;
-  app.add_option("--backend", bc.kind, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--device", bc.device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
-  std::string kernels = "invariant";
-  app.add_option("--kernels", kernels, kKernelsFlagHelp)->check(CLI::IsMember({"invariant", "fast"}));
+  BackendFlags backend_flags;
+  add_backend_flags(app, backend_flags);
   app.add_option("--heartbeat-ms", hb_ms, "control heartbeat interval; the router's --heartbeat-ms or less (default 200, the router's default)")->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-misses", hb_misses, "missed heartbeats before a peer is dead (default 3)")
       ->check(CLI::PositiveNumber);
@@ -193,12 +189,12 @@ int main(int argc, char** argv) {
   const int begin = prefill::stage_begin(o.partition, o.stage);
   auto weights = load_weights(model_dir, *cfg, begin, begin + o.partition[o.stage]);
   if (!weights.is_ok()) return fail(weights.status());
-  bc.threads = threads;
-  if (Status st = set_kernels(bc, kernels); !st.is_ok()) return fail(st);
-  o.cuda_device = bc.device;
+  auto bc = backend_flags.resolve();
+  if (!bc.is_ok()) return fail(bc.status());
+  o.cuda_device = bc->device;
   o.cache.region_bytes = static_cast<uint64_t>(cache_region_mib * (1 << 20));
   if (source_arena_mib >= 0) o.source_arena_bytes = static_cast<int64_t>(source_arena_mib * (1 << 20));
-  auto backend = make_backend(bc);
+  auto backend = make_backend(*bc);
   if (!backend.is_ok()) return fail(backend.status());
   zmq::context_t zctx;
   auto stage = prefill::PrefillStage::create(o, **backend, *cfg, *weights, zctx);

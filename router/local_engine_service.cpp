@@ -5,7 +5,6 @@
 
 #include "engine/token_logprobs.h"
 #include "kernels/token_mask.h"
-#include "kernels/backend_select.h"
 #include "router/local_engine_running.h"
 #include "router/text_stream.h"
 
@@ -33,9 +32,7 @@ Result<std::unique_ptr<LocalEngineService>> LocalEngineService::create(const Mod
   s->tokenizer_ = std::move(tokenizer);
   s->weights_ = std::move(weights);
   s->vocab_bytes_ = grammar::TokenVocab::from_tokenizer(*s->tokenizer_);
-  BackendChoice bc{.kind = opts.backend, .device = opts.device, .threads = opts.threads};
-  K3_TRY(set_kernels(bc, opts.kernels));
-  K3_ASSIGN_OR_RETURN(s->backend_, make_backend(bc));
+  K3_ASSIGN_OR_RETURN(s->backend_, make_backend(opts.backend));
   EngineOptions eo;
   eo.prefill_chunk = opts.prefill_chunk;
   eo.top_logits = 0;

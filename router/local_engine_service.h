@@ -24,6 +24,7 @@
 #include "common/model/weights.h"
 #include "common/grammar/token_constraint.h"
 #include "common/tokenizer/tokenizer.h"
+#include "kernels/backend_select.h"
 #include "router/generation_service.h"
 
 namespace k3::router {
@@ -32,10 +33,7 @@ struct LocalEngineOptions {
   int max_running = 8;       // concurrent sequences (KV slots)
   int max_queue = 64;        // waiting requests (beyond free slots) before submit() says ResourceExhausted
   int prefill_chunk = 256;   // tokens per prefill forward (0 = whole prompt)
-  int threads = 0;           // CPU backend threads (0 = all cores)
-  std::string backend = "cpu";  // "cpu" | "cuda" (kernels/backend_select.h)
-  int device = 0;               // CUDA device ordinal
-  std::string kernels = "invariant";  // "invariant" | "fast" (kernels/backend_select.h, kKernelsFlagHelp)
+  BackendChoice backend;      // cpu (threads) or cuda (device, invariant or fast kernels)
   int page_size = 16;
   // Prefix cache: on when checkpoint_slots > 0 (KDA slots for checkpoints beside max_running).
   int prefix_checkpoint_slots = 0;

@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "kernels/backend_select.h"
+#include "kernels/backend_flags.h"
 #include "router/api_handlers.h"
 #include "router/cluster_service.h"
 #include "router/http_server.h"
@@ -37,10 +37,9 @@ int fail(const std::string& what) {
 int main(int argc, char** argv) {
   CLI::App app{"k3-router: OpenAI-compatible HTTP API (chat/completions, completions, models, health, metrics)"};
   std::string model_dir, served_name, api_key, host = "127.0.0.1";
-  int port = 8000, max_queue = 64, threads = 0, max_running = 8, prefill_chunk = 256, default_max_tokens = 256;
+  int port = 8000, max_queue = 64, max_running = 8, prefill_chunk = 256, default_max_tokens = 256;
   size_t max_body = 4 << 20;
-  std::string cluster_endpoint, placement = "round-robin", backend = "cpu";
-  int device = 0;
+  std::string cluster_endpoint, placement = "round-robin";
   std::vector<std::string> pair_texts;
   int hb_ms = 200, hb_misses = 3, claim_timeout_ms = 5000, affinity_tokens = 16, max_attempts = 2;
   int queued_timeout_ms = 300000, prefill_timeout_ms = 300000, decode_stall_ms = 60000, generation_reserve = 32;
@@ -76,11 +75,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--max-queue", max_queue, "waiting requests before 429")->check(CLI::Range(0, 1 << 20));
   app.add_option("--max-running", max_running, "requests decoded together (engine sequence slots)")->check(CLI::Range(1, 4096));
-  app.add_option("--threads", threads, "CPU threads for the engine (0 = all cores)")->check(CLI::NonNegativeNumber);
-  app.add_option("--backend", backend, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--device", device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
-  std::string kernels = "invariant";
-  app.add_option("--kernels", kernels, kKernelsFlagHelp)->check(CLI::IsMember({"invariant", "fast"}));
+  BackendFlags backend_flags;  // the local engine's (unused with --cluster)
+  add_backend_flags(app, backend_flags);
   app.add_option("--prefill-chunk", prefill_chunk, "prompt tokens per prefill forward (0 = whole prompt)")->check(CLI::NonNegativeNumber);
   int prefix_slots = 0, prefix_block = 256, prefix_every = 1;
   double prefix_budget_mb = 0;
@@ -170,9 +166,10 @@ int main(int argc, char** argv) {
     std::shared_ptr<const Tokenizer> tokenizer;
     ModelConfig cfg;
     if (cluster_endpoint.empty()) {
+      auto backend = backend_flags.resolve();
+      if (!backend.is_ok()) return fail(backend.status().to_string());
       auto local = LocalEngineService::open(model_dir, {.max_running = max_running, .max_queue = max_queue,
-                                                        .prefill_chunk = prefill_chunk, .threads = threads,
-                                                        .backend = backend, .device = device, .kernels = kernels,
+                                                        .prefill_chunk = prefill_chunk, .backend = *backend,
                                                         .prefix_checkpoint_slots = prefix_slots,
                                                         .prefix_block_tokens = prefix_block,
                                                         .prefix_checkpoint_every = prefix_every,

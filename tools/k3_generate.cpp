@@ -16,7 +16,7 @@
 #include "common/model/weights.h"
 #include "common/tokenizer/chat_format.h"
 #include "common/tokenizer/tokenizer.h"
-#include "kernels/backend_select.h"
+#include "kernels/backend_flags.h"
 
 using namespace k3;
 
@@ -61,7 +61,6 @@ int main(int argc, char** argv) {
                "Exactly one of --prompt, --prompt-ids, --messages is required."};
   std::string model_dir, prompt, prompt_ids, messages_file, logits_out, prompts_file;
   int max_tokens = 16, top_k = 0, chunk = 0, top_n = 5;
-  BackendChoice bc;
   float temperature = 0.f, top_p = 1.f;
   uint64_t seed = 0;
   bool json = false, raw = false, ignore_eos = false;
@@ -79,11 +78,8 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-p", top_p, "nucleus sampling mass (1 = off)")->check(CLI::Range(0.f, 1.f));
   app.add_option("--seed", seed, "sampling seed (draws depend only on seed, step and logits)");
-  app.add_option("--threads", bc.threads, "CPU threads (0 = all cores or K3_THREADS)")->check(CLI::NonNegativeNumber);
-  app.add_option("--backend", bc.kind, kBackendFlagHelp)->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--device", bc.device, kDeviceFlagHelp)->check(CLI::NonNegativeNumber);
-  std::string kernels = "invariant";
-  app.add_option("--kernels", kernels, kKernelsFlagHelp)->check(CLI::IsMember({"invariant", "fast"}));
+  BackendFlags backend_flags;
+  add_backend_flags(app, backend_flags);
   app.add_option("--prefill-chunk", chunk, "prefill chunk size in tokens (0 = whole prompt)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-logits", top_n, "top logits recorded per step in --json output")->check(CLI::Range(0, 100));
   app.add_flag("--ignore-eos", ignore_eos, "do not stop at the tokenizer's end-of-sequence tokens");
@@ -92,7 +88,9 @@ int main(int argc, char** argv) {
   app.add_option("--prompts-file", prompts_file, "with --logits-out: a JSON array of token-id arrays, run as one batch");
   app.add_flag("--json", json, "print one JSON object: tokens, text, per-step top logits, tokens/s");
   CLI11_PARSE(app, argc, argv);
-  if (Status st = set_kernels(bc, kernels); !st.is_ok()) return fail(st);
+  auto resolved = backend_flags.resolve();
+  if (!resolved.is_ok()) return fail(resolved.status());
+  const BackendChoice bc = *resolved;
   if (!prompts_file.empty()) {
     if (logits_out.empty()) return fail(invalid_argument("--prompts-file needs --logits-out"));
     if (!prompt.empty() || !prompt_ids.empty() || !messages_file.empty())

@@ -57,7 +57,7 @@ struct TinyServer {
     cfg = preset_config("k3-tiny").value();
     cfg.vocab_size = vocab;
     cfg.max_position_embeddings = context;  // small by default, so context-limit cases are cheap to provoke
-    if (opts.threads == 0) opts.threads = 2;
+    if (opts.backend.threads == 0) opts.backend.threads = 2;
     service = router::LocalEngineService::create(cfg, random_weights(cfg, 7, DType::F32), tok, opts).value();
     api = std::make_unique<router::ApiHandlers>(
         *service, tok, cfg,

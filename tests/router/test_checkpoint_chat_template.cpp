@@ -47,7 +47,7 @@ struct TemplatedServer {
     ModelConfig cfg = preset_config("k3-tiny").value();
     cfg.vocab_size = vocab;
     cfg.max_position_embeddings = 512;
-    service = router::LocalEngineService::create(cfg, random_weights(cfg, 7, DType::F32), tok, {.threads = 2}).value();
+    service = router::LocalEngineService::create(cfg, random_weights(cfg, 7, DType::F32), tok, {.backend = {.threads = 2}}).value();
     api = std::make_unique<router::ApiHandlers>(*service, tok, cfg,
                                                 router::ApiOptions{.served_model = "k3-tiny", .default_max_tokens = 2});
   }

@@ -158,7 +158,7 @@ TEST_CASE("local engine refuses a cache region that holds no slot or page, namin
   cfg.vocab_size = vocab;
   auto tok = std::make_shared<const Tokenizer>(Tokenizer::load(tok_dir.path).value());
   auto made = LocalEngineService::create(cfg, random_weights(cfg, 7, DType::F32), tok,
-                                         {.threads = 1, .cache_region_bytes = 1000});
+                                         {.backend = {.threads = 1}, .cache_region_bytes = 1000});
   REQUIRE_FALSE(made.is_ok());
   CHECK(made.status().code() == Code::InvalidArgument);
   CHECK_THAT(made.status().message(), Catch::Contains("--cache-region-mib") && Catch::Contains("holds no"));

@@ -18,7 +18,7 @@ TEST_CASE("ids past the tokenizer's vocabulary are generated tokens without text
   ModelConfig cfg = preset_config("k3-tiny").value();
   cfg.vocab_size = tokenizer_vocab + 4096;  // 8 in 9 rows of the output have no token
   cfg.max_position_embeddings = 512;
-  auto service = router::LocalEngineService::create(cfg, random_weights(cfg, 11, DType::F32), tok, {.threads = 2}).value();
+  auto service = router::LocalEngineService::create(cfg, random_weights(cfg, 11, DType::F32), tok, {.backend = {.threads = 2}}).value();
   router::ApiHandlers api(*service, tok, cfg, router::ApiOptions{.served_model = "k3-tiny", .default_max_tokens = 8});
   CHECK_FALSE(tok->assigns(tokenizer_vocab));
   CHECK_FALSE(tok->assigns(-1));
