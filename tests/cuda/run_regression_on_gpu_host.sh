@@ -8,6 +8,11 @@
 #                cache region lays them out), cuda_test_cuda_engine (k3-tiny and K3 head shapes against
 #                the CPU engine, on a unified region), cuda_test_cuda_decode_graph,
 #                cuda_test_cuda_prefix_cache, and cuda_test_cuda_batch_invariance "CUDA batch invariance: alone*";
+#   gemm_fixed.log, kda_invariant.log:
+#                the kernels serving's default (batch-invariant) mode runs, each against its own
+#                definition: cuda_test_cuda_gemm_fixed (every row bitwise equal alone, both forms, split
+#                and unsplit) and cuda_test_cuda_kda_invariant (chunk calls, row ranges, and the fused
+#                decode step against the separate steps, bitwise);
 #   cluster.log  K3_TEST_BACKEND=cuda cluster_e2e_test_cluster_launcher: k3-router, two k3-prefill
 #                stages (streaming their writes) and one k3-decode, all --backend cuda, against
 #                k3-generate --backend cuda, 16 concurrent requests among them.
@@ -17,7 +22,8 @@ OUT=${1:?output dir}
 # shellcheck source=tests/cuda/gpu_host.sh
 source "$(dirname "$0")/gpu_host.sh"
 gpu_host_setup "$OUT"
-TESTS="cuda_test_cuda_attention cuda_test_cuda_decode_graph cuda_test_cuda_engine cuda_test_cuda_prefix_cache cuda_test_cuda_batch_invariance"
+TESTS="cuda_test_cuda_attention cuda_test_cuda_decode_graph cuda_test_cuda_engine cuda_test_cuda_prefix_cache cuda_test_cuda_batch_invariance
+  cuda_test_cuda_gemm_fixed cuda_test_cuda_kda_invariant"
 # shellcheck disable=SC2086
 timeout 240 ninja -C $B -j16 $TESTS k3-generate k3-genweights k3-router k3-cluster k3-prefill k3-decode \
   cluster_e2e_test_cluster_launcher >> "$OUT/build.log" 2>&1 ||
@@ -30,6 +36,8 @@ gpu_host_stage engine.log 90 "$PATTERN" $B/tests/cuda_test_cuda_engine
 gpu_host_stage decode_graph.log 60 "$PATTERN" $B/tests/cuda_test_cuda_decode_graph
 gpu_host_stage prefix.log 90 "$PATTERN" $B/tests/cuda_test_cuda_prefix_cache
 gpu_host_stage invariance.log 60 "$PATTERN" $B/tests/cuda_test_cuda_batch_invariance "CUDA batch invariance: alone*"
+gpu_host_stage gemm_fixed.log 30 "$PATTERN" $B/tests/cuda_test_cuda_gemm_fixed
+gpu_host_stage kda_invariant.log 40 "$PATTERN" $B/tests/cuda_test_cuda_kda_invariant
 # Catch test names: no comma in a filter (Catch splits filters there).
 gpu_host_stage cluster.log 120 "$PATTERN" env K3_TEST_BACKEND=cuda $B/tests/cluster_e2e_test_cluster_launcher \
   "k3-cluster serves OpenAI requests whose greedy tokens equal k3-generate*"
