@@ -4,7 +4,8 @@
 //           written) at the copy bandwidth measured in the same run; eager steps against CUDA-graph
 //           steps, the launches one eager step makes, and the step's device time by layer type;
 //   prefill: tok/s of one prompt of each length, against the bf16 GEMM rate of the same run;
-//   gemm: the fixed-order (batch-invariant) GEMM against cuBLASLt at decode and prefill shapes.
+//   gemm: the fixed-order (batch-invariant) GEMM against cuBLASLt at decode and prefill shapes;
+//   moe: the routed experts in each mode and grouped-GEMM form (bench/moe_table.h).
 // Weights are the preset's synthetic model (drawn on the GPU where they live, the numbers
 // `--model synthetic:PRESET[:SEED]` and k3-genweights give); the caches of a decode benchmark are left as allocated (zeros), their lengths set
 // without a prefill: timing only, the tokens are meaningless.
@@ -22,6 +23,7 @@
 #include "bench/engine_profile.h"
 #include "bench/kernel_timing.h"
 #include "bench/kernels_bench.h"
+#include "bench/moe_table.h"
 #include "engine/engine.h"
 #include "common/model/weights_init.h"
 #include "kernels/backend_select.h"
@@ -157,6 +159,8 @@ int run_engine_bench(const EngineBenchOptions& o) {
 
   // GEMM cost of batch invariance: fixed-order kernel vs cuBLASLt at decode and prefill row counts.
   for (const auto& [n, k] : gemm_shapes) print_gemm_table(be, n, k);
+  // And of the routed experts, where the mode swaps the per-row decode kernel for the grouped GEMM.
+  print_moe_table(be, cfg, c.copy_bytes_per_us);
   if (o.gemm_only) return 0;
   be.set_batch_invariant(o.batch_invariant);
 
@@ -293,7 +297,9 @@ void add_engine_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "timed decode steps per point")->check(CLI::PositiveNumber);
   cmd->add_option("--seed", o->seed, "seed of the synthetic weights (default 0)");
   cmd->add_flag("--batch-invariant", o->batch_invariant, "fixed-order GEMMs and fixed attention splits");
-  cmd->add_flag("--gemm-only", o->gemm_only, "print the GEMM table (fixed-order vs cuBLASLt) and stop");
+  cmd->add_flag("--gemm-only", o->gemm_only,
+                "print the GEMM tables (fixed-order vs cuBLASLt) and the routed experts' table (each mode and "
+                "grouped-GEMM form) and stop");
   cmd->add_option("--gemm-shapes", o->gemm_shapes, "N x K of the GEMM tables, as NxK (default: the preset's hidden size twice)");
   cmd->add_flag("!--no-profile", o->profile, "skip the decode and prefill time split by layer type");
   cmd->callback([o] {

@@ -311,7 +311,7 @@ void CudaBackend::moe_experts(const ops::MoeExpertsParams& p) {
   // in another order than the grouped GEMM's, so a row's value would depend on the batch size).
   a.silu = p.act == ops::GluAct::Silu;
   if (!batch_invariant_ && moe_gemv_supported(a)) launch_moe_gemv(a, grow(moe_work_, moe_gemv_workspace_bytes(a)), stream_);
-  else if (moe_grouped_supported(a)) launch_moe_grouped(a, grow(moe_work_, moe_grouped_workspace_bytes(a)), stream_);
+  else if (moe_grouped_supported(a)) launch_moe_grouped(a, grow(moe_work_, moe_grouped_workspace_bytes(a)), num_sms_, moe_grouped_form_, stream_);
   else launch_moe_experts(a, stream_);
 }
 

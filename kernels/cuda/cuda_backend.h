@@ -170,6 +170,14 @@ class CudaBackend final : public Backend {
     kda_scan_wg_rows_ = rows;
   }
   bool mla_decode_split_s() const { return mla_split_s_; }
+  // moe_experts' grouped GEMMs (the batch-invariant path, and many pairs): 0 (default) the form by the
+  // grid (narrow, deep tiles where the wide ones would leave SMs idle), 1 always wide, 2 always narrow.
+  // Every form gives the same bits; tests hold each to show it, k3-bench to time them.
+  void set_moe_grouped_form(int form) {
+    if (form < 0 || form > 2) throw Error("moe_experts: grouped GEMM form " + std::to_string(form) + " not in 0..2");
+    moe_grouped_form_ = form;
+  }
+  int moe_grouped_form() const { return moe_grouped_form_; }
 
   cudaStream_t stream() const { return stream_; }
   int num_sms() const { return num_sms_; }
@@ -197,6 +205,7 @@ class CudaBackend final : public Backend {
   bool mla_lazy_ = true;  // set_mla_decode_lazy_rescale
   int mla_t32_ = 0;  // set_mla_decode_t32
   int mla_t48_ = 0;  // set_mla_decode_t48
+  int moe_grouped_form_ = 0;  // set_moe_grouped_form
   bool mla_seesaw_ = true;  // set_mla_decode_seesaw
   int mla_seesaw_halves_ = 2;  // set_mla_decode_seesaw_halves
   bool mla_cluster_ = false;  // set_mla_decode_cluster

@@ -319,6 +319,9 @@ inline constexpr int kMoeGemvMaxPairs = 32;
 bool moe_gemv_supported(const MoeArgs& a);
 size_t moe_gemv_workspace_bytes(const MoeArgs& a);
 void launch_moe_gemv(const MoeArgs& a, void* workspace, cudaStream_t s);
-void launch_moe_grouped(const MoeArgs& a, void* workspace, cudaStream_t s);
+// The grouped GEMMs' form (moe_grouped.cu; the same bits in each): form 0 picks by the grid, the
+// narrow, deep one where the wide tiles of N columns would give fewer blocks than num_sms; 1 wide, 2 narrow.
+bool moe_grouped_narrow(int tiles_max, int N, int num_sms, int form);
+void launch_moe_grouped(const MoeArgs& a, void* workspace, int num_sms, int form, cudaStream_t s);
 
 }  // namespace k3::cuda

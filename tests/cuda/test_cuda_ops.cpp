@@ -1,5 +1,10 @@
 // CUDA backend vs the CPU reference: GEMM, norms, element-wise ops, routing, MoE, data movement.
 // Tolerances and their reasons: tests/cuda/tolerances.h.
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/tolerances.h"
 
@@ -191,6 +196,59 @@ TEST_CASE("cuda moe_experts matches cpu", "[cuda]") {
       g.set_batch_invariant(false);
     }
   }
+}
+
+// The grouped GEMMs' two forms (wide 64 x 64 tiles with 32-column K steps, and narrow 64 x 32 tiles with
+// 64-column K steps in a deeper ring) must give the same bits: the form is picked by the grid, so a
+// batch that changes the grid must not change a row. Shapes: a decode step of k3-small's routed experts
+// (one token, 4 of 32), a K that is not a multiple of either K step (F = 80, Dl = 200: blocks of 16 past
+// K skipped alike), unaligned rows (Dl = 100: the element-wise copies), many pairs, and each act.
+TEST_CASE("cuda moe_experts grouped GEMM: the narrow and the wide form give the same bits", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(bk.gpu.get());
+  REQUIRE(cb != nullptr);
+  auto& g = *bk.gpu;
+  std::mt19937 rng(19);
+  struct Shape { int64_t M, k, E, F, Dl; };
+  g.set_batch_invariant(true);  // the grouped path for every batch
+  for (const Shape sh : {Shape{1, 4, 32, 512, 1024}, Shape{3, 2, 4, 80, 200}, Shape{5, 2, 3, 40, 100},
+                         Shape{300, 4, 8, 80, 96}, Shape{64, 8, 16, 256, 512}}) {
+    const int64_t M = sh.M, k = sh.k, E = sh.E, F = sh.F, Dl = sh.Dl;
+    Tensor z = randn({M, Dl}, rng), w1 = randn({E, F, Dl}, rng, 0.1f), w3 = randn({E, F, Dl}, rng, 0.1f),
+           w2 = randn({E, Dl, F}, rng, 0.1f);
+    std::vector<int32_t> idv;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < k; ++j) idv.push_back(int32_t((m * 5 + j * 3 + (m % 7)) % E));
+    const Tensor gz = g.from_host(z, DType::BF16), gids = g.from_host(Tensor::from_i32({M, k}, idv), DType::I32),
+                 gwt = g.from_host(uniform({M, k}, rng, 0.1f, 1.f, false), DType::F32),
+                 g1 = g.from_host(w1, DType::BF16), g3 = g.from_host(w3, DType::BF16), g2 = g.from_host(w2, DType::BF16);
+    for (const ops::GluAct act : {ops::GluAct::Situ, ops::GluAct::Silu}) {
+      Tensor ys[2];
+      for (int form : {1, 2}) {
+        cb->set_moe_grouped_form(form);
+        Tensor gy = poisoned(g, {M, Dl}, DType::F32);
+        g.moe_experts({.z = gz, .ids = gids, .weights = gwt, .w1 = g1, .w3 = g3, .w2 = g2, .y = gy, .act = act});
+        ys[form - 1] = g.to_host(gy);
+      }
+      INFO("M=" << M << " k=" << k << " E=" << E << " F=" << F << " Dl=" << Dl
+                << (act == ops::GluAct::Silu ? " silu" : " situ"));
+      CHECK(std::memcmp(ys[0].data(), ys[1].data(), ys[0].nbytes()) == 0);
+      CHECK(std::isfinite(ys[1].f32()[0]));
+    }
+  }
+  cb->set_moe_grouped_form(0);
+  g.set_batch_invariant(false);
+  REQUIRE_THROWS_WITH(cb->set_moe_grouped_form(3), Catch::Matchers::Contains("form 3 not in 0..2"));
+}
+
+// The rule needs no GPU: a decode step of k3-small (4 tiles x 8 column tiles of W1/W3 = 32 blocks on
+// 132 SMs) goes narrow; a batch of 64 (36 tiles) stays wide; forms 1 and 2 hold the choice.
+TEST_CASE("moe grouped GEMM form: narrow where the wide grid would leave SMs idle", "[cuda]") {
+  CHECK(cuda::moe_grouped_narrow(4, 512, 132, 0));
+  CHECK(cuda::moe_grouped_narrow(4, 1024, 132, 0));
+  CHECK_FALSE(cuda::moe_grouped_narrow(36, 512, 132, 0));
+  CHECK_FALSE(cuda::moe_grouped_narrow(4, 512, 132, 1));
+  CHECK(cuda::moe_grouped_narrow(36, 512, 132, 2));
 }
 
 TEST_CASE("cuda sample (greedy on the device, seeded rows on the host) matches cpu", "[cuda]") {
