@@ -29,17 +29,6 @@ void note_line(const std::string& s) {
 
 namespace {
 
-// k3-decode's rank group flags of a decode DP rank (none for a single process of the monolithic engine;
-// a single process with kv_partitions > 1 is a DCP group of one).
-std::vector<std::string> group_args(const DecodeProcess& d) {
-  if (!d.rank_sliced()) return {};
-  std::vector<std::string> a = {d.ep > 1 ? "--group-ep" : "--group-dcp", std::to_string(d.group_size()),
-                                "--group-step-deadline-ms", std::to_string(d.step_deadline_ms)};
-  if (d.kv_partitions > 0) a.insert(a.end(), {"--kv-partitions", std::to_string(d.kv_partitions)});
-  a.insert(a.end(), {"--group-collectives", d.collectives});
-  return a;
-}
-
 // SIGINT/SIGTERM are blocked in the launcher and collected here without waiting.
 bool stop_requested(const sigset_t& sigs) {
   timespec zero{0, 0};

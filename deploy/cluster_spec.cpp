@@ -70,6 +70,15 @@ std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec) {
   return out;
 }
 
+std::vector<std::string> group_args(const DecodeProcess& d) {
+  if (!d.rank_sliced()) return {};
+  std::vector<std::string> a = {d.ep > 1 ? "--group-ep" : "--group-dcp", std::to_string(d.group_size()),
+                                "--group-step-deadline-ms", std::to_string(d.step_deadline_ms)};
+  if (d.kv_partitions > 0) a.insert(a.end(), {"--kv-partitions", std::to_string(d.kv_partitions)});
+  a.insert(a.end(), {"--group-collectives", d.collectives});
+  return a;
+}
+
 std::vector<std::string> kernels_flags(const ClusterSpec& spec) {
   if (spec.kernels == "invariant") return {};
   return {"--kernels", spec.kernels};

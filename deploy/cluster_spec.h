@@ -131,6 +131,10 @@ struct DecodeProcess {
 // The decode DP ranks of a spec, in rank order ("<id>" for one rank, "<id>-<r>" for several); global
 // ranks advance by each group's size.
 std::vector<DecodeProcess> decode_processes(const ClusterSpec& spec);
+// k3-decode's rank group flags of a decode DP rank, which its leader and every member get alike (none
+// for a single process of the monolithic engine; a single process with kv_partitions > 1 is a DCP group
+// of one).
+std::vector<std::string> group_args(const DecodeProcess& d);
 // The --kernels flag every k3-prefill / k3-decode of the spec gets: none for the default, invariant (so
 // command lines stay as they were), else {"--kernels", kernels}.
 std::vector<std::string> kernels_flags(const ClusterSpec& spec);

@@ -66,13 +66,6 @@ int render(const std::string& spec_path, const std::string& target, const std::s
   ClusterSpec& spec = loaded->spec;
   spec.model = model.empty() ? fs::absolute(spec.model).lexically_normal().string() : model;
   const nlohmann::json raw = spec_for_render(loaded->raw, spec.model);
-  // The renderers start one process per decode rank: a rank group (dcp/ep > 1) needs the leader-then-members
-  // start-up k3-cluster does, which they do not write yet. Refuse rather than render a spec that would not serve.
-  for (const DecodeProcess& d : decode_processes(spec))
-    if (d.rank_sliced())
-      return fail("render: decode '" + d.instance + "' is a rank group (dcp " + std::to_string(d.dcp) + ", ep " +
-                  std::to_string(d.ep) + ", kv_partitions " + std::to_string(d.kv_partitions) +
-                  "); rendering rank groups for Kubernetes or Slurm is not supported yet");
   if (target == "slurm") {
     if (slurm.bin_dir.empty()) slurm.bin_dir = own_bin_dir();
     auto script = render_slurm(spec, raw, slurm);
@@ -157,7 +150,10 @@ int cluster_tool_main(int argc, char** argv) {
   r->add_option("--partition", slurm.partition, "slurm: partition (default: the cluster's default)");
   r->add_option("--time", slurm.time_limit, "slurm: time limit (default: the partition's)");
   r->add_option("--control-port", slurm.ports.control_port, "router control port (default 5600)")->check(CLI::Range(1, 65535));
-  r->add_option("--decode-port", slurm.ports.decode_port, "decode rank r binds this + r (default 5700)")->check(CLI::Range(1, 65535));
+  r->add_option("--decode-port", slurm.ports.decode_port, "decode rank r binds this + r (a rank group: its leader's global "
+                 "rank; default 5700)")->check(CLI::Range(1, 65535));
+  r->add_option("--group-port", slurm.ports.group_port, "a decode rank group's leader binds its communicator on 127.0.0.1, "
+                 "this + its global rank (default 6000)")->check(CLI::Range(1, 65535));
   r->add_option("--prefill-port", slurm.ports.prefill_port, "prefill stage k listens on this + k (default 5800)")->check(CLI::Range(1, 65535));
   r->add_option("--metrics-port", slurm.ports.metrics_port,
                  "every prefill stage and decode rank serves GET /metrics here (slurm: decode rank r on this + r, "

@@ -7,12 +7,16 @@ namespace k3::deploy {
 std::vector<NodeProcess> node_processes(const ClusterSpec& spec, const PortLayout& ports) {
   std::vector<NodeProcess> out;
   out.push_back({.kind = NodeProcess::Kind::Router, .name = "router", .port = ports.control_port});
-  int rank = 0;
+  const std::vector<DecodeProcess> decodes = decode_processes(spec);
+  int dp = 0;
   for (size_t g = 0; g < spec.decode.size(); ++g)
-    for (int r = 0; r < spec.decode[g].ranks; ++r, ++rank) {
-      const std::string instance = spec.decode[g].ranks == 1 ? spec.decode[g].id : spec.decode[g].id + "-" + std::to_string(r);
-      out.push_back({.kind = NodeProcess::Kind::Decode, .name = "decode/" + instance, .instance_index = int(g),
-                     .local_index = r, .global_index = rank, .port = ports.decode_port + rank});
+    for (int r = 0; r < spec.decode[g].ranks; ++r, ++dp) {
+      const DecodeProcess& d = decodes[size_t(dp)];
+      out.push_back({.kind = NodeProcess::Kind::Decode, .name = "decode/" + d.instance, .instance_index = int(g),
+                     .local_index = r, .global_index = dp, .port = ports.decode_port + int(d.rank)});
+      for (int i = 1; i < d.group_size(); ++i)
+        out.push_back({.kind = NodeProcess::Kind::DecodeMember, .name = "decode/" + d.instance + "/" + std::to_string(i),
+                       .instance_index = int(g), .local_index = i, .global_index = dp});
     }
   int stage_no = 0;
   for (size_t i = 0; i < spec.prefill.size(); ++i)
@@ -21,6 +25,21 @@ std::vector<NodeProcess> node_processes(const ClusterSpec& spec, const PortLayou
                      .instance_index = int(i), .local_index = s, .global_index = stage_no,
                      .port = s > 0 ? ports.prefill_port + stage_no : 0});
   return out;
+}
+
+std::vector<NodeProcess> unit_of(const std::vector<NodeProcess>& procs, const NodeProcess& first) {
+  std::vector<NodeProcess> unit = {first};
+  if (first.kind != NodeProcess::Kind::Decode) return unit;
+  for (const NodeProcess& p : procs)
+    if (p.kind == NodeProcess::Kind::DecodeMember && p.global_index == first.global_index) unit.push_back(p);
+  return unit;
+}
+
+int unit_gpus(const ClusterSpec& spec, const NodeProcess& first) {
+  if (first.kind == NodeProcess::Kind::Router) return 0;  // it runs no model
+  if (first.kind != NodeProcess::Kind::Decode) return 1;
+  const DecodeProcess d = decode_processes(spec)[size_t(first.global_index)];
+  return d.collectives == "nccl" ? d.group_size() : 1;
 }
 
 std::vector<std::string> router_pair_flags(const ClusterSpec& spec) {
@@ -87,6 +106,24 @@ void add_node_common(std::vector<std::string>& a, const ClusterSpec& spec, const
 
 const std::string& bind_of(const NodeContext& ctx) { return ctx.bind_address.empty() ? ctx.address : ctx.bind_address; }
 
+bool cuda(const ClusterSpec& spec, const NodeContext& ctx) { return (ctx.backend.empty() ? spec.backend : ctx.backend) == "cuda"; }
+
+// Processes of all decode DP ranks, group members included (k3-decode --dp-size, as k3-cluster counts).
+size_t global_ranks(const std::vector<DecodeProcess>& decodes) {
+  size_t n = 0;
+  for (const DecodeProcess& d : decodes) n += size_t(d.group_size());
+  return n;
+}
+
+// A rank group's flags, the same for its leader and members, and the communicator the leader binds and
+// they join: on 127.0.0.1, since the unit runs on one host.
+void add_group(std::vector<std::string>& a, const PortLayout& ports, const DecodeProcess& d) {
+  const std::vector<std::string> group = group_args(d);
+  a.insert(a.end(), group.begin(), group.end());
+  if (d.group_size() > 1)
+    a.insert(a.end(), {"--group-endpoint", "tcp://127.0.0.1:" + std::to_string(ports.group_port + int(d.rank))});
+}
+
 // A process binding something else than the address peers reach it at says which one to announce.
 void add_advertise(std::vector<std::string>& a, const NodeContext& ctx) {
   if (!ctx.bind_address.empty()) a.insert(a.end(), {"--advertise-host", ctx.address});
@@ -95,7 +132,7 @@ void add_advertise(std::vector<std::string>& a, const NodeContext& ctx) {
 }  // namespace
 
 int metrics_port_of(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p, bool per_process) {
-  if (p.kind == NodeProcess::Kind::Router) return 0;
+  if (p.kind == NodeProcess::Kind::Router || p.kind == NodeProcess::Kind::DecodeMember) return 0;  // a group: its leader's
   if (!per_process) return ports.metrics_port;
   const int decode_ranks = static_cast<int>(decode_processes(spec).size());
   return ports.metrics_port + (p.kind == NodeProcess::Kind::Decode ? 0 : decode_ranks) + p.global_index;
@@ -121,12 +158,28 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
     case NodeProcess::Kind::Decode: {
       const DecodeProcess& d = decodes[p.global_index];
       a = {exe(ctx, "k3-decode"), "--model", ctx.model, "--router-endpoint", router_ep, "--instance", d.instance,
-           "--rank", std::to_string(d.rank), "--dp-size", std::to_string(decodes.size()), "--max-requests",
+           "--rank", std::to_string(d.rank), "--dp-size", std::to_string(global_ranks(decodes)), "--max-requests",
            std::to_string(d.max_requests), "--bind", "tcp://" + bind_of(ctx) + ":" + std::to_string(p.port)};
       add_node_common(a, spec, ctx);
-      if ((ctx.backend.empty() ? spec.backend : ctx.backend) == "cuda")
-        a.insert(a.end(), {"--device", std::to_string(d.device_of(0))});
+      if (cuda(spec, ctx)) a.insert(a.end(), {"--device", "0"});
+      add_group(a, ports, d);
       break;
+    }
+    case NodeProcess::Kind::DecodeMember: {
+      const DecodeProcess& d = decodes[p.global_index];
+      a = {exe(ctx, "k3-decode"), "--model", ctx.model, "--instance", d.instance, "--threads",
+           std::to_string(spec.threads), "--backend", ctx.backend.empty() ? spec.backend : ctx.backend,
+           "--max-requests", std::to_string(d.max_requests), "--log-level", ctx.log_level, "--group-rank",
+           std::to_string(p.local_index), "--interface", ctx.address};
+      // Over NCCL (the spec's backend is cuda then) each member has a GPU of its own, whatever the
+      // launcher's backend variable says.
+      if (d.collectives == "nccl") a.insert(a.end(), {"--device", std::to_string(p.local_index)});
+      else if (cuda(spec, ctx)) a.insert(a.end(), {"--device", "0"});
+      const std::vector<std::string> kernels = kernels_flags(spec);
+      a.insert(a.end(), kernels.begin(), kernels.end());
+      add_group(a, ports, d);
+      add_keys(a, ctx, p.name);
+      return a;  // no control socket, no metrics: the leader speaks for the group
     }
     case NodeProcess::Kind::Prefill: {
       const PrefillSpec& ps = spec.prefill[p.instance_index];
@@ -165,6 +218,22 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
   add_advertise(a, ctx);
   add_keys(a, ctx, p.name);
   return a;
+}
+
+std::string unit_script(const ClusterSpec& spec, const PortLayout& ports, const std::vector<NodeProcess>& unit,
+                        const NodeContext& ctx) {
+  if (unit.size() == 1) return "exec " + shell_join(node_command(spec, ports, unit.front(), ctx)) + "\n";
+  // Members first: each retries joining the leader's communicator until it is bound (for the group's
+  // start-up deadline). The leader, once formed, fails the group when a member dies, and ends.
+  // Written for `set -eu` (Kubernetes' command line sets it): no failing command outside a condition.
+  std::string s = "members=\"\"\nleader=\"\"\ntrap 'kill -TERM $leader $members 2>/dev/null || true' TERM INT\n";
+  for (size_t i = 1; i < unit.size(); ++i)
+    s += shell_join(node_command(spec, ports, unit[i], ctx)) + " &\nmembers=\"$members $!\"\n";
+  s += shell_join(node_command(spec, ports, unit.front(), ctx)) + " &\nleader=$!\n"
+       "rc=0\nwait $leader || rc=$?\n"
+       "kill -TERM $members 2>/dev/null || true\nwait || true\n"
+       "exit $rc\n";
+  return s;
 }
 
 }  // namespace k3::deploy

@@ -7,6 +7,11 @@
 // decode_port + r; prefill stage k (global index over all instances' stages, k > 0 within its instance)
 // listens on prefill_port + k. Distinct ports let several processes share one host (Slurm); on
 // Kubernetes each pod has its own address and the distinct ports are merely harmless.
+//
+// A decode rank group (docs/RANKS.md) is one unit wherever it is placed: its leader and members run
+// together (one pod, one Slurm step, on one host) from one script (group_unit_script), which ends them
+// all when one ends, so the group restarts as a whole. The leader binds the group's communicator on
+// 127.0.0.1:group_port + its global rank, which only the group's own processes reach.
 #pragma once
 #include <functional>
 #include <string>
@@ -24,21 +29,28 @@ struct PortLayout {
   // where processes share a host (NodeContext::metrics_per_process), decode rank r at metrics_port + r
   // and prefill stage k at metrics_port + (decode ranks) + k.
   int metrics_port = 9400;
+  int group_port = 6000;
 };
 
 // One process of the deployment.
 struct NodeProcess {
-  enum class Kind { Router, Decode, Prefill } kind = Kind::Router;
-  std::string name;        // control name: "router", "decode/<instance>", "prefill/<id>/<stage>"
+  // Decode: a decode DP rank's process (the group's leader); DecodeMember: rank i > 0 of its group.
+  enum class Kind { Router, Decode, DecodeMember, Prefill } kind = Kind::Router;
+  // control name: "router", "decode/<instance>", "decode/<instance>/<i>", "prefill/<id>/<stage>"
+  std::string name;
   int instance_index = 0;  // index into spec.prefill / spec.decode
-  int local_index = 0;     // stage within its prefill instance / rank within its decode group
-  int global_index = 0;    // global decode rank / global prefill stage number
-  int port = 0;            // what it binds (router: the control port; prefill stage 0: none)
+  int local_index = 0;     // stage within its prefill instance / DP rank within its decode entry / group rank
+  int global_index = 0;    // decode DP rank (index into decode_processes) / global prefill stage number
+  int port = 0;            // what it binds (router: the control port; prefill stage 0 and members: none)
 };
 
-// Every process in launch order: the router, the decode ranks (global rank order), then each prefill
-// instance's stages in order.
+// Every process in launch order: the router, the decode DP ranks (each leader followed by its
+// members), then each prefill instance's stages in order.
 std::vector<NodeProcess> node_processes(const ClusterSpec& spec, const PortLayout& ports);
+// The processes one placement unit runs: a decode leader and its members, or the process alone.
+std::vector<NodeProcess> unit_of(const std::vector<NodeProcess>& procs, const NodeProcess& first);
+// How many GPUs a unit takes with the cuda backend: a group over NCCL one a rank, the router none, else one.
+int unit_gpus(const ClusterSpec& spec, const NodeProcess& first);
 
 // The router's --pair values: every prefill instance with every decode process (any prefill instance can
 // feed any decode rank or group; the router chooses the decode target per request), prefill-major.
@@ -66,9 +78,17 @@ struct NodeContext {
 // The port `p` serves its /metrics on (0 for the router, whose /metrics is its HTTP port's).
 int metrics_port_of(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p, bool per_process);
 
-// The argv (executable first) of `p`.
+// The argv (executable first) of `p`. CUDA devices are numbered within the unit (what a pod or a Slurm
+// step sees): the leader 0, member i its own GPU i over NCCL, the leader's over UCX.
 std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p,
                                       const NodeContext& ctx);
+
+// The POSIX sh lines that run the unit starting at `first`: `exec` of its command for a single
+// process; for a rank group, the members in the background, then the leader, each signal passed on to
+// all, and when the leader ends (it ends when a member does: it fails the group) the members are stopped
+// and the script exits with the leader's status.
+std::string unit_script(const ClusterSpec& spec, const PortLayout& ports, const std::vector<NodeProcess>& unit,
+                        const NodeContext& ctx);
 
 // The key file of a control name inside the keys directory: transfer::ClusterKeyFiles' naming ('/' -> '_',
 // ".key"), which a test checks against the files it writes.

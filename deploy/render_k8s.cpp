@@ -71,16 +71,22 @@ J probe_exec(const std::string& script, int period, int failures) {
           {"failureThreshold", failures}};
 }
 
-// A StatefulSet (one pod per process of `procs`, in ordinal order) and its headless Service.
+// A StatefulSet (one pod per unit of `units`, in ordinal order: a process, or a decode rank group's
+// leader and members together) and its headless Service.
 std::string stateful_group(const ClusterSpec& spec, const K8sOptions& opt, const NodeContext& ctx,
-                           const std::vector<NodeProcess>& procs, const std::string& name, const std::string& component,
-                           const std::string& group) {
+                           const std::vector<std::vector<NodeProcess>>& units, const std::string& name,
+                           const std::string& component, const std::string& group) {
   std::vector<std::string> starts, node_names;
   J ports = J::array();
-  for (const auto& p : procs) {
-    starts.push_back("exec " + shell_join(node_command(spec, opt.ports, p, ctx)));
+  size_t processes = 1;  // a pod's processes: each takes spec.threads cores
+  for (const auto& unit : units) {
+    const NodeProcess& p = unit.front();   // what the router knows the unit by
+    std::string start = unit_script(spec, opt.ports, unit, ctx);
+    start.pop_back();  // the case branch's ";;" follows
+    starts.push_back(start);
     node_names.push_back("n=" + shell_word(p.name));
     if (p.port) ports.push_back({{"name", "p" + std::to_string(p.port)}, {"port", p.port}, {"targetPort", p.port}});
+    processes = std::max(processes, unit.size());
   }
   const std::string router_url = "http://k3-router:" + std::to_string(spec.port);
   const std::string probe = by_ordinal(node_names, "process") + "exec k3-cluster probe --router " + router_url + " --node \"$n\"";
@@ -89,7 +95,7 @@ std::string stateful_group(const ClusterSpec& spec, const K8sOptions& opt, const
                  {"command", sh("set -eu\n" + by_ordinal(starts, "process"))},
                  {"ports", J::array({{{"name", "metrics"}, {"containerPort", opt.ports.metrics_port}}})},
                  {"env", env(spec, false)},
-                 {"resources", {{"requests", {{"cpu", std::to_string(std::max(1, spec.threads))}}}}},
+                 {"resources", {{"requests", {{"cpu", std::to_string(std::max<size_t>(1, processes * size_t(std::max(1, spec.threads))))}}}}},
                  {"volumeMounts", mounts()},
                  {"startupProbe", probe_exec(probe, 5, 120)},
                  {"readinessProbe", probe_exec(probe, 10, 3)},
@@ -103,7 +109,7 @@ std::string stateful_group(const ClusterSpec& spec, const K8sOptions& opt, const
            {"metadata", {{"name", name}, {"labels", labels(component, group)}}},
            {"spec",
             {{"serviceName", name},
-             {"replicas", procs.size()},
+             {"replicas", units.size()},
              {"podManagementPolicy", "Parallel"},
              {"selector", {{"matchLabels", labels(component, group)}}},
              {"template",
@@ -145,10 +151,21 @@ std::string router_yaml(const ClusterSpec& spec, const K8sOptions& opt, const No
   return yaml_text(svc) + "---\n" + yaml_text(dep);
 }
 
-// JSON 6902 patches of an overlay, one file per workload kind.
-J patch_target(const std::string& kind, const std::string& name) {
-  return {{"path", kind == "Deployment" ? "router.yaml" : "nodes.yaml"},
-          {"target", {{"group", "apps"}, {"version", "v1"}, {"kind", kind}, {"name", name}}}};
+// A workload of the base and the GPUs each of its pods takes on the k3 overlay (0: the router's none).
+struct Workload {
+  std::string kind, name;
+  int gpus = 1;
+};
+
+// JSON 6902 patches of an overlay: the router's file, the nodes' (one GPU a pod), and one more for each
+// other GPU count (a rank group over NCCL: a GPU per rank, the group in one pod).
+std::string patch_file(const Workload& w, bool per_gpu_count) {
+  if (w.kind == "Deployment") return "router.yaml";
+  return !per_gpu_count || w.gpus == 1 ? "nodes.yaml" : "nodes-" + std::to_string(w.gpus) + "gpu.yaml";
+}
+J patch_target(const Workload& w, bool per_gpu_count) {
+  return {{"path", patch_file(w, per_gpu_count)},
+          {"target", {{"group", "apps"}, {"version", "v1"}, {"kind", w.kind}, {"name", w.name}}}};
 }
 
 std::string tiny_overlay_patch(const std::string& image) {
@@ -164,11 +181,11 @@ std::string tiny_overlay_patch(const std::string& image) {
   return yaml_text(ops);
 }
 
-std::string k3_overlay_patch(bool router) {
+std::string k3_overlay_patch(int gpus) {
   J ops = J::array({{{"op", "replace"}, {"path", "/spec/template/spec/containers/0/env/2/value"}, {"value", "cuda"}}});
-  if (!router) {
+  if (gpus > 0) {
     ops.push_back({{"op", "add"}, {"path", "/spec/template/spec/containers/0/resources/limits"},
-                   {"value", {{"nvidia.com/gpu", 1}}}});
+                   {"value", {{"nvidia.com/gpu", gpus}}}});
     // Loading a real K3 stage takes minutes: allow 30 of them before the first heartbeat.
     ops.push_back({{"op", "replace"}, {"path", "/spec/template/spec/containers/0/startupProbe/failureThreshold"}, {"value", 360}});
   }
@@ -209,24 +226,27 @@ Result<std::map<std::string, std::string>> render_k8s(const ClusterSpec& spec, c
   for (const auto& p : procs) secret_files.push_back("keys/" + key_file_of(p.name));
   secret_files.push_back("keys/public_keys");
   files["base/router.yaml"] = router_yaml(spec, opt, ctx, procs.front());
-  std::vector<std::pair<std::string, std::string>> workloads = {{"Deployment", "k3-router"}};
-  for (size_t g = 0; g < spec.decode.size(); ++g) {
-    std::vector<NodeProcess> group;
+  std::vector<Workload> workloads = {{"Deployment", "k3-router", 0}};
+  // One pod per unit of the entry: each decode DP rank (a rank group whole), each prefill stage.
+  auto units_of = [&](NodeProcess::Kind kind, size_t index) {
+    std::vector<std::vector<NodeProcess>> units;
     for (const auto& p : procs)
-      if (p.kind == NodeProcess::Kind::Decode && p.instance_index == int(g)) group.push_back(p);
+      if (p.kind == kind && p.instance_index == int(index)) units.push_back(unit_of(procs, p));
+    return units;
+  };
+  for (size_t g = 0; g < spec.decode.size(); ++g) {
+    const auto units = units_of(NodeProcess::Kind::Decode, g);
     const std::string name = "k3-decode-" + spec.decode[g].id, file = "decode-" + spec.decode[g].id + ".yaml";
-    files["base/" + file] = stateful_group(spec, opt, ctx, group, name, "decode", spec.decode[g].id);
+    files["base/" + file] = stateful_group(spec, opt, ctx, units, name, "decode", spec.decode[g].id);
     resources.push_back(file);
-    workloads.push_back({"StatefulSet", name});
+    workloads.push_back({"StatefulSet", name, unit_gpus(spec, units.front().front())});
   }
   for (size_t i = 0; i < spec.prefill.size(); ++i) {
-    std::vector<NodeProcess> stages;
-    for (const auto& p : procs)
-      if (p.kind == NodeProcess::Kind::Prefill && p.instance_index == int(i)) stages.push_back(p);
     const std::string name = "k3-prefill-" + spec.prefill[i].id, file = "prefill-" + spec.prefill[i].id + ".yaml";
-    files["base/" + file] = stateful_group(spec, opt, ctx, stages, name, "prefill", spec.prefill[i].id);
+    files["base/" + file] = stateful_group(spec, opt, ctx, units_of(NodeProcess::Kind::Prefill, i), name, "prefill",
+                                           spec.prefill[i].id);
     resources.push_back(file);
-    workloads.push_back({"StatefulSet", name});
+    workloads.push_back({"StatefulSet", name, 1});
   }
   J cm = {{"apiVersion", "v1"},
           {"kind", "ConfigMap"},
@@ -244,17 +264,19 @@ Result<std::map<std::string, std::string>> render_k8s(const ClusterSpec& spec, c
   for (const auto& [overlay, comment] :
        std::vector<std::pair<std::string, std::string>>{
            {"k3-tiny-cpu", "# k3-tiny on CPU: every pod generates the model (same seed, same weights); no GPU.\n"},
-           {"k3", "# Real K3 on GPUs: the model on the PVC, one GPU per node pod, long startups.\n"}}) {
+           {"k3", "# Real K3 on GPUs: the model on the PVC, one GPU per node pod (a rank group over NCCL: one per rank,\n"
+                  "# the group in one pod), long startups.\n"}}) {
+    const bool tiny = overlay == "k3-tiny-cpu";
     J patches = J::array();
-    for (const auto& [kind, name] : workloads) patches.push_back(patch_target(kind, name));
+    for (const Workload& w : workloads) {
+      patches.push_back(patch_target(w, !tiny));
+      files["overlays/" + overlay + "/" + patch_file(w, !tiny)] = tiny ? tiny_overlay_patch(opt.image) : k3_overlay_patch(w.gpus);
+    }
     files["overlays/" + overlay + "/kustomization.yaml"] =
         comment + yaml_text(J{{"apiVersion", "kustomize.config.k8s.io/v1beta1"},
                               {"kind", "Kustomization"},
                               {"resources", J::array({"../../base"})},
                               {"patches", patches}});
-    const bool tiny = overlay == "k3-tiny-cpu";
-    files["overlays/" + overlay + "/router.yaml"] = tiny ? tiny_overlay_patch(opt.image) : k3_overlay_patch(true);
-    files["overlays/" + overlay + "/nodes.yaml"] = tiny ? tiny_overlay_patch(opt.image) : k3_overlay_patch(false);
   }
   return files;
 }

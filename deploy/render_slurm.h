@@ -2,6 +2,8 @@
 // (without its API key) and the control-plane keys into a run directory on the shared filesystem,
 // then starts every process of the spec with its own `srun` step pinned to a node of the allocation:
 // the router on the first node, the decode ranks and prefill stages after it, `per_node` to a node.
+// A decode rank group is one step (its leader and members on one node, node_commands.h's unit script,
+// with a GPU per rank over NCCL) and counts as its processes towards `per_node`.
 // Each step binds the address its node's name resolves to (or $K3_ADDR) on a fixed port
 // (node_commands.h) and restarts its process when it exits with an error (up to $K3_MAX_RESTARTS times;
 // the restarted process registers again). The job runs until it is cancelled (scancel).

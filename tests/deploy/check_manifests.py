@@ -2,13 +2,15 @@
 """Builds every Kustomize layout `k3-cluster render --target k8s` wrote (base and each overlay) with
 `kubectl kustomize`, validates every resource strictly against the Kubernetes schemas with
 kubernetes-validate, and checks what the deployment needs: one StatefulSet per prefill instance (a pod
-per stage) and per decode group (a pod per rank), headless Services that publish not-ready pods, probes
-on every container, the spec in a ConfigMap without the API key, a GPU per node pod in the k3 overlay,
-the model generated in the k3-tiny-cpu overlay, and
-every shell script in a container command or probe parses (sh -n).
+per stage) and per decode entry (a pod per DP rank: a rank group's leader and members together in one
+pod), headless Services that publish not-ready pods, probes on every container, the spec in a ConfigMap
+without the API key, a GPU per node pod in the k3 overlay (a GPU per rank for a rank group over NCCL),
+the model generated in the k3-tiny-cpu overlay, and every shell script in a container command or probe
+parses (sh -n).
 
 usage: check_manifests.py RENDER_DIR KUBECTL EXPECT_JSON
-EXPECT_JSON: {"prefill": {"<id>": stages}, "decode": {"<id>": ranks}}
+EXPECT_JSON: {"prefill": {"<id>": stages}, "decode": {"<id>": ranks or {"pods": ranks, "group": processes
+a rank, "gpus": GPUs a pod on the k3 overlay}}}
 Exit status 0 when everything holds; each failure is printed."""
 import json
 import subprocess
@@ -52,8 +54,12 @@ def main():
         sets, services = by_kind(docs, "StatefulSet"), by_kind(docs, "Service")
         check("k3-router" in by_kind(docs, "Deployment"), f"{name}: no router Deployment")
         check("k3-router" in services, f"{name}: no router Service")
+        gpus_of = {}
         for role, groups in expect.items():
-            for gid, count in groups.items():
+            for gid, want in groups.items():
+                count = want["pods"] if isinstance(want, dict) else want
+                group = want.get("group", 1) if isinstance(want, dict) else 1
+                gpus_of[f"k3-{role}-{gid}"] = want.get("gpus", 1) if isinstance(want, dict) else 1
                 sts = sets.get(f"k3-{role}-{gid}")
                 check(sts is not None, f"{name}: no StatefulSet k3-{role}-{gid}")
                 if sts is None:
@@ -64,7 +70,11 @@ def main():
                       f"{name}: k3-{role}-{gid} has no headless Service publishing not-ready pods")
                 script = sts["spec"]["template"]["spec"]["containers"][0]["command"][2]
                 for i in range(count):
-                    check(f"  {i}) exec " in script, f"{name}: k3-{role}-{gid} starts nothing on ordinal {i}")
+                    start = f"  {i}) exec " if group == 1 else f"  {i}) members="
+                    check(start in script, f"{name}: k3-{role}-{gid} starts nothing on ordinal {i}")
+                members = script.count("'--group-rank'")
+                check(members == count * (group - 1),
+                      f"{name}: k3-{role}-{gid} starts {members} group members, want {count * (group - 1)}")
         check(len(sets) == sum(len(g) for g in expect.values()), f"{name}: {len(sets)} StatefulSets")
         for w in list(sets.values()) + list(by_kind(docs, "Deployment").values()):
             c = w["spec"]["template"]["spec"]["containers"][0]
@@ -78,7 +88,8 @@ def main():
             gpu = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
             env = {e["name"]: e.get("value") for e in c["env"]}
             if name == "k3" and w["kind"] == "StatefulSet":
-                check(gpu == 1, f"k3: {w['metadata']['name']} asks for no GPU")
+                want_gpus = gpus_of.get(w["metadata"]["name"], 1)
+                check(gpu == want_gpus, f"k3: {w['metadata']['name']} asks for {gpu} GPUs, want {want_gpus}")
                 check(env["K3_BACKEND"] == "cuda", f"k3: {w['metadata']['name']} backend {env['K3_BACKEND']}")
             if name == "k3-tiny-cpu":
                 check(gpu is None, f"k3-tiny-cpu: {w['metadata']['name']} asks for a GPU")

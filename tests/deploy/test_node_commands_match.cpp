@@ -41,20 +41,8 @@ std::vector<std::string> cmdline(pid_t pid) {
   return out;
 }
 
-}  // namespace
-
-TEST_CASE("the rendered command lines carry every flag k3-cluster passes its children", "[deploy][render]") {
-  test::TempDir tmp("node-commands");
-  const std::string dir = std::filesystem::canonical(tmp.path()).string();
-  const json raw = {{"model", dir + "/model"},
-                    {"generate", {{"preset", "k3-tiny"}, {"seed", 2}}},
-                    {"router", {{"host", "127.0.0.1"}, {"port", 0}, {"placement", "least-loaded"}, {"affinity_tokens", 32}}},
-                    {"prefill", json::array({{{"id", "p"}, {"stages", 2}, {"chunk_size", 64}, {"max_requests", 4},
-                                              {"prefix_cache", {{"slots", 2}, {"budget_mb", 1}}}}})},
-                    {"decode", json::array({{{"id", "d"}, {"ranks", 1}, {"max_requests", 10}}})},
-                    {"threads", 1},
-                    {"kernels", "fast"},   // every node gets --kernels fast (the CPU backend's kernels ignore it)
-                    {"timeouts", {{"heartbeat_ms", 250}, {"heartbeat_misses", 4}, {"claim_ms", 4000}}}};
+// Starts k3-cluster on `raw` (its "model" under `dir`) and compares every process's flags with the rendered ones.
+void check_commands_match(const std::string& dir, const json& raw) {
   std::ofstream(dir + "/spec.json") << raw.dump(2);
   auto launched = test::launch_cluster(dir + "/spec.json", std::chrono::seconds(300), {"--log-level", "info"});
   auto spec = deploy::parse_cluster_spec(json::parse(raw.dump()));  // as read from the file
@@ -69,7 +57,10 @@ TEST_CASE("the rendered command lines carry every flag k3-cluster passes its chi
   // Flags whose values are places, which the launchers choose differently.
   const std::set<std::string> places = {"--model", "--host", "--port", "--cluster-endpoint", "--router-endpoint",
                                         "--decode-endpoint", "--next-endpoint", "--listen", "--bind", "--control-key",
-                                        "--control-public-keys", "--metrics-listen"};
+                                        "--control-public-keys", "--metrics-listen", "--group-endpoint"};
+  // Binding flags the renderers add where k3-cluster takes a default or a port it is told after start-up
+  // (a group leader binds its communicator on a port of its choosing and prints it).
+  const std::set<std::string> binding = {"--bind", "--interface", "--group-endpoint"};
   for (const auto& p : deploy::node_processes(*spec, deploy::PortLayout{})) {
     INFO(p.name);
     REQUIRE(launched.pids.count(p.name));
@@ -87,9 +78,39 @@ TEST_CASE("the rendered command lines carry every flag k3-cluster passes its chi
     }
     for (const auto& [flag, values] : rendered) {
       INFO(flag);
-      CHECK((local.count(flag) || flag == "--bind" || flag == "--interface"));
+      CHECK((local.count(flag) || binding.count(flag)));
     }
   }
   ::kill(launched.proc->pid(), SIGTERM);
   CHECK(launched.proc->wait_exit(std::chrono::seconds(20)) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("the rendered command lines carry every flag k3-cluster passes its children", "[deploy][render]") {
+  test::TempDir tmp("node-commands");
+  const std::string dir = std::filesystem::canonical(tmp.path()).string();
+  check_commands_match(dir, {{"model", dir + "/model"},
+                             {"generate", {{"preset", "k3-tiny"}, {"seed", 2}}},
+                             {"router", {{"host", "127.0.0.1"}, {"port", 0}, {"placement", "least-loaded"}, {"affinity_tokens", 32}}},
+                             {"prefill", json::array({{{"id", "p"}, {"stages", 2}, {"chunk_size", 64}, {"max_requests", 4},
+                                                       {"prefix_cache", {{"slots", 2}, {"budget_mb", 1}}}}})},
+                             {"decode", json::array({{{"id", "d"}, {"ranks", 1}, {"max_requests", 10}}})},
+                             {"threads", 1},
+                             {"kernels", "fast"},   // every node gets --kernels fast (the CPU backend's kernels ignore it)
+                             {"timeouts", {{"heartbeat_ms", 250}, {"heartbeat_misses", 4}, {"claim_ms", 4000}}}});
+}
+
+TEST_CASE("the rendered command lines of a decode rank group carry k3-cluster's flags, leader and members",
+          "[deploy][render]") {
+  test::TempDir tmp("node-commands-group");
+  const std::string dir = std::filesystem::canonical(tmp.path()).string();
+  check_commands_match(dir, {{"model", dir + "/model"},
+                             {"generate", {{"preset", "k3-tiny"}, {"seed", 2}}},
+                             {"router", {{"host", "127.0.0.1"}, {"port", 0}}},
+                             {"prefill", json::array({{{"id", "p"}, {"stages", 1}, {"chunk_size", 64}}})},
+                             {"decode", json::array({{{"id", "d"}, {"dp", 1}, {"ep", 2}, {"max_requests", 8},
+                                                      {"step_deadline_ms", 3000}}})},
+                             {"threads", 1},
+                             {"kernels", "fast"}});
 }

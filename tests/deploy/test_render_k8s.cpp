@@ -65,6 +65,51 @@ TEST_CASE("rendered Kubernetes manifests build and validate against the schemas"
   CHECK(check.out.find("checked ") != std::string::npos);
 }
 
+// Decode rank groups: each DP rank's leader and members in one pod (their communicator on the pod's
+// loopback, a GPU per rank over NCCL), the leader's control port on the Service, every member's key in
+// the Secret, and the group ended whole when its leader ends.
+TEST_CASE("rendered Kubernetes manifests run each decode rank group in one pod", "[deploy][k8s]") {
+  const std::string kubectl = test::deploy_tool("kubectl"), python = test::deploy_tool("python3");
+  REQUIRE(!kubectl.empty());
+  REQUIRE(run_command(python + " -c 'import kubernetes_validate, yaml'").exit_code == 0);
+  test::TempDir dir("render-k8s-groups");
+  const std::string spec = write_spec(dir.path(), R"({
+    "model": "models/k3-tiny",
+    "prefill": [{"id": "p", "stages": 1}],
+    "decode": [{"id": "g", "dp": 2, "ep": 2, "collectives": "nccl"}, {"id": "c", "dp": 1, "dcp": 2}],
+    "backend": "cuda"
+  })");
+  auto r = run_command(std::string(K3_BIN_DIR) + "/k3-cluster render --target k8s --spec " + spec + " --out " +
+                       dir.path() + "/out 2>&1");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  auto slurp = [&](const std::string& rel) {
+    std::ifstream in(dir.path() + "/out/" + rel);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string g = slurp("base/decode-g.yaml"), c = slurp("base/decode-c.yaml"), k = slurp("base/kustomization.yaml");
+  // Global ranks: g-0 is 0 and 1, g-1 is 2 and 3, c is 4 and 5; control ports 5700 + the leader's rank.
+  CHECK(g.find("'--group-endpoint' 'tcp://127.0.0.1:6000'") != std::string::npos);
+  CHECK(g.find("'--group-endpoint' 'tcp://127.0.0.1:6002'") != std::string::npos);
+  CHECK(c.find("'--group-endpoint' 'tcp://127.0.0.1:6004'") != std::string::npos);
+  CHECK(g.find("'--bind' 'tcp://0.0.0.0:5702'") != std::string::npos);
+  CHECK(g.find("'--dp-size' '6'") != std::string::npos);
+  CHECK(g.find("'--group-rank' '1' '--interface' \"${K3_ADDR}\" '--device' '1'") != std::string::npos);  // its own GPU
+  CHECK(c.find("'--group-rank' '1' '--interface' \"${K3_ADDR}\" '--group-dcp'") != std::string::npos);  // UCX: the group's GPU
+  CHECK(g.find("wait $leader") != std::string::npos);
+  for (const char* key : {"keys/decode_g-0_1.key", "keys/decode_g-1_1.key", "keys/decode_c_1.key"}) {
+    INFO(key);
+    CHECK(k.find(key) != std::string::npos);
+  }
+  // The prefill stage reaches each group's leader at its pod's name and port.
+  CHECK(slurp("base/prefill-p.yaml").find("'--decode-endpoint' 'tcp://k3-decode-g-1.k3-decode-g:5702'") != std::string::npos);
+  const auto check = run_command(python + " " + K3_SOURCE_DIR + "/tests/deploy/check_manifests.py " + dir.path() +
+                                 "/out " + kubectl + " '{\"prefill\": {\"p\": 1}, \"decode\": {\"g\": {\"pods\": 2, " +
+                                 "\"group\": 2, \"gpus\": 2}, \"c\": {\"pods\": 1, \"group\": 2, \"gpus\": 1}}}' 2>&1");
+  INFO(check.out);
+  CHECK(check.exit_code == 0);
+}
+
 TEST_CASE("the key file names the manifests mount are the ones k3-cluster keys writes", "[deploy][k8s]") {
   test::TempDir dir("render-keys");
   const std::vector<std::string> names = {"router", "decode/e-1", "prefill/q/2"};

@@ -92,29 +92,75 @@ TEST_CASE("render_slurm with the cpu backend overcommits instead of asking for G
         std::string::npos);
 }
 
-TEST_CASE("k3-cluster render refuses a spec with decode rank groups by name", "[deploy][slurm]") {
-  // The renderers start one process per decode rank; a DP2 x EP4 group needs k3-cluster's leader-then-members
-  // start-up, so rendering it must fail loudly instead of writing a job that would never serve.
+TEST_CASE("render_slurm runs each decode rank group as one step on one node", "[deploy][slurm]") {
+  // DP2 x EP2 over NCCL (a GPU per rank) and one prefill stage, 4 processes a node: both groups on node 0
+  // (4 GPUs), the stage on node 1. The router counts for no node's share.
+  const nlohmann::json raw = {{"model", "/models/k3"},
+                              {"prefill", {{{"id", "p"}, {"stages", 1}}}},
+                              {"decode", {{{"id", "d"}, {"dp", 2}, {"ep", 2}, {"collectives", "nccl"}}}},
+                              {"backend", "cuda"}};
+  auto spec = deploy::parse_cluster_spec(raw);
+  REQUIRE(spec.is_ok());
+  deploy::SlurmOptions opt;
+  opt.bin_dir = "/opt/k3/bin";
+  opt.per_node = 4;
+  auto script = deploy::render_slurm(*spec, raw, opt);
+  REQUIRE(script.is_ok());
+  const std::string& s = *script;
+  {
+    test::TempDir dir("render-slurm-groups");
+    std::ofstream(dir.path() + "/k3.sbatch") << s;
+    CHECK(test::run_command("bash -n " + dir.path() + "/k3.sbatch").exit_code == 0);
+  }
+  CHECK(s.find("#SBATCH --nodes=2\n") != std::string::npos);
+  CHECK(s.find("#SBATCH --ntasks=4\n") != std::string::npos);   // router, two groups, one stage
+  CHECK(s.find("#SBATCH --gres=gpu:4\n") != std::string::npos);  // node 0: two groups of two GPUs
+  std::string srun;
+  const std::string d1 = step_of(s, "decode/d-1", srun);
+  CHECK(srun.find("--nodelist=\"${K3_HOSTS[0]}\"") != std::string::npos);
+  CHECK(srun.find("--gres=gpu:2") != std::string::npos);
+  // The leader of d-1 is global rank 2: control port 5702, communicator 6002 on the node's loopback.
+  CHECK(d1.find("'--bind' \"tcp://${K3_ADDR}:5702\"") != std::string::npos);
+  CHECK(d1.find("'--dp-size' '4'") != std::string::npos);
+  CHECK(d1.find("'--group-rank' '1' '--interface' \"${K3_ADDR}\" '--device' '1'") != std::string::npos);
+  CHECK(d1.find("'--group-endpoint' 'tcp://127.0.0.1:6002'") != std::string::npos);
+  CHECK(d1.find("'--control-key' \"${K3_RUN_DIR}/keys/decode_d-1_1.key\"") != std::string::npos);
+  CHECK(d1.find("wait $leader") != std::string::npos);
+  CHECK(s.find("steps/decode_d-1_1.sh") == std::string::npos);  // a member has no step of its own
+  step_of(s, "prefill/p/0", srun);
+  CHECK(srun.find("--nodelist=\"${K3_HOSTS[1]}\"") != std::string::npos);
+  CHECK(srun.find("--gres=gpu:1") != std::string::npos);
+  CHECK(step_of(s, "prefill/p/0", srun).find("'--decode-endpoint' \"tcp://${K3_HOST_0}:5702\"") != std::string::npos);
+
+  // A group is never split over nodes: fewer processes a node than a group has is named.
+  opt.per_node = 1;
+  const auto too_small = deploy::render_slurm(*spec, raw, opt);
+  REQUIRE(!too_small.is_ok());
+  CHECK(too_small.status().message().find("--per-node 1 is less than the 2 processes of rank group decode/d-0") !=
+        std::string::npos);
+}
+
+TEST_CASE("k3-cluster render writes rank groups for both targets, and a DCP rank of one as one process", "[deploy][slurm]") {
   test::TempDir dir("render-groups");
   for (const char* target : {"slurm", "k8s"}) {
     const auto r = test::run_command(std::string(K3_BIN_DIR) + "/k3-cluster render --target " + target + " --spec " +
-                                     K3_SOURCE_DIR + "/deploy/cluster-ep.json --out " + dir.path() + " 2>&1");
+                                     K3_SOURCE_DIR + "/deploy/cluster-ep.json --out " + dir.path() + "/" + target + " 2>&1");
     INFO(target << ": " << r.out);
-    CHECK(r.exit_code != 0);
-    CHECK(r.out.find("rank group") != std::string::npos);
-    CHECK(r.out.find("'d-0'") != std::string::npos);
+    CHECK(r.exit_code == 0);
   }
-  // One rank with kv_partitions 2 runs the rank-sliced forward too (a DCP group of one): refused, not
-  // rendered as a plain decode rank that would ignore the partitions.
+  // One rank with kv_partitions 2 runs the rank-sliced forward alone: its flags, no members, no communicator.
   std::ifstream in(std::string(K3_SOURCE_DIR) + "/deploy/cluster-ep.json");
-  nlohmann::json spec = nlohmann::json::parse(in);
-  spec["decode"][0].erase("ep");
-  spec["decode"][0]["kv_partitions"] = 2;
-  std::ofstream(dir.path() + "/kv2.json") << spec.dump(2);
-  const auto r = test::run_command(std::string(K3_BIN_DIR) + "/k3-cluster render --target slurm --spec " + dir.path() +
-                                   "/kv2.json --out " + dir.path() + " 2>&1");
-  INFO(r.out);
-  CHECK(r.exit_code != 0);
-  CHECK(r.out.find("rank group") != std::string::npos);
-  CHECK(r.out.find("kv_partitions 2") != std::string::npos);
+  nlohmann::json raw = nlohmann::json::parse(in);
+  raw["decode"][0].erase("ep");
+  raw["decode"][0]["kv_partitions"] = 2;
+  auto spec = deploy::parse_cluster_spec(raw);
+  REQUIRE(spec.is_ok());
+  auto script = deploy::render_slurm(*spec, raw, deploy::SlurmOptions{.bin_dir = "/b"});
+  REQUIRE(script.is_ok());
+  std::string srun;
+  const std::string d0 = step_of(*script, "decode/d-0", srun);
+  CHECK(d0.find("'--group-dcp' '1'") != std::string::npos);
+  CHECK(d0.find("'--kv-partitions' '2'") != std::string::npos);
+  CHECK(d0.find("--group-endpoint") == std::string::npos);
+  CHECK(d0.find("'--group-rank'") == std::string::npos);
 }
