@@ -157,15 +157,15 @@ void load_mla(Uploader& u, const ModelConfig& cfg, const std::string& p, LayerWe
   lw.w_o = u.get(p + "o_proj.weight");
 }
 
-void load_ffn(Uploader& u, const ModelConfig& cfg, int l, const std::string& p, LayerWeights& lw) {
+void load_ffn(Uploader& u, const ModelConfig& cfg, int l, const std::string& p, ExpertRange experts, LayerWeights& lw) {
   if (cfg.is_dense_ffn(l)) {
     lw.dense_gate = u.get(p + "gate_proj.weight");
     lw.dense_up = u.get(p + "up_proj.weight");
     lw.dense_down = u.get(p + "down_proj.weight");
     return;
   }
-  const int64_t E = cfg.num_experts, f = cfg.moe_intermediate_size,
-                dl = cfg.uses_latent_moe() ? cfg.routed_expert_hidden_size : cfg.hidden_size;
+  const int64_t f = cfg.moe_intermediate_size, dl = cfg.uses_latent_moe() ? cfg.routed_expert_hidden_size : cfg.hidden_size;
+  const int64_t e0 = experts.begin, e1 = experts.end < 0 ? cfg.num_experts : experts.end, E = e1 - e0;
   lw.router = u.get(p + "gate.weight");  // compute dtype (the GEMM's operand); logits come out F32
   lw.router_bias = u.up_f32(u.host(p + "gate.e_score_correction_bias"));
   if (cfg.uses_latent_moe()) {
@@ -174,7 +174,7 @@ void load_ffn(Uploader& u, const ModelConfig& cfg, int l, const std::string& p, 
     lw.lat_up = u.get(p + "routed_expert_up_proj.weight");
   }
   std::vector<std::string> w1, w3, w2;
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = e0; e < e1; ++e) {
     const std::string ep = p + "experts." + std::to_string(e) + ".";
     w1.push_back(ep + "w1.weight");
     w3.push_back(ep + "w3.weight");
@@ -193,7 +193,13 @@ void load_ffn(Uploader& u, const ModelConfig& cfg, int l, const std::string& p, 
 }  // namespace
 
 Result<std::unique_ptr<Model::Weights>> upload_weights(Backend& backend, const ModelConfig& cfg,
-                                                       const WeightStore& store, int begin, int end) {
+                                                       const WeightStore& store, int begin, int end,
+                                                       ExpertRange experts) {
+  const int64_t e_end = experts.end < 0 ? cfg.num_experts : experts.end;
+  if (cfg.num_experts > 0 && (experts.begin < 0 || experts.begin >= e_end || e_end > cfg.num_experts))
+    return invalid_argument("upload_weights: experts [" + std::to_string(experts.begin) + ", " +
+                              std::to_string(e_end) + ") are not a non-empty range of the model's " +
+                              std::to_string(cfg.num_experts));
   // Names were validated by load_weights; a miss here is a caller bug and throws with the name.
   Uploader u(backend, store);
   auto w = std::make_unique<Model::Weights>();
@@ -215,7 +221,7 @@ Result<std::unique_ptr<Model::Weights>> upload_weights(Backend& backend, const M
     }
     if (cfg.layer_kind(l) == LayerKind::Kda) load_kda(u, cfg, p + "self_attn.", lw);
     else load_mla(u, cfg, p + "self_attn.", lw);
-    load_ffn(u, cfg, l, p + (cfg.is_dense_ffn(l) ? std::string("mlp.") : moe_prefix(cfg)), lw);
+    load_ffn(u, cfg, l, p + (cfg.is_dense_ffn(l) ? std::string("mlp.") : moe_prefix(cfg)), experts, lw);
     w->layers.push_back(std::move(lw));
   }
   return w;

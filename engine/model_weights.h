@@ -43,8 +43,16 @@ struct Model::Weights {
   std::vector<LayerWeights> layers;   // index l - begin
 };
 
-// Builds the backend-side weights for layers [begin, end).
+// The routed experts [begin, end) a process keeps (an EP rank: its share; end < 0: all of them).
+struct ExpertRange {
+  int64_t begin = 0, end = -1;
+};
+
+// Builds the backend-side weights for layers [begin, end), of the routed experts only `experts`: an EP
+// rank reads and uploads its own experts and never holds the others (on K3 they are nearly all the
+// weights, far more than one GPU holds), and w1 / w3 / w2 are then [experts, ...] in expert order.
 Result<std::unique_ptr<Model::Weights>> upload_weights(Backend& backend, const ModelConfig& cfg,
-                                                       const WeightStore& store, int begin, int end);
+                                                       const WeightStore& store, int begin, int end,
+                                                       ExpertRange experts = {});
 
 }  // namespace k3

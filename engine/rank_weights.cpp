@@ -52,11 +52,6 @@ void slice_mla(Backend& be, const ModelConfig& cfg, const RankLayout& g, LayerWe
   lw.w_g = take_rows(be, lw.w_g, {{m0 * dv, m1 * dv}});
 }
 
-void slice_experts(Backend& be, const ModelConfig& cfg, const RankLayout& g, LayerWeights& lw) {
-  const int64_t El = cfg.num_experts / g.ep, e0 = g.ep_rank() * El;
-  for (Tensor* t : {&lw.w1, &lw.w3, &lw.w2}) *t = take_rows(be, *t, {{e0, e0 + El}});
-}
-
 }  // namespace
 
 void slice_weights_for_rank(Backend& backend, const ModelConfig& cfg, const RankLayout& g, Model::Weights& w) {
@@ -67,7 +62,6 @@ void slice_weights_for_rank(Backend& backend, const ModelConfig& cfg, const Rank
       if (cfg.layer_kind(l) == LayerKind::Kda) slice_kda(backend, cfg, g, lw);
       else slice_mla(backend, cfg, g, lw);
     }
-    if (g.ep > 1 && !cfg.is_dense_ffn(l)) slice_experts(backend, cfg, g, lw);
   }
 }
 
