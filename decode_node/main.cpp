@@ -36,6 +36,7 @@
 #include "transfer/net_interface.h"
 
 #include "common/core/node_process.h"
+#include "common/io/load_progress.h"
 #include "kernels/backend_flags.h"
 
 using namespace k3;
@@ -334,6 +335,9 @@ int main(int argc, char** argv) {
 
   auto weights = load_weights(model_dir, *cfg);
   if (!weights.is_ok()) return fail(weights.status());
+  // Outlives the upload, which a group's rank does inside run_group.
+  LoadProgress load("k3-decode decode/" + o.instance_id + (gf.rank > 0 ? "/" + std::to_string(gf.rank) : "") + ": weights");
+  weights->set_upload_observer(load.observer());
   auto bc = backend_flags.resolve();
   if (!bc.is_ok()) return fail(bc.status());
   auto backend = make_backend(*bc);
@@ -362,6 +366,7 @@ int main(int argc, char** argv) {
   zmq::context_t zctx;
   auto rank = decode::DecodeRank::create(o, **backend, *cfg, *weights, zctx);
   if (!rank.is_ok()) return fail(rank.status());
+  load.finish();
   if (Status st = serve(**rank, **backend, o, std::chrono::milliseconds(50), metrics_at); !st.is_ok()) return fail(st);
   say("STOPPED");
   return 0;

@@ -1,5 +1,6 @@
 #include "engine/model_weights.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -17,7 +18,8 @@ namespace {
 // never drawn on the host; the small host-prepared ones are drawn by the store.
 class Uploader {
  public:
-  Uploader(Backend& b, const WeightStore& s) : b_(b), s_(s) {
+  // `total`: what the upload is expected to come to (upload_bytes), told to the store's observer.
+  Uploader(Backend& b, const WeightStore& s, uint64_t total) : b_(b), s_(s), total_(total) {
     if (const auto& src = s.synthetic_source())
       for (TensorSpec& spec : expected_tensors(src->cfg)) specs_.emplace(spec.name, std::move(spec));
   }
@@ -30,8 +32,8 @@ class Uploader {
     const bool widens_itself = b_.compute_dtype() == DType::F32 && (t.dtype() == DType::BF16 || t.dtype() == DType::F16);
     return t.dtype() == b_.compute_dtype() || widens_itself ? t : t.to_f32();
   }
-  Tensor up(const Tensor& host) { return b_.from_host(host, b_.compute_dtype()); }
-  Tensor up_f32(const Tensor& host_f32) { return b_.from_host(host_f32, DType::F32); }
+  Tensor up(const Tensor& host) { return uploaded(b_.from_host(host, b_.compute_dtype())); }
+  Tensor up_f32(const Tensor& host_f32) { return uploaded(b_.from_host(host_f32, DType::F32)); }
   Tensor get(const std::string& name) {
     if (auto t = stacked({name}, 1)) return *t;
     return up(native(name));
@@ -66,7 +68,14 @@ class Uploader {
     for (int64_t k = 0; k < parts; ++k)
       b_.fill_uniform({.y = out.slice_rows(k * per, (k + 1) * per), .seed = draws[k].seed, .scale = draws[k].scale,
                        .round_to_bf16 = src->matrix_dtype == DType::BF16});
-    return out;
+    return uploaded(std::move(out));
+  }
+
+  // Counts a tensor now on the backend and tells the store's observer.
+  Tensor uploaded(Tensor t) {
+    done_ += t.nbytes();
+    if (const UploadObserver& f = s_.upload_observer()) f(done_, total_);
+    return t;
   }
 
   // Concatenates host tensors along dim 0 (F32 unless every part has the same dtype).
@@ -106,8 +115,17 @@ class Uploader {
  private:
   Backend& b_;
   const WeightStore& s_;
+  uint64_t total_ = 0, done_ = 0;
   std::map<std::string, TensorSpec> specs_;  // synthetic stores: every tensor of the model
 };
+
+// The routed expert a tensor name belongs to ("...experts.<e>....": e), or -1.
+int64_t expert_of(const std::string& name) {
+  const std::string key = ".experts.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  return std::strtoll(name.c_str() + at + key.size(), nullptr, 10);
+}
 
 void load_kda(Uploader& u, const ModelConfig& cfg, const std::string& p, LayerWeights& lw) {
   const int64_t P = cfg.kda_proj_dim(), W = cfg.kda.short_conv_kernel_size, H = cfg.kda.num_heads;
@@ -201,7 +219,7 @@ Result<std::unique_ptr<Model::Weights>> upload_weights(Backend& backend, const M
                               std::to_string(e_end) + ") are not a non-empty range of the model's " +
                               std::to_string(cfg.num_experts));
   // Names were validated by load_weights; a miss here is a caller bug and throws with the name.
-  Uploader u(backend, store);
+  Uploader u(backend, store, upload_bytes(cfg, begin, end, experts, backend.compute_dtype()));
   auto w = std::make_unique<Model::Weights>();
   if (begin == 0) w->embed = u.get("model.embed_tokens.weight");
   if (end == cfg.num_hidden_layers) {
@@ -225,6 +243,17 @@ Result<std::unique_ptr<Model::Weights>> upload_weights(Backend& backend, const M
     w->layers.push_back(std::move(lw));
   }
   return w;
+}
+
+uint64_t upload_bytes(const ModelConfig& cfg, int begin, int end, ExpertRange experts, DType compute) {
+  const int64_t e_end = experts.end < 0 ? cfg.num_experts : experts.end;
+  uint64_t bytes = 0;
+  for (const TensorSpec& spec : expected_tensors(cfg, begin, end)) {
+    const int64_t e = expert_of(spec.name);
+    if (e >= 0 && (e < experts.begin || e >= e_end)) continue;
+    bytes += static_cast<uint64_t>(shape_numel(spec.shape)) * dtype_size(spec.f32_only ? DType::F32 : compute);
+  }
+  return bytes;
 }
 
 }  // namespace k3

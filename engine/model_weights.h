@@ -51,8 +51,13 @@ struct ExpertRange {
 // Builds the backend-side weights for layers [begin, end), of the routed experts only `experts`: an EP
 // rank reads and uploads its own experts and never holds the others (on K3 they are nearly all the
 // weights, far more than one GPU holds), and w1 / w3 / w2 are then [experts, ...] in expert order.
+// The store's upload observer (if any) hears of each weight as it goes up (upload_bytes' total).
 Result<std::unique_ptr<Model::Weights>> upload_weights(Backend& backend, const ModelConfig& cfg,
                                                        const WeightStore& store, int begin, int end,
                                                        ExpertRange experts = {});
+
+// About the bytes upload_weights puts on a backend keeping `compute` for these layers and experts: every
+// tensor of the range in `compute` (F32 where the model keeps it F32), each once.
+uint64_t upload_bytes(const ModelConfig& cfg, int begin, int end, ExpertRange experts, DType compute);
 
 }  // namespace k3

@@ -27,6 +27,7 @@
 #include "transfer/net_interface.h"
 
 #include "common/core/node_process.h"
+#include "common/io/load_progress.h"
 #include "kernels/backend_flags.h"
 
 using namespace k3;
@@ -197,8 +198,11 @@ int main(int argc, char** argv) {
   auto backend = make_backend(*bc);
   if (!backend.is_ok()) return fail(backend.status());
   zmq::context_t zctx;
+  LoadProgress load("k3-prefill prefill/" + o.instance_id + "/" + std::to_string(o.stage) + ": weights");
+  weights->set_upload_observer(load.observer());
   auto stage = prefill::PrefillStage::create(o, **backend, *cfg, *weights, zctx);
   if (!stage.is_ok()) return fail(stage.status());
+  load.finish();
   prefill::PrefillStage& s = **stage;
 
   const std::atomic<bool>& g_stop = install_stop_signals();

@@ -15,6 +15,7 @@ Result<std::unique_ptr<LocalEngineService>> LocalEngineService::open(const std::
   K3_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(model_dir + "/config.json"));
   K3_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(model_dir));
   K3_ASSIGN_OR_RETURN(WeightStore weights, load_weights(model_dir, cfg));
+  weights.set_upload_observer(opts.on_upload);
   return create(cfg, std::move(weights), std::make_shared<const Tokenizer>(std::move(tok)), opts);
 }
 

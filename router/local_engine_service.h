@@ -34,6 +34,7 @@ struct LocalEngineOptions {
   int max_queue = 64;        // waiting requests (beyond free slots) before submit() says ResourceExhausted
   int prefill_chunk = 256;   // tokens per prefill forward (0 = whole prompt)
   BackendChoice backend;      // cpu (threads) or cuda (device, invariant or fast kernels)
+  UploadObserver on_upload;   // open(): told of the weights' upload as it goes (a progress display)
   int page_size = 16;
   // Prefix cache: on when checkpoint_slots > 0 (KDA slots for checkpoints beside max_running).
   int prefix_checkpoint_slots = 0;

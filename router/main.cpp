@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "common/io/load_progress.h"
 #include "kernels/backend_flags.h"
 #include "router/api_handlers.h"
 #include "router/cluster_service.h"
@@ -168,14 +169,17 @@ int main(int argc, char** argv) {
     if (cluster_endpoint.empty()) {
       auto backend = backend_flags.resolve();
       if (!backend.is_ok()) return fail(backend.status().to_string());
+      LoadProgress load("k3-router: weights");
       auto local = LocalEngineService::open(model_dir, {.max_running = max_running, .max_queue = max_queue,
                                                         .prefill_chunk = prefill_chunk, .backend = *backend,
+                                                        .on_upload = load.observer(),
                                                         .prefix_checkpoint_slots = prefix_slots,
                                                         .prefix_block_tokens = prefix_block,
                                                         .prefix_checkpoint_every = prefix_every,
                                                         .prefix_budget_bytes = static_cast<uint64_t>(prefix_budget_mb * (1 << 20)),
                                                         .cache_region_bytes = static_cast<uint64_t>(cache_region_mib * (1 << 20))});
       if (!local.is_ok()) return fail(local.status().to_string());
+      load.finish();
       tokenizer = (*local)->tokenizer();
       cfg = (*local)->config();
       service = std::move(local).value();

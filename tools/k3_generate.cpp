@@ -16,6 +16,7 @@
 #include "common/model/weights.h"
 #include "common/tokenizer/chat_format.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/io/load_progress.h"
 #include "kernels/backend_flags.h"
 
 using namespace k3;
@@ -40,6 +41,8 @@ int write_logits(const std::string& model, const ModelConfig& cfg, const Backend
                  const std::vector<std::vector<int32_t>>& prompts, const std::string& path) {
   auto weights = load_weights(model, cfg);
   if (!weights.is_ok()) return fail(weights.status());
+  LoadProgress load("k3-generate: weights");
+  weights->set_upload_observer(load.observer());
   auto backend = make_backend(bc);
   if (!backend.is_ok()) return fail(backend.status());
   const auto t0 = std::chrono::steady_clock::now();
@@ -165,6 +168,8 @@ int main(int argc, char** argv) {
 
     auto weights = load_weights(model_dir, *cfg);
     if (!weights.is_ok()) return fail(weights.status());
+    LoadProgress load("k3-generate: weights");
+    weights->set_upload_observer(load.observer());
     auto backend = make_backend(bc);
     if (!backend.is_ok()) return fail(backend.status());
     if ((*backend)->chunk_invariant() && chunk % 64 != 0)
@@ -178,6 +183,7 @@ int main(int argc, char** argv) {
     eo.cache.num_pages = static_cast<int>((ids.size() + max_tokens) / eo.cache.page_size + 2);
     auto engine = Engine::create(**backend, *cfg, *weights, eo);
     if (!engine.is_ok()) return fail(engine.status());
+    load.finish();
 
     GenerateRequest rq;
     rq.prompt = ids;

@@ -2,6 +2,7 @@
 // with validation, and random initialisation for generated models.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -36,6 +37,11 @@ struct SyntheticSource {
   DType matrix_dtype = DType::BF16;
 };
 
+// Told, after each weight a backend upload takes from a store, the bytes uploaded so far and the
+// upload's expected total (engine/model_weights.h; for a progress display: done may pass the total by
+// the few tensors uploaded in two forms).
+using UploadObserver = std::function<void(uint64_t done, uint64_t total)>;
+
 // Host tensors by name, kept alive by the mapped files; or a synthetic source, whose tensors are
 // drawn when asked for (get() draws on the host and keeps the result; the upload fills the large
 // ones on the backend's device instead, engine/model_weights.cpp).
@@ -48,11 +54,15 @@ class WeightStore {
   // The stored tensors (for a synthetic source: only those get() has drawn so far).
   const std::map<std::string, Tensor>& all() const { return tensors_; }
   const std::optional<SyntheticSource>& synthetic_source() const { return synthetic_; }
+  // Who hears of an upload's progress from this store (none by default).
+  void set_upload_observer(UploadObserver f) { upload_observer_ = std::move(f); }
+  const UploadObserver& upload_observer() const { return upload_observer_; }
 
  private:
   mutable std::map<std::string, Tensor> tensors_;
   std::optional<SyntheticSource> synthetic_;
   std::map<std::string, TensorSpec> specs_;  // synthetic: every tensor of the model
+  UploadObserver upload_observer_;
 };
 
 // "synthetic:PRESET[:SEED]" names a generated model instead of a directory (docs/MODELS.md).
