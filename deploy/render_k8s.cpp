@@ -88,6 +88,13 @@ std::string stateful_group(const ClusterSpec& spec, const K8sOptions& opt, const
     if (p.port) ports.push_back({{"name", "p" + std::to_string(p.port)}, {"port", p.port}, {"targetPort", p.port}});
     processes = std::max(processes, unit.size());
   }
+  // A rank group's processes share the pod: UCX between them (and NCCL's proxies) use shared memory,
+  // which a container's default 64 MiB /dev/shm would starve. Memory-backed, counted in the pod's memory.
+  J vols = volumes(opt), mnts = mounts();
+  if (processes > 1) {
+    vols.push_back({{"name", "dshm"}, {"emptyDir", {{"medium", "Memory"}, {"sizeLimit", "8Gi"}}}});
+    mnts.push_back({{"name", "dshm"}, {"mountPath", "/dev/shm"}});
+  }
   const std::string router_url = "http://k3-router:" + std::to_string(spec.port);
   const std::string probe = by_ordinal(node_names, "process") + "exec k3-cluster probe --router " + router_url + " --node \"$n\"";
   J container = {{"name", component},
@@ -96,7 +103,7 @@ std::string stateful_group(const ClusterSpec& spec, const K8sOptions& opt, const
                  {"ports", J::array({{{"name", "metrics"}, {"containerPort", opt.ports.metrics_port}}})},
                  {"env", env(spec, false)},
                  {"resources", {{"requests", {{"cpu", std::to_string(std::max<size_t>(1, processes * size_t(std::max(1, spec.threads))))}}}}},
-                 {"volumeMounts", mounts()},
+                 {"volumeMounts", mnts},
                  {"startupProbe", probe_exec(probe, 5, 120)},
                  {"readinessProbe", probe_exec(probe, 10, 3)},
                  {"livenessProbe", probe_exec(probe + " --router-down-ok", 10, 6)}};
@@ -114,7 +121,7 @@ std::string stateful_group(const ClusterSpec& spec, const K8sOptions& opt, const
              {"selector", {{"matchLabels", labels(component, group)}}},
              {"template",
               {{"metadata", {{"labels", labels(component, group)}, {"annotations", scrape_annotations(opt.ports.metrics_port)}}},
-               {"spec", {{"containers", J::array({container})}, {"volumes", volumes(opt)}}}}}}}};
+               {"spec", {{"containers", J::array({container})}, {"volumes", vols}}}}}}}};
   return yaml_text(svc) + "---\n" + yaml_text(sts);
 }
 

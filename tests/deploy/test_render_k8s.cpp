@@ -97,6 +97,10 @@ TEST_CASE("rendered Kubernetes manifests run each decode rank group in one pod",
   CHECK(g.find("'--group-rank' '1' '--interface' \"${K3_ADDR}\" '--device' '1'") != std::string::npos);  // its own GPU
   CHECK(c.find("'--group-rank' '1' '--interface' \"${K3_ADDR}\" '--group-dcp'") != std::string::npos);  // UCX: the group's GPU
   CHECK(g.find("wait $leader") != std::string::npos);
+  // The group's processes talk through shared memory: a memory-backed /dev/shm, only where a pod runs several.
+  CHECK(g.find("mountPath: \"/dev/shm\"") != std::string::npos);
+  CHECK(g.find("medium: \"Memory\"") != std::string::npos);
+  CHECK(slurp("base/prefill-p.yaml").find("/dev/shm") == std::string::npos);
   for (const char* key : {"keys/decode_g-0_1.key", "keys/decode_g-1_1.key", "keys/decode_c_1.key"}) {
     INFO(key);
     CHECK(k.find(key) != std::string::npos);
