@@ -40,6 +40,8 @@ struct EngineBenchOptions {
   std::vector<int> prefill = {8192, 32768};
   int steps = 10;
   bool batch_invariant = false;
+  bool kda_decode_as_steps = false;  // batch-invariant decode steps through the fused KDA kernel
+  int moe_grouped_form = 0;          // 0 by the grid, 1 wide, 2 narrow (CudaBackend::set_moe_grouped_form)
   bool profile = true;  // decode time split by layer type
   bool gemm_only = false;  // the GEMM table alone
   std::vector<std::string> gemm_shapes;  // "NxK" of the GEMM tables (empty: hidden x hidden)
@@ -163,6 +165,14 @@ int run_engine_bench(const EngineBenchOptions& o) {
   print_moe_table(be, cfg, c.copy_bytes_per_us);
   if (o.gemm_only) return 0;
   be.set_batch_invariant(o.batch_invariant);
+#ifdef K3_HAVE_CUDA
+  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be)) {
+    cb->set_kda_decode_matches_steps(o.kda_decode_as_steps);
+    cb->set_moe_grouped_form(o.moe_grouped_form);
+  }
+#endif
+  std::printf("kernel switches: kda_decode as the steps %s, grouped MoE form %d (0: by the grid)\n\n",
+              o.kda_decode_as_steps ? "on" : "off", o.moe_grouped_form);
 
   const int bmax = *std::max_element(o.batches.begin(), o.batches.end());
   const int cmax = *std::max_element(o.contexts.begin(), o.contexts.end());
@@ -297,6 +307,11 @@ void add_engine_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "timed decode steps per point")->check(CLI::PositiveNumber);
   cmd->add_option("--seed", o->seed, "seed of the synthetic weights (default 0)");
   cmd->add_flag("--batch-invariant", o->batch_invariant, "fixed-order GEMMs and fixed attention splits");
+  cmd->add_flag("--kda-decode-as-steps", o->kda_decode_as_steps,
+                "with --batch-invariant: decode steps take the fused KDA kernel rounding and summing as the separate "
+                "steps do (off by default in the backend until its bitwise test has run on the GPU)");
+  cmd->add_option("--moe-grouped-form", o->moe_grouped_form, "grouped MoE GEMM form: 0 by the grid (default), 1 wide, "
+                  "2 narrow")->check(CLI::Range(0, 2));
   cmd->add_flag("--gemm-only", o->gemm_only,
                 "print the GEMM tables (fixed-order vs cuBLASLt) and the routed experts' table (each mode and "
                 "grouped-GEMM form) and stop");
