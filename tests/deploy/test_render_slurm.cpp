@@ -26,6 +26,18 @@ std::string step_of(const std::string& script, const std::string& name, std::str
   return script.substr(begin, end - begin);
 }
 
+// The script of `raw` with --bin-dir /opt/k3/bin and --per-node `per_node`, which bash parses.
+std::string rendered(const nlohmann::json& raw, int per_node) {
+  auto spec = deploy::parse_cluster_spec(raw);
+  REQUIRE(spec.is_ok());
+  auto script = deploy::render_slurm(*spec, raw, deploy::SlurmOptions{.bin_dir = "/opt/k3/bin", .per_node = per_node});
+  REQUIRE(script.is_ok());
+  test::TempDir dir("render-slurm");
+  std::ofstream(dir.path() + "/k3.sbatch") << *script;
+  CHECK(test::run_command("bash -n " + dir.path() + "/k3.sbatch").exit_code == 0);
+  return *script;
+}
+
 }  // namespace
 
 TEST_CASE("render_slurm places processes per node and points every endpoint at its peer's node", "[deploy][slurm]") {
@@ -34,19 +46,7 @@ TEST_CASE("render_slurm places processes per node and points every endpoint at i
                               {"prefill", {{{"id", "p"}, {"stages", 2}}, {{"id", "q"}, {"stages", 2}}}},
                               {"decode", {{{"id", "d"}, {"ranks", 2}}}},
                               {"backend", "cuda"}};
-  auto spec = deploy::parse_cluster_spec(raw);
-  REQUIRE(spec.is_ok());
-  deploy::SlurmOptions opt;
-  opt.bin_dir = "/opt/k3/bin";
-  opt.per_node = 2;
-  auto script = deploy::render_slurm(*spec, raw, opt);
-  REQUIRE(script.is_ok());
-  const std::string& s = *script;
-  {  // bash parses it
-    test::TempDir dir("render-slurm");
-    std::ofstream(dir.path() + "/k3.sbatch") << s;
-    CHECK(test::run_command("bash -n " + dir.path() + "/k3.sbatch").exit_code == 0);
-  }
+  const std::string s = rendered(raw, 2);
   // 7 processes: router + 2 decode ranks + 4 stages; 6 after the router, 2 a node -> 3 nodes.
   CHECK(s.find("#SBATCH --nodes=3\n") != std::string::npos);
   CHECK(s.find("#SBATCH --ntasks=7\n") != std::string::npos);
@@ -99,19 +99,7 @@ TEST_CASE("render_slurm runs each decode rank group as one step on one node", "[
                               {"prefill", {{{"id", "p"}, {"stages", 1}}}},
                               {"decode", {{{"id", "d"}, {"dp", 2}, {"ep", 2}, {"collectives", "nccl"}}}},
                               {"backend", "cuda"}};
-  auto spec = deploy::parse_cluster_spec(raw);
-  REQUIRE(spec.is_ok());
-  deploy::SlurmOptions opt;
-  opt.bin_dir = "/opt/k3/bin";
-  opt.per_node = 4;
-  auto script = deploy::render_slurm(*spec, raw, opt);
-  REQUIRE(script.is_ok());
-  const std::string& s = *script;
-  {
-    test::TempDir dir("render-slurm-groups");
-    std::ofstream(dir.path() + "/k3.sbatch") << s;
-    CHECK(test::run_command("bash -n " + dir.path() + "/k3.sbatch").exit_code == 0);
-  }
+  const std::string s = rendered(raw, 4);
   CHECK(s.find("#SBATCH --nodes=2\n") != std::string::npos);
   CHECK(s.find("#SBATCH --ntasks=4\n") != std::string::npos);   // router, two groups, one stage
   CHECK(s.find("#SBATCH --gres=gpu:4\n") != std::string::npos);  // node 0: two groups of two GPUs
@@ -133,8 +121,8 @@ TEST_CASE("render_slurm runs each decode rank group as one step on one node", "[
   CHECK(step_of(s, "prefill/p/0", srun).find("'--decode-endpoint' \"tcp://${K3_HOST_0}:5702\"") != std::string::npos);
 
   // A group is never split over nodes: fewer processes a node than a group has is named.
-  opt.per_node = 1;
-  const auto too_small = deploy::render_slurm(*spec, raw, opt);
+  const auto too_small = deploy::render_slurm(deploy::parse_cluster_spec(raw).value(), raw,
+                                              deploy::SlurmOptions{.bin_dir = "/opt/k3/bin", .per_node = 1});
   REQUIRE(!too_small.is_ok());
   CHECK(too_small.status().message().find("--per-node 1 is less than the 2 processes of rank group decode/d-0") !=
         std::string::npos);
