@@ -46,6 +46,9 @@ Result<std::vector<Step>> place(const ClusterSpec& spec, const std::vector<NodeP
   return steps;
 }
 
+// CPUs a step takes: each of its processes its spec.threads (0, all cores: one here).
+int cpus(const ClusterSpec& spec, const Step& st) { return static_cast<int>(st.unit.size()) * std::max(1, spec.threads); }
+
 }  // namespace
 
 Result<std::string> render_slurm(const ClusterSpec& spec, const nlohmann::json& raw, const SlurmOptions& opt) {
@@ -73,7 +76,10 @@ Result<std::string> render_slurm(const ClusterSpec& spec, const nlohmann::json& 
     << "#SBATCH --nodes=" << nodes << "\n"
     << "#SBATCH --ntasks=" << steps.size() << "\n"
     << "#SBATCH --output=" << opt.job_name << "-%j.out\n";
-  if (gpu) o << "#SBATCH --gres=gpu:" << gpus_per_node << "\n";
+  // GPU serving owns its nodes (every CPU and GPU): the steps pinned to a node then find there the CPUs
+  // and GPUs they ask for, whatever share of the tasks Slurm's distribution would have put on it. The
+  // cpu backend (tests, small models) overcommits instead.
+  if (gpu) o << "#SBATCH --exclusive\n#SBATCH --gres=gpu:" << gpus_per_node << "\n";
   else o << "#SBATCH --overcommit\n";
   if (!opt.partition.empty()) o << "#SBATCH --partition=" << opt.partition << "\n";
   if (!opt.time_limit.empty()) o << "#SBATCH --time=" << opt.time_limit << "\n";
@@ -129,7 +135,9 @@ Result<std::string> render_slurm(const ClusterSpec& spec, const nlohmann::json& 
       << "  sleep $((restarts < 10 ? restarts : 10))\n"
       << "done\n"
       << "K3_STEP\n"
-      << "srun --nodes=1 --ntasks=1 --exact " << (st.gpus > 0 ? "--gres=gpu:" + std::to_string(st.gpus) + " " : "--overcommit ")
+      << "srun --nodes=1 --ntasks=1 --exact "
+      << (st.gpus > 0 ? "--gres=gpu:" + std::to_string(st.gpus) + " --cpus-per-task=" + std::to_string(cpus(spec, st)) + " "
+                      : "--overcommit ")
       << "--nodelist=\"${K3_HOSTS[" << st.node << "]}\" --job-name=" << shell_word(p.name)
       << " --output=\"$K3_RUN_DIR/logs/" << file << ".log\" bash \"$K3_RUN_DIR/steps/" << file << ".sh\" &\n";
   }

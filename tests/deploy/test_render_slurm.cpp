@@ -103,10 +103,11 @@ TEST_CASE("render_slurm runs each decode rank group as one step on one node", "[
   CHECK(s.find("#SBATCH --nodes=2\n") != std::string::npos);
   CHECK(s.find("#SBATCH --ntasks=4\n") != std::string::npos);   // router, two groups, one stage
   CHECK(s.find("#SBATCH --gres=gpu:4\n") != std::string::npos);  // node 0: two groups of two GPUs
+  CHECK(s.find("#SBATCH --exclusive\n") != std::string::npos);     // the steps' CPUs and GPUs are on their nodes
   std::string srun;
   const std::string d1 = step_of(s, "decode/d-1", srun);
   CHECK(srun.find("--nodelist=\"${K3_HOSTS[0]}\"") != std::string::npos);
-  CHECK(srun.find("--gres=gpu:2") != std::string::npos);
+  CHECK(srun.find("--gres=gpu:2 --cpus-per-task=2") != std::string::npos);  // a CPU per process of the group
   // The leader of d-1 is global rank 2: control port 5702, communicator 6002 on the node's loopback.
   CHECK(d1.find("'--bind' \"tcp://${K3_ADDR}:5702\"") != std::string::npos);
   CHECK(d1.find("'--dp-size' '4'") != std::string::npos);
