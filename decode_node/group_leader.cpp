@@ -43,6 +43,7 @@ Result<std::unique_ptr<GroupLeader>> GroupLeader::create(const GroupLeaderOption
   }
   K3_ASSIGN_OR_RETURN(d->worker_, GroupWorker::create(backend, cfg, weights, opts.layout,
                                                           opts.collectives ? *opts.collectives : comm, o.cache));
+  d->worker_->publish_to(d->metrics_);  // the leader's own steps and collectives on its /metrics
   d->next_.resize(static_cast<size_t>(opts.layout.size()));
 
   transfer::DecodeDriverConfig dc = decode_driver_config(o, cfg, d->full_layout_);

@@ -72,6 +72,7 @@ Result<std::vector<float>> GroupWorker::step(const std::vector<GroupFeed>& feeds
     tokens.push_back(f.token);
   }
   K3_ASSIGN_OR_RETURN(Tensor lg, model_->decode_step(items, tokens, progress, with_logits));
+  if (metrics_) metrics_->publish(model_->times());
   for (const auto& f : feeds) ++seqs_.at(f.id).position;  // decode_step advanced the local rows
   if (feeds.empty() || !with_logits) return std::vector<float>{};
   const size_t n = feeds.size() * static_cast<size_t>(cfg_.vocab_size);

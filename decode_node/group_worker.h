@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "decode_node/group_command.h"
+#include "decode_node/rank_metrics.h"
 #include "engine/cache_io.h"
 #include "engine/rank_model.h"
 
@@ -33,6 +34,8 @@ class GroupWorker {
   Result<std::vector<float>> step(const std::vector<GroupFeed>& feeds, const std::function<void()>& progress = {},
                                   bool with_logits = true);
   void close_all();
+  // From now on every step adds its times to `m` (rank_metrics.h), which must outlive this worker.
+  void publish_to(protocol::MetricsRegistry& m) { metrics_ = std::make_unique<RankMetrics>(m); }
 
   size_t num_requests() const { return seqs_.size(); }
   GroupRoom room();                  // this rank's decode caches: pages and sequence slots, free and all
@@ -52,6 +55,7 @@ class GroupWorker {
   ModelConfig cfg_;
   std::unique_ptr<RankModel> model_;
   std::map<uint64_t, Served> seqs_;
+  std::unique_ptr<RankMetrics> metrics_;
 };
 
 }  // namespace k3::decode

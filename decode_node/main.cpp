@@ -131,8 +131,20 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
       }};
   deadlines.use(deadlines.startup);
   if (gf.rank > 0) {
+    // A member's own /metrics: its steps and collectives (the leader speaks for the group to the router).
+    // Declared before the worker, which counts into it until it goes.
+    protocol::MetricsRegistry member_metrics;
     auto worker = decode::GroupWorker::create(be, cfg, weights, layout, forward_comm, o.cache);
     if (!worker.is_ok()) return fail(worker.status());
+    protocol::metric::report_kernels(member_metrics, be.name(), be.batch_invariant());
+    (*worker)->publish_to(member_metrics);
+    std::unique_ptr<protocol::MetricsEndpoint> metrics_endpoint;
+    if (metrics_at) {
+      auto ep = protocol::MetricsEndpoint::start(*metrics_at, member_metrics);
+      if (!ep.is_ok()) return fail(ep.status());
+      metrics_endpoint = std::move(ep).value();
+      say("METRICS " + metrics_endpoint->url());
+    }
     // Every member owns its transfer region (DCP: its slices; EP: the requests placed on it): the leader
     // names its geometry, the rank answers with it.
     auto req = decode::recv_region_request(**comm, 0);
@@ -292,7 +304,8 @@ int main(int argc, char** argv) {
   std::string metrics_listen;
   app.add_option("--metrics-listen", metrics_listen,
                  "HOST:PORT where GET /metrics serves everything this rank counts (transfer, pools, preemptions; "
-                 "port 0 picks one, printed as METRICS <url>; a group: its rank 0); default off");
+                 "port 0 picks one, printed as METRICS <url>; a group's leader: the group's; every rank of a group: its "
+                 "own steps and collectives, k3_rank_*); default off");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
   std::optional<protocol::ListenAddress> metrics_at;

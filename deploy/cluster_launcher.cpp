@@ -173,6 +173,7 @@ Status Launcher::start() {
     const std::vector<std::string> group = group_args(d);
     args.insert(args.end(), group.begin(), group.end());
     K3_ASSIGN_OR_RETURN(ChildProcess * c, spawn("decode/" + d.instance, "k3-decode", args));
+    std::vector<ChildProcess*> members;
     if (d.group_size() > 1) {
       K3_ASSIGN_OR_RETURN(std::string group_ep, wait_line(*c, "GROUP ", deadline));
       // A restarted leader binds the same endpoint, so restarted members find it.
@@ -181,16 +182,21 @@ Status Launcher::start() {
         std::vector<std::string> margs = {"--model", spec_.model, "--instance", d.instance, "--threads", threads,
                                           "--backend", spec_.backend, "--max-requests", std::to_string(d.max_requests),
                                           "--log-level", log_level_, "--group-rank", std::to_string(i),
-                                          "--group-endpoint", group_ep};
+                                          "--group-endpoint", group_ep, "--interface", spec_.reachable_host(),
+                                          "--metrics-listen", spec_.bind_host + ":0"};
         if (spec_.backend == "cuda") margs.insert(margs.end(), {"--device", std::to_string(d.device_of(i))});
         margs.insert(margs.end(), kernels.begin(), kernels.end());
         margs.insert(margs.end(), group.begin(), group.end());
-        K3_TRY(spawn("decode/" + d.instance + "/" + std::to_string(i), "k3-decode", margs, "decode/" + d.instance).status());
+        K3_ASSIGN_OR_RETURN(ChildProcess * m, spawn("decode/" + d.instance + "/" + std::to_string(i), "k3-decode", margs,
+                                                    "decode/" + d.instance));
+        members.push_back(m);
       }
     }
     K3_TRY(keep_metrics_port(*c, deadline));
     K3_ASSIGN_OR_RETURN(std::string ep, wait_line(*c, "READY ", deadline));
     decode_eps.push_back(ep);
+    // The leader is ready once every member joined, and a member serves its /metrics before it joins.
+    for (ChildProcess* m : members) K3_TRY(keep_metrics_port(*m, deadline));
     // A restarted rank binds the same endpoint: the prefill stages' sockets reconnect and re-REGISTER.
     set_option(supervisor_.recipe(c->name()).args, "--bind", rebind(ep));
   }

@@ -152,6 +152,9 @@ int cluster_tool_main(int argc, char** argv) {
   r->add_option("--control-port", slurm.ports.control_port, "router control port (default 5600)")->check(CLI::Range(1, 65535));
   r->add_option("--decode-port", slurm.ports.decode_port, "decode rank r binds this + r (a rank group: its leader's global "
                  "rank; default 5700)")->check(CLI::Range(1, 65535));
+  r->add_option("--member-metrics-port", slurm.ports.member_metrics_port,
+                 "a decode rank group's member i serves GET /metrics here + i (slurm: + its global rank; default 9600)")
+      ->check(CLI::Range(1, 65535));
   r->add_option("--group-port", slurm.ports.group_port, "a decode rank group's leader binds its communicator on 127.0.0.1, "
                  "this + its global rank (default 6000)")->check(CLI::Range(1, 65535));
   r->add_option("--prefill-port", slurm.ports.prefill_port, "prefill stage k listens on this + k (default 5800)")->check(CLI::Range(1, 65535));

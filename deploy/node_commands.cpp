@@ -132,7 +132,11 @@ void add_advertise(std::vector<std::string>& a, const NodeContext& ctx) {
 }  // namespace
 
 int metrics_port_of(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p, bool per_process) {
-  if (p.kind == NodeProcess::Kind::Router || p.kind == NodeProcess::Kind::DecodeMember) return 0;  // a group: its leader's
+  if (p.kind == NodeProcess::Kind::Router) return 0;
+  if (p.kind == NodeProcess::Kind::DecodeMember)
+    return ports.member_metrics_port +
+           (per_process ? static_cast<int>(decode_processes(spec)[size_t(p.global_index)].rank) + p.local_index
+                        : p.local_index);
   if (!per_process) return ports.metrics_port;
   const int decode_ranks = static_cast<int>(decode_processes(spec).size());
   return ports.metrics_port + (p.kind == NodeProcess::Kind::Decode ? 0 : decode_ranks) + p.global_index;
@@ -178,8 +182,11 @@ std::vector<std::string> node_command(const ClusterSpec& spec, const PortLayout&
       const std::vector<std::string> kernels = kernels_flags(spec);
       a.insert(a.end(), kernels.begin(), kernels.end());
       add_group(a, ports, d);
+      if (ctx.node_metrics)  // its own steps and collectives; the leader speaks for the group
+        a.insert(a.end(), {"--metrics-listen", bind_of(ctx) + ":" +
+                                                   std::to_string(metrics_port_of(spec, ports, p, ctx.metrics_per_process))});
       add_keys(a, ctx, p.name);
-      return a;  // no control socket, no metrics: the leader speaks for the group
+      return a;  // no control socket
     }
     case NodeProcess::Kind::Prefill: {
       const PrefillSpec& ps = spec.prefill[p.instance_index];

@@ -30,6 +30,9 @@ struct PortLayout {
   // and prefill stage k at metrics_port + (decode ranks) + k.
   int metrics_port = 9400;
   int group_port = 6000;
+  // A rank group's member i serves its own /metrics (its steps and collectives) here + i, or, where
+  // processes share a host (NodeContext::metrics_per_process), here + its global rank.
+  int member_metrics_port = 9600;
 };
 
 // One process of the deployment.
@@ -75,7 +78,8 @@ struct NodeContext {
   std::function<std::string(const std::string& name)> host_of;
 };
 
-// The port `p` serves its /metrics on (0 for the router, whose /metrics is its HTTP port's).
+// The port `p` serves its /metrics on (0 for the router, whose /metrics is its HTTP port's; a rank group's
+// member: PortLayout::member_metrics_port's).
 int metrics_port_of(const ClusterSpec& spec, const PortLayout& ports, const NodeProcess& p, bool per_process);
 
 // The argv (executable first) of `p`. CUDA devices are numbered within the unit (what a pod or a Slurm

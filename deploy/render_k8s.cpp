@@ -88,6 +88,10 @@ std::string stateful_group(const ClusterSpec& spec, const K8sOptions& opt, const
     if (p.port) ports.push_back({{"name", "p" + std::to_string(p.port)}, {"port", p.port}, {"targetPort", p.port}});
     processes = std::max(processes, unit.size());
   }
+  // Every process's /metrics: the leader's (or the process's) on the scraped port, each member's beside it.
+  J metrics_ports = J::array({{{"name", "metrics"}, {"containerPort", opt.ports.metrics_port}}});
+  for (size_t i = 1; i < processes; ++i)
+    metrics_ports.push_back({{"name", "rank-" + std::to_string(i)}, {"containerPort", opt.ports.member_metrics_port + int(i)}});
   // A rank group's processes share the pod: UCX between them (and NCCL's proxies) use shared memory,
   // which a container's default 64 MiB /dev/shm would starve. Memory-backed, counted in the pod's memory.
   J vols = volumes(opt), mnts = mounts();
@@ -100,7 +104,7 @@ std::string stateful_group(const ClusterSpec& spec, const K8sOptions& opt, const
   J container = {{"name", component},
                  {"image", opt.image},
                  {"command", sh("set -eu\n" + by_ordinal(starts, "process"))},
-                 {"ports", J::array({{{"name", "metrics"}, {"containerPort", opt.ports.metrics_port}}})},
+                 {"ports", metrics_ports},
                  {"env", env(spec, false)},
                  {"resources", {{"requests", {{"cpu", std::to_string(std::max<size_t>(1, processes * size_t(std::max(1, spec.threads))))}}}}},
                  {"volumeMounts", mnts},

@@ -71,3 +71,51 @@ TEST_CASE("k3-prefill and k3-decode serve their own /metrics with --metrics-list
   CHECK(bad.exit_code != 0);
   CHECK_THAT(bad.out, Catch::Contains("--metrics-listen 'nonsense'"));
 }
+
+// A decode rank group (EP2: a leader and a member started by hand): each rank serves its own /metrics
+// with its steps and the group's collectives it joined (k3_rank_*), the member too, though it has no
+// control plane; both count the same steps, and their collectives fit inside their steps' time.
+TEST_CASE("every rank of a decode group serves its steps and collectives on its own /metrics", "[cluster_e2e][metrics]") {
+  k3::testing::ScratchDir dir("node-metrics-group");
+  const std::string model = dir.file("model");
+  REQUIRE(k3::test::run_command(kBin + "/k3-genweights --preset k3-tiny --seed 0 --out '" + model + "'").exit_code == 0);
+  k3::test::PairedNodes nodes(model, {});
+  nodes.start_router();
+  const std::vector<std::string> group = {"--group-ep", "2", "--group-step-deadline-ms", "10000"};
+  std::vector<std::string> leader_args = group;
+  leader_args.insert(leader_args.end(), {"--metrics-listen", "127.0.0.1:0"});
+  ProcessGuard& leader = nodes.start_decode(leader_args);
+  const std::string group_ep = k3::test::wait_line(leader, "GROUP ");
+  std::vector<std::string> member_args = {"--model", model, "--instance", "d", "--group-rank", "1", "--group-endpoint",
+                                          group_ep, "--threads", "1", "--metrics-listen", "127.0.0.1:0"};
+  member_args.insert(member_args.end(), group.begin(), group.end());
+  ProcessGuard& member = nodes.start("k3-decode", member_args, "decode/d");
+  const int leader_port = port_of(k3::test::wait_line(leader, "METRICS "));
+  const int member_port = port_of(k3::test::wait_line(member, "METRICS "));
+  nodes.start_prefill(k3::test::wait_line(leader, "READY "));
+  nodes.wait_healthy();
+
+  std::vector<int32_t> prompt(40);
+  for (int i = 0; i < 40; ++i) prompt[i] = 7 + (i * 13) % 480;
+  const StreamOutcome r = k3::test::stream_completion(nodes.port(), prompt, 6, 120s);
+  INFO(k3::test::outcome_name(r.kind) << " " << r.error);
+  REQUIRE(r.kind == StreamOutcome::Kind::Done);
+
+  double steps[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const int port = i == 0 ? leader_port : member_port;
+    INFO((i == 0 ? "leader" : "member") << " /metrics on port " << port);
+    const auto m = k3::test::read_metrics(port);
+    steps[i] = k3::test::metric_or(m, "k3_rank_steps_total");
+    CHECK(steps[i] >= 5);   // the request's decode steps (the first token came from the prefill)
+    const double a2av = k3::test::metric_or(m, "k3_rank_collective_microseconds_total{op=\"all_to_allv\"}");
+    CHECK(a2av > 0);        // EP: the tokens' expert dispatch and combine
+    CHECK(k3::test::metric_or(m, "k3_rank_collective_bytes_total") > 0);
+    double collectives = 0;
+    for (const char* op : {"all_gather", "all_to_all", "all_to_allv", "all_reduce"})
+      collectives += k3::test::metric_or(m, std::string("k3_rank_collective_microseconds_total{op=\"") + op + "\"}");
+    CHECK(collectives <= k3::test::metric_or(m, "k3_rank_step_microseconds_total") + 10);  // rounding per step
+    CHECK(k3::test::metric_or(m, "k3_kernels_invariant{backend=\"cpu\"}") == 1);
+  }
+  CHECK(steps[0] == steps[1]);   // EP ranks join every step
+}

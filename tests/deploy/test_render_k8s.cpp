@@ -101,6 +101,10 @@ TEST_CASE("rendered Kubernetes manifests run each decode rank group in one pod",
   CHECK(g.find("mountPath: \"/dev/shm\"") != std::string::npos);
   CHECK(g.find("medium: \"Memory\"") != std::string::npos);
   CHECK(slurp("base/prefill-p.yaml").find("/dev/shm") == std::string::npos);
+  // Each member serves its own /metrics next to the leader's: a container port each, the same in every pod.
+  CHECK(g.find("'--group-rank' '1'") != std::string::npos);
+  CHECK(g.find("'--metrics-listen' '0.0.0.0:9601'") != std::string::npos);
+  CHECK(g.find("name: \"rank-1\"") != std::string::npos);
   for (const char* key : {"keys/decode_g-0_1.key", "keys/decode_g-1_1.key", "keys/decode_c_1.key"}) {
     INFO(key);
     CHECK(k.find(key) != std::string::npos);

@@ -61,8 +61,9 @@ void serve_on_slurm(const std::string& test_name, json spec, const std::vector<s
                       " --quiet >/dev/null").exit_code == 0);
   // Every port of the job from one block of free ones: HTTP, control, the decode ranks (+ their global
   // rank), prefill stage 1 (--prefill-port + 1), a metrics port per process (--metrics-port + 0, 1, 2),
-  // and a rank group's communicator (--group-port + its leader's rank).
-  const int base = k3::free_tcp_ports(8);
+  // a rank group's communicator (--group-port + its leader's rank) and its members' metrics
+  // (--member-metrics-port + their global rank).
+  const int base = k3::free_tcp_ports(10);
   REQUIRE(base > 0);
   const int http_port = base;
   spec["model"] = model;
@@ -72,7 +73,8 @@ void serve_on_slurm(const std::string& test_name, json spec, const std::vector<s
                               "/spec.json --out " + dir + " --job-name k3slurmtest --control-port " +
                               std::to_string(base + 1) + " --decode-port " + std::to_string(base + 2) +
                               " --prefill-port " + std::to_string(base + 2) + " --metrics-port " +
-                              std::to_string(base + 4) + " --group-port " + std::to_string(base + 7) + " 2>&1");
+                              std::to_string(base + 4) + " --group-port " + std::to_string(base + 7) +
+                              " --member-metrics-port " + std::to_string(base + 8) + " 2>&1");
   INFO(rendered.out);
   REQUIRE(rendered.exit_code == 0);
 
