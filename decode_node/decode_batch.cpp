@@ -15,19 +15,21 @@ DecodeBatch::~DecodeBatch() {
 
 void DecodeBatch::add(uint64_t id, std::vector<uint8_t> image, int64_t num_tokens, int32_t last_token,
                       ops::SamplingRow sampling, uint64_t step, int logprobs, grammar::TokenConstraint* constraint) {
+  K3_CHECK(step == 1, "decode batch: a request joins after its first token (step 1), got step " + std::to_string(step));
   remove(id);
   seqs_[id] = Seq{.order = next_order_++, .running = false, .cache = {}, .image = std::move(image),
                   .num_tokens = num_tokens, .last_token = last_token, .sampling = sampling, .step = step,
-                  .logprobs = logprobs, .constraint = constraint};
+                  .generated = {last_token}, .logprobs = logprobs, .constraint = constraint};
 }
 
 void DecodeBatch::add_resident(uint64_t id, SeqCache cache, int32_t last_token, ops::SamplingRow sampling,
                                uint64_t step, int logprobs, grammar::TokenConstraint* constraint) {
+  K3_CHECK(step == 1, "decode batch: a request joins after its first token (step 1), got step " + std::to_string(step));
   remove(id);
   const int64_t num_tokens = cache.num_tokens;
   seqs_[id] = Seq{.order = next_order_++, .running = true, .cache = std::move(cache), .image = {},
                   .num_tokens = num_tokens, .last_token = last_token, .sampling = sampling, .step = step,
-                  .logprobs = logprobs, .constraint = constraint};
+                  .generated = {last_token}, .logprobs = logprobs, .constraint = constraint};
 }
 
 void DecodeBatch::remove(uint64_t id) {
@@ -148,6 +150,7 @@ DecodeBatch::StepResult DecodeBatch::step() {
     toks.push_back({s.last_token});
     DrawRow row{.sampling = s.sampling, .logprobs = s.logprobs, .constraint = s.constraint};
     row.sampling.step = s.step;
+    row.sampling.generated = s.generated;
     rows.push_back(row);
   }
   auto logits = engine_.feed_on_backend(caches, toks);  // sampled on the backend: only ids come back
@@ -168,6 +171,7 @@ DecodeBatch::StepResult DecodeBatch::step() {
     }
     s.num_tokens = s.cache.num_tokens;
     s.last_token = drawn[i].token;
+    s.generated.push_back(drawn[i].token);
     ++s.step;
     out.tokens.push_back({ids[i], drawn[i].token});
     if (drawn[i].logprobs) out.logprobs[ids[i]] = *drawn[i].logprobs;

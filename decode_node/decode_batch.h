@@ -32,7 +32,8 @@ class DecodeBatch {
   DecodeBatch& operator=(const DecodeBatch&) = delete;
 
   // A request whose caches are `image` (`num_tokens` tokens of every layer, packed) and whose next input
-  // is `last_token`; `step` is its sampling step for the next token (tokens generated so far). It joins
+  // is `last_token`, its first generated token; `step` is its sampling step for the next token (tokens
+  // generated so far: 1, which the sampling penalties count with every token drawn here). It joins
   // the running batch when there is room. logprobs >= 0: each step also reports the sampled token's
   // logprob and this many alternatives (its logits row is then copied off the backend).
   // constraint (structured output, may be null): each step masks the request's row with it and
@@ -71,6 +72,7 @@ class DecodeBatch {
     int32_t last_token = 0;        // next input
     ops::SamplingRow sampling;
     uint64_t step = 0;
+    std::vector<int32_t> generated;  // its tokens so far: the first (last_token at add) and each drawn here
     int logprobs = -1;
     grammar::TokenConstraint* constraint = nullptr;  // not owned (see add)
   };

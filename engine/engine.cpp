@@ -119,6 +119,7 @@ Result<std::vector<GenerateResult>> Engine::generate(std::span<const GenerateReq
     for (size_t i : which) {
       ops::SamplingRow r = requests[i].sampling;
       r.step = live[i].result.tokens.size();
+      r.generated = live[i].result.tokens;
       rows.push_back(r);
     }
     std::vector<int32_t> ids;

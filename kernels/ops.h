@@ -6,6 +6,7 @@
 // decode step can be graph-captured.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -239,15 +240,25 @@ struct FillUniformParams {
   bool round_to_bf16 = false;
 };
 
-// Sampling, one row per request. temperature 0 = greedy (argmax, lowest id on ties).
-// Otherwise: logits/temperature -> top_k (0 = off) -> top_p (1 = off) -> draw with the row's RNG.
+// Sampling, one row per request. First the penalties (OpenAI's presence and frequency penalties, over
+// the tokens the request generated so far: the prompt's do not count): token t's logit minus
+// frequency_penalty * (times t was generated) + presence_penalty (when it was). Then temperature 0 =
+// greedy (argmax, lowest id on ties); otherwise logits/temperature -> top_k (0 = off) -> top_p (1 = off)
+// -> draw with the row's RNG.
 struct SamplingRow {
   float temperature = 0.f;
   int top_k = 0;
   float top_p = 1.f;
   uint64_t seed = 0;   // the row's stream
   uint64_t step = 0;   // the request's decode step: (seed, step) fixes the draw
+  float presence_penalty = 0.f;   // in [-2, 2]
+  float frequency_penalty = 0.f;  // in [-2, 2]
+  std::span<const int32_t> generated;  // the request's tokens so far (penalties only; not owned)
 };
+// Whether the penalties change the row's logits.
+inline bool penalized(const SamplingRow& r) {
+  return (r.presence_penalty != 0.f || r.frequency_penalty != 0.f) && !r.generated.empty();
+}
 
 // The seed stream of choice `choice` of a request asking for n samples of one prompt (OpenAI `n`):
 // choice 0 keeps the request's seed, so n = 1 draws exactly what it always drew; choice i > 0 draws

@@ -412,7 +412,9 @@ void PrefillStage::maybe_report(Request& r) {
       std::vector<int32_t> out;
       backend_.sample({.logits = r.last_logits,
                        .rows = {ops::SamplingRow{.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p,
-                                                 .seed = ops::choice_seed(sp.seed, c), .step = 0}},
+                                                 .seed = ops::choice_seed(sp.seed, c), .step = 0,
+                                                 .presence_penalty = sp.presence_penalty,
+                                                 .frequency_penalty = sp.frequency_penalty}},  // nothing generated yet
                        .out = &out});
       if (c == 0) first_token = out.at(0);
       else choice_first_tokens.push_back(out.at(0));

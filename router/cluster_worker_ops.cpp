@@ -196,7 +196,8 @@ void ClusterWorkerOps::place(Request& r, int chosen) {
 proto::SamplingParams ClusterWorkerOps::sampling_of(const GenerationParams& g) {
   return {.temperature = g.sampling.temperature, .top_p = g.sampling.top_p, .top_k = g.sampling.top_k,
           .seed = g.sampling.seed, .max_tokens = static_cast<uint32_t>(g.max_tokens), .stop_token_ids = g.stop_ids,
-          .logprobs = g.logprobs, .output_format = g.output_format.encode(), .n = static_cast<uint32_t>(g.n)};
+          .logprobs = g.logprobs, .output_format = g.output_format.encode(), .n = static_cast<uint32_t>(g.n),
+          .presence_penalty = g.sampling.presence_penalty, .frequency_penalty = g.sampling.frequency_penalty};
 }
 
 // This attempt failed: abort it everywhere, then queue the request again if nothing was streamed.

@@ -267,9 +267,8 @@ CompletionRequest parse_completion_request(const std::string& text, Endpoint end
   if (auto b = get_int(body, "best_of", INT64_MIN, INT64_MAX); b && *b != 1)
     throw ApiError(400, "best_of must be 1", "best_of", "unsupported_value");
   if (get_bool(body, "echo").value_or(false)) throw ApiError(400, "echo is not supported", "echo", "unsupported_value");
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"})
-    if (auto p = get_number(body, penalty, -2.0, 2.0); p && *p != 0.0)
-      throw ApiError(400, std::string(penalty) + " is not supported (only 0 is accepted)", penalty, "unsupported_value");
+  rq.presence_penalty = static_cast<float>(get_number(body, "presence_penalty", -2.0, 2.0).value_or(0.0));
+  rq.frequency_penalty = static_cast<float>(get_number(body, "frequency_penalty", -2.0, 2.0).value_or(0.0));
   if (const json* bias = member(body, "logit_bias"); bias && !(bias->is_object() && bias->empty()))
     throw ApiError(400, "logit_bias is not supported", "logit_bias", "unsupported_value");
   (void)get_string(body, "user");  // accepted and ignored, but it must be a string
@@ -346,7 +345,8 @@ GenerationParams generation_params(const CompletionRequest& rq, std::vector<int3
   uint64_t seed = 0;
   if (rq.seed) seed = *rq.seed;
   else seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  p.sampling = {.temperature = rq.temperature, .top_k = rq.top_k, .top_p = rq.top_p, .seed = seed};
+  p.sampling = {.temperature = rq.temperature, .top_k = rq.top_k, .top_p = rq.top_p, .seed = seed,
+                .presence_penalty = rq.presence_penalty, .frequency_penalty = rq.frequency_penalty};
   p.stop_ids = rq.stop_token_ids;
   if (!rq.ignore_eos) p.stop_ids.insert(p.stop_ids.end(), eos_ids.begin(), eos_ids.end());
   // Stop strings end content, never a tool call's arguments: with tools the router applies them to

@@ -29,6 +29,8 @@ struct CompletionRequest {
   float top_p = 1.f;
   int top_k = 0;                             // 0 or -1: off
   std::optional<uint64_t> seed;
+  float presence_penalty = 0.f;              // [-2, 2], over the generated tokens (ops::SamplingRow)
+  float frequency_penalty = 0.f;             // [-2, 2]
   std::vector<std::string> stop;             // at most 4
   std::vector<int32_t> stop_token_ids;       // extension (vLLM)
   bool ignore_eos = false;                   // extension (vLLM)

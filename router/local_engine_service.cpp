@@ -146,6 +146,7 @@ void LocalEngineService::emit_token(Running& r, const float* row) {
   const int64_t vocab = cfg_.vocab_size;
   ops::SamplingRow srow = r.params.sampling;
   srow.step = r.generated.size();
+  srow.generated = r.generated;
   std::vector<int32_t> out;
   Tensor one = Tensor::from_f32({1, vocab}, std::span<const float>(row, vocab));
   if (r.constraint) {

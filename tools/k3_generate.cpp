@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
                "Exactly one of --prompt, --prompt-ids, --messages is required."};
   std::string model_dir, prompt, prompt_ids, messages_file, logits_out, prompts_file;
   int max_tokens = 16, top_k = 0, chunk = 0, top_n = 5;
-  float temperature = 0.f, top_p = 1.f;
+  float temperature = 0.f, top_p = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;
   uint64_t seed = 0;
   bool json = false, raw = false, ignore_eos = false;
   app.add_option("--model", model_dir, "model directory (config.json, model.safetensors, tiktoken.model), or "
@@ -78,6 +78,12 @@ int main(int argc, char** argv) {
   app.add_flag("--raw", raw, "tokenize --prompt as-is, without the chat template");
   app.add_option("--max-tokens", max_tokens, "tokens to generate (>= 1)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--temperature", temperature, "0 = greedy (default)")->check(CLI::Range(0.f, 100.f));
+  app.add_option("--presence-penalty", presence_penalty,
+                 "subtracted from the logit of every token already generated (OpenAI's; default 0)")
+      ->check(CLI::Range(-2.f, 2.f));
+  app.add_option("--frequency-penalty", frequency_penalty,
+                 "times how often each token was generated, subtracted from its logit (OpenAI's; default 0)")
+      ->check(CLI::Range(-2.f, 2.f));
   app.add_option("--top-k", top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-p", top_p, "nucleus sampling mass (1 = off)")->check(CLI::Range(0.f, 1.f));
   app.add_option("--seed", seed, "sampling seed (draws depend only on seed, step and logits)");
@@ -188,7 +194,8 @@ int main(int argc, char** argv) {
     GenerateRequest rq;
     rq.prompt = ids;
     rq.max_tokens = max_tokens;
-    rq.sampling = {.temperature = temperature, .top_k = top_k, .top_p = top_p, .seed = seed};
+    rq.sampling = {.temperature = temperature, .top_k = top_k, .top_p = top_p, .seed = seed,
+                   .presence_penalty = presence_penalty, .frequency_penalty = frequency_penalty};
     if (!ignore_eos) rq.stop_ids = tok ? tok->eos_ids() : std::vector<int32_t>(cfg->eos_token_ids.begin(), cfg->eos_token_ids.end());
     auto results = (*engine)->generate(std::span<const GenerateRequest>(&rq, 1));
     if (!results.is_ok()) return fail(results.status());

@@ -197,6 +197,8 @@ struct SamplingParams {
   std::string output_format;      // structured output (grammar::OutputFormat::encode); "" = free text
   // Choices: n samples of the prompt share its prefill; choice i samples with ops::choice_seed(seed, i).
   uint32_t n = 1;
+  float presence_penalty = 0.f;   // over the generated tokens (ops::SamplingRow)
+  float frequency_penalty = 0.f;
   bool operator==(const SamplingParams&) const = default;
 };
 

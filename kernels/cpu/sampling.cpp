@@ -32,6 +32,24 @@ int32_t argmax_lowest(const float* x, int64_t V) {
   return static_cast<int32_t>(best);
 }
 
+// The row's logits with its penalties applied (ops::SamplingRow), into `scratch`; `logits` itself when
+// none apply. Each generated token's count, then one subtraction per distinct token, in fp32.
+const float* penalize(const float* logits, int64_t V, const ops::SamplingRow& row, std::vector<float>& scratch,
+                      std::vector<int32_t>& counts) {
+  if (!ops::penalized(row)) return logits;
+  scratch.assign(logits, logits + V);
+  counts.assign(static_cast<size_t>(V), 0);
+  for (int32_t t : row.generated)
+    if (t >= 0 && t < V) ++counts[static_cast<size_t>(t)];
+  for (int32_t t : row.generated) {
+    if (t < 0 || t >= V || counts[static_cast<size_t>(t)] == 0) continue;
+    scratch[static_cast<size_t>(t)] -= row.frequency_penalty * static_cast<float>(counts[static_cast<size_t>(t)]) +
+                                       row.presence_penalty;
+    counts[static_cast<size_t>(t)] = 0;  // once per distinct token
+  }
+  return scratch.data();
+}
+
 int32_t sample_row(const float* logits, int64_t V, const ops::SamplingRow& row, std::vector<int32_t>& order,
                    std::vector<double>& prob) {
   if (row.temperature <= 0.f) return argmax_lowest(logits, V);
@@ -92,14 +110,18 @@ void sample(ThreadPool& pool, const ops::SampleParams& p) {
     check_arg(std::isfinite(r.temperature) && r.temperature >= 0.f, op, at + "temperature must be finite and >= 0");
     check_arg(r.top_k >= 0, op, at + "top_k must be >= 0");
     check_arg(r.top_p > 0.f && r.top_p <= 1.f, op, at + "top_p must be in (0, 1]");
+    check_arg(std::fabs(r.presence_penalty) <= 2.f, op, at + "presence_penalty must be in [-2, 2]");
+    check_arg(std::fabs(r.frequency_penalty) <= 2.f, op, at + "frequency_penalty must be in [-2, 2]");
   }
   p.out->assign(B, 0);
   const float* logits = p.logits.f32();
   int32_t* out = p.out->data();
   pool.parallel_for(B, [&](int64_t b0, int64_t b1) {
-    std::vector<int32_t> order;
+    std::vector<int32_t> order, counts;
     std::vector<double> prob;
-    for (int64_t b = b0; b < b1; ++b) out[b] = sample_row(logits + b * V, V, p.rows[b], order, prob);
+    std::vector<float> scratch;
+    for (int64_t b = b0; b < b1; ++b)
+      out[b] = sample_row(penalize(logits + b * V, V, p.rows[b], scratch, counts), V, p.rows[b], order, prob);
   });
 }
 

@@ -366,14 +366,16 @@ void CudaBackend::sample(const ops::SampleParams& p) {
     K3_CHECK(std::isfinite(r.temperature) && r.temperature >= 0.f, at + "temperature must be finite and >= 0");
     K3_CHECK(r.top_k >= 0, at + "top_k must be >= 0");
     K3_CHECK(r.top_p > 0.f && r.top_p <= 1.f, at + "top_p must be in (0, 1]");
+    K3_CHECK(std::fabs(r.presence_penalty) <= 2.f && std::fabs(r.frequency_penalty) <= 2.f,
+             at + "presence_penalty and frequency_penalty must be in [-2, 2]");
   }
   auto* ids = static_cast<int32_t*>(sample_ids_.ensure(size_t(std::max<int64_t>(B, 1)) * 4));
   launch_argmax_rows(static_cast<const float*>(p.logits.data()), B, V, ids, stream_);
   p.out->assign(B, 0);
   K3_CUDA_OK(cudaMemcpyAsync(p.out->data(), ids, size_t(B) * 4, cudaMemcpyDeviceToHost, stream_));
   K3_CUDA_OK(cudaStreamSynchronize(stream_));
-  for (int64_t b = 0; b < B; ++b) {
-    if (p.rows[b].temperature <= 0.f) continue;
+  for (int64_t b = 0; b < B; ++b) {  // drawn and penalized rows on the host (its rule, the same bits)
+    if (p.rows[b].temperature <= 0.f && !ops::penalized(p.rows[b])) continue;
     std::vector<int32_t> one;
     host_->sample({.logits = to_host(p.logits.slice_rows(b, b + 1)), .rows = {p.rows[b]}, .out = &one});
     (*p.out)[b] = one.at(0);

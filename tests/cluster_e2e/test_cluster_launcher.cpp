@@ -16,6 +16,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <set>
 #include <random>
 #include <thread>
 
@@ -157,7 +158,9 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
     CHECK(token_ids_of(replies[i].get()) == generate(c, prompts[i], kMax));
   }
   // 16 at once, every other one sampled (temperature 0.8, its own seed): the (seed, step) rule is
-  // the same on every node, so the sampled tokens equal k3-generate's as well.
+  // the same on every node, so the sampled tokens equal k3-generate's as well; and every fourth with the
+  // presence and frequency penalties (over the tokens generated so far, the first from the last prefill
+  // stage, the rest from decode), which must count the same tokens on every node.
   {
     std::vector<std::vector<int32_t>> ps;
     std::vector<std::string> flags;
@@ -171,12 +174,32 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
         body["seed"] = 100 + i;
         flags.back() = " --temperature 0.8 --seed " + std::to_string(100 + i);
       }
+      if (i % 4 >= 2) {
+        body["presence_penalty"] = 0.7;
+        body["frequency_penalty"] = 1.5;
+        flags.back() += " --presence-penalty 0.7 --frequency-penalty 1.5";
+      }
       rs.push_back(std::async(std::launch::async, [&c, body] { return post(c.port, body); }));
     }
     for (int i = 0; i < 16; ++i) {
       INFO("request " << i << " of 16 concurrent" << flags[i]);
       CHECK(token_ids_of(rs[i].get()) == generate(c, ps[i], kMax, flags[i]));
     }
+  }
+  // The penalties at work: negative ones pull a greedy request back to the tokens it already generated
+  // (k3-tiny's greedy text does not repeat within 24 tokens; with them it does), and the cluster's tokens
+  // are still k3-generate's under the same penalties.
+  {
+    const auto pp = prompt_of(5);
+    json body = completion_body(pp, 24, false);
+    body["presence_penalty"] = -2;
+    body["frequency_penalty"] = -2;
+    const std::vector<int32_t> penalized = token_ids_of(post(c.port, body));
+    CHECK(penalized == generate(c, pp, 24, " --presence-penalty -2 --frequency-penalty -2"));
+    const std::vector<int32_t> plain = generate(c, pp, 24);
+    const std::set<int32_t> distinct_plain(plain.begin(), plain.end()), distinct(penalized.begin(), penalized.end());
+    INFO("distinct tokens of 24: greedy " << distinct_plain.size() << ", with the penalties " << distinct.size());
+    CHECK(distinct.size() < distinct_plain.size());
   }
   // Streaming: the chunks' token ids in order are the same tokens; the stream ends with [DONE].
   const auto sp = prompt_of(6);

@@ -97,3 +97,47 @@ TEST_CASE("sample validates its rows") {
   CHECK_THROWS_WITH(be->sample({.logits = logits, .rows = {{}, {.temperature = 1.f, .top_p = 0.f}}, .out = &out}),
                     Catch::Contains("rows[1].top_p"));
 }
+
+// The penalties, OpenAI's: token t's logit minus frequency_penalty x (times t was generated) plus
+// presence_penalty once it was. On random rows a penalized row draws exactly what the unpenalized row of
+// the penalized logits (computed here, the slow reference) draws, greedy and sampled alike; the
+// prompt's tokens do not count (only `generated`); and out-of-range penalties are refused by name.
+TEST_CASE("presence and frequency penalties: the draw of the penalized logits, generated tokens only") {
+  auto be = cpu_backend(2);
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  constexpr int64_t V = 50;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> row(V);
+    for (float& x : row) x = nd(rng);
+    std::vector<int32_t> generated;
+    for (int i = 0, n = 1 + trial % 12; i < n; ++i) generated.push_back(static_cast<int32_t>(rng() % 8));  // repeats
+    const float presence = std::uniform_real_distribution<float>(-2.f, 2.f)(rng);
+    const float frequency = std::uniform_real_distribution<float>(-2.f, 2.f)(rng);
+    std::vector<float> adjusted = row;
+    std::vector<int> count(V, 0);
+    for (int32_t t : generated) ++count[t];
+    for (int64_t t = 0; t < V; ++t)
+      if (count[t] > 0) adjusted[t] -= frequency * static_cast<float>(count[t]) + presence;
+    for (const float temperature : {0.f, 0.9f}) {
+      const ops::SamplingRow plain{.temperature = temperature, .top_k = 20, .top_p = 0.95f, .seed = uint64_t(trial),
+                                   .step = 4};
+      ops::SamplingRow penalized = plain;
+      penalized.presence_penalty = presence;
+      penalized.frequency_penalty = frequency;
+      penalized.generated = generated;
+      INFO("trial " << trial << ", temperature " << temperature);
+      CHECK(run(*be, Tensor::from_f32({1, V}, row), {penalized}) == run(*be, Tensor::from_f32({1, V}, adjusted), {plain}));
+    }
+  }
+  // A large frequency penalty keeps greedy off the token it repeated; nothing generated: no change.
+  Tensor peaked = Tensor::from_f32({1, 4}, std::vector<float>{0.f, 5.f, 4.f, 0.f});
+  const std::vector<int32_t> twice = {1, 1};
+  CHECK(run(*be, peaked, {{.frequency_penalty = 1.f, .generated = twice}}) == std::vector<int32_t>{2});
+  CHECK(run(*be, peaked, {{.presence_penalty = 2.f}}) == std::vector<int32_t>{1});
+  std::vector<int32_t> out;
+  CHECK_THROWS_WITH(be->sample({.logits = peaked, .rows = {{.presence_penalty = 2.5f}}, .out = &out}),
+                    Catch::Contains("rows[0].presence_penalty"));
+  CHECK_THROWS_WITH(be->sample({.logits = peaked, .rows = {{.frequency_penalty = -3.f}}, .out = &out}),
+                    Catch::Contains("rows[0].frequency_penalty"));
+}

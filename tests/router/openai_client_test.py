@@ -76,6 +76,18 @@ def test_completions():
     r = client.completions.create(model=MODEL, prompt="abc", max_tokens=3, logprobs=2, temperature=0)
     lp = r.choices[0].logprobs
     check(lp is not None and len(lp.token_logprobs) == len(lp.tokens) >= 1, "completion logprobs present")
+    # The penalties as the client sends them: accepted, and deterministic under a seed.
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0.7, seed=5, presence_penalty=0.6,
+              frequency_penalty=1.2, extra_body={"ignore_eos": True})
+    a, b = client.completions.create(**kw), client.completions.create(**kw)
+    check(a.choices[0].text == b.choices[0].text and a.usage.completion_tokens == 6,
+          "presence/frequency penalties accepted, the same text twice under one seed")
+    try:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=1, frequency_penalty=2.5)
+        check(False, "frequency_penalty=2.5 raises")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.body["param"] == "frequency_penalty",
+              "frequency_penalty=2.5 (outside [-2, 2]) -> BadRequestError naming it")
 
 
 def test_sse_framing():

@@ -57,7 +57,7 @@ bool wait_idle(GenerationService& s, int max_running) {
 
 }  // namespace
 
-TEST_CASE("concurrent requests give the reference engine's tokens (greedy and seeded, chunked prefill)") {
+TEST_CASE("concurrent requests give the reference engine's tokens (greedy and seeded, penalties, chunked prefill)") {
   const int chunk = 5;
   test::TinyServer s({.max_running = 3, .max_queue = 16, .prefill_chunk = chunk});
   std::mt19937 rng(3);
@@ -68,6 +68,10 @@ TEST_CASE("concurrent requests give the reference engine's tokens (greedy and se
     for (int k = 0; k < len; ++k) g.prompt.push_back(static_cast<int32_t>(rng() % s.cfg.vocab_size));
     g.max_tokens = 3 + i;
     if (i % 2) g.sampling = {.temperature = 0.9f, .top_k = 20, .top_p = 0.9f, .seed = 100u + i};
+    if (i >= 3) {  // the penalties count the same generated tokens in the service as in the engine
+      g.sampling.presence_penalty = -1.5f;
+      g.sampling.frequency_penalty = 0.75f;
+    }
     refs.push_back(g);
   }
   // Reference: the monolithic engine on its own, same weights and chunking.
