@@ -19,7 +19,8 @@ void DecodeBatch::add(uint64_t id, std::vector<uint8_t> image, int64_t num_token
   remove(id);
   seqs_[id] = Seq{.order = next_order_++, .running = false, .cache = {}, .image = std::move(image),
                   .num_tokens = num_tokens, .last_token = last_token, .sampling = sampling, .step = step,
-                  .generated = {last_token}, .logprobs = logprobs, .constraint = constraint};
+                  .generated = {last_token}, .logit_bias = {sampling.logit_bias.begin(), sampling.logit_bias.end()},
+                  .logprobs = logprobs, .constraint = constraint};
 }
 
 void DecodeBatch::add_resident(uint64_t id, SeqCache cache, int32_t last_token, ops::SamplingRow sampling,
@@ -29,7 +30,8 @@ void DecodeBatch::add_resident(uint64_t id, SeqCache cache, int32_t last_token, 
   const int64_t num_tokens = cache.num_tokens;
   seqs_[id] = Seq{.order = next_order_++, .running = true, .cache = std::move(cache), .image = {},
                   .num_tokens = num_tokens, .last_token = last_token, .sampling = sampling, .step = step,
-                  .generated = {last_token}, .logprobs = logprobs, .constraint = constraint};
+                  .generated = {last_token}, .logit_bias = {sampling.logit_bias.begin(), sampling.logit_bias.end()},
+                  .logprobs = logprobs, .constraint = constraint};
 }
 
 void DecodeBatch::remove(uint64_t id) {
@@ -151,6 +153,7 @@ DecodeBatch::StepResult DecodeBatch::step() {
     DrawRow row{.sampling = s.sampling, .logprobs = s.logprobs, .constraint = s.constraint};
     row.sampling.step = s.step;
     row.sampling.generated = s.generated;
+    row.sampling.logit_bias = s.logit_bias;
     rows.push_back(row);
   }
   auto logits = engine_.feed_on_backend(caches, toks);  // sampled on the backend: only ids come back

@@ -73,6 +73,7 @@ class DecodeBatch {
     ops::SamplingRow sampling;
     uint64_t step = 0;
     std::vector<int32_t> generated;  // its tokens so far: the first (last_token at add) and each drawn here
+    std::vector<ops::LogitBias> logit_bias;  // the sampling row's, owned here (the row's span is set per draw)
     int logprobs = -1;
     grammar::TokenConstraint* constraint = nullptr;  // not owned (see add)
   };

@@ -406,6 +406,7 @@ Status GroupLeader::step_batch() {
     DrawRow row{.sampling = r.sampling, .logprobs = r.logprobs, .constraint = r.constraint.get()};
     row.sampling.step = r.step;
     row.sampling.generated = r.tokens;  // every token streamed so far, the first included
+    row.sampling.logit_bias = r.logit_bias;
     rows.push_back(row);
   }
   const std::vector<Drawn> drawn = draw_tokens(backend_, lg, rows, V);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "engine/sampling_wire.h"
+
 namespace k3::decode {
 
 Result<StreamedRequest> streamed_request(uint64_t id, const DecodeRankOptions& o, const protocol::Claim* claim) {
@@ -13,8 +15,9 @@ Result<StreamedRequest> streamed_request(uint64_t id, const DecodeRankOptions& o
   r.stop_ids = o.stop_ids;
   if (!claim || claim->sampling.max_tokens == 0) return r;
   const protocol::SamplingParams& sp = claim->sampling;
-  r.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .seed = sp.seed,
-                .presence_penalty = sp.presence_penalty, .frequency_penalty = sp.frequency_penalty};
+  r.sampling = sampling_row(sp);
+  r.logit_bias = logit_biases(sp);
+  r.sampling.logit_bias = r.logit_bias;  // the vector's buffer moves with the request; a batch copies it
   r.max_tokens = static_cast<int>(sp.max_tokens);
   r.stop_ids = sp.stop_token_ids;
   r.logprobs = sp.logprobs;

@@ -18,7 +18,8 @@ struct StreamedRequest {
   uint64_t id = 0;
   uint32_t choice = 0;               // which of the request's n choices this stream is (TOKENS name it)
   std::vector<int32_t> tokens;
-  ops::SamplingRow sampling;         // step is kept per request by its batch
+  ops::SamplingRow sampling;         // step is kept per request by its batch; its spans are set per draw
+  std::vector<ops::LogitBias> logit_bias;
   int max_tokens = 16;               // generated tokens including the first
   std::vector<int32_t> stop_ids;
   int logprobs = -1;                 // >= 0: report each token's logprob and this many alternatives

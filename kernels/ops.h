@@ -240,11 +240,18 @@ struct FillUniformParams {
   bool round_to_bf16 = false;
 };
 
-// Sampling, one row per request. First the penalties (OpenAI's presence and frequency penalties, over
-// the tokens the request generated so far: the prompt's do not count): token t's logit minus
-// frequency_penalty * (times t was generated) + presence_penalty (when it was). Then temperature 0 =
-// greedy (argmax, lowest id on ties); otherwise logits/temperature -> top_k (0 = off) -> top_p (1 = off)
-// -> draw with the row's RNG.
+// OpenAI's logit_bias: added to one token's logit before the draw.
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0.f;  // in [-100, 100]
+  bool operator==(const LogitBias&) const = default;
+};
+
+// Sampling, one row per request. First the logit biases (each added to its token's logit), then the
+// penalties (OpenAI's presence and frequency penalties, over the tokens the request generated so far:
+// the prompt's do not count): token t's logit minus frequency_penalty * (times t was generated) +
+// presence_penalty (when it was). Then temperature 0 = greedy (argmax, lowest id on ties); otherwise
+// logits/temperature -> top_k (0 = off) -> top_p (1 = off) -> draw with the row's RNG.
 struct SamplingRow {
   float temperature = 0.f;
   int top_k = 0;
@@ -254,10 +261,11 @@ struct SamplingRow {
   float presence_penalty = 0.f;   // in [-2, 2]
   float frequency_penalty = 0.f;  // in [-2, 2]
   std::span<const int32_t> generated;  // the request's tokens so far (penalties only; not owned)
+  std::span<const LogitBias> logit_bias;  // not owned
 };
-// Whether the penalties change the row's logits.
-inline bool penalized(const SamplingRow& r) {
-  return (r.presence_penalty != 0.f || r.frequency_penalty != 0.f) && !r.generated.empty();
+// Whether the biases or the penalties change the row's logits.
+inline bool adjusted(const SamplingRow& r) {
+  return !r.logit_bias.empty() || ((r.presence_penalty != 0.f || r.frequency_penalty != 0.f) && !r.generated.empty());
 }
 
 // The seed stream of choice `choice` of a request asking for n samples of one prompt (OpenAI `n`):

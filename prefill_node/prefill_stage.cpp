@@ -7,6 +7,7 @@
 
 #include "engine/cache_io.h"
 #include "kernels/token_mask.h"
+#include "engine/sampling_wire.h"
 #include "engine/token_logprobs.h"
 #include "common/protocol/compat.h"
 #include "prefill_node/partition.h"
@@ -408,14 +409,13 @@ void PrefillStage::maybe_report(Request& r) {
       apply_token_mask(r.last_logits, mask);
     }
     // n choices share this prefill: each draws its first token from the same row with its own seed stream.
+    const std::vector<ops::LogitBias> biases = logit_biases(sp);
     for (uint32_t c = 0; c < std::max<uint32_t>(sp.n, 1); ++c) {
       std::vector<int32_t> out;
-      backend_.sample({.logits = r.last_logits,
-                       .rows = {ops::SamplingRow{.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p,
-                                                 .seed = ops::choice_seed(sp.seed, c), .step = 0,
-                                                 .presence_penalty = sp.presence_penalty,
-                                                 .frequency_penalty = sp.frequency_penalty}},  // nothing generated yet
-                       .out = &out});
+      ops::SamplingRow row = sampling_row(sp);  // step 0: nothing generated yet for the penalties
+      row.seed = ops::choice_seed(sp.seed, c);
+      row.logit_bias = biases;
+      backend_.sample({.logits = r.last_logits, .rows = {row}, .out = &out});
       if (c == 0) first_token = out.at(0);
       else choice_first_tokens.push_back(out.at(0));
       if (sp.logprobs >= 0)  // the only time the logits leave the backend: they were asked for

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/protocol/frame.h"
+#include "engine/sampling_wire.h"
 #include "router/cluster_worker_ops.h"
 #include "router/decode_choice.h"
 
@@ -197,7 +198,8 @@ proto::SamplingParams ClusterWorkerOps::sampling_of(const GenerationParams& g) {
   return {.temperature = g.sampling.temperature, .top_p = g.sampling.top_p, .top_k = g.sampling.top_k,
           .seed = g.sampling.seed, .max_tokens = static_cast<uint32_t>(g.max_tokens), .stop_token_ids = g.stop_ids,
           .logprobs = g.logprobs, .output_format = g.output_format.encode(), .n = static_cast<uint32_t>(g.n),
-          .presence_penalty = g.sampling.presence_penalty, .frequency_penalty = g.sampling.frequency_penalty};
+          .presence_penalty = g.sampling.presence_penalty, .frequency_penalty = g.sampling.frequency_penalty,
+          .logit_bias = to_wire(g.logit_bias)};
 }
 
 // This attempt failed: abort it everywhere, then queue the request again if nothing was streamed.

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <charconv>
+#include <cmath>
 #include <random>
 
 #include "common/tokenizer/chat_format.h"
@@ -269,8 +271,22 @@ CompletionRequest parse_completion_request(const std::string& text, Endpoint end
   if (get_bool(body, "echo").value_or(false)) throw ApiError(400, "echo is not supported", "echo", "unsupported_value");
   rq.presence_penalty = static_cast<float>(get_number(body, "presence_penalty", -2.0, 2.0).value_or(0.0));
   rq.frequency_penalty = static_cast<float>(get_number(body, "frequency_penalty", -2.0, 2.0).value_or(0.0));
-  if (const json* bias = member(body, "logit_bias"); bias && !(bias->is_object() && bias->empty()))
-    throw ApiError(400, "logit_bias is not supported", "logit_bias", "unsupported_value");
+  if (const json* bias = member(body, "logit_bias"); bias && !bias->is_null()) {
+    // {"<token id>": bias}: keys are token ids written as decimal strings, as OpenAI's are.
+    if (!bias->is_object()) throw bad_param("logit_bias", "logit_bias must be an object of token id -> bias");
+    if (bias->size() > kMaxLogitBias)
+      throw bad_param("logit_bias", "logit_bias holds at most " + std::to_string(kMaxLogitBias) + " tokens");
+    for (const auto& [key, value] : bias->items()) {
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id >= limits.vocab)
+        throw bad_param("logit_bias", "logit_bias key '" + key + "' is not a token id in [0, " +
+                                          std::to_string(limits.vocab) + ")");
+      if (!value.is_number() || std::fabs(value.get<double>()) > 100.0)
+        throw bad_param("logit_bias", "logit_bias[\"" + key + "\"] must be a number in [-100, 100]");
+      rq.logit_bias.push_back({.token = static_cast<int32_t>(id), .bias = static_cast<float>(value.get<double>())});
+    }
+  }
   (void)get_string(body, "user");  // accepted and ignored, but it must be a string
   reject_unsupported_features(body, endpoint);
   if (endpoint == Endpoint::Chat) {
@@ -347,6 +363,7 @@ GenerationParams generation_params(const CompletionRequest& rq, std::vector<int3
   else seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   p.sampling = {.temperature = rq.temperature, .top_k = rq.top_k, .top_p = rq.top_p, .seed = seed,
                 .presence_penalty = rq.presence_penalty, .frequency_penalty = rq.frequency_penalty};
+  p.logit_bias = rq.logit_bias;
   p.stop_ids = rq.stop_token_ids;
   if (!rq.ignore_eos) p.stop_ids.insert(p.stop_ids.end(), eos_ids.begin(), eos_ids.end());
   // Stop strings end content, never a tool call's arguments: with tools the router applies them to

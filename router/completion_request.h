@@ -31,6 +31,7 @@ struct CompletionRequest {
   std::optional<uint64_t> seed;
   float presence_penalty = 0.f;              // [-2, 2], over the generated tokens (ops::SamplingRow)
   float frequency_penalty = 0.f;             // [-2, 2]
+  std::vector<ops::LogitBias> logit_bias;    // token ids in [0, vocab), biases in [-100, 100]
   std::vector<std::string> stop;             // at most 4
   std::vector<int32_t> stop_token_ids;       // extension (vLLM)
   bool ignore_eos = false;                   // extension (vLLM)
@@ -54,6 +55,7 @@ struct ModelLimits {
 
 // The most choices (`n`) one request may ask for; a service may allow fewer (its running batch).
 inline constexpr int kMaxChoices = 16;
+inline constexpr size_t kMaxLogitBias = 1024;  // logit_bias entries
 
 // Rejects nesting deeper than this before parsing (a recursive parser must not meet hostile depth).
 inline constexpr int kMaxJsonDepth = 64;

@@ -35,7 +35,8 @@ struct GenerationParams {
   std::vector<int32_t> prompt;           // token ids, non-empty
   int max_tokens = 16;                   // >= 1, per choice
   int n = 1;                             // choices: samples of the one prompt (>= 1)
-  ops::SamplingRow sampling;             // step is filled in by the service per token
+  ops::SamplingRow sampling;             // step and the spans are filled in by the service per token
+  std::vector<ops::LogitBias> logit_bias;  // OpenAI's, each token at most once
   std::vector<int32_t> stop_ids;         // generation ends after one of these (EOS ids included by the caller)
   std::vector<std::string> stop_strings; // on detokenized text; the stop string itself is not returned
   int logprobs = -1;                     // -1: none; else the sampled token's logprob plus this many alternatives

@@ -147,6 +147,7 @@ void LocalEngineService::emit_token(Running& r, const float* row) {
   ops::SamplingRow srow = r.params.sampling;
   srow.step = r.generated.size();
   srow.generated = r.generated;
+  srow.logit_bias = r.params.logit_bias;
   std::vector<int32_t> out;
   Tensor one = Tensor::from_f32({1, vocab}, std::span<const float>(row, vocab));
   if (r.constraint) {

@@ -2,7 +2,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <fstream>
@@ -81,6 +83,10 @@ int main(int argc, char** argv) {
   app.add_option("--presence-penalty", presence_penalty,
                  "subtracted from the logit of every token already generated (OpenAI's; default 0)")
       ->check(CLI::Range(-2.f, 2.f));
+  std::string logit_bias_text;
+  app.add_option("--logit-bias", logit_bias_text,
+                 "added to tokens' logits before each draw (OpenAI's logit_bias): ID:BIAS,ID:BIAS,... with biases in "
+                 "[-100, 100]");
   app.add_option("--frequency-penalty", frequency_penalty,
                  "times how often each token was generated, subtracted from its logit (OpenAI's; default 0)")
       ->check(CLI::Range(-2.f, 2.f));
@@ -97,6 +103,18 @@ int main(int argc, char** argv) {
   app.add_option("--prompts-file", prompts_file, "with --logits-out: a JSON array of token-id arrays, run as one batch");
   app.add_flag("--json", json, "print one JSON object: tokens, text, per-step top logits, tokens/s");
   CLI11_PARSE(app, argc, argv);
+  std::vector<ops::LogitBias> logit_bias;
+  for (size_t at = 0; at < logit_bias_text.size();) {
+    const size_t comma = std::min(logit_bias_text.find(',', at), logit_bias_text.size());
+    const std::string item = logit_bias_text.substr(at, comma - at);
+    int id = -1;
+    float bias = 0.f;
+    char tail = 0;
+    if (std::sscanf(item.c_str(), "%d:%f%c", &id, &bias, &tail) != 2 || id < 0 || !(std::fabs(bias) <= 100.f))
+      return fail(invalid_argument("--logit-bias: '" + item + "' is not ID:BIAS with a token id >= 0 and a bias in [-100, 100]"));
+    logit_bias.push_back({.token = id, .bias = bias});
+    at = comma + 1;
+  }
   auto resolved = backend_flags.resolve();
   if (!resolved.is_ok()) return fail(resolved.status());
   const BackendChoice bc = *resolved;
@@ -196,6 +214,7 @@ int main(int argc, char** argv) {
     rq.max_tokens = max_tokens;
     rq.sampling = {.temperature = temperature, .top_k = top_k, .top_p = top_p, .seed = seed,
                    .presence_penalty = presence_penalty, .frequency_penalty = frequency_penalty};
+    rq.sampling.logit_bias = logit_bias;  // owned here until the engine is done
     if (!ignore_eos) rq.stop_ids = tok ? tok->eos_ids() : std::vector<int32_t>(cfg->eos_token_ids.begin(), cfg->eos_token_ids.end());
     auto results = (*engine)->generate(std::span<const GenerateRequest>(&rq, 1));
     if (!results.is_ok()) return fail(results.status());

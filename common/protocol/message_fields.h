@@ -39,10 +39,12 @@ K3_FIELDS(Heartbeat, v("role", m.role); v("instance_id", m.instance_id); v("rank
           v("num_running", m.num_running); v("room", m.room); v("prefix", m.prefix))
 K3_FIELDS(TopLogprob, v("id", m.id); v("logprob", m.logprob))
 K3_FIELDS(TokenLogprobs, v("logprob", m.logprob); v("top", m.top))
+K3_FIELDS(LogitBias, v("token", m.token); v("bias", m.bias))
 K3_FIELDS(SamplingParams, v("temperature", m.temperature); v("top_p", m.top_p); v("top_k", m.top_k);
           v("seed", m.seed); v("max_tokens", m.max_tokens); v("stop_token_ids", m.stop_token_ids);
           v("logprobs", m.logprobs); v("output_format", m.output_format); v("n", m.n);
-          v("presence_penalty", m.presence_penalty); v("frequency_penalty", m.frequency_penalty))
+          v("presence_penalty", m.presence_penalty); v("frequency_penalty", m.frequency_penalty);
+          v("logit_bias", m.logit_bias))
 K3_FIELDS(Claim, v("request_id", m.request_id); v("prompt_len", m.prompt_len);
           v("decode_ranks", m.decode_ranks); v("prefill_instance", m.prefill_instance);
           v("num_prefill_stages", m.num_prefill_stages); v("timeout_ms", m.timeout_ms);

@@ -186,6 +186,13 @@ struct TokenLogprobs {
   bool operator==(const TokenLogprobs&) const = default;
 };
 
+// OpenAI's logit_bias entry: added to one token's logit before each draw (ops::LogitBias).
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0.f;
+  bool operator==(const LogitBias&) const = default;
+};
+
 struct SamplingParams {
   float temperature = 0.f;        // 0 = greedy
   float top_p = 1.f;
@@ -199,6 +206,7 @@ struct SamplingParams {
   uint32_t n = 1;
   float presence_penalty = 0.f;   // over the generated tokens (ops::SamplingRow)
   float frequency_penalty = 0.f;
+  std::vector<LogitBias> logit_bias;
   bool operator==(const SamplingParams&) const = default;
 };
 

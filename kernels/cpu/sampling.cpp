@@ -32,12 +32,15 @@ int32_t argmax_lowest(const float* x, int64_t V) {
   return static_cast<int32_t>(best);
 }
 
-// The row's logits with its penalties applied (ops::SamplingRow), into `scratch`; `logits` itself when
-// none apply. Each generated token's count, then one subtraction per distinct token, in fp32.
-const float* penalize(const float* logits, int64_t V, const ops::SamplingRow& row, std::vector<float>& scratch,
-                      std::vector<int32_t>& counts) {
-  if (!ops::penalized(row)) return logits;
+// The row's logits with its biases and penalties applied (ops::SamplingRow), into `scratch`; `logits`
+// itself when none apply. The biases in their order, then each generated token's count and one
+// subtraction per distinct token, in fp32.
+const float* adjust(const float* logits, int64_t V, const ops::SamplingRow& row, std::vector<float>& scratch,
+                    std::vector<int32_t>& counts) {
+  if (!ops::adjusted(row)) return logits;
   scratch.assign(logits, logits + V);
+  for (const ops::LogitBias& b : row.logit_bias) scratch[static_cast<size_t>(b.token)] += b.bias;
+  if (row.presence_penalty == 0.f && row.frequency_penalty == 0.f) return scratch.data();
   counts.assign(static_cast<size_t>(V), 0);
   for (int32_t t : row.generated)
     if (t >= 0 && t < V) ++counts[static_cast<size_t>(t)];
@@ -112,6 +115,10 @@ void sample(ThreadPool& pool, const ops::SampleParams& p) {
     check_arg(r.top_p > 0.f && r.top_p <= 1.f, op, at + "top_p must be in (0, 1]");
     check_arg(std::fabs(r.presence_penalty) <= 2.f, op, at + "presence_penalty must be in [-2, 2]");
     check_arg(std::fabs(r.frequency_penalty) <= 2.f, op, at + "frequency_penalty must be in [-2, 2]");
+    for (const ops::LogitBias& lb : r.logit_bias)
+      check_arg(lb.token >= 0 && lb.token < V && std::fabs(lb.bias) <= 100.f, op,
+                at + "logit_bias: token " + std::to_string(lb.token) + " must be in [0, " + std::to_string(V) +
+                    ") with a bias in [-100, 100]");
   }
   p.out->assign(B, 0);
   const float* logits = p.logits.f32();
@@ -121,7 +128,7 @@ void sample(ThreadPool& pool, const ops::SampleParams& p) {
     std::vector<double> prob;
     std::vector<float> scratch;
     for (int64_t b = b0; b < b1; ++b)
-      out[b] = sample_row(penalize(logits + b * V, V, p.rows[b], scratch, counts), V, p.rows[b], order, prob);
+      out[b] = sample_row(adjust(logits + b * V, V, p.rows[b], scratch, counts), V, p.rows[b], order, prob);
   });
 }
 

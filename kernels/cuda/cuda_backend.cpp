@@ -374,8 +374,8 @@ void CudaBackend::sample(const ops::SampleParams& p) {
   p.out->assign(B, 0);
   K3_CUDA_OK(cudaMemcpyAsync(p.out->data(), ids, size_t(B) * 4, cudaMemcpyDeviceToHost, stream_));
   K3_CUDA_OK(cudaStreamSynchronize(stream_));
-  for (int64_t b = 0; b < B; ++b) {  // drawn and penalized rows on the host (its rule, the same bits)
-    if (p.rows[b].temperature <= 0.f && !ops::penalized(p.rows[b])) continue;
+  for (int64_t b = 0; b < B; ++b) {  // drawn, biased and penalized rows on the host (its rule, the same bits)
+    if (p.rows[b].temperature <= 0.f && !ops::adjusted(p.rows[b])) continue;
     std::vector<int32_t> one;
     host_->sample({.logits = to_host(p.logits.slice_rows(b, b + 1)), .rows = {p.rows[b]}, .out = &one});
     (*p.out)[b] = one.at(0);

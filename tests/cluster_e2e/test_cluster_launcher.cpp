@@ -201,6 +201,18 @@ TEST_CASE("k3-cluster serves OpenAI requests whose greedy tokens equal k3-genera
     INFO("distinct tokens of 24: greedy " << distinct_plain.size() << ", with the penalties " << distinct.size());
     CHECK(distinct.size() < distinct_plain.size());
   }
+  // logit_bias on every draw, the first (the last prefill stage's) included: +100 makes token 7 certain
+  // even when sampled, and the cluster's tokens are k3-generate's with the same bias.
+  {
+    const auto bp = prompt_of(4);
+    json body = completion_body(bp, 6, false);
+    body["logit_bias"] = {{"7", 100}, {"9", -100}};
+    body["temperature"] = 1.0;
+    body["seed"] = 3;
+    const std::vector<int32_t> biased = token_ids_of(post(c.port, body));
+    CHECK(biased == std::vector<int32_t>(6, 7));
+    CHECK(biased == generate(c, bp, 6, " --temperature 1 --seed 3 --logit-bias 7:100,9:-100"));
+  }
   // Streaming: the chunks' token ids in order are the same tokens; the stream ends with [DONE].
   const auto sp = prompt_of(6);
   const HttpReply s = post(c.port, completion_body(sp, kMax, true));

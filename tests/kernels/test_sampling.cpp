@@ -141,3 +141,46 @@ TEST_CASE("presence and frequency penalties: the draw of the penalized logits, g
   CHECK_THROWS_WITH(be->sample({.logits = peaked, .rows = {{.frequency_penalty = -3.f}}, .out = &out}),
                     Catch::Contains("rows[0].frequency_penalty"));
 }
+
+// OpenAI's logit_bias: each entry added to its token's logit before the penalties and the draw. On
+// random rows a biased row draws what the unbiased row of the biased logits draws; +100 makes a token
+// certain, -100 takes it away; tokens outside the vocabulary and biases outside [-100, 100] are refused.
+TEST_CASE("logit_bias: the draw of the biased logits, before the penalties") {
+  auto be = cpu_backend(2);
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  constexpr int64_t V = 40;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> row(V);
+    for (float& x : row) x = nd(rng);
+    std::vector<ops::LogitBias> biases;
+    for (int i = 0, n = 1 + trial % 5; i < n; ++i)
+      biases.push_back({.token = static_cast<int32_t>(rng() % V), .bias = std::uniform_real_distribution<float>(-8.f, 8.f)(rng)});
+    const std::vector<int32_t> generated = {3, 3, 5};
+    std::vector<float> adjusted = row;
+    for (const ops::LogitBias& b : biases) adjusted[b.token] += b.bias;
+    adjusted[3] -= 0.5f * 2.f + 0.25f;
+    adjusted[5] -= 0.5f * 1.f + 0.25f;
+    for (const float temperature : {0.f, 1.1f}) {
+      const ops::SamplingRow plain{.temperature = temperature, .seed = uint64_t(trial), .step = 2};
+      ops::SamplingRow biased = plain;
+      biased.logit_bias = biases;
+      biased.presence_penalty = 0.25f;
+      biased.frequency_penalty = 0.5f;
+      biased.generated = generated;
+      INFO("trial " << trial << ", temperature " << temperature);
+      CHECK(run(*be, Tensor::from_f32({1, V}, row), {biased}) == run(*be, Tensor::from_f32({1, V}, adjusted), {plain}));
+    }
+  }
+  Tensor flat = Tensor::from_f32({1, 4}, std::vector<float>{1.f, 2.f, 3.f, 4.f});
+  const std::vector<ops::LogitBias> force = {{.token = 0, .bias = 100.f}}, ban = {{.token = 3, .bias = -100.f}};
+  for (uint64_t seed = 0; seed < 10; ++seed)
+    CHECK(run(*be, flat, {{.temperature = 1.f, .seed = seed, .logit_bias = force}}) == std::vector<int32_t>{0});
+  CHECK(run(*be, flat, {{.logit_bias = ban}}) == std::vector<int32_t>{2});
+  std::vector<int32_t> out;
+  const std::vector<ops::LogitBias> outside = {{.token = 4, .bias = 1.f}}, too_big = {{.token = 1, .bias = 101.f}};
+  CHECK_THROWS_WITH(be->sample({.logits = flat, .rows = {{.logit_bias = outside}}, .out = &out}),
+                    Catch::Contains("rows[0].logit_bias: token 4"));
+  CHECK_THROWS_WITH(be->sample({.logits = flat, .rows = {{.logit_bias = too_big}}, .out = &out}),
+                    Catch::Contains("rows[0].logit_bias"));
+}

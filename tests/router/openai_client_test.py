@@ -82,6 +82,10 @@ def test_completions():
     a, b = client.completions.create(**kw), client.completions.create(**kw)
     check(a.choices[0].text == b.choices[0].text and a.usage.completion_tokens == 6,
           "presence/frequency penalties accepted, the same text twice under one seed")
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=3, temperature=1.0, seed=2,
+                                  logit_bias={"7": 100}, extra_body={"ignore_eos": True, "return_token_ids": True})
+    ids = r.model_dump()["choices"][0].get("token_ids")
+    check(ids == [7, 7, 7], f"logit_bias {{'7': 100}} makes token 7 certain (got {ids})")
     try:
         client.completions.create(model=MODEL, prompt="x", max_tokens=1, frequency_penalty=2.5)
         check(False, "frequency_penalty=2.5 raises")

@@ -57,7 +57,7 @@ bool wait_idle(GenerationService& s, int max_running) {
 
 }  // namespace
 
-TEST_CASE("concurrent requests give the reference engine's tokens (greedy and seeded, penalties, chunked prefill)") {
+TEST_CASE("concurrent requests give the reference engine's tokens (greedy and seeded, penalties, logit biases, chunked prefill)") {
   const int chunk = 5;
   test::TinyServer s({.max_running = 3, .max_queue = 16, .prefill_chunk = chunk});
   std::mt19937 rng(3);
@@ -74,6 +74,9 @@ TEST_CASE("concurrent requests give the reference engine's tokens (greedy and se
     }
     refs.push_back(g);
   }
+  // Logit biases on two of them (storage that outlives both runs).
+  const std::vector<ops::LogitBias> biases = {{.token = 5, .bias = 6.f}, {.token = 11, .bias = -3.f}};
+  for (size_t i : {size_t(1), size_t(2)}) refs[i].sampling.logit_bias = biases;
   // Reference: the monolithic engine on its own, same weights and chunking.
   auto backend = make_cpu_backend({.threads = 2});
   WeightStore w = random_weights(s.cfg, 7, DType::F32);
@@ -87,7 +90,8 @@ TEST_CASE("concurrent requests give the reference engine's tokens (greedy and se
   // All five at once (more than max_running: some wait in the queue and join mid-flight).
   std::vector<std::unique_ptr<RequestStream>> streams;
   for (const GenerateRequest& g : refs) {
-    GenerationParams p{.prompt = g.prompt, .max_tokens = g.max_tokens, .sampling = g.sampling};
+    GenerationParams p{.prompt = g.prompt, .max_tokens = g.max_tokens, .sampling = g.sampling,
+                       .logit_bias = {g.sampling.logit_bias.begin(), g.sampling.logit_bias.end()}};
     streams.push_back(RequestStream::start(*s.service, p).value());
   }
   for (size_t i = 0; i < refs.size(); ++i) {
