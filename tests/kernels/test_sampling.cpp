@@ -15,6 +15,14 @@ std::vector<int32_t> run(Backend& be, const Tensor& logits, const std::vector<op
   return out;
 }
 
+// A row of V logits, normal with sigma 2 (ties improbable).
+std::vector<float> random_logits(std::mt19937& rng, int64_t V) {
+  std::normal_distribution<float> nd(0.f, 2.f);
+  std::vector<float> row(static_cast<size_t>(V));
+  for (float& x : row) x = nd(rng);
+  return row;
+}
+
 // Chi-square statistic of `counts` against probabilities `p` (cells with p = 0 must have no counts).
 double chi_square(const std::vector<int>& counts, const std::vector<double>& p, int n) {
   double chi = 0;
@@ -105,11 +113,9 @@ TEST_CASE("sample validates its rows") {
 TEST_CASE("presence and frequency penalties: the draw of the penalized logits, generated tokens only") {
   auto be = cpu_backend(2);
   std::mt19937 rng(23);
-  std::normal_distribution<float> nd(0.f, 2.f);
   constexpr int64_t V = 50;
   for (int trial = 0; trial < 200; ++trial) {
-    std::vector<float> row(V);
-    for (float& x : row) x = nd(rng);
+    const std::vector<float> row = random_logits(rng, V);
     std::vector<int32_t> generated;
     for (int i = 0, n = 1 + trial % 12; i < n; ++i) generated.push_back(static_cast<int32_t>(rng() % 8));  // repeats
     const float presence = std::uniform_real_distribution<float>(-2.f, 2.f)(rng);
@@ -148,11 +154,9 @@ TEST_CASE("presence and frequency penalties: the draw of the penalized logits, g
 TEST_CASE("logit_bias: the draw of the biased logits, before the penalties") {
   auto be = cpu_backend(2);
   std::mt19937 rng(29);
-  std::normal_distribution<float> nd(0.f, 2.f);
   constexpr int64_t V = 40;
   for (int trial = 0; trial < 200; ++trial) {
-    std::vector<float> row(V);
-    for (float& x : row) x = nd(rng);
+    const std::vector<float> row = random_logits(rng, V);
     std::vector<ops::LogitBias> biases;
     for (int i = 0, n = 1 + trial % 5; i < n; ++i)
       biases.push_back({.token = static_cast<int32_t>(rng() % V), .bias = std::uniform_real_distribution<float>(-8.f, 8.f)(rng)});
