@@ -402,12 +402,8 @@ Status GroupLeader::step_batch() {
   const Tensor lg = Tensor::from_f32({static_cast<int64_t>(sampled.size()), V}, logits);
   std::vector<DrawRow> rows;
   for (uint64_t id : sampled) {
-    Running& r = running_.at(id);
-    DrawRow row{.sampling = r.sampling, .logprobs = r.logprobs, .constraint = r.constraint.get()};
-    row.sampling.step = r.step;
-    row.sampling.generated = r.tokens;  // every token streamed so far, the first included
-    row.sampling.logit_bias = r.logit_bias;
-    rows.push_back(row);
+    const Running& r = running_.at(id);
+    rows.push_back(draw_row(r, r.step));
   }
   const std::vector<Drawn> drawn = draw_tokens(backend_, lg, rows, V);
   for (size_t k = 0; k < sampled.size(); ++k) {

@@ -17,7 +17,7 @@ Result<StreamedRequest> streamed_request(uint64_t id, const DecodeRankOptions& o
   const protocol::SamplingParams& sp = claim->sampling;
   r.sampling = sampling_row(sp);
   r.logit_bias = logit_biases(sp);
-  r.sampling.logit_bias = r.logit_bias;  // the vector's buffer moves with the request; a batch copies it
+  r.sampling.logit_bias = r.logit_bias;  // the buffer moves with the request: draw_row reads it, a batch copies it
   r.max_tokens = static_cast<int>(sp.max_tokens);
   r.stop_ids = sp.stop_token_ids;
   r.logprobs = sp.logprobs;
@@ -26,6 +26,13 @@ Result<StreamedRequest> streamed_request(uint64_t id, const DecodeRankOptions& o
     return Status(constraint.status().code(), "output format: " + constraint.status().message());
   r.constraint = std::move(constraint).value();
   return r;
+}
+
+DrawRow draw_row(const StreamedRequest& r, uint64_t step) {
+  DrawRow row{.sampling = r.sampling, .logprobs = r.logprobs, .constraint = r.constraint.get()};
+  row.sampling.step = step;
+  row.sampling.generated = r.tokens;  // every token streamed so far, the first included
+  return row;
 }
 
 Status take_first_token(StreamedRequest& r, int32_t token, const std::vector<protocol::TokenLogprobs>& logprobs) {

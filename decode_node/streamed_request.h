@@ -10,6 +10,7 @@
 
 #include "common/grammar/token_constraint.h"
 #include "decode_node/decode_rank_options.h"
+#include "decode_node/draw_tokens.h"
 #include "transfer/ucx_decode_driver.h"
 
 namespace k3::decode {
@@ -31,6 +32,10 @@ struct StreamedRequest {
 // From the CLAIM's sampling params; a CLAIM without them (max_tokens 0) or none falls back to the node's
 // options. Errors name a bad output format.
 Result<StreamedRequest> streamed_request(uint64_t id, const DecodeRankOptions& o, const protocol::Claim* claim);
+
+// The row its next token is drawn with at decode step `step`: its sampling (the logit biases' span set
+// at creation), the tokens streamed so far for the penalties, its logprobs and grammar.
+DrawRow draw_row(const StreamedRequest& r, uint64_t step);
 
 // The first token, drawn by the last prefill stage under the same params: its logprobs must have come when
 // the request asks for them, and the grammar advances past it. Errors say which.

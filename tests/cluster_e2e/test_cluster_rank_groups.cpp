@@ -159,6 +159,22 @@ void check_tokens(const k3::test::LaunchedCluster& c, const std::string& model) 
     CHECK(k3::test::token_ids_of(replies[i].get()) ==
           k3::test::k3_generate_tokens(model, prompts[cases[i].prompt], kMax, cases[i].temperature, cases[i].seed));
   }
+  // The group leader draws with the same logit biases and penalties (over the same streamed tokens) as
+  // k3-generate: one such request per prompt, round robin over both groups.
+  std::vector<std::future<HttpReply>> adjusted;
+  for (const auto& p : prompts)
+    adjusted.push_back(std::async(std::launch::async, [port, p, kMax] {
+      return k3::test::post_json(port, "/v1/completions",
+                                 {{"model", "k3-tiny"}, {"prompt", p}, {"max_tokens", kMax}, {"temperature", 0.75},
+                                  {"seed", 21}, {"ignore_eos", true}, {"return_token_ids", true},
+                                  {"logit_bias", {{"7", 5}, {"11", -3}}}, {"frequency_penalty", -1.5}});
+    }));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("prompt " << i << " with logit_bias and frequency_penalty");
+    CHECK(k3::test::token_ids_of(adjusted[i].get()) ==
+          k3::test::k3_generate_tokens(model, prompts[i], kMax,
+                                       "--temperature 0.75 --seed 21 --logit-bias 7:5,11:-3 --frequency-penalty -1.5"));
+  }
   const auto m = k3::test::read_metrics(c.port);
   for (const char* node : {"decode/d-0", "decode/d-1"})
     CHECK(k3::test::metric_or(m, std::string("k3_cluster_placements_total{node=\"") + node + "\"}") >= 1);
