@@ -46,18 +46,24 @@ namespace {
 void say(const std::string& s) { say_line(s); }
 int fail(const Status& s) { return fail_status("k3-decode", s); }
 
+// The kernels this rank runs on its registry, and its /metrics where --metrics-listen asked for one
+// (printed as METRICS <url>; null without); a rank, a group's leader and its members alike.
+Result<std::unique_ptr<protocol::MetricsEndpoint>> serve_metrics(protocol::MetricsRegistry& m, const Backend& be,
+                                                                 const std::optional<protocol::ListenAddress>& at) {
+  protocol::metric::report_kernels(m, be.name(), be.batch_invariant());
+  if (!at) return std::unique_ptr<protocol::MetricsEndpoint>();
+  K3_ASSIGN_OR_RETURN(auto endpoint, protocol::MetricsEndpoint::start(*at, m));
+  say("METRICS " + endpoint->url());
+  return endpoint;
+}
+
 // The serving loop of a decode rank or a group leader (same surface): driver events, decode steps,
 // the router's heartbeats, DONE / IDLE lines. Returns the error that ended it (ok on a stop signal).
 template <class Node>
 Status serve(Node& d, const Backend& be, const decode::DecodeRankOptions& o, std::chrono::milliseconds idle_wait,
              const std::optional<protocol::ListenAddress>& metrics_at) {
   const std::atomic<bool>& g_stop = install_stop_signals();
-  protocol::metric::report_kernels(d.metrics(), be.name(), be.batch_invariant());
-  std::unique_ptr<protocol::MetricsEndpoint> metrics_endpoint;
-  if (metrics_at) {
-    K3_ASSIGN_OR_RETURN(metrics_endpoint, protocol::MetricsEndpoint::start(*metrics_at, d.metrics()));
-    say("METRICS " + metrics_endpoint->url());
-  }
+  K3_ASSIGN_OR_RETURN(auto metrics_endpoint, serve_metrics(d.metrics(), be, metrics_at));
   // Peers are told the advertised endpoint (the bound port on a host they can reach), as in the REGISTER.
   say("READY " + d.driver().advertised_endpoint());
   size_t live = 0;
@@ -136,15 +142,9 @@ int run_group(const GroupFlags& gf, const std::string& interface, decode::Decode
     protocol::MetricsRegistry member_metrics;
     auto worker = decode::GroupWorker::create(be, cfg, weights, layout, forward_comm, o.cache);
     if (!worker.is_ok()) return fail(worker.status());
-    protocol::metric::report_kernels(member_metrics, be.name(), be.batch_invariant());
     (*worker)->publish_to(member_metrics);
-    std::unique_ptr<protocol::MetricsEndpoint> metrics_endpoint;
-    if (metrics_at) {
-      auto ep = protocol::MetricsEndpoint::start(*metrics_at, member_metrics);
-      if (!ep.is_ok()) return fail(ep.status());
-      metrics_endpoint = std::move(ep).value();
-      say("METRICS " + metrics_endpoint->url());
-    }
+    auto metrics_endpoint = serve_metrics(member_metrics, be, metrics_at);
+    if (!metrics_endpoint.is_ok()) return fail(metrics_endpoint.status());
     // Every member owns its transfer region (DCP: its slices; EP: the requests placed on it): the leader
     // names its geometry, the rank answers with it.
     auto req = decode::recv_region_request(**comm, 0);
