@@ -48,16 +48,29 @@ struct ExpertRange {
   int64_t begin = 0, end = -1;
 };
 
+// The attention heads a process computes: share `index` of `count` equal shares of every layer's heads
+// (a DCP rank's), all of them when count is 1.
+struct HeadShare {
+  int64_t index = 0, count = 1;
+};
+
 // Builds the backend-side weights for layers [begin, end), of the routed experts only `experts`: an EP
 // rank reads and uploads its own experts and never holds the others (on K3 they are nearly all the
 // weights, far more than one GPU holds), and w1 / w3 / w2 are then [experts, ...] in expert order.
+// With a share of the heads, the per-head attention weights are that share's rows only, read and
+// uploaded alone as well (a synthetic store draws just those rows):
+//   KDA layer:  the heads' rows of w_qkv and conv_w (in each of the q, k and v thirds), w_fb, a_log,
+//               dt_bias, w_b and the full-rank w_g; w_fa, o_norm, the low-rank gate and w_o stay whole
+//               (a DCP group runs the output side on its token rows over all heads, after a gather).
+//   MLA layer:  the heads' w_uv and w_g rows; the query side, the latent rows and w_o stay whole.
 // The store's upload observer (if any) hears of each weight as it goes up (upload_bytes' total).
 Result<std::unique_ptr<Model::Weights>> upload_weights(Backend& backend, const ModelConfig& cfg,
                                                        const WeightStore& store, int begin, int end,
-                                                       ExpertRange experts = {});
+                                                       ExpertRange experts = {}, HeadShare heads = {});
 
-// About the bytes upload_weights puts on a backend keeping `compute` for these layers and experts: every
-// tensor of the range in `compute` (F32 where the model keeps it F32), each once.
-uint64_t upload_bytes(const ModelConfig& cfg, int begin, int end, ExpertRange experts, DType compute);
+// About the bytes upload_weights puts on a backend keeping `compute` for these layers, experts and heads:
+// every tensor of the range in `compute` (F32 where the model keeps it F32), each once.
+uint64_t upload_bytes(const ModelConfig& cfg, int begin, int end, ExpertRange experts, DType compute,
+                      HeadShare heads = {});
 
 }  // namespace k3

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "engine/rank_step.h"
-#include "engine/rank_weights.h"
 
 namespace k3 {
 
@@ -42,13 +41,14 @@ Result<std::unique_ptr<RankModel>> RankModel::create(Backend& backend, const Mod
   m->impl_ = std::make_unique<Impl>();
   m->impl_->be = &backend;
   m->impl_->comm = &comm;
-  // An EP rank uploads its own experts only; the DCP head slices are cut after the upload (rank_weights.h).
+  // A rank reads and uploads its part only: an EP rank its routed experts, a DCP rank its share of
+  // the attention heads (model_weights.h says which weights that cuts).
   const int64_t experts_per_rank = cfg.num_experts / layout.ep;
   const ExpertRange experts = layout.ep > 1 ? ExpertRange{layout.ep_rank() * experts_per_rank,
                                                           (layout.ep_rank() + 1) * experts_per_rank}
                                             : ExpertRange{};
-  K3_ASSIGN_OR_RETURN(m->impl_->w, upload_weights(backend, cfg, weights, 0, cfg.num_hidden_layers, experts));
-  slice_weights_for_rank(backend, cfg, layout, *m->impl_->w);
+  const HeadShare heads{.index = layout.dcp_rank(), .count = layout.dcp};
+  K3_ASSIGN_OR_RETURN(m->impl_->w, upload_weights(backend, cfg, weights, 0, cfg.num_hidden_layers, experts, heads));
   m->caches_ = std::make_unique<CachePools>(backend, rank_cache_config(cfg, layout), 0, cfg.num_hidden_layers, cache);
   return m;
 }

@@ -37,8 +37,8 @@ struct CollectiveTimes {
 
 class RankModel {
  public:
-  // The rank's weights are cut from `weights` (engine/rank_weights.h); its cache pools are the rank's
-  // slice (rank_cache_config). Any backend; a communicator that takes device memory (NCCL) needs a device
+  // The rank reads its part of `weights` only (upload_weights' expert range and head share); its cache
+  // pools are the rank's slice (rank_cache_config). Any backend; a communicator that takes device memory (NCCL) needs a device
   // backend. The collectives stage between host and device where the two differ (rank_step.h).
   static Result<std::unique_ptr<RankModel>> create(Backend& backend, const ModelConfig& cfg, const WeightStore& weights,
                                                    const RankLayout& layout, Comm& comm, const CacheOptions& cache);

@@ -56,6 +56,7 @@ void Backend::fill_uniform(const ops::FillUniformParams& p) {
   require_host(p.y, "fill_uniform", "y");
   K3_CHECK(p.y.dtype() == DType::F32 || p.y.dtype() == DType::BF16,
            std::string("fill_uniform: y must be F32 or BF16, got ") + dtype_name(p.y.dtype()));
+  K3_CHECK(p.first >= 0, "fill_uniform: first must be >= 0, got " + std::to_string(p.first));
   fill_uniform_range(p, 0, p.y.numel());
 }
 
@@ -63,7 +64,7 @@ void Backend::fill_uniform_range(const ops::FillUniformParams& p, int64_t begin,
   float* f32 = p.y.dtype() == DType::F32 ? p.y.f32() : nullptr;
   uint16_t* b16 = f32 ? nullptr : p.y.ptr<uint16_t>();
   for (int64_t i = begin; i < end; ++i) {
-    float v = counter_random::uniform(p.seed, static_cast<uint64_t>(i), p.scale);
+    float v = counter_random::uniform(p.seed, static_cast<uint64_t>(p.first + i), p.scale);
     if (p.round_to_bf16) v = bf16_to_f32(f32_to_bf16(v));
     if (f32) f32[i] = v;
     else b16[i] = f32_to_bf16(v);

@@ -230,14 +230,15 @@ struct HeadGemmParams {
   Tensor y;  // [M, H, N] output
 };
 
-// Generated weights filled in place (common/core/counter_random.h): y[i] = uniform(seed, i, scale),
-// rounded to bf16 first when round_to_bf16 (what a bf16 file of the same draw holds), then stored in
-// y's dtype.
+// Generated weights filled in place (common/core/counter_random.h): y[i] = uniform(seed, first + i,
+// scale), rounded to bf16 first when round_to_bf16 (what a bf16 file of the same draw holds), then
+// stored in y's dtype. `first` > 0 draws a part of a larger tensor (a rank's rows of it) alone.
 struct FillUniformParams {
   Tensor y;  // any shape, F32 or BF16, contiguous
   uint64_t seed = 0;
   float scale = 0.f;
   bool round_to_bf16 = false;
+  int64_t first = 0;  // the draw's index of y's first element
 };
 
 // OpenAI's logit_bias: added to one token's logit before the draw.

@@ -88,6 +88,7 @@ class CpuBackend final : public Backend {
     K3_CHECK(p.y.device() == Device::Cpu, "fill_uniform: y is not a host tensor");
     K3_CHECK(p.y.dtype() == DType::F32 || p.y.dtype() == DType::BF16,
              std::string("fill_uniform: y must be F32 or BF16, got ") + dtype_name(p.y.dtype()));
+    K3_CHECK(p.first >= 0, "fill_uniform: first must be >= 0, got " + std::to_string(p.first));
     pool_.parallel_for(p.y.numel(), [&](int64_t i0, int64_t i1) { fill_uniform_range(p, i0, i1); }, kFillGrain);
   }
 

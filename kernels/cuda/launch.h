@@ -25,7 +25,8 @@ void launch_embedding(FIn table /*[V,D]*/, const int32_t* ids /*[M]*/, FOut y /*
 void launch_kda_gate(FIn f, const float* a_log, const float* dt_bias, float* g, int64_t T, int H, int D, float g_min,
                      bool softplus, cudaStream_t s);
 // y[i] = counter_random::uniform(seed, i, scale), rounded to bf16 first when round_to_bf16 (weight_fill.cu).
-void launch_fill_uniform(FOut y, int64_t n, uint64_t seed, float scale, bool round_to_bf16, cudaStream_t s);
+void launch_fill_uniform(FOut y, int64_t n, int64_t first, uint64_t seed, float scale, bool round_to_bf16,
+                         cudaStream_t s);
 // dst[r, dst_col+j] = src[r / repeat, src_col+j], elements of `elem` bytes (2 or 4).
 void launch_copy_cols(const void* src, int64_t src_rows, int64_t src_cols, void* dst, int64_t dst_rows,
                       int64_t dst_cols, int64_t src_col, int64_t dst_col, int64_t ncols, int repeat, int elem,

@@ -26,6 +26,12 @@ TEST_CASE("fill_uniform on the GPU equals the host generator bit for bit", "[cud
       const Tensor want = host_p.y.to_f32();
       REQUIRE(back.to_f32().numel() == want.numel());
       CHECK(std::memcmp(back.to_f32().data(), want.data(), want.nbytes()) == 0);
+      // Rows [1000, 2001) drawn alone from their first element: the whole draw's rows.
+      Tensor rows = bk.gpu->alloc({1001, 517}, dt);
+      bk.gpu->fill_uniform({.y = rows, .seed = host_p.seed, .scale = host_p.scale, .round_to_bf16 = round,
+                            .first = 1000 * 517});
+      const Tensor rows_back = bk.gpu->to_host(rows).to_f32();
+      CHECK(std::memcmp(rows_back.data(), want.f32() + 1000 * 517, rows_back.nbytes()) == 0);
     }
 }
 

@@ -1,6 +1,7 @@
-// An EP rank's upload: upload_weights with an ExpertRange reads and uploads those routed experts only,
-// bit for bit the rows of the whole upload, from a stored model and from a synthetic one (drawn where
-// the weights live), and names a range that is not one of the model's; and the upload's progress.
+// A rank's upload: upload_weights with an ExpertRange (an EP rank) reads and uploads those routed experts
+// only, and with a HeadShare (a DCP rank) its heads' rows of the per-head attention weights only, bit for
+// bit the rows of the whole upload, from a stored model and from a synthetic one (drawn where the
+// weights live); a range or share that is not one of the model's is named; and the upload's progress.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -61,6 +62,71 @@ TEST_CASE("upload_weights with an expert range holds those experts only, bitwise
     CHECK(r.status().message().find("are not a non-empty range of the model's " + std::to_string(cfg.num_experts)) !=
           std::string::npos);
   }
+}
+
+TEST_CASE("upload_weights with a head share holds those heads' rows only, bitwise the whole upload's rows",
+          "[engine][ranks]") {
+  const ModelConfig cfg = tiny_config("k3-tiny");
+  const int64_t H = cfg.kda.num_heads, D = cfg.kda.head_dim, P = H * D, Hm = cfg.num_attention_heads;
+  REQUIRE(H % 2 == 0);
+  REQUIRE(Hm % 2 == 0);
+  REQUIRE(cfg.kda.use_full_rank_gate);
+  REQUIRE(cfg.mla_use_output_gate);
+  auto be = make_cpu_backend({.threads = 2});
+  const int L = cfg.num_hidden_layers;
+  for (const bool synthetic : {false, true}) {
+    INFO((synthetic ? "synthetic store" : "stored weights"));
+    const WeightStore store = synthetic ? WeightStore::synthetic({.cfg = cfg, .seed = 4, .matrix_dtype = DType::BF16})
+                                        : random_weights(cfg, 4, DType::F32);
+    auto whole = upload_weights(*be, cfg, store, 0, L);
+    REQUIRE(whole.is_ok());
+    const HeadShare share{.index = 1, .count = 2};
+    auto part = upload_weights(*be, cfg, store, 0, L, {}, share);
+    REQUIRE(part.is_ok());
+    const int64_t h0 = H / 2, c0 = h0 * D, n = P / 2, m0 = Hm / 2, dv = cfg.v_head_dim;
+    int kda_layers = 0, mla_layers = 0;
+    for (int l = 0; l < L; ++l) {
+      INFO("layer " << l);
+      const LayerWeights &p = (*part)->layers[size_t(l)], &w = (*whole)->layers[size_t(l)];
+      if (cfg.layer_kind(l) == LayerKind::Kda) {
+        ++kda_layers;
+        for (const auto* t : {&p.w_qkv, &p.conv_w}) {  // the share's rows of each of the q, k and v thirds
+          REQUIRE(t->dim(0) == 3 * n);
+          const Tensor& wt = t == &p.w_qkv ? w.w_qkv : w.conv_w;
+          for (int64_t third = 0; third < 3; ++third)
+            CHECK(same_rows(*be, t->slice_rows(third * n, (third + 1) * n), wt, third * P + c0));
+        }
+        CHECK(same_rows(*be, p.w_fb, w.w_fb, c0));
+        CHECK(same_rows(*be, p.a_log, w.a_log, h0));
+        CHECK(same_rows(*be, p.dt_bias, w.dt_bias, c0));
+        CHECK(same_rows(*be, p.w_b, w.w_b, h0));
+        CHECK(same_rows(*be, p.w_g, w.w_g, c0));
+        CHECK((p.w_fb.dim(0) == n && p.a_log.dim(0) == H / 2 && p.w_b.dim(0) == H / 2 && p.w_g.dim(0) == n));
+        CHECK(same_rows(*be, p.w_o, w.w_o, 0));  // the output side stays whole
+        CHECK(p.w_o.dim(0) == w.w_o.dim(0));
+      } else {
+        ++mla_layers;
+        CHECK(p.w_uv.dim(0) == Hm / 2);
+        CHECK(same_rows(*be, p.w_uv, w.w_uv, m0));
+        CHECK(same_rows(*be, p.w_g, w.w_g, m0 * dv));
+        CHECK(p.w_g.dim(0) == Hm / 2 * dv);
+        CHECK(same_rows(*be, p.w_uk_t, w.w_uk_t, 0));  // the query side stays whole
+        CHECK(p.w_uk_t.dim(0) == Hm);
+      }
+    }
+    CHECK(kda_layers > 0);
+    CHECK(mla_layers > 0);
+  }
+  CHECK(upload_bytes(cfg, 0, L, {}, DType::F32, {.index = 0, .count = 2}) < upload_bytes(cfg, 0, L, {}, DType::F32));
+  const WeightStore store = random_weights(cfg, 4, DType::F32);
+  for (const HeadShare bad : {HeadShare{2, 2}, HeadShare{-1, 2}, HeadShare{0, 0}}) {
+    auto r = upload_weights(*be, cfg, store, 0, L, {}, bad);
+    REQUIRE(!r.is_ok());
+    CHECK(r.status().message().find("is not a share") != std::string::npos);
+  }
+  auto uneven = upload_weights(*be, cfg, store, 0, L, {}, {.index = 0, .count = H + 1});
+  REQUIRE(!uneven.is_ok());
+  CHECK(uneven.status().message().find("heads do not split into " + std::to_string(H + 1)) != std::string::npos);
 }
 
 // The upload tells the store's observer each weight as it goes: bytes done rising to the expected total

@@ -143,6 +143,11 @@ TEST_CASE("CPU weight fills and widening equal the serial definitions for any th
       }
       Tensor wide = be->from_host(b, DType::F32);
       REQUIRE(bitwise_equal(wide, b.to_f32()));
+      // A part drawn alone from its first index is the whole draw's elements there.
+      const int64_t first = 123457, len = 70001;
+      Tensor part = Tensor::zeros({len});
+      be->fill_uniform({.y = part, .seed = 77, .scale = 0.02f, .round_to_bf16 = round, .first = first});
+      REQUIRE(std::memcmp(part.f32(), f.f32() + first, len * sizeof(float)) == 0);
     }
   }
 }
