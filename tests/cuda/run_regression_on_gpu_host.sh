@@ -13,6 +13,9 @@
 #                definition: cuda_test_cuda_gemm_fixed (every row bitwise equal alone, both forms, split
 #                and unsplit) and cuda_test_cuda_kda_invariant (chunk calls, row ranges, and the fused
 #                decode step against the separate steps, bitwise);
+#   weight_fill.log
+#                cuda_test_cuda_weight_fill: generated weights drawn on the GPU (whole and a part from
+#                its first index, as a DCP rank draws its heads' rows) are the host generator's bits;
 #   cluster.log  K3_TEST_BACKEND=cuda cluster_e2e_test_cluster_launcher: k3-router, two k3-prefill
 #                stages (streaming their writes) and one k3-decode, all --backend cuda, against
 #                k3-generate --backend cuda, 16 concurrent requests among them.
@@ -23,7 +26,7 @@ OUT=${1:?output dir}
 source "$(dirname "$0")/gpu_host.sh"
 gpu_host_setup "$OUT"
 TESTS="cuda_test_cuda_attention cuda_test_cuda_decode_graph cuda_test_cuda_engine cuda_test_cuda_prefix_cache cuda_test_cuda_batch_invariance
-  cuda_test_cuda_gemm_fixed cuda_test_cuda_kda_invariant"
+  cuda_test_cuda_gemm_fixed cuda_test_cuda_kda_invariant cuda_test_cuda_weight_fill"
 # shellcheck disable=SC2086
 timeout 240 ninja -C $B -j16 $TESTS k3-generate k3-genweights k3-router k3-cluster k3-prefill k3-decode \
   cluster_e2e_test_cluster_launcher >> "$OUT/build.log" 2>&1 ||
@@ -38,6 +41,7 @@ gpu_host_stage prefix.log 90 "$PATTERN" $B/tests/cuda_test_cuda_prefix_cache
 gpu_host_stage invariance.log 60 "$PATTERN" $B/tests/cuda_test_cuda_batch_invariance "CUDA batch invariance: alone*"
 gpu_host_stage gemm_fixed.log 30 "$PATTERN" $B/tests/cuda_test_cuda_gemm_fixed
 gpu_host_stage kda_invariant.log 40 "$PATTERN" $B/tests/cuda_test_cuda_kda_invariant
+gpu_host_stage weight_fill.log 40 "$PATTERN" $B/tests/cuda_test_cuda_weight_fill
 # Catch test names: no comma in a filter (Catch splits filters there).
 gpu_host_stage cluster.log 120 "$PATTERN" env K3_TEST_BACKEND=cuda $B/tests/cluster_e2e_test_cluster_launcher \
   "k3-cluster serves OpenAI requests whose greedy tokens equal k3-generate*"
