@@ -2,12 +2,14 @@
 // l_j = query·V_j / sqrt(mean(V_j²)+eps), p = softmax(l), y = Σ p_j V_j.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
 namespace {
 
 __global__ void attnres_mix_kernel(AttnResCandidates c, const float* query, FOut y, int D, float eps) {
+  pdl_enter();
   __shared__ float scratch[32];
   __shared__ float p[kMaxAttnResCandidates];
   const int64_t row = blockIdx.x;
@@ -47,7 +49,7 @@ __global__ void attnres_mix_kernel(AttnResCandidates c, const float* query, FOut
 void launch_attnres_mix(const AttnResCandidates& c, const float* query, FOut y, int64_t M, int D, float eps,
                         cudaStream_t s) {
   if (M == 0) return;
-  attnres_mix_kernel<<<unsigned(M), 256, 0, s>>>(c, query, y, D, eps);
+  launch_pdl("attnres_mix_kernel", attnres_mix_kernel, unsigned(M), 256, 0, s, c, query, y, D, eps);
   K3_CUDA_LAUNCHED("attnres_mix_kernel");
 }
 

@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm_fixed.h"
 #include "kernels/cuda/gemm_fixed_epilogue.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -53,6 +54,7 @@ __device__ __forceinline__ void load8(__nv_bfloat16* dst, const __nv_bfloat16* r
 
 template <int BM, int BN>
 __global__ void __launch_bounds__(kThreads) gemm_fixed_kernel(FixedGemmArgs a) {
+  pdl_enter();
   using C = Cfg<BM, BN>;
   constexpr int kFm = BM / 16, kFn = BN / 16;
   const int64_t n0 = int64_t(blockIdx.x) * BN, m0 = int64_t(blockIdx.y) * BM, b = blockIdx.z;
@@ -156,7 +158,7 @@ void launch_tile(const FixedGemmArgs& a, cudaStream_t s) {
   constexpr size_t smem = Cfg<BM, BN>::kSmem;
   K3_CUDA_OK(cudaFuncSetAttribute(gemm_fixed_kernel<BM, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((a.N + BN - 1) / BN), unsigned((a.M + BM - 1) / BM), unsigned(a.batch));
-  gemm_fixed_kernel<BM, BN><<<grid, kThreads, smem, s>>>(a);
+  launch_pdl("gemm_fixed_kernel", gemm_fixed_kernel<BM, BN>, grid, kThreads, smem, s, a);
   K3_CUDA_LAUNCHED("gemm_fixed_kernel");
 }
 

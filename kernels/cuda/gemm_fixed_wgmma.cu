@@ -17,6 +17,7 @@
 #include "kernels/cuda/gemm_fixed.h"
 #include "kernels/cuda/gemm_fixed_epilogue.cuh"
 #include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -59,6 +60,7 @@ template <int kWG, int kBN>
 __global__ void __launch_bounds__(WgCfg<kWG, kBN>::kThreads, 1)
     gemm_fixed_wg_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                          const WgArgs a) {
+  pdl_enter();
   using C = WgCfg<kWG, kBN>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -155,6 +157,7 @@ __global__ void __launch_bounds__(WgCfg<kWG, kBN>::kThreads, 1)
 
 // The split form's second step: the parts of each element added left to right, as a CTA adds them.
 __global__ void gemm_fixed_add_parts(const WgArgs a, int64_t batch) {
+  pdl_enter();
   const int64_t mn = a.M * a.N, total = batch * mn;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t b = i / mn, r = (i % mn) / a.N, c = i % a.N;
@@ -177,11 +180,12 @@ void launch_form(const FixedGemmArgs& f, const FixedGemmPlan& plan, float* work,
                                   int(C::kSmem)));
   const dim3 grid(unsigned((f.N + kBN - 1) / kBN), unsigned((f.M + C::kBM - 1) / C::kBM),
                   unsigned(f.batch * (plan.split ? plan.parts : 1)));
-  gemm_fixed_wg_kernel<kWG, kBN><<<grid, C::kThreads, C::kSmem, s>>>(xm.map, wm.map, a);
+  launch_pdl("gemm_fixed_wg_kernel", gemm_fixed_wg_kernel<kWG, kBN>, grid, C::kThreads, C::kSmem, s, xm.map, wm.map, a);
   K3_CUDA_LAUNCHED("gemm_fixed_wg_kernel");
   if (!plan.split) return;
   const int64_t n = f.batch * f.M * f.N;
-  gemm_fixed_add_parts<<<unsigned(std::min<int64_t>((n + 255) / 256, 4096)), 256, 0, s>>>(a, f.batch);
+  launch_pdl("gemm_fixed_add_parts", gemm_fixed_add_parts, unsigned(std::min<int64_t>((n + 255) / 256, 4096)), 256, 0,
+             s, a, f.batch);
   K3_CUDA_LAUNCHED("gemm_fixed_add_parts");
 }
 

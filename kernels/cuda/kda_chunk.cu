@@ -41,14 +41,15 @@
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kda_chunk_layout.cuh"
+#include "kernels/cuda/kda_chunk_scan_head.cuh"
 #include "kernels/cuda/kda_chunk_scan_job.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg.cuh"
-#include "kernels/cuda/kda_chunk_scan_head.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg32.cuh"
 #include "kernels/cuda/kda_scan_form.h"
 #include "kernels/cuda/kda_split_plan.h"
-#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/tensor_map.h"
 
 namespace k3::cuda {
 namespace {
@@ -93,6 +94,7 @@ template <int VT, int kWarps, int kStages>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     kda_chunk_scan_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
                           const KdaScanJob* jobs, float* carry) {
+  pdl_enter();
   using Cfg = ScanCfg<VT, kWarps, kStages>;
   constexpr int kThreads = Cfg::kThreads, kLdV = Cfg::kLdV, kAG = Cfg::kAG, kSG = Cfg::kSG, kRowT = Cfg::kRowT;
   extern __shared__ __align__(128) unsigned char smraw[];
@@ -310,7 +312,8 @@ void launch_scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* se
   using Cfg = ScanCfg<VT, kWarps, kStages>;
   auto* kern = kda_chunk_scan_kernel<VT, kWarps, kStages>;
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem));
-  kern<<<dim3(kD / VT, a.H, rows), Cfg::kThreads, Cfg::kSmem, s>>>(a, chunk_table, seq_chunk0, work, jobs, carry);
+  launch_pdl("kda_chunk_scan_kernel", kern, dim3(kD / VT, a.H, rows), Cfg::kThreads, Cfg::kSmem, s, a, chunk_table,
+             seq_chunk0, work, jobs, carry);
   K3_CUDA_LAUNCHED("kda_chunk_scan_kernel");
 }
 
@@ -343,8 +346,8 @@ void launch_scan_wg(Kernel* kern, const char* name, const KdaArgs& a, const int3
                     const int32_t* seq_chunk0, void* work, int num_chunks, int rows, const KdaScanJob* jobs,
                     float* carry, cudaStream_t s) {
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
-  kern<<<dim3(kD / VT, a.H, rows), L::kThreads, L::kSmem, s>>>(a, chunk_table, seq_chunk0, work, jobs, carry,
-                                                               scan_maps(a, work, num_chunks));
+  launch_pdl(name, kern, dim3(kD / VT, a.H, rows), L::kThreads, L::kSmem, s, a, chunk_table, seq_chunk0, work, jobs,
+             carry, scan_maps(a, work, num_chunks));
   K3_CUDA_LAUNCHED(name);
 }
 

@@ -7,6 +7,7 @@
 #include "kernels/cuda/kda_chunk_prep_tiles.cuh"
 #include "kernels/cuda/kda_chunk_runs.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -205,6 +206,7 @@ __device__ __forceinline__ void bounded_pass(const float* G, bf16* Ks, bf16* Qs,
 template <bool kUnbounded>
 __global__ void __launch_bounds__(kPrepThreads, kUnbounded ? 1 : 2)
     kda_chunk_prep_kernel(KdaArgs a, const int32_t* chunk_table, void* work) {
+  pdl_enter();
   extern __shared__ __align__(128) unsigned char smraw[];
   float* G = reinterpret_cast<float*>(smraw + kPrepOffG);
   bf16* Bh = reinterpret_cast<bf16*>(smraw + kPrepOffG);
@@ -444,12 +446,14 @@ void launch_kda_chunk_prep(const KdaArgs& a, const int32_t* chunk_table, int num
   if (a.unbounded_gate) {
     K3_CUDA_OK(cudaFuncSetAttribute(kda_chunk_prep_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kPrepSmemUnbounded));
-    kda_chunk_prep_kernel<true><<<grid, kPrepThreads, kPrepSmemUnbounded, s>>>(a, chunk_table, work);
+    launch_pdl("kda_chunk_prep_kernel", kda_chunk_prep_kernel<true>, grid, kPrepThreads, kPrepSmemUnbounded, s, a,
+               chunk_table, work);
     K3_CUDA_LAUNCHED("kda_chunk_prep_kernel (unbounded gate)");
     return;
   }
   K3_CUDA_OK(cudaFuncSetAttribute(kda_chunk_prep_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrepSmem));
-  kda_chunk_prep_kernel<false><<<grid, kPrepThreads, kPrepSmem, s>>>(a, chunk_table, work);
+  launch_pdl("kda_chunk_prep_kernel", kda_chunk_prep_kernel<false>, grid, kPrepThreads, kPrepSmem, s, a, chunk_table,
+             work);
   K3_CUDA_LAUNCHED("kda_chunk_prep_kernel");
 }
 

@@ -26,6 +26,7 @@
 #include "kernels/cuda/kda_chunk_scan_tma.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg32.cuh"
 #include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace k3::cuda::kda_chunk {
@@ -81,6 +82,7 @@ __device__ __forceinline__ void scan_head_wg_sync(int w) { bar_sync<128>(1 + w);
 __global__ void __launch_bounds__(ScanHead::kThreads, 1)
     kda_chunk_scan_head_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
                                const KdaScanJob* jobs, float* carry, const __grid_constant__ KdaScanMaps maps) {
+  pdl_enter();
   using L = ScanWg32;  // the 32-row operand layout of S and V'ᵀ
   extern __shared__ __align__(1024) unsigned char smraw_head[];
   unsigned char* sm = scan_wg_smem(smraw_head);

@@ -14,6 +14,7 @@
 #include "kernels/cuda/kda_chunk_scan_job.cuh"
 #include "kernels/cuda/kda_chunk_scan_tma.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace k3::cuda::kda_chunk {
@@ -40,6 +41,7 @@ __global__ void __launch_bounds__(ScanWg::kThreads, 2)
     kda_chunk_scan_wg_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
                              const KdaScanJob* jobs, float* carry,
                              const __grid_constant__ KdaScanMaps maps) {
+  pdl_enter();
   constexpr int VT = 64;
   extern __shared__ __align__(1024) unsigned char smraw_wg[];
   unsigned char* sm = scan_wg_smem(smraw_wg);

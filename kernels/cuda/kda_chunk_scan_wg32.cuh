@@ -18,6 +18,7 @@
 #include "kernels/cuda/kda_chunk_scan_tma.cuh"
 #include "kernels/cuda/kda_chunk_scan_wg.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace k3::cuda::kda_chunk {
@@ -171,6 +172,7 @@ __global__ void __launch_bounds__(ScanWg32::kThreads, 3)
     kda_chunk_scan_wg32_kernel(KdaArgs a, const int32_t* chunk_table, const int32_t* seq_chunk0, void* work,
                                const KdaScanJob* jobs, float* carry,
                              const __grid_constant__ KdaScanMaps maps) {
+  pdl_enter();
   constexpr int VT = ScanWg32::kRows;
   extern __shared__ __align__(1024) unsigned char smraw_wg32[];
   unsigned char* sm = scan_wg_smem(smraw_wg32);

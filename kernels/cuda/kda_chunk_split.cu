@@ -8,6 +8,7 @@
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -16,6 +17,7 @@ constexpr int kD = 128, kRows = 16, kThreads = 256;
 constexpr int kSmem = (kRows * kD + 2 * kD * kD) * 4;  // S rows, two A buffers
 
 __global__ void __launch_bounds__(kThreads) kda_split_fixup_kernel(int H, const int32_t* fixup, float* carry) {
+  pdl_enter();
   extern __shared__ __align__(16) float smem[];
   float* xs = smem;                 // [16][128] this block's rows of S_start[p]
   float* abuf = smem + kRows * kD;  // [2][128][128] A_p, A_{p+1}
@@ -72,7 +74,8 @@ __global__ void __launch_bounds__(kThreads) kda_split_fixup_kernel(int H, const 
 void launch_kda_split_fixup(int H, int seqs, int max_segments, const int32_t* fixup, float* carry, cudaStream_t s) {
   if (seqs == 0 || max_segments < 3) return;  // two segments need no fix-up: segment 0 gives segment 1's start
   K3_CUDA_OK(cudaFuncSetAttribute(kda_split_fixup_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  kda_split_fixup_kernel<<<dim3(kD / kRows, H, seqs), kThreads, kSmem, s>>>(H, fixup, carry);
+  launch_pdl("kda_split_fixup_kernel", kda_split_fixup_kernel, dim3(kD / kRows, H, seqs), kThreads, kSmem, s, H, fixup,
+             carry);
   K3_CUDA_LAUNCHED("kda_split_fixup_kernel");
 }
 

@@ -26,6 +26,7 @@
 #include "kernels/cuda/kda_rows.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
@@ -156,6 +157,7 @@ __device__ __forceinline__ void update_rows(const float* st, float* dst, const f
 
 template <int D>
 __global__ void __launch_bounds__(D * 2, 3) kda_decode_kernel(KdaDecodeArgs a) {
+  pdl_enter();
   constexpr int kThreads = D * 2;  // D/16 warps of 16 rows; 2*D threads also cover the 4 prep vectors
   constexpr int NV = D / 32;       // consecutive K elements per lane
   static_assert(kThreads / 32 * kRowsPerWarp == D, "one block covers the head's D rows");
@@ -181,7 +183,7 @@ template <int D>
 void launch_per_item(const KdaDecodeArgs& a, dim3 grid, cudaStream_t s) {
   constexpr int kSmem = D * D * 4;
   K3_CUDA_OK(cudaFuncSetAttribute(kda_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  kda_decode_kernel<D><<<grid, D * 2, kSmem, s>>>(a);
+  launch_pdl("kda_decode_kernel", kda_decode_kernel<D>, grid, D * 2, kSmem, s, a);
 }
 
 }  // namespace

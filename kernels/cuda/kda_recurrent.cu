@@ -2,13 +2,15 @@
 // (sequence, head), thread j owns row j of S[V][K] (shared memory), tokens in order:
 // S <- Diag(α) S; u = β(v - Sᵀk); S <- S + k uᵀ; o = Sᵀ q.
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/launch.h"
 #include "kernels/cuda/kda_rows.cuh"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace k3::cuda {
 namespace {
 
 __global__ void kda_recurrent_kernel(KdaArgs a) {
+  pdl_enter();
   extern __shared__ float smem[];
   const int K = a.K, V = a.V, ld = K + 1;
   float* S = smem;             // [V][K+1]
@@ -67,6 +69,7 @@ constexpr int kRecRows = 16;
 
 template <int D>
 __global__ void __launch_bounds__(2 * D) kda_recurrent_rows_kernel(KdaArgs a) {
+  pdl_enter();
   constexpr int NV = D / 32;
   __shared__ __align__(16) float qs[D], ks[D], vs[D], als[D];
   __shared__ float beta_s;
@@ -131,7 +134,7 @@ __global__ void __launch_bounds__(2 * D) kda_recurrent_rows_kernel(KdaArgs a) {
 template <int D>
 void launch_rows(const KdaArgs& a, cudaStream_t s) {
   static_assert(2 * D / 32 * kRecRows == D, "the block's warps cover the D rows");
-  kda_recurrent_rows_kernel<D><<<dim3(a.N, a.H), 2 * D, 0, s>>>(a);
+  launch_pdl("kda_recurrent_rows_kernel", kda_recurrent_rows_kernel<D>, dim3(a.N, a.H), 2 * D, 0, s, a);
   K3_CUDA_LAUNCHED("kda_recurrent_rows_kernel");
 }
 
@@ -147,7 +150,7 @@ void launch_kda_recurrent(const KdaArgs& a, cudaStream_t s) {
   const int threads = ((a.V + 31) / 32) * 32;
   const size_t smem = (size_t(a.V) * (a.K + 1) + 3 * a.K) * sizeof(float);
   K3_CUDA_OK(cudaFuncSetAttribute(kda_recurrent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kda_recurrent_kernel<<<dim3(a.N, a.H), threads, smem, s>>>(a);
+  launch_pdl("kda_recurrent_kernel", kda_recurrent_kernel, dim3(a.N, a.H), threads, smem, s, a);
   K3_CUDA_LAUNCHED("kda_recurrent_kernel");
 }
 

@@ -4,6 +4,7 @@
 // `m == -inf` guard keeps exp(-inf - -inf) = NaN out).
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -11,6 +12,7 @@ namespace {
 constexpr int kMaxParts = 64;
 
 __global__ void lse_merge_kernel(FIn o_parts, const float* lse_parts, FOut o, float* lse, int N, int64_t rows, int D) {
+  pdl_enter();
   __shared__ float w[kMaxParts];
   __shared__ float total_lse;
   const int64_t r = blockIdx.x;
@@ -81,7 +83,7 @@ void launch_lse_merge(FIn o_parts, const float* lse_parts, FOut o, float* lse, i
                       cudaStream_t s) {
   if (rows == 0) return;
   if (N > kMaxParts) throw Error("lse_merge: at most " + std::to_string(kMaxParts) + " partitions, got " + std::to_string(N));
-  lse_merge_kernel<<<unsigned(rows), 128, 0, s>>>(o_parts, lse_parts, o, lse, N, rows, D);
+  launch_pdl("lse_merge_kernel", lse_merge_kernel, unsigned(rows), 128, 0, s, o_parts, lse_parts, o, lse, N, rows, D);
   K3_CUDA_LAUNCHED("lse_merge_kernel");
 }
 

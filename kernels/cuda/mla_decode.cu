@@ -23,6 +23,7 @@
 #include "kernels/cuda/fast_exp2.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
@@ -86,6 +87,7 @@ template <int HT, int WS, int KT, int NS>
 __global__ void __launch_bounds__(MmaCfg<HT, WS, KT, NS>::kThreads, MmaCfg<HT, WS, KT, NS>::kMinBlocks)
     mla_decode_mma_kernel(MlaDecodeArgs a, int tokens_per_split, int per_block, int splits, float* part_o,
                           float* part_lse) {
+  pdl_enter();
   using C = MmaCfg<HT, WS, KT, NS>;
   constexpr int kTok = KT, kStages = NS, kLdP = C::kLdP;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -303,6 +305,7 @@ __global__ void __launch_bounds__(MmaCfg<HT, WS, KT, NS>::kThreads, MmaCfg<HT, W
 
 // Simple form for any (R, Dr): one block per (request, head), 128 tokens per step, fp32.
 __global__ void mla_decode_simple_kernel(MlaDecodeArgs a) {
+  pdl_enter();
   extern __shared__ float qs[];  // [R + Dr]
   __shared__ float p[128];
   __shared__ float scratch[32];
@@ -374,7 +377,8 @@ void launch_mma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* part_o
   static_assert(kPlanTok % KT == 0, "a tile never straddles two splits");
   const int per_block = std::clamp(plan.splits_per_block, 1, plan.splits);
   const dim3 grid((a.H + 16 * HT - 1) / (16 * HT), (plan.splits + per_block - 1) / per_block, a.B);
-  kernel<<<grid, C::kThreads, C::kSmem, s>>>(a, plan.tokens_per_split, per_block, plan.splits, part_o, part_lse);
+  launch_pdl("mla_decode_mma_kernel", kernel, grid, C::kThreads, C::kSmem, s, a, plan.tokens_per_split, per_block,
+             plan.splits, part_o, part_lse);
   K3_CUDA_LAUNCHED("mla_decode_mma_kernel");
 }
 
@@ -430,7 +434,8 @@ void launch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float*
   if (a.B == 0 || a.H == 0) return;
   if (!fast_shape(a.R, a.Dr)) {
     if (a.R > 1024) throw Error("mla_decode: latent width " + std::to_string(a.R) + " > 1024");
-    mla_decode_simple_kernel<<<dim3(a.B, a.H), 128, (a.R + a.Dr) * sizeof(float), s>>>(a);
+    launch_pdl("mla_decode_simple_kernel", mla_decode_simple_kernel, dim3(a.B, a.H), 128, (a.R + a.Dr) * sizeof(float),
+               s, a);
     K3_CUDA_LAUNCHED("mla_decode_simple_kernel");
     return;
   }

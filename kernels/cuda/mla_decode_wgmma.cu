@@ -67,6 +67,7 @@
 #include "kernels/cuda/mla_decode_tiles.cuh"
 #include "kernels/cuda/mla_wgmma_layout.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -133,6 +134,7 @@ template <bool kSplitS, bool kTma, int kSeesaw = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_wgmma_kernel(MlaDecodeArgs a, int tokens_per_split, int splits_per_block, int splits, float* part_o,
                             float* part_lse, const __grid_constant__ CUtensorMap kv_map, int box_rows, int groups64) {
+  pdl_enter();
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 at run time below
   // Atoms must be 1024-byte aligned in the shared window (descriptor base offset 0).
   const uint32_t raw_addr = smem_u32(smem_raw);

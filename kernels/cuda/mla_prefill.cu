@@ -2,6 +2,7 @@
 // (query row, head), keys in tiles of 128 with an online softmax; fp32 math, natural-log LSE.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
@@ -11,6 +12,7 @@ constexpr int kThreads = 128;
 constexpr int kMaxDv = 256;
 
 __global__ void mla_prefill_kernel(MlaPrefillArgs a) {
+  pdl_enter();
   extern __shared__ float q[];  // [Dqk]
   __shared__ float p[kThreads];
   __shared__ float scratch[32];
@@ -63,7 +65,7 @@ __global__ void mla_prefill_kernel(MlaPrefillArgs a) {
 void launch_mla_prefill(const MlaPrefillArgs& a, cudaStream_t s) {
   if (a.T == 0 || a.H == 0) return;
   if (a.Dv > kMaxDv) throw Error("mla_prefill: Dv " + std::to_string(a.Dv) + " > " + std::to_string(kMaxDv));
-  mla_prefill_kernel<<<dim3(a.T, a.H), kThreads, a.Dqk * sizeof(float), s>>>(a);
+  launch_pdl("mla_prefill_kernel", mla_prefill_kernel, dim3(a.T, a.H), kThreads, a.Dqk * sizeof(float), s, a);
   K3_CUDA_LAUNCHED("mla_prefill_kernel");
 }
 
@@ -75,6 +77,7 @@ namespace {
 
 __global__ void causal_softmax_kernel(const float* scores, __nv_bfloat16* probs, float* lse, int T, int S, int H,
                                       int h0, int64_t past) {
+  pdl_enter();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;  // (head in group) * T + t
   const int t = int(row % T), hg = int(row / T);
@@ -98,7 +101,8 @@ __global__ void causal_softmax_kernel(const float* scores, __nv_bfloat16* probs,
 void launch_causal_softmax(const float* scores, __nv_bfloat16* probs, float* lse, int heads, int T, int S, int H,
                            int h0, int64_t past, cudaStream_t s) {
   if (heads == 0 || T == 0) return;
-  causal_softmax_kernel<<<unsigned(int64_t(heads) * T), 256, 0, s>>>(scores, probs, lse, T, S, H, h0, past);
+  launch_pdl("causal_softmax_kernel", causal_softmax_kernel, unsigned(int64_t(heads) * T), 256, 0, s, scores, probs,
+             lse, T, S, H, h0, past);
   K3_CUDA_LAUNCHED("causal_softmax_kernel");
 }
 

@@ -3,12 +3,14 @@
 // (moe_grouped.cu) instead.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
 namespace {
 
 __global__ void moe_experts_kernel(MoeArgs a) {
+  pdl_enter();
   extern __shared__ float smem[];
   float* z = smem;            // [Dl]
   float* acc = z + a.Dl;      // [Dl]
@@ -53,7 +55,7 @@ void launch_moe_experts(const MoeArgs& a, cudaStream_t s) {
   if (a.M == 0) return;
   const size_t smem = (size_t(a.Dl) * 2 + a.F) * sizeof(float);
   K3_CUDA_OK(cudaFuncSetAttribute(moe_experts_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  moe_experts_kernel<<<unsigned(a.M), 256, smem, s>>>(a);
+  launch_pdl("moe_experts_kernel", moe_experts_kernel, unsigned(a.M), 256, smem, s, a);
   K3_CUDA_LAUNCHED("moe_experts_kernel");
 }
 

@@ -16,6 +16,7 @@
 #include "kernels/cuda/align.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
@@ -37,6 +38,7 @@ __device__ __forceinline__ float dot8(const uint4& w, const float* x) {
 __global__ void __launch_bounds__(kWarps * 32)
     moe_gemv_up_kernel(const __nv_bfloat16* z, const int32_t* ids, const __nv_bfloat16* w1, const __nv_bfloat16* w3,
                        float* h, int k, int E, int F, int Dl, float beta, float beta_linear) {
+  pdl_enter();
   extern __shared__ float zs[];  // [Dl]
   const int p = blockIdx.x, m = p / k, e = ids[p];
   for (int i = threadIdx.x; i < Dl; i += blockDim.x) zs[i] = __bfloat162float(z[int64_t(m) * Dl + i]);
@@ -62,6 +64,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 __global__ void __launch_bounds__(kWarps * 32)
     moe_gemv_down_kernel(const float* h, const int32_t* ids, const __nv_bfloat16* w2, float* out, int E, int F, int Dl) {
+  pdl_enter();
   extern __shared__ float hs[];  // [F]
   const int p = blockIdx.x, e = ids[p];
   for (int i = threadIdx.x; i < F; i += blockDim.x) hs[i] = h[int64_t(p) * F + i];
@@ -78,6 +81,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 __global__ void moe_gemv_combine_kernel(const float* out, const float* weights, FOut y, int k, int Dl) {
+  pdl_enter();
   const int64_t m = blockIdx.x;
   for (int d = threadIdx.x; d < Dl; d += blockDim.x) {
     float acc = 0.f;
@@ -105,14 +109,14 @@ void launch_moe_gemv(const MoeArgs& a, void* workspace, cudaStream_t s) {
   auto* h = static_cast<float*>(workspace);
   auto* out = reinterpret_cast<float*>(static_cast<char*>(workspace) + (size_t(P) * a.F * 4 + 255) / 256 * 256);
   const auto* z = static_cast<const __nv_bfloat16*>(a.z.p);
-  moe_gemv_up_kernel<<<dim3(P, (a.F + kWarps - 1) / kWarps), kWarps * 32, size_t(a.Dl) * 4, s>>>(
-      z, a.ids, static_cast<const __nv_bfloat16*>(a.w1.p), static_cast<const __nv_bfloat16*>(a.w3.p), h, a.k, a.E,
-      a.F, a.Dl, a.beta, a.beta_linear);
+  launch_pdl("moe_gemv_up_kernel", moe_gemv_up_kernel, dim3(P, (a.F + kWarps - 1) / kWarps), kWarps * 32,
+             size_t(a.Dl) * 4, s, z, a.ids, static_cast<const __nv_bfloat16*>(a.w1.p),
+             static_cast<const __nv_bfloat16*>(a.w3.p), h, a.k, a.E, a.F, a.Dl, a.beta, a.beta_linear);
   K3_CUDA_LAUNCHED("moe_gemv_up_kernel");
-  moe_gemv_down_kernel<<<dim3(P, (a.Dl + kWarps - 1) / kWarps), kWarps * 32, size_t(a.F) * 4, s>>>(
-      h, a.ids, static_cast<const __nv_bfloat16*>(a.w2.p), out, a.E, a.F, a.Dl);
+  launch_pdl("moe_gemv_down_kernel", moe_gemv_down_kernel, dim3(P, (a.Dl + kWarps - 1) / kWarps), kWarps * 32,
+             size_t(a.F) * 4, s, h, a.ids, static_cast<const __nv_bfloat16*>(a.w2.p), out, a.E, a.F, a.Dl);
   K3_CUDA_LAUNCHED("moe_gemv_down_kernel");
-  moe_gemv_combine_kernel<<<a.M, 256, 0, s>>>(out, a.weights, a.y, a.k, a.Dl);
+  launch_pdl("moe_gemv_combine_kernel", moe_gemv_combine_kernel, a.M, 256, 0, s, out, a.weights, a.y, a.k, a.Dl);
   K3_CUDA_LAUNCHED("moe_gemv_combine_kernel");
 }
 

@@ -21,6 +21,7 @@
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
@@ -54,6 +55,7 @@ using MoeNarrow = MoeForm<32, 64, 6>;
 // One block: counts per expert, tile ownership, and each pair's row.
 __global__ void moe_route_kernel(const int32_t* ids, int P, int E, int tiles_max, int32_t* tile_expert,
                                  int32_t* row_token, int32_t* pos_of, int k) {
+  pdl_enter();
   extern __shared__ int smem_i[];
   int* count = smem_i;       // [E]
   int* cursor = count + E;   // [E]
@@ -112,6 +114,7 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const __nv_bfloat16* a_sr
                                                        const int32_t* tile_expert, const __nv_bfloat16* w_a,
                                                        const __nv_bfloat16* w_b, void* out, int N, int K, float beta,
                                                        float beta_linear, bool silu, bool vec) {
+  pdl_enter();
   constexpr int TN = Form::kTn, KS = Form::kKs, NS = Form::kStages, kLd = Form::kLd, kCLd = Form::kCLd;
   constexpr int FM = Form::kFm, kChunksA = Form::kChunksA, kChunksB = Form::kChunksB;
   const int t = blockIdx.x, n0 = blockIdx.y * TN;
@@ -238,6 +241,7 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const __nv_bfloat16* a_sr
 
 __global__ void moe_combine_kernel(const float* out, const int32_t* pos_of, const float* weights, FOut y, int k,
                                    int Dl) {
+  pdl_enter();
   const int64_t m = blockIdx.x;
   for (int d = threadIdx.x; d < Dl; d += blockDim.x) {
     float acc = 0.f;
@@ -278,8 +282,8 @@ void launch_gemm(bool narrow, int tiles_max, const __nv_bfloat16* a_src, const i
     auto* kern = moe_gemm_kernel<DUAL, Form>;
     const size_t smem = Form::smem(DUAL);
     K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    kern<<<dim3(tiles_max, (N + Form::kTn - 1) / Form::kTn), 128, smem, s>>>(a_src, row_token, tile_expert, w_a, w_b,
-                                                                            out, N, K, beta, beta_linear, silu, vec);
+    launch_pdl("moe_gemm_kernel", kern, dim3(tiles_max, (N + Form::kTn - 1) / Form::kTn), 128, smem, s, a_src,
+               row_token, tile_expert, w_a, w_b, out, N, K, beta, beta_linear, silu, vec);
   };
   if (narrow) go(MoeNarrow{});
   else go(MoeWide{});
@@ -313,7 +317,8 @@ void launch_moe_grouped(const MoeArgs& a, void* workspace, int num_sms, int form
   auto* h = reinterpret_cast<__nv_bfloat16*>(base + ws.off[3]);
   auto* out = reinterpret_cast<float*>(base + ws.off[4]);
 
-  moe_route_kernel<<<1, 1024, 2 * a.E * sizeof(int), s>>>(a.ids, P, a.E, tiles_max, tile_expert, row_token, pos_of, a.k);
+  launch_pdl("moe_route_kernel", moe_route_kernel, 1, 1024, 2 * a.E * sizeof(int), s, a.ids, P, a.E, tiles_max,
+             tile_expert, row_token, pos_of, a.k);
   K3_CUDA_LAUNCHED("moe_route_kernel");
 
   const auto* z = static_cast<const __nv_bfloat16*>(a.z.p);
@@ -326,7 +331,7 @@ void launch_moe_grouped(const MoeArgs& a, void* workspace, int num_sms, int form
                     a.beta, a.beta_linear, a.silu, vec1, s);
   launch_gemm<false>(moe_grouped_narrow(tiles_max, a.Dl, num_sms, form), tiles_max, h, nullptr, tile_expert,
                      static_cast<const __nv_bfloat16*>(a.w2.p), nullptr, out, a.Dl, a.F, 0.f, 0.f, false, vec2, s);
-  moe_combine_kernel<<<a.M, 256, 0, s>>>(out, pos_of, a.weights, a.y, a.k, a.Dl);
+  launch_pdl("moe_combine_kernel", moe_combine_kernel, a.M, 256, 0, s, out, pos_of, a.weights, a.y, a.k, a.Dl);
   K3_CUDA_LAUNCHED("moe_combine_kernel");
 }
 

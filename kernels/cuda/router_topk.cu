@@ -2,6 +2,7 @@
 // (ties toward the lower expert id), so ids come out in descending order of s + bias.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
@@ -18,6 +19,7 @@ __device__ __forceinline__ Best better(Best a, Best b) {
 
 __global__ void router_topk_kernel(const float* logits, const float* bias, int32_t* ids, float* weights, int E, int k,
                                    float scale) {
+  pdl_enter();
   extern __shared__ float smem[];
   float* score = smem;          // [E] sigmoid(logit)
   float* key = smem + E;        // [E] score + bias; -inf once taken
@@ -68,7 +70,8 @@ void launch_router_topk(const float* logits, const float* bias, int32_t* ids, fl
   if (M == 0) return;
   const size_t smem = size_t(E) * 2 * sizeof(float);
   K3_CUDA_OK(cudaFuncSetAttribute(router_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  router_topk_kernel<<<unsigned(M), 256, smem, s>>>(logits, bias, ids, weights, E, k, scale);
+  launch_pdl("router_topk_kernel", router_topk_kernel, unsigned(M), 256, smem, s, logits, bias, ids, weights, E, k,
+             scale);
   K3_CUDA_LAUNCHED("router_topk_kernel");
 }
 

@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -18,6 +19,7 @@ __device__ __forceinline__ Best better(Best a, Best b) {
 }
 
 __global__ void argmax_rows_kernel(const float* logits, int64_t V, int32_t* out) {
+  pdl_enter();
   const float* row = logits + int64_t(blockIdx.x) * V;
   Best b{-INFINITY, INT_MAX};
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) b = better(b, Best{row[i], int(i)});
@@ -46,7 +48,7 @@ __global__ void argmax_rows_kernel(const float* logits, int64_t V, int32_t* out)
 
 void launch_argmax_rows(const float* logits, int64_t B, int64_t V, int32_t* out, cudaStream_t s) {
   if (B == 0) return;
-  argmax_rows_kernel<<<unsigned(B), 1024, 0, s>>>(logits, V, out);
+  launch_pdl("argmax_rows_kernel", argmax_rows_kernel, unsigned(B), 1024, 0, s, logits, V, out);
   K3_CUDA_LAUNCHED("argmax_rows_kernel");
 }
 

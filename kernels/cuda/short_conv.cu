@@ -2,6 +2,7 @@
 // sequence with the last W-1 pre-conv rows in registers, then writes them back as the new cache.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace k3::cuda {
@@ -9,6 +10,7 @@ namespace {
 
 template <int W>
 __global__ void short_conv_kernel(FIn x, FIn w, FOut cache, const int32_t* slots, const int32_t* cu, FOut y, int C) {
+  pdl_enter();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   const int n = blockIdx.y;
   if (c >= C) return;
@@ -39,9 +41,15 @@ void launch_short_conv(FIn x, FIn w, FOut cache, const int32_t* slots, const int
   if (N == 0 || C == 0) return;
   const dim3 grid((C + 127) / 128, N);
   switch (W) {
-    case 2: short_conv_kernel<2><<<grid, 128, 0, s>>>(x, w, cache, slots, cu_seqlens, y, C); break;
-    case 3: short_conv_kernel<3><<<grid, 128, 0, s>>>(x, w, cache, slots, cu_seqlens, y, C); break;
-    case 4: short_conv_kernel<4><<<grid, 128, 0, s>>>(x, w, cache, slots, cu_seqlens, y, C); break;
+    case 2:
+      launch_pdl("short_conv_kernel", short_conv_kernel<2>, grid, 128, 0, s, x, w, cache, slots, cu_seqlens, y, C);
+      break;
+    case 3:
+      launch_pdl("short_conv_kernel", short_conv_kernel<3>, grid, 128, 0, s, x, w, cache, slots, cu_seqlens, y, C);
+      break;
+    case 4:
+      launch_pdl("short_conv_kernel", short_conv_kernel<4>, grid, 128, 0, s, x, w, cache, slots, cu_seqlens, y, C);
+      break;
     default: throw Error("short_conv: kernel width " + std::to_string(W) + " not supported (2..4)");
   }
   K3_CUDA_LAUNCHED("short_conv_kernel");

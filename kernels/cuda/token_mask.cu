@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/token_mask_cuda.h"
 
 namespace k3::cuda {
@@ -12,6 +13,7 @@ namespace {
 
 __global__ void token_mask_kernel(float* logits, int64_t V, const int64_t* rows, const uint32_t* bits, int64_t words,
                                   int64_t n_rows) {
+  pdl_enter();
   const int64_t k = blockIdx.y;
   if (k >= n_rows) return;
   float* row = logits + rows[k] * V;
