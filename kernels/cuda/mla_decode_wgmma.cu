@@ -426,14 +426,16 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
   cfg.stream = s;
   // Clusters of the head groups of one request (and split): scheduled together on one GPU processing
   // cluster, so the second group's reads of the same cache rows find them in L2.
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = unsigned(grid.x);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = unsigned(grid.x);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
   const bool clustered = a.wgmma_cluster && grid.x > 1 && grid.x <= 8;
-  cfg.attrs = &cluster;
-  cfg.numAttrs = clustered ? 1 : 0;
+  int n = clustered ? 1 : 0;
+  if (kPdlLaunches) attrs[n++] = pdl_attribute();  // the kernel starts with pdl_enter (pdl.cuh)
+  cfg.attrs = attrs;
+  cfg.numAttrs = unsigned(n);
   K3_CUDA_OK(cudaLaunchKernelEx(&cfg, kern, a, plan.tokens_per_split, per_block, plan.splits, part_o, part_lse, map,
                                 box_rows, groups.g64));
   K3_CUDA_LAUNCHED("mla_decode_wgmma_kernel");

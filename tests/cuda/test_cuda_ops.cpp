@@ -270,3 +270,38 @@ TEST_CASE("cuda sample (greedy on the device, seeded rows on the host) matches c
     CHECK(b[1] == 7);
   }
 }
+
+// Programmatic dependent launch (kernels/cuda/pdl.cuh): a kernel may be placed before the one ahead
+// of it in the stream ends, and must still see all of its writes (and not overwrite what it still
+// reads). 400 dependent element-wise adds over 16M elements (many waves each), each reading the
+// buffer the one before wrote and writing the buffer it read, eagerly and then twice as a graph:
+// every element ends at exactly its count.
+TEST_CASE("cuda programmatic launches: a chain of dependent kernels sees every write before it", "[cuda]") {
+  K3_GPU_OR_SKIP(bk);
+  const int64_t M = 4096, D = 4096;
+  constexpr int kSteps = 400;
+  Tensor host_one = Tensor::zeros({M, D});
+  for (int64_t i = 0; i < host_one.numel(); ++i) host_one.f32()[i] = 1.f;
+  Tensor one = bk.gpu->from_host(host_one, DType::F32);
+  Tensor a = bk.gpu->alloc({M, D}, DType::F32), b = bk.gpu->alloc({M, D}, DType::F32);
+  auto chain = [&] {
+    for (int i = 0; i < kSteps; i += 2) {
+      bk.gpu->add({.a = a, .b = one, .y = b});
+      bk.gpu->add({.a = b, .b = one, .y = a});
+    }
+  };
+  auto expect_all = [&](float want, const char* what) {
+    const Tensor got = bk.gpu->to_host(a);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) wrong += got.f32()[i] != want;
+    INFO(what << ": " << wrong << " of " << got.numel() << " elements are not " << want);
+    CHECK(wrong == 0);
+  };
+  chain();
+  expect_all(float(kSteps), "eager");
+  auto graph = bk.gpu->capture(chain, true);
+  REQUIRE(graph != nullptr);
+  graph->launch();
+  graph->launch();
+  expect_all(float(3 * kSteps), "replayed twice");
+}
