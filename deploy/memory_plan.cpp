@@ -1,5 +1,6 @@
 #include "deploy/memory_plan.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -12,16 +13,17 @@ namespace k3::deploy {
 namespace {
 
 // Bytes of the weights of layers [begin, end) (+ embedding / head when the range touches the ends):
-// dense tensors at weight_bytes per element over tp, routed experts at expert_bits over ep.
-uint64_t weight_bytes(const MemoryPlanInput& in, int begin, int end, int tp, int ep) {
-  double dense = 0, experts = 0;
+// dense tensors at weight_bytes per element over tp, except the per-head attention weights, over
+// `heads` (the ranks sharing the heads), and routed experts at expert_bits over ep.
+uint64_t weight_bytes(const MemoryPlanInput& in, int begin, int end, int tp, int heads, int ep) {
+  double dense = 0, per_head = 0, experts = 0;
   for (const TensorSpec& t : expected_tensors(in.cfg, begin, end)) {
     double n = 1;
     for (auto d : t.shape) n *= static_cast<double>(d);
     if (t.name.find(".experts.") != std::string::npos) experts += n;
-    else dense += n * (t.f32_only ? 4 : in.weight_bytes);
+    else (is_per_head_weight(in.cfg, t.name) ? per_head : dense) += n * (t.f32_only ? 4 : in.weight_bytes);
   }
-  return static_cast<uint64_t>(std::ceil(dense / tp + experts * in.expert_bits / 8.0 / ep));
+  return static_cast<uint64_t>(std::ceil(dense / tp + per_head / heads + experts * in.expert_bits / 8.0 / ep));
 }
 
 Status check_degree(int value, const char* field) {
@@ -72,7 +74,8 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
   K3_TRY(check_degree(in.decode_ep, "decode_ep"));
   K3_TRY(check_degree(in.decode_dp, "decode_dp"));
   const int heads = in.cfg.kda.num_heads;
-  for (auto [tp, field] : {std::pair{in.prefill_tp, "prefill_tp"}, std::pair{in.decode_tp, "decode_tp"}})
+  for (auto [tp, field] : {std::pair{in.prefill_tp, "prefill_tp"}, std::pair{in.decode_tp, "decode_tp"},
+                           std::pair{in.decode_dcp, "decode_dcp"}})
     if (heads % tp != 0 || in.cfg.num_attention_heads % tp != 0)
       return invalid_argument(std::string(field) + " = " + std::to_string(tp) + " must divide the KDA heads (" +
                               std::to_string(heads) + ") and the MLA heads (" +
@@ -120,7 +123,7 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
     p.draft_pool_bytes_per_rank = p.draft_pool_slots_per_rank * p.draft_kv_bytes_per_token;
   }
 
-  p.total_weight_bytes = weight_bytes(in, 0, L, 1, 1);
+  p.total_weight_bytes = weight_bytes(in, 0, L, 1, 1, 1);
 
   // Prefill stages.
   K3_ASSIGN_OR_RETURN(std::vector<int> partition, prefill::parse_partition(in.partition, in.prefill_stages, L));
@@ -130,7 +133,7 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
     st.layer_begin = prefill::stage_begin(partition, s);
     st.layer_end = st.layer_begin + partition[s];
     count_layers(in.cfg, st.layer_begin, st.layer_end, st.kda_layers, st.mla_layers);
-    st.rank.weight_bytes = weight_bytes(in, st.layer_begin, st.layer_end, in.prefill_tp, 1);
+    st.rank.weight_bytes = weight_bytes(in, st.layer_begin, st.layer_end, in.prefill_tp, in.prefill_tp, 1);
     st.rank.kv_bytes_per_token = st.mla_layers * (in.kv_fp8 ? fp8 : bf16).mla_row_bytes;
     st.rank.state_bytes_per_request = kda_at(st.kda_layers, in.prefill_tp);
     st.rank.fixed_cache_bytes = in.prefill_source_arena_bytes;
@@ -139,11 +142,13 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
     p.prefill.push_back(st);
   }
 
-  // A decode rank: the whole model, its share of the KV rows (1/dcp), its heads' states (1/tp).
-  p.decode.weight_bytes = weight_bytes(in, 0, L, in.decode_tp, in.decode_ep);
+  // A decode rank: the whole model, its share of the KV rows (1/dcp), its heads' states and per-head
+  // weights (1/max(tp, dcp)): a DCP rank runs 1/dcp of the heads, and TP with DCP are the same GPUs.
+  const int head_share = std::max(in.decode_tp, in.decode_dcp);
+  p.decode.weight_bytes = weight_bytes(in, 0, L, in.decode_tp, head_share, in.decode_ep);
   p.decode.fixed_cache_bytes = p.draft_pool_bytes_per_rank;
   p.decode.kv_bytes_per_token = (kv_per_token + in.decode_dcp - 1) / in.decode_dcp;
-  p.decode.state_bytes_per_request = kda_at(p.kda_layers, in.decode_tp);
+  p.decode.state_bytes_per_request = kda_at(p.kda_layers, head_share);
   fill_capacity(in, p.decode);
   p.decode_logical_kv_tokens = p.decode.kv_tokens * in.decode_dcp;
   p.fits = p.fits && (in.gpu_memory_bytes == 0 || p.decode.free_bytes > 0);

@@ -2,7 +2,8 @@
 // bytes every part of a deployment needs (docs/DEPLOY.md "Sizing memory"):
 //   - weights per rank by role: each prefill PP stage (its layers; the embedding on the first stage, the
 //     final norm and lm_head on the last), and a decode rank (the whole model); dense tensors split over
-//     the tensor-parallel degree, routed experts over the expert-parallel degree;
+//     the tensor-parallel degree, the per-head attention weights and KDA states of a decode rank over
+//     max(TP, DCP) (a DCP rank runs its share of the heads), routed experts over the expert-parallel degree;
 //   - MLA latent KV bytes per token (bf16 and fp8), KDA recurrent-state and conv-state bytes per request
 //     at each TP degree that divides the KDA heads;
 //   - the speculative drafter's KV bytes per token and its sliding-window page pool (pages per request,
@@ -46,6 +47,7 @@ struct MemoryPlanInput {
   int prefill_tp = 1;
   int decode_tp = 1;               // attention/dense tensor parallelism inside a decode group
   int decode_dcp = 1;              // decode context parallelism: each rank keeps 1/dcp of a request's KV rows
+                                   // and runs 1/dcp of the heads (with TP: the same GPUs, max(tp, dcp))
   int decode_ep = 1;               // expert parallelism: routed experts split over this many ranks
   int decode_dp = 1;               // decode ranks (data parallel) in the deployment
   bool kv_fp8 = false;             // MLA KV stored in fp8 (else bf16)

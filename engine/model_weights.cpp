@@ -137,20 +137,6 @@ class Uploader {
   std::map<std::string, TensorSpec> specs_;  // synthetic stores: every tensor of the model
 };
 
-// Whether upload_weights keeps only a head share's rows of this stored tensor (the rows load_kda and
-// load_mla take with their share; the whole tensor otherwise).
-bool per_head(const ModelConfig& cfg, const std::string& name) {
-  const std::string layers = "model.layers.", attn = ".self_attn.";
-  const size_t at = name.find(attn);
-  if (name.rfind(layers, 0) != 0 || at == std::string::npos) return false;
-  const std::string leaf = name.substr(at + attn.size());
-  if (cfg.layer_kind(std::atoi(name.c_str() + layers.size())) != LayerKind::Kda) return leaf == "g_proj.weight";
-  for (const char* s : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight", "k_conv1d.weight",
-                        "v_conv1d.weight", "f_b_proj.weight", "A_log", "dt_bias", "b_proj.weight", "g_proj.weight"})
-    if (leaf == s) return true;
-  return false;
-}
-
 // A share of heads that divides every attention layer of [begin, end) evenly.
 Status validate_share(const ModelConfig& cfg, int begin, int end, HeadShare s) {
   const std::string what = "upload_weights: head share " + std::to_string(s.index) + " of " + std::to_string(s.count);
@@ -310,7 +296,7 @@ uint64_t upload_bytes(const ModelConfig& cfg, int begin, int end, ExpertRange ex
   for (const TensorSpec& spec : expected_tensors(cfg, begin, end)) {
     const int64_t e = expert_of(spec.name);
     if (e >= 0 && (e < experts.begin || e >= e_end)) continue;
-    const int64_t share = heads.count > 1 && per_head(cfg, spec.name) ? heads.count : 1;
+    const int64_t share = heads.count > 1 && is_per_head_weight(cfg, spec.name) ? heads.count : 1;
     bytes += static_cast<uint64_t>(shape_numel(spec.shape) / share) * dtype_size(spec.f32_only ? DType::F32 : compute);
   }
   return bytes;

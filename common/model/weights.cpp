@@ -1,5 +1,7 @@
 #include "common/model/weights.h"
 
+#include <cstdlib>
+
 #include "common/io/safetensors.h"
 #include "common/model/weights_init.h"
 
@@ -130,6 +132,18 @@ std::string alternate_name(const ModelConfig& cfg, const std::string& name) {
 }
 
 }  // namespace
+
+bool is_per_head_weight(const ModelConfig& cfg, const std::string& name) {
+  const std::string layers = "model.layers.", attn = ".self_attn.";
+  const size_t at = name.find(attn);
+  if (name.rfind(layers, 0) != 0 || at == std::string::npos) return false;
+  const std::string leaf = name.substr(at + attn.size());
+  if (cfg.layer_kind(std::atoi(name.c_str() + layers.size())) != LayerKind::Kda) return leaf == "g_proj.weight";
+  for (const char* s : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight", "k_conv1d.weight",
+                        "v_conv1d.weight", "f_b_proj.weight", "A_log", "dt_bias", "b_proj.weight", "g_proj.weight"})
+    if (leaf == s) return true;
+  return false;
+}
 
 std::string moe_prefix(const ModelConfig& cfg) { return cfg.is_kimi_linear() ? "block_sparse_moe." : "mlp."; }
 

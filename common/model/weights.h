@@ -24,6 +24,12 @@ struct TensorSpec {
 // mix when the range includes the first / last layer). Default: the whole model.
 std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg, int layer_begin = 0, int layer_end = -1);
 
+// Whether a stored tensor is one of the attention weights with a block of rows per head, of which a
+// process running a share of the heads (a DCP rank) keeps its share's rows only: in a KDA layer
+// q/k/v_proj, their conv1d taps, f_b_proj, A_log, dt_bias, b_proj and the full-rank g_proj; in an MLA
+// layer the output gate g_proj. (The engine's upload cuts them; the memory planner counts them.)
+bool is_per_head_weight(const ModelConfig& cfg, const std::string& name);
+
 // The name prefix of a MoE layer's tensors under "model.layers.N.": "mlp." (K3) or "block_sparse_moe."
 // (Kimi Linear checkpoints; dense layers use "mlp." in both).
 std::string moe_prefix(const ModelConfig& cfg);

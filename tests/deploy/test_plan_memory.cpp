@@ -84,6 +84,23 @@ TEST_CASE("plan_memory: capacity follows from weights, KV per token and state pe
   // The whole model's weights are split: experts over EP16, dense tensors over TP8.
   CHECK(r.weight_bytes < p->total_weight_bytes / 8);
 
+  // k3serve's DCP group without TP: each DCP8 rank runs 1/8 of the heads, so it keeps 1/8 of the KDA
+  // state and of the per-head attention weights, as with TP8 (and the other dense tensors whole).
+  deploy::MemoryPlanInput dcp_only = in;
+  dcp_only.decode_tp = 1;
+  auto d = deploy::plan_memory(dcp_only);
+  REQUIRE(d.is_ok());
+  CHECK(d->decode.state_bytes_per_request == r.state_bytes_per_request);
+  CHECK(d->decode.state_bytes_per_request * 8 == p->kda_by_tp.front().state_bytes + p->kda_by_tp.front().conv_bytes);
+  CHECK(d->decode.kv_bytes_per_token == 3456);
+  deploy::MemoryPlanInput whole = dcp_only;
+  whole.decode_dcp = 1;
+  auto w = deploy::plan_memory(whole);
+  REQUIRE(w.is_ok());
+  CHECK(d->decode.weight_bytes < w->decode.weight_bytes);  // the per-head attention weights cut by 8
+  CHECK(d->decode.weight_bytes > r.weight_bytes);          // the other dense tensors whole, not cut by TP
+  CHECK(w->decode.state_bytes_per_request == 8 * d->decode.state_bytes_per_request);
+
   // PP stages cover every layer once; the first has the embedding, the last the head.
   in.prefill_stages = 4;
   auto pp = deploy::plan_memory(in);
@@ -101,6 +118,7 @@ TEST_CASE("plan_memory: capacity follows from weights, KV per token and state pe
 TEST_CASE("k3-plan memory refuses bad topologies by name", "[deploy][plan]") {
   const std::string bin = std::string(K3_BIN_DIR) + "/k3-plan memory ";
   CHECK(run_command(bin + "--preset k3 --decode-tp 5 2>&1").out.find("decode_tp = 5 must divide") != std::string::npos);
+  CHECK(run_command(bin + "--preset k3 --decode-dcp 5 2>&1").out.find("decode_dcp = 5 must divide") != std::string::npos);
   CHECK(run_command(bin + "--preset k3 --decode-ep 6 2>&1").out.find("decode_ep = 6 must divide num_experts") !=
         std::string::npos);
   CHECK(run_command(bin + "--preset nope 2>&1").out.find("unknown preset 'nope'") != std::string::npos);
