@@ -19,6 +19,7 @@ BUDGET=${2:-560}
 # shellcheck source=tests/cuda/gpu_host.sh
 source "$(dirname "$0")/gpu_host.sh"
 gpu_host_setup "$OUT"
+cmake -S . -B $B -DK3_CUDA_PDL=ON >> "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 timeout 240 ninja -C $B -j16 cuda_test_cuda_ops cuda_test_cuda_decode_graph cuda_test_cuda_batch_invariance k3-bench >> "$OUT/build.log" 2>&1 ||
   { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
 NOPDL=build-nopdl
