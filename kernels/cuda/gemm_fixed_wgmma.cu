@@ -55,25 +55,34 @@ __device__ __forceinline__ void load_box(uint32_t dst, const CUtensorMap* map, b
   if (rows_inner) tma_load_3d(dst, map, k, row, entry, bar);
   else tma_load_3d(dst, map, k, entry, row, bar);
 }
+__device__ __forceinline__ void prefetch_box(const CUtensorMap* map, bool rows_inner, int k, int row, int entry) {
+  if (rows_inner) tma_prefetch_3d(map, k, row, entry);
+  else tma_prefetch_3d(map, k, entry, row);
+}
 
 template <int kWG, int kBN>
 __global__ void __launch_bounds__(WgCfg<kWG, kBN>::kThreads, 1)
     gemm_fixed_wg_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                          const WgArgs a) {
-  pdl_enter();
   using C = WgCfg<kWG, kBN>;
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const uint32_t ring = smem_u32(smem);
-  const uint32_t full0 = ring + C::kStages * C::kStageBytes;  // mbarriers: full[kStages], then empty[kStages]
-  const uint32_t empty0 = full0 + C::kStages * 8;
-
   const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * C::kBM;
   const int entry = a.split ? blockIdx.z / a.parts : blockIdx.z;
   const int part_lo = a.split ? blockIdx.z % a.parts : 0;
   const int part_hi = a.split ? part_lo + 1 : a.parts;
   const int step_lo = part_lo * kStepsPerPart, step_hi = min(part_hi * kStepsPerPart, a.k_steps);
   const int warp = threadIdx.x >> 5;
+  // The weight boxes of the ring's first round go to L2 while the kernel before may still run (with
+  // programmatic launch): at decode sizes the weights are nearly all of the bytes, and the activations
+  // this GEMM waits for are few.
+  if (kPdlLaunches && threadIdx.x == 128 * kWG)
+    for (int s = step_lo; s < min(step_hi, step_lo + C::kStages); ++s)
+      prefetch_box(&w_map, a.w_rows_inner, s * kStepK, n0, entry);
+  pdl_enter();
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t ring = smem_u32(smem);
+  const uint32_t full0 = ring + C::kStages * C::kStageBytes;  // mbarriers: full[kStages], then empty[kStages]
+  const uint32_t empty0 = full0 + C::kStages * 8;
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < C::kStages; ++i) {

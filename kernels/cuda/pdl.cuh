@@ -4,9 +4,11 @@
 // launch_pdl, a kernel may be placed while the one before it in the stream still runs; its blocks then
 // wait in pdl_enter until that kernel has finished and its writes are visible.
 //
-// The rule that keeps this exact: every kernel calls pdl_enter() as its first statement, before it
-// reads or writes any global memory, on every path (a block that returned early without waiting could
-// let the grid after it start before the one before it ended). Then each kernel still sees all of the
+// The rule that keeps this exact: every kernel calls pdl_enter() before it reads or writes any global
+// memory, on every path (a block that returned early without waiting could let the grid after it start
+// before the one before it ended): as its first statement, or after L2 prefetches only (hints that
+// give the kernel no data: the fixed-order GEMM brings its weight tiles into L2 while the kernel
+// before it still runs). Then each kernel still sees all of the
 // work before it, as with ordinary stream order; only the launch overhead overlaps. After waiting,
 // pdl_enter lets the next kernel be placed (it is placed once every block of this grid has started).
 // Without the launch attribute (another launcher, a graph captured without it) both instructions do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU host for programmatic dependent launch (kernels/cuda/pdl.cuh): first that the
 # engine's results are unchanged with it, then what it buys against a build of the same tree with
-# -DK3_CUDA_PDL=OFF (every kernel launched in plain stream order). Unpack the offline kit, configure +
+# -DK3_CUDA_PDL=OFF (every kernel launched in plain stream order, and the fixed-order GEMM without its
+# weight prefetch before the wait). Unpack the offline kit, configure +
 # build (build-gpu: PDL on; build-nopdl: off, k3-bench only), then (each stage time-limited, the whole
 # run kept under BUDGET seconds; logs under OUT_DIR)
 #   chain.log    cuda_test_cuda_ops "*programmatic*": 400 dependent kernels, eager and as a graph, each
