@@ -3,6 +3,9 @@
 // recurrence (kda_recurrent.cu: rows held in registers across tokens), so both do the same arithmetic:
 // per row r, s·k with the decays applied (a warp reduction), u = β (v_r - s·k), s <- s α + k u, and
 // o_r = s·q (a second reduction). Lane l holds columns [NV l, NV l + NV) of every row.
+// Every rounding is spelled out (__fmul_rn, __fmaf_rn): left to the compiler, a multiply and an add
+// are fused into one FMA or not depending on the code around the step, and the two kernels then
+// disagreed in the state's last bits (measured on the H200), which batch-invariant serving forbids.
 #pragma once
 #include "kernels/cuda/reduce.cuh"
 
@@ -19,7 +22,7 @@ __device__ __forceinline__ float kda_rows_step(Elem elem, Put put, const float* 
   for (int r = 0; r < R; ++r) {
     float acc = 0.f;
 #pragma unroll
-    for (int e = 0; e < NV; ++e) acc += elem(r, e) * alpha[e] * k[e];
+    for (int e = 0; e < NV; ++e) acc = __fmaf_rn(__fmul_rn(elem(r, e), alpha[e]), k[e], acc);
     kvr[r] = acc;
   }
 #pragma unroll
@@ -27,13 +30,13 @@ __device__ __forceinline__ float kda_rows_step(Elem elem, Put put, const float* 
   float ov[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const float u = beta * (vv[r] - kvr[r]);
+    const float u = __fmul_rn(beta, __fsub_rn(vv[r], kvr[r]));
     float v[NV];
     float acc = 0.f;
 #pragma unroll
     for (int e = 0; e < NV; ++e) {
-      v[e] = elem(r, e) * alpha[e] + k[e] * u;
-      acc += v[e] * q[e];
+      v[e] = __fmaf_rn(k[e], u, __fmul_rn(elem(r, e), alpha[e]));
+      acc = __fmaf_rn(v[e], q[e], acc);
     }
     ov[r] = acc;
     put(r, v);
