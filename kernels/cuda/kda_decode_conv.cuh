@@ -37,11 +37,13 @@ __device__ __forceinline__ ConvChannel load_conv(const KdaDecodeArgs& a, int64_t
 __device__ __forceinline__ float finish_conv(const KdaDecodeArgs& a, int64_t slot, int64_t c, const ConvChannel& t) {
   const int W = a.W;
   const int64_t C = int64_t(3) * a.H * a.D;
-  float acc = t.w_last * t.x;
+  // Rounded as short_conv_kernel rounds (spelled out: the compiler may fuse the first product into
+  // the first add either way round).
+  float acc = __fmul_rn(t.w_last, t.x);
 #pragma unroll
   for (int j = 0; j < kMaxW - 1; ++j) {
     if (j < W - 1) {
-      acc += t.w[j] * t.win[j];
+      acc = __fmaf_rn(t.w[j], t.win[j], acc);
       if (j > 0) a.conv_cache.set((slot * (W - 1) + j - 1) * C + c, t.win[j]);
     }
   }

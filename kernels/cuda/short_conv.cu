@@ -22,9 +22,10 @@ __global__ void short_conv_kernel(FIn x, FIn w, FOut cache, const int32_t* slots
   for (int j = 0; j < W - 1; ++j) win[j] = cache.get((slot * (W - 1) + j) * C + c);
   for (int64_t t = cu[n]; t < cu[n + 1]; ++t) {
     const float cur = x[t * C + c];
-    float acc = taps[W - 1] * cur;
+    // Every rounding spelled out, as the fused KDA decode's conv (kda_decode_conv.cuh) rounds.
+    float acc = __fmul_rn(taps[W - 1], cur);
 #pragma unroll
-    for (int j = 0; j < W - 1; ++j) acc += taps[j] * win[j];
+    for (int j = 0; j < W - 1; ++j) acc = __fmaf_rn(taps[j], win[j], acc);
     y.set(t * C + c, acc * sigmoidf(acc));
 #pragma unroll
     for (int j = 0; j + 1 < W - 1; ++j) win[j] = win[j + 1];
