@@ -40,7 +40,7 @@ struct EngineBenchOptions {
   std::vector<int> prefill = {8192, 32768};
   int steps = 10;
   bool batch_invariant = false;
-  bool kda_decode_as_steps = false;  // batch-invariant decode steps through the fused KDA kernel
+  bool kda_decode_as_steps = true;  // batch-invariant decode steps through the fused KDA kernel
   int moe_grouped_form = 0;          // 0 by the grid, 1 wide, 2 narrow (CudaBackend::set_moe_grouped_form)
   bool profile = true;  // decode time split by layer type
   bool gemm_only = false;  // the GEMM table alone
@@ -307,9 +307,9 @@ void add_engine_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "timed decode steps per point")->check(CLI::PositiveNumber);
   cmd->add_option("--seed", o->seed, "seed of the synthetic weights (default 0)");
   cmd->add_flag("--batch-invariant", o->batch_invariant, "fixed-order GEMMs and fixed attention splits");
-  cmd->add_flag("--kda-decode-as-steps", o->kda_decode_as_steps,
-                "with --batch-invariant: decode steps take the fused KDA kernel rounding and summing as the separate "
-                "steps do (off by default in the backend until its bitwise test has run on the GPU)");
+  cmd->add_flag("!--kda-decode-separate", o->kda_decode_as_steps,
+                "with --batch-invariant: decode tokens take the separate KDA steps instead of the fused kernel "
+                "(which rounds and sums as they do, the default)");
   cmd->add_option("--moe-grouped-form", o->moe_grouped_form, "grouped MoE GEMM form: 0 by the grid (default), 1 wide, "
                   "2 narrow")->check(CLI::Range(0, 2));
   cmd->add_flag("--gemm-only", o->gemm_only,

@@ -97,8 +97,9 @@ class CudaBackend final : public Backend {
   // through mla_decode.
   bool chunk_invariant() const override { return batch_invariant_; }
   // In batch-invariant mode kda_decode rounds and sums as the separate steps do
-  // (KdaDecodeArgs::as_steps). Whether the model takes it there is this switch, off by default until
-  // the bitwise test (tests/cuda/test_cuda_kda_invariant.cpp) has passed on the hardware.
+  // (KdaDecodeArgs::as_steps), and the model takes it there while this switch is on (the default:
+  // tests/cuda/test_cuda_kda_invariant.cpp holds it to the steps' bits on the H200). Off: decode
+  // tokens take the separate steps, for the bench and that test.
   void set_kda_decode_matches_steps(bool on) { kda_decode_as_steps_ = on; }
   bool kda_decode_matches_steps() const override { return batch_invariant_ && kda_decode_as_steps_; }
   static constexpr int kInvariantSplitTokens = 1024;
@@ -216,7 +217,7 @@ class CudaBackend final : public Backend {
   bool kda_scan_wgmma_ = true;  // set_kda_chunk_scan_wgmma
   int kda_scan_wg_rows_ = 0;  // set_kda_chunk_scan_wg_rows
   bool batch_invariant_ = false;
-  bool kda_decode_as_steps_ = false;  // set_kda_decode_matches_steps
+  bool kda_decode_as_steps_ = true;  // set_kda_decode_matches_steps
   std::string device_name_;
   // The stream is shared with every tensor this backend allocates: their memory returns to the
   // stream-ordered pool (cudaFreeAsync) on this stream, even when a tensor outlives the backend.

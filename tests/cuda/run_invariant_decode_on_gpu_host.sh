@@ -10,9 +10,10 @@
 #   inv.log            cuda_test_cuda_batch_invariance "alone*" (the engine, alone == batched, bitwise);
 #   tables.log         k3-bench engine --gemm-only: the GEMM table and the routed experts' table (the
 #                      default mode, the invariant grouped GEMM by the grid, wide, narrow), graph-timed;
-#   steps.log, steps_fused.log
+#   steps.log, steps_separate.log
 #                      k3-bench engine --batch-invariant decode rows at batch 1 and 64 (context 1024),
-#                      the step split by layer type, without and with --kda-decode-as-steps.
+#                      the step split by layer type, with the fused KDA decode (the default) and with
+#                      --kda-decode-separate.
 #   tests/cuda/run_invariant_decode_on_gpu_host.sh OUT_DIR [BUDGET (default 540)]
 set -uo pipefail
 OUT=${1:?output dir}
@@ -40,4 +41,4 @@ ROWS=(engine --batch-invariant --steps 5 --batches 1 64 --contexts 1024 --prefil
 lim=$(( ($(left) - 5) / 2 )); [ "$lim" -gt 60 ] && lim=60
 [ "$lim" -gt 5 ] && stage steps.log "$lim" $B/bin/k3-bench "${ROWS[@]}"
 lim=$(( $(left) - 5 )); [ "$lim" -gt 60 ] && lim=60
-[ "$lim" -gt 5 ] && stage steps_fused.log "$lim" $B/bin/k3-bench "${ROWS[@]}" --kda-decode-as-steps
+[ "$lim" -gt 5 ] && stage steps_separate.log "$lim" $B/bin/k3-bench "${ROWS[@]}" --kda-decode-separate
