@@ -5,8 +5,8 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <utility>
 #include <string>
+#include <utility>
 
 #include "common/model/weights_init.h"
 

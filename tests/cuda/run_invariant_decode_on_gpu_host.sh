@@ -3,8 +3,8 @@
 # tests of its kernel forms, then what they buy. Unpack the offline kit, configure + build, then (each
 # stage time-limited, the whole run kept under BUDGET seconds, most telling first; logs under OUT_DIR)
 #   kda_invariant.log  cuda_test_cuda_kda_invariant: the fused KDA decode in batch-invariant mode gives
-#                      the separate steps' bits (the condition for CudaBackend::set_kda_decode_matches_steps
-#                      to go on by default), chunk calls and row ranges;
+#                      the separate steps' bits (what keeps CudaBackend::set_kda_decode_matches_steps on
+#                      by default), chunk calls and row ranges;
 #   moe_forms.log      cuda_test_cuda_ops "*grouped GEMM*": the grouped MoE GEMM's narrow and wide forms
 #                      give the same bits; gemm_fixed.log the fixed-order GEMM's rows equal alone;
 #   inv.log            cuda_test_cuda_batch_invariance "alone*" (the engine, alone == batched, bitwise);
