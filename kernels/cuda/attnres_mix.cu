@@ -50,7 +50,6 @@ void launch_attnres_mix(const AttnResCandidates& c, const float* query, FOut y, 
                         cudaStream_t s) {
   if (M == 0) return;
   launch_pdl("attnres_mix_kernel", attnres_mix_kernel, unsigned(M), 256, 0, s, c, query, y, D, eps);
-  K3_CUDA_LAUNCHED("attnres_mix_kernel");
 }
 
 }  // namespace k3::cuda

@@ -20,5 +20,3 @@ inline void check_cublas(cublasStatus_t s, const char* what) {
 
 #define K3_CUDA_OK(expr) ::k3::cuda::check_cuda((expr), #expr)
 #define K3_CUBLAS_OK(expr) ::k3::cuda::check_cublas((expr), #expr)
-// After every launch: a bad configuration surfaces here, not at the next sync.
-#define K3_CUDA_LAUNCHED(name) ::k3::cuda::check_cuda(cudaGetLastError(), name)

@@ -115,37 +115,30 @@ int grid_for(int64_t n) {
 void launch_rmsnorm(FIn x, FIn w, FOut y, int64_t M, int D, float eps, cudaStream_t s) {
   if (M == 0) return;
   launch_pdl("rmsnorm_kernel", rmsnorm_kernel, unsigned(M), kRowThreads, 0, s, x, w, y, D, eps);
-  K3_CUDA_LAUNCHED("rmsnorm_kernel");
 }
 void launch_l2norm(FIn x, FOut y, int64_t M, int D, float eps, float scale, cudaStream_t s) {
   if (M == 0) return;
   launch_pdl("l2norm_kernel", l2norm_kernel, unsigned(M), 128, 0, s, x, y, D, eps, scale);
-  K3_CUDA_LAUNCHED("l2norm_kernel");
 }
 void launch_situ(FIn g, FIn u, FOut y, int64_t n, float beta, float beta_linear, bool silu, cudaStream_t s) {
   if (n == 0) return;
   launch_pdl("situ_kernel", situ_kernel, grid_for(n), 256, 0, s, g, u, y, n, beta, beta_linear, silu);
-  K3_CUDA_LAUNCHED("situ_kernel");
 }
 void launch_add(FIn a, FIn b, FOut y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   launch_pdl("add_kernel", add_kernel, grid_for(n), 256, 0, s, a, b, y, n);
-  K3_CUDA_LAUNCHED("add_kernel");
 }
 void launch_sigmoid_mul(FIn x, FIn gate, FOut y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   launch_pdl("sigmoid_mul_kernel", sigmoid_mul_kernel, grid_for(n), 256, 0, s, x, gate, y, n);
-  K3_CUDA_LAUNCHED("sigmoid_mul_kernel");
 }
 void launch_sigmoid(FIn x, FOut y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   launch_pdl("sigmoid_kernel", sigmoid_kernel, grid_for(n), 256, 0, s, x, y, n);
-  K3_CUDA_LAUNCHED("sigmoid_kernel");
 }
 void launch_embedding(FIn table, const int32_t* ids, FOut y, int64_t M, int64_t D, int64_t V, cudaStream_t s) {
   if (M == 0) return;
   launch_pdl("embedding_kernel", embedding_kernel, unsigned(M), 256, 0, s, table, ids, y, D, V);
-  K3_CUDA_LAUNCHED("embedding_kernel");
 }
 void launch_kda_gate(FIn f, const float* a_log, const float* dt_bias, float* g, int64_t T, int H, int D, float g_min,
                      bool softplus, cudaStream_t s) {
@@ -153,7 +146,6 @@ void launch_kda_gate(FIn f, const float* a_log, const float* dt_bias, float* g, 
   if (n == 0) return;
   launch_pdl("kda_gate_kernel", kda_gate_kernel, grid_for(n), 256, 0, s, f, a_log, dt_bias, g, n, H, D, g_min,
              softplus);
-  K3_CUDA_LAUNCHED("kda_gate_kernel");
 }
 void launch_copy_cols(const void* src, int64_t src_rows, int64_t src_cols, void* dst, int64_t dst_rows,
                       int64_t dst_cols, int64_t src_col, int64_t dst_col, int64_t ncols, int repeat, int elem,
@@ -168,13 +160,11 @@ void launch_copy_cols(const void* src, int64_t src_rows, int64_t src_cols, void*
     launch_pdl("copy_cols_kernel", copy_cols_kernel<uint32_t>, grid_for(n), 256, 0, s,
                static_cast<const uint32_t*>(src), src_cols, static_cast<uint32_t*>(dst), dst_rows, dst_cols, src_col,
                dst_col, ncols, repeat);
-  K3_CUDA_LAUNCHED("copy_cols_kernel");
 }
 void launch_scatter_rows(const void* src, const int32_t* ids, void* dst, int64_t R, int64_t row_bytes, cudaStream_t s) {
   if (R == 0) return;
   launch_pdl("scatter_rows_kernel", scatter_rows_kernel, unsigned(R), 256, 0, s, static_cast<const uint8_t*>(src), ids,
              static_cast<uint8_t*>(dst), row_bytes);
-  K3_CUDA_LAUNCHED("scatter_rows_kernel");
 }
 
 }  // namespace k3::cuda

@@ -190,12 +190,10 @@ void launch_form(const FixedGemmArgs& f, const FixedGemmPlan& plan, float* work,
   const dim3 grid(unsigned((f.N + kBN - 1) / kBN), unsigned((f.M + C::kBM - 1) / C::kBM),
                   unsigned(f.batch * (plan.split ? plan.parts : 1)));
   launch_pdl("gemm_fixed_wg_kernel", gemm_fixed_wg_kernel<kWG, kBN>, grid, C::kThreads, C::kSmem, s, xm.map, wm.map, a);
-  K3_CUDA_LAUNCHED("gemm_fixed_wg_kernel");
   if (!plan.split) return;
   const int64_t n = f.batch * f.M * f.N;
   launch_pdl("gemm_fixed_add_parts", gemm_fixed_add_parts, unsigned(std::min<int64_t>((n + 255) / 256, 4096)), 256, 0,
              s, a, f.batch);
-  K3_CUDA_LAUNCHED("gemm_fixed_add_parts");
 }
 
 }  // namespace

@@ -314,7 +314,6 @@ void launch_scan(const KdaArgs& a, const int32_t* chunk_table, const int32_t* se
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem));
   launch_pdl("kda_chunk_scan_kernel", kern, dim3(kD / VT, a.H, rows), Cfg::kThreads, Cfg::kSmem, s, a, chunk_table,
              seq_chunk0, work, jobs, carry);
-  K3_CUDA_LAUNCHED("kda_chunk_scan_kernel");
 }
 
 // The tensor maps of the wgmma scans' bulk copies over the workspace of num_chunks chunks (zeros
@@ -348,7 +347,6 @@ void launch_scan_wg(Kernel* kern, const char* name, const KdaArgs& a, const int3
   K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
   launch_pdl(name, kern, dim3(kD / VT, a.H, rows), L::kThreads, L::kSmem, s, a, chunk_table, seq_chunk0, work, jobs,
              carry, scan_maps(a, work, num_chunks));
-  K3_CUDA_LAUNCHED(name);
 }
 
 // The scan kernel for the grid (kda_scan_form.h: the thresholds and the measurements behind them).

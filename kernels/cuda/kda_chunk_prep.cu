@@ -446,15 +446,13 @@ void launch_kda_chunk_prep(const KdaArgs& a, const int32_t* chunk_table, int num
   if (a.unbounded_gate) {
     K3_CUDA_OK(cudaFuncSetAttribute(kda_chunk_prep_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kPrepSmemUnbounded));
-    launch_pdl("kda_chunk_prep_kernel", kda_chunk_prep_kernel<true>, grid, kPrepThreads, kPrepSmemUnbounded, s, a,
-               chunk_table, work);
-    K3_CUDA_LAUNCHED("kda_chunk_prep_kernel (unbounded gate)");
+    launch_pdl("kda_chunk_prep_kernel (unbounded gate)", kda_chunk_prep_kernel<true>, grid, kPrepThreads,
+               kPrepSmemUnbounded, s, a, chunk_table, work);
     return;
   }
   K3_CUDA_OK(cudaFuncSetAttribute(kda_chunk_prep_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrepSmem));
   launch_pdl("kda_chunk_prep_kernel", kda_chunk_prep_kernel<false>, grid, kPrepThreads, kPrepSmem, s, a, chunk_table,
              work);
-  K3_CUDA_LAUNCHED("kda_chunk_prep_kernel");
 }
 
 }  // namespace k3::cuda

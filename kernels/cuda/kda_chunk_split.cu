@@ -76,7 +76,6 @@ void launch_kda_split_fixup(int H, int seqs, int max_segments, const int32_t* fi
   K3_CUDA_OK(cudaFuncSetAttribute(kda_split_fixup_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   launch_pdl("kda_split_fixup_kernel", kda_split_fixup_kernel, dim3(kD / kRows, H, seqs), kThreads, kSmem, s, H, fixup,
              carry);
-  K3_CUDA_LAUNCHED("kda_split_fixup_kernel");
 }
 
 }  // namespace k3::cuda

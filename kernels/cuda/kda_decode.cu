@@ -197,7 +197,6 @@ void launch_kda_decode(const KdaDecodeArgs& a, cudaStream_t s) {
     case 128: launch_per_item<128>(a, grid, s); break;
     default: throw Error("kda_decode: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
   }
-  K3_CUDA_LAUNCHED("kda_decode_kernel");
 }
 
 }  // namespace k3::cuda

@@ -135,7 +135,6 @@ template <int D>
 void launch_rows(const KdaArgs& a, cudaStream_t s) {
   static_assert(2 * D / 32 * kRecRows == D, "the block's warps cover the D rows");
   launch_pdl("kda_recurrent_rows_kernel", kda_recurrent_rows_kernel<D>, dim3(a.N, a.H), 2 * D, 0, s, a);
-  K3_CUDA_LAUNCHED("kda_recurrent_rows_kernel");
 }
 
 }  // namespace
@@ -151,7 +150,6 @@ void launch_kda_recurrent(const KdaArgs& a, cudaStream_t s) {
   const size_t smem = (size_t(a.V) * (a.K + 1) + 3 * a.K) * sizeof(float);
   K3_CUDA_OK(cudaFuncSetAttribute(kda_recurrent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   launch_pdl("kda_recurrent_kernel", kda_recurrent_kernel, dim3(a.N, a.H), threads, smem, s, a);
-  K3_CUDA_LAUNCHED("kda_recurrent_kernel");
 }
 
 }  // namespace k3::cuda

@@ -84,7 +84,6 @@ void launch_lse_merge(FIn o_parts, const float* lse_parts, FOut o, float* lse, i
   if (rows == 0) return;
   if (N > kMaxParts) throw Error("lse_merge: at most " + std::to_string(kMaxParts) + " partitions, got " + std::to_string(N));
   launch_pdl("lse_merge_kernel", lse_merge_kernel, unsigned(rows), 128, 0, s, o_parts, lse_parts, o, lse, N, rows, D);
-  K3_CUDA_LAUNCHED("lse_merge_kernel");
 }
 
 }  // namespace k3::cuda

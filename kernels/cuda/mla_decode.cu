@@ -379,7 +379,6 @@ void launch_mma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float* part_o
   const dim3 grid((a.H + 16 * HT - 1) / (16 * HT), (plan.splits + per_block - 1) / per_block, a.B);
   launch_pdl("mla_decode_mma_kernel", kernel, grid, C::kThreads, C::kSmem, s, a, plan.tokens_per_split, per_block,
              plan.splits, part_o, part_lse);
-  K3_CUDA_LAUNCHED("mla_decode_mma_kernel");
 }
 
 }  // namespace
@@ -436,7 +435,6 @@ void launch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float*
     if (a.R > 1024) throw Error("mla_decode: latent width " + std::to_string(a.R) + " > 1024");
     launch_pdl("mla_decode_simple_kernel", mla_decode_simple_kernel, dim3(a.B, a.H), 128, (a.R + a.Dr) * sizeof(float),
                s, a);
-    K3_CUDA_LAUNCHED("mla_decode_simple_kernel");
     return;
   }
   float* part_o = work;

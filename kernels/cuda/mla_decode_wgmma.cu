@@ -438,7 +438,6 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
   cfg.numAttrs = unsigned(n);
   K3_CUDA_OK(cudaLaunchKernelEx(&cfg, kern, a, plan.tokens_per_split, per_block, plan.splits, part_o, part_lse, map,
                                 box_rows, groups.g64));
-  K3_CUDA_LAUNCHED("mla_decode_wgmma_kernel");
 }
 
 }  // namespace k3::cuda

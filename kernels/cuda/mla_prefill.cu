@@ -66,7 +66,6 @@ void launch_mla_prefill(const MlaPrefillArgs& a, cudaStream_t s) {
   if (a.T == 0 || a.H == 0) return;
   if (a.Dv > kMaxDv) throw Error("mla_prefill: Dv " + std::to_string(a.Dv) + " > " + std::to_string(kMaxDv));
   launch_pdl("mla_prefill_kernel", mla_prefill_kernel, dim3(a.T, a.H), kThreads, a.Dqk * sizeof(float), s, a);
-  K3_CUDA_LAUNCHED("mla_prefill_kernel");
 }
 
 }  // namespace k3::cuda
@@ -103,7 +102,6 @@ void launch_causal_softmax(const float* scores, __nv_bfloat16* probs, float* lse
   if (heads == 0 || T == 0) return;
   launch_pdl("causal_softmax_kernel", causal_softmax_kernel, unsigned(int64_t(heads) * T), 256, 0, s, scores, probs,
              lse, T, S, H, h0, past);
-  K3_CUDA_LAUNCHED("causal_softmax_kernel");
 }
 
 }  // namespace k3::cuda

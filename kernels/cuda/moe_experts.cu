@@ -56,7 +56,6 @@ void launch_moe_experts(const MoeArgs& a, cudaStream_t s) {
   const size_t smem = (size_t(a.Dl) * 2 + a.F) * sizeof(float);
   K3_CUDA_OK(cudaFuncSetAttribute(moe_experts_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   launch_pdl("moe_experts_kernel", moe_experts_kernel, unsigned(a.M), 256, smem, s, a);
-  K3_CUDA_LAUNCHED("moe_experts_kernel");
 }
 
 }  // namespace k3::cuda

@@ -112,12 +112,9 @@ void launch_moe_gemv(const MoeArgs& a, void* workspace, cudaStream_t s) {
   launch_pdl("moe_gemv_up_kernel", moe_gemv_up_kernel, dim3(P, (a.F + kWarps - 1) / kWarps), kWarps * 32,
              size_t(a.Dl) * 4, s, z, a.ids, static_cast<const __nv_bfloat16*>(a.w1.p),
              static_cast<const __nv_bfloat16*>(a.w3.p), h, a.k, a.E, a.F, a.Dl, a.beta, a.beta_linear);
-  K3_CUDA_LAUNCHED("moe_gemv_up_kernel");
   launch_pdl("moe_gemv_down_kernel", moe_gemv_down_kernel, dim3(P, (a.Dl + kWarps - 1) / kWarps), kWarps * 32,
              size_t(a.F) * 4, s, h, a.ids, static_cast<const __nv_bfloat16*>(a.w2.p), out, a.E, a.F, a.Dl);
-  K3_CUDA_LAUNCHED("moe_gemv_down_kernel");
   launch_pdl("moe_gemv_combine_kernel", moe_gemv_combine_kernel, a.M, 256, 0, s, out, a.weights, a.y, a.k, a.Dl);
-  K3_CUDA_LAUNCHED("moe_gemv_combine_kernel");
 }
 
 }  // namespace k3::cuda

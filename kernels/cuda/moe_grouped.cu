@@ -282,12 +282,12 @@ void launch_gemm(bool narrow, int tiles_max, const __nv_bfloat16* a_src, const i
     auto* kern = moe_gemm_kernel<DUAL, Form>;
     const size_t smem = Form::smem(DUAL);
     K3_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch_pdl("moe_gemm_kernel", kern, dim3(tiles_max, (N + Form::kTn - 1) / Form::kTn), 128, smem, s, a_src,
-               row_token, tile_expert, w_a, w_b, out, N, K, beta, beta_linear, silu, vec);
+    launch_pdl(DUAL ? "moe_gemm_kernel<w1,w3>" : "moe_gemm_kernel<w2>", kern,
+               dim3(tiles_max, (N + Form::kTn - 1) / Form::kTn), 128, smem, s, a_src, row_token, tile_expert, w_a, w_b,
+               out, N, K, beta, beta_linear, silu, vec);
   };
   if (narrow) go(MoeNarrow{});
   else go(MoeWide{});
-  K3_CUDA_LAUNCHED(DUAL ? "moe_gemm_kernel<w1,w3>" : "moe_gemm_kernel<w2>");
 }
 
 }  // namespace
@@ -319,7 +319,6 @@ void launch_moe_grouped(const MoeArgs& a, void* workspace, int num_sms, int form
 
   launch_pdl("moe_route_kernel", moe_route_kernel, 1, 1024, 2 * a.E * sizeof(int), s, a.ids, P, a.E, tiles_max,
              tile_expert, row_token, pos_of, a.k);
-  K3_CUDA_LAUNCHED("moe_route_kernel");
 
   const auto* z = static_cast<const __nv_bfloat16*>(a.z.p);
   // 16-byte copies where every row starts 16-byte aligned (a property of the shapes and buffers, the
@@ -332,7 +331,6 @@ void launch_moe_grouped(const MoeArgs& a, void* workspace, int num_sms, int form
   launch_gemm<false>(moe_grouped_narrow(tiles_max, a.Dl, num_sms, form), tiles_max, h, nullptr, tile_expert,
                      static_cast<const __nv_bfloat16*>(a.w2.p), nullptr, out, a.Dl, a.F, 0.f, 0.f, false, vec2, s);
   launch_pdl("moe_combine_kernel", moe_combine_kernel, a.M, 256, 0, s, out, pos_of, a.weights, a.y, a.k, a.Dl);
-  K3_CUDA_LAUNCHED("moe_combine_kernel");
 }
 
 }  // namespace k3::cuda

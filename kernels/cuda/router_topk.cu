@@ -72,7 +72,6 @@ void launch_router_topk(const float* logits, const float* bias, int32_t* ids, fl
   K3_CUDA_OK(cudaFuncSetAttribute(router_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   launch_pdl("router_topk_kernel", router_topk_kernel, unsigned(M), 256, smem, s, logits, bias, ids, weights, E, k,
              scale);
-  K3_CUDA_LAUNCHED("router_topk_kernel");
 }
 
 }  // namespace k3::cuda

@@ -49,7 +49,6 @@ __global__ void argmax_rows_kernel(const float* logits, int64_t V, int32_t* out)
 void launch_argmax_rows(const float* logits, int64_t B, int64_t V, int32_t* out, cudaStream_t s) {
   if (B == 0) return;
   launch_pdl("argmax_rows_kernel", argmax_rows_kernel, unsigned(B), 1024, 0, s, logits, V, out);
-  K3_CUDA_LAUNCHED("argmax_rows_kernel");
 }
 
 }  // namespace k3::cuda

@@ -53,7 +53,6 @@ void launch_short_conv(FIn x, FIn w, FOut cache, const int32_t* slots, const int
       break;
     default: throw Error("short_conv: kernel width " + std::to_string(W) + " not supported (2..4)");
   }
-  K3_CUDA_LAUNCHED("short_conv_kernel");
 }
 
 }  // namespace k3::cuda

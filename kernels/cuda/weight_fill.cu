@@ -31,7 +31,6 @@ void launch_fill_uniform(FOut y, int64_t n, int64_t first, uint64_t seed, float 
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 132 * 32);
   launch_pdl("fill_uniform_kernel", fill_uniform_kernel, unsigned(blocks), 256, 0, s, y, n, first, seed, scale,
              round_to_bf16);
-  K3_CUDA_LAUNCHED("fill_uniform_kernel");
 }
 
 }  // namespace k3::cuda
