@@ -54,10 +54,14 @@ void Backend::copy_cols(const ops::CopyColsParams& p) {
 
 void Backend::fill_uniform(const ops::FillUniformParams& p) {
   require_host(p.y, "fill_uniform", "y");
+  check_fill_uniform(p);
+  fill_uniform_range(p, 0, p.y.numel());
+}
+
+void Backend::check_fill_uniform(const ops::FillUniformParams& p) {
   K3_CHECK(p.y.dtype() == DType::F32 || p.y.dtype() == DType::BF16,
            std::string("fill_uniform: y must be F32 or BF16, got ") + dtype_name(p.y.dtype()));
   K3_CHECK(p.first >= 0, "fill_uniform: first must be >= 0, got " + std::to_string(p.first));
-  fill_uniform_range(p, 0, p.y.numel());
 }
 
 void Backend::fill_uniform_range(const ops::FillUniformParams& p, int64_t begin, int64_t end) {

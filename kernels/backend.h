@@ -106,6 +106,8 @@ class Backend {
   virtual void fill_uniform(const ops::FillUniformParams& p);
 
  protected:
+  // fill_uniform's arguments every backend checks: y F32 or BF16, first >= 0.
+  static void check_fill_uniform(const ops::FillUniformParams& p);
   // Elements [begin, end) of fill_uniform (each element depends only on its index), for a backend
   // that fills in parallel.
   static void fill_uniform_range(const ops::FillUniformParams& p, int64_t begin, int64_t end);

@@ -86,9 +86,7 @@ class CpuBackend final : public Backend {
   // otherwise be drawn or widened by one thread. Element-wise, so any split gives the same bits.
   void fill_uniform(const ops::FillUniformParams& p) override {
     K3_CHECK(p.y.device() == Device::Cpu, "fill_uniform: y is not a host tensor");
-    K3_CHECK(p.y.dtype() == DType::F32 || p.y.dtype() == DType::BF16,
-             std::string("fill_uniform: y must be F32 or BF16, got ") + dtype_name(p.y.dtype()));
-    K3_CHECK(p.first >= 0, "fill_uniform: first must be >= 0, got " + std::to_string(p.first));
+    check_fill_uniform(p);
     pool_.parallel_for(p.y.numel(), [&](int64_t i0, int64_t i1) { fill_uniform_range(p, i0, i1); }, kFillGrain);
   }
 

@@ -180,7 +180,7 @@ void CudaBackend::gemm(const ops::GemmParams& p) {
 }
 
 void CudaBackend::fill_uniform(const ops::FillUniformParams& p) {
-  K3_CHECK(p.first >= 0, "fill_uniform: first must be >= 0, got " + std::to_string(p.first));
+  check_fill_uniform(p);
   launch_fill_uniform(fout("fill_uniform", "y", p.y), p.y.numel(), p.first, p.seed, p.scale, p.round_to_bf16, stream_);
 }
 
