@@ -177,7 +177,7 @@ void load_kda(Uploader& u, const ModelConfig& cfg, const std::string& p, HeadSha
   lw.w_fa = u.get(p + "f_a_proj.weight");
   lw.w_fb = u.get(p + "f_b_proj.weight", channels);
   Tensor a_log = u.host(p + "A_log");
-  lw.a_log = u.up_f32(a_log.reshape({a_log.numel()}).slice_rows(heads.first, heads.second).clone());
+  lw.a_log = u.up_f32(Uploader::rows_of(a_log.reshape({a_log.numel()}), heads));
   lw.dt_bias = u.up_f32(Uploader::rows_of(u.host(p + "dt_bias").reshape({P}), channels));
   lw.w_b = u.get(p + "b_proj.weight", heads);
   if (cfg.kda.use_full_rank_gate) {
