@@ -320,8 +320,12 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
       mla_decode_case(be, B, H, ctx, opts.quick, lines, {.invariant = true});
       for (int n : opts.mla_invariant_splits)
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.invariant = true, .invariant_split = n});
-      if (H >= 64)
+      if (H >= 64) {
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.roles = true});
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.invariant = true, .roles = true});
+        mla_decode_case(be, B, H, ctx, opts.quick, lines, {.roles = true, .hot_pages = 16});
         for (int n : opts.mla_splits) mla_decode_case(be, B, H, ctx, opts.quick, lines, {.splits = n});
+      }
       if (H >= 64 && !opts.mla_main_rows) {
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.lazy = false});
         mla_decode_case(be, B, H, ctx, opts.quick, lines, {.t48 = 1});

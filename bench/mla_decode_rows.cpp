@@ -32,6 +32,7 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   const bool was_tma = be.mla_decode_tma(), was_lazy = be.mla_decode_lazy_rescale(), was_seesaw = be.mla_decode_seesaw();
   const bool was_cluster = be.mla_decode_cluster();
   const int was_halves = be.mla_decode_seesaw_halves(), was_t48 = be.mla_decode_t48();
+  const bool was_roles = be.mla_decode_roles();
   const bool was_invariant = be.batch_invariant();
   const int was_splits = be.mla_decode_splits(), was_invariant_split = be.mla_decode_invariant_split();
   be.set_batch_invariant(v.invariant);
@@ -46,6 +47,7 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   be.set_mla_decode_split_s(v.split_s);
   be.set_mla_decode_t32(v.t32);
   be.set_mla_decode_t48(v.t48);
+  be.set_mla_decode_roles(v.roles);
   if (v.l2_prefetch >= 0) be.set_mla_decode_l2_prefetch(v.l2_prefetch);
   const double us = time_graphs(be.stream(), quick ? 50 : 200, {[&] {
     be.mla_decode({.q_lat = q_lat, .q_rope = q_rope, .kv_cache = kv, .block_table = table, .seq_lens = lens, .o = o,
@@ -61,6 +63,7 @@ void mla_decode_case(CudaBackend& be, int64_t B, int64_t H, int64_t ctx, bool qu
   be.set_mla_decode_cluster(was_cluster);
   be.set_mla_decode_seesaw_halves(was_halves);
   be.set_mla_decode_t48(was_t48);
+  be.set_mla_decode_roles(was_roles);
   be.set_batch_invariant(was_invariant);
   be.set_mla_decode_splits(was_splits);
   be.set_mla_decode_invariant_split(was_invariant_split);

@@ -22,10 +22,12 @@ namespace k3::bench {
 // head groups of a request launched as one cluster ("_cluster"); the seesaw block that keeps P in
 // registers and refills each half of a stage on its own, which the default takes on splits of 8192
 // tokens or more, forced on ("_halves") and off ("_nohalves"); the 48-head transposed seesaw blocks
-// forced on ("_t48"); the batch-invariant mode that serving runs, whose splits are of a fixed size
+// forced on ("_t48"); the blocks of three warpgroups in fixed roles over three stages ("_roles");
+// the batch-invariant mode that serving runs, whose splits are of a fixed size
 // ("_inv"); the context cut into n splits whatever the plan says ("_sN", --mla-splits).
 struct MlaVariant {
   bool wgmma = true, split_s = false, tma = true, lazy = true, seesaw = true, cluster = false, invariant = false;
+  bool roles = false;
   int l2_prefetch = -1, t32 = 0, halves = 2, t48 = 0, splits = 0;
   int invariant_split = 0;  // > 0 with `invariant`: that split size instead of the backend's ("_invN")
   // > 0: every request's pages are these few, so the cache rows stay in L2 and no tile waits for
@@ -40,9 +42,10 @@ struct MlaVariant {
   std::string halves_suffix() const { return halves == 1 ? "_halves" : halves == 0 ? "_nohalves" : ""; }
   std::string suffix(int64_t H) const {
     if (hot_pages > 0)
-      return (t48 == 1 ? "_t48" : !seesaw ? "_lockstep" : halves_suffix()) + std::string("_l2hot");
+      return (roles ? "_roles" : t48 == 1 ? "_t48" : !seesaw ? "_lockstep" : halves_suffix()) + std::string("_l2hot");
     if (H < 64) return plan_suffix();
     if (!wgmma) return "_mma";
+    if (roles) return (lazy ? "_roles" : "_roles_exact") + plan_suffix();
     std::string s = t48 == 1 ? "_t48" : t32 == 2 ? "_t32" : split_s ? "_splits" : !tma ? "_cpasync" : !seesaw ? "_lockstep" : halves_suffix();
     if (t32 == 1 && !seesaw) s += "_t32tail";
     if (l2_prefetch >= 0) s += "_pf" + std::to_string(l2_prefetch);

@@ -147,6 +147,10 @@ class CudaBackend final : public Backend {
   // wgmma kernel: the head groups of a request as one thread-block cluster (MlaDecodeArgs::wgmma_cluster).
   void set_mla_decode_cluster(bool on) { mla_cluster_ = on; }
   bool mla_decode_cluster() const { return mla_cluster_; }
+  // wgmma kernel: 64-head blocks of three warpgroups in fixed roles, scores and two output halves, over
+  // three KV stages (MlaDecodeArgs::wgmma_roles; off by default).
+  void set_mla_decode_roles(bool on) { mla_roles_ = on; }
+  bool mla_decode_roles() const { return mla_roles_; }
   // mla_decode: cut the context into `n` splits of equal whole tiles, over the plan and over the
   // batch-invariant split size (0, the default: the plan decides). For measuring the plan's choices.
   void set_mla_decode_splits(int n) {
@@ -206,6 +210,7 @@ class CudaBackend final : public Backend {
   bool mla_lazy_ = true;  // set_mla_decode_lazy_rescale
   int mla_t32_ = 0;  // set_mla_decode_t32
   int mla_t48_ = 0;  // set_mla_decode_t48
+  bool mla_roles_ = false;    // set_mla_decode_roles
   int moe_grouped_form_ = 0;  // set_moe_grouped_form
   bool mla_seesaw_ = true;  // set_mla_decode_seesaw
   int mla_seesaw_halves_ = 2;  // set_mla_decode_seesaw_halves

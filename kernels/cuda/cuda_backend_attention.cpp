@@ -326,6 +326,7 @@ void CudaBackend::mla_decode(const ops::MlaDecodeParams& p) {
   a.wgmma_cluster = mla_cluster_;
   a.wgmma_t32 = mla_t32_;
   a.wgmma_t48 = mla_t48_;
+  a.wgmma_roles = mla_roles_;
   a.kv_rows = p.kv_cache.dim(0) * p.kv_cache.dim(1);
   const auto ptrs = device_ints({&p.block_table, &p.seq_lens});
   a.block_table = ptrs[0];

@@ -219,6 +219,11 @@ struct MlaDecodeArgs {
   // wgmma kernel: the head groups of one (request, split) launched as one thread-block cluster (up to
   // 8 groups), so they run at the same time on one processing cluster. CudaBackend::set_mla_decode_cluster.
   bool wgmma_cluster = false;
+  // wgmma kernel, 64-head blocks of three warpgroups in fixed roles (mla_decode_roles.cu: one computes
+  // the scores with Q in registers, two the products of their output halves, over three KV stages),
+  // with the TMA loads and S split over tokens; takes precedence over every other block form.
+  // CudaBackend::set_mla_decode_roles.
+  bool wgmma_roles = false;
   int64_t kv_rows = 0;
 };
 // The wgmma kernel's head groups per request: g64 blocks of 64 heads, then g32 blocks of 32; or g48
@@ -237,22 +242,22 @@ inline bool mla_wgmma_t48(const MlaDecodeArgs& a) {
   if (a.wgmma_split_s || a.wgmma_t48 == 0) return false;
   return a.wgmma_t48 == 1 || (a.H + 47) / 48 * 48 < (a.H + 63) / 64 * 64;
 }
-// The head form the wgmma kernel runs for these args: 48-head blocks as mla_wgmma_t48 says, else
-// wgmma_t32, or 0 with the seesaw (one kernel holding both block forms would spill). The launch also
-// needs TMA loads for any but 0.
+// The head form the wgmma kernel runs for these args: 0 with the fixed-role blocks, 48-head blocks as
+// mla_wgmma_t48 says, else wgmma_t32, or 0 with the seesaw (one kernel holding both block forms would spill). The
+// launch also needs TMA loads for any but 0.
 inline int mla_wgmma_head_form(const MlaDecodeArgs& a) {
+  if (a.wgmma_roles && !a.wgmma_split_s) return 0;
   return mla_wgmma_t48(a) ? kMlaHeadForm48 : a.wgmma_seesaw ? 0 : a.wgmma_t32;
 }
 // Split-KV plan: fixed from shapes only (not from seq_lens), so a decode step graph-captures.
 struct MlaDecodePlan {
   int splits = 1;
   int tokens_per_split = 0;
-  // The mma.sync kernel's blocks and the wgmma kernel's 64-head seesaw blocks (mla_decode_seesaw.cuh)
-  // take this many consecutive splits each, in turn, and write each split's partial exactly as a block
-  // of its own would: the same tiles in the same order from the same start, so the result does not
-  // depend on it. Batch-invariant mode cuts contexts into short splits of a fixed size; taking several
-  // per block pays one block start (Q staged, pipeline filled) for many. The other wgmma forms take one
-  // split a block.
+  // The mma.sync kernel's blocks, the wgmma kernel's 64-head seesaw blocks (mla_decode_seesaw.cuh) and
+  // its fixed-role blocks (mla_decode_roles.cu) take this many consecutive splits each, in turn, and write each split's
+  // partial exactly as a block of its own would: the same tiles in the same order from the same start, so the result
+  // does not depend on it. Batch-invariant mode cuts contexts into short splits of a fixed size; taking several per
+  // block pays one block start (Q staged, pipeline filled) for many. The other wgmma forms take one split a block.
   int splits_per_block = 1;
 };
 // wgmma_kernel: the call will run the wgmma kernel (MlaDecodeArgs::use_wgmma with R = 512, Dr = 64),

@@ -108,15 +108,6 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[4][4], const float (&s)[32
   }
 }
 
-// pa into the 64 x 64 K-major operand at shared address p (a stage's rope chunk): per k16 step one
-// stmatrix of four 8x8 matrices (rows 0-7 / 8-15 of this warp's 16, columns 0-7 / 8-15 of the step),
-// which is exactly the A fragment's register order.
-__device__ __forceinline__ void store_p(uint32_t p, const uint32_t (&pa)[4][4], int wq, int lane) {
-  const int row = 16 * wq + (lane & 7) + 8 * ((lane >> 3) & 1);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) stmatrix_x4(p + wg::op_offset(row, 2 * kk + (lane >> 4)), pa[kk]);
-}
-
 // P (fp32, the scores' accumulator layout) times the rows' factors, as bf16 into the operand at p:
 // the same stores as store_p, packed one k16 step at a time.
 __device__ __forceinline__ void store_p_scaled(uint32_t p, const float (&s)[32], float f0, float f1, int wq, int lane) {

@@ -252,14 +252,28 @@ __device__ __forceinline__ void block_row_sums(float l0, float l1, float* sums_s
   __syncthreads();
 }
 
-// Rows [rows, 64) of a TMA-loaded stage, by `threads` threads of which this is number `t`: unused
-// cache rows may hold NaN, and P = 0 times NaN is NaN.
-__device__ __forceinline__ void zero_tail(unsigned char* stage, int rows, int t, int threads) {
+// pa into the 64 x 64 K-major operand at shared address p (a stage's rope chunk): per k16 step one
+// stmatrix of four 8x8 matrices (rows 0-7 / 8-15 of this warp's 16, columns 0-7 / 8-15 of the step),
+// which is exactly the A fragment's register order.
+__device__ __forceinline__ void store_p(uint32_t p, const uint32_t (&pa)[4][4], int wq, int lane) {
+  const int row = 16 * wq + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) stmatrix_x4(p + wg::op_offset(row, 2 * kk + (lane >> 4)), pa[kk]);
+}
+
+// Rows [rows, 64) of a TMA-loaded stage at shared address `stage`, by `threads` threads of which this is
+// number `t`: unused cache rows may hold NaN, and P = 0 times NaN is NaN. (By shared address: the
+// fixed-role block keeps its stages as 32-bit addresses, one register each.)
+__device__ __forceinline__ void zero_tail(uint32_t stage, int rows, int t, int threads) {
   constexpr int kPerRow = kDimAtoms * 8;  // 16-byte chunks of one row across the 9 dim atoms
   for (int idx = t; idx < (kTok - rows) * kPerRow; idx += threads) {
     const int r = rows + idx / kPerRow, c = (idx % kPerRow) / 8, q = idx % 8;
-    *reinterpret_cast<uint4*>(stage + c * 8 * wg::kAtomBytes + r * wg::kRowBytes + q * 16) = make_uint4(0, 0, 0, 0);
+    const uint32_t at = stage + uint32_t(c * 8 * wg::kAtomBytes + r * wg::kRowBytes + q * 16);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0u) : "memory");
   }
+}
+__device__ __forceinline__ void zero_tail(unsigned char* stage, int rows, int t, int threads) {
+  zero_tail(smem_u32(stage), rows, t, threads);
 }
 
 // Warpgroup w of a seesaw block waits for its tile at `stage` (mbarrier `bar`, phase parity `parity`),

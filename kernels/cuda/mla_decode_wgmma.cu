@@ -52,6 +52,8 @@
 // tokens or more); and the 32-head transposed block (mla_decode_t32.cuh, MlaDecodeArgs::wgmma_t32:
 // no padded rows for a last group of 32 heads, measured slower); and the 48-head transposed seesaw
 // (mla_decode_t48.cuh, MlaDecodeArgs::wgmma_t48: H = 96 as two blocks of 48 heads, no padded rows).
+// The block of three warpgroups in fixed roles (mla_decode_roles.cu, MlaDecodeArgs::wgmma_roles) is a
+// kernel of its own (384 threads, Q in registers, three stages), launched from here on the same grid.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -61,6 +63,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/mla_decode_halves.cuh"
+#include "kernels/cuda/mla_decode_roles.h"
 #include "kernels/cuda/mla_decode_seesaw.cuh"
 #include "kernels/cuda/mla_decode_t32.cuh"
 #include "kernels/cuda/mla_decode_t48.cuh"
@@ -403,6 +406,10 @@ void launch_mla_decode_wgmma(const MlaDecodeArgs& a, const MlaDecodePlan& plan, 
   const int box_rows = std::gcd(a.page_size, kTok);
   const bool tma = a.wgmma_tma && box_rows >= 8 && a.kv_rows > 0 && a.kv_rows < (int64_t(1) << 31);
   const CUtensorMap map = tma ? make_bf16_tensor_map_sw128(a.kv, a.kv_rows, kDk, box_rows) : CUtensorMap{};
+  if (tma && a.wgmma_roles && !a.wgmma_split_s) {
+    launch_mla_decode_roles(a, plan, part_o, part_lse, map, box_rows, s);  // mla_decode_roles.cu
+    return;
+  }
   const int head_form = tma ? mla_wgmma_head_form(a) : 0;
   auto* kern = a.wgmma_split_s ? (tma ? mla_decode_wgmma_kernel<true, true> : mla_decode_wgmma_kernel<true, false>)
                : !tma          ? mla_decode_wgmma_kernel<false, false>

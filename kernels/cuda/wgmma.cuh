@@ -170,6 +170,45 @@ __device__ __forceinline__ void mma_m64n64(float (&d)[32], uint64_t da, uint64_t
 
 __device__ __forceinline__ void mma_m64n64_kt(float (&d)[32], uint64_t da, uint64_t db) { mma_m64n64<1>(d, da, db); }
 
+// D[64 x 64] (+)= A[64 x 16] * B[16 x 64] with A from registers (the "RS" form, A in the mma.sync
+// m16n8k16 A-fragment order described at mma_m64n256_rs_kt below) and B K-major in shared memory.
+// scale_d = 0 overwrites D. The registers of `a` must not change until the instruction has completed.
+__device__ __forceinline__ void mma_m64n64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int scale_d = 1) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+// D[64 x 32] (+)= A[64 x 16] * B[16 x 32], A from registers as mma_m64n64_rs, B K-major in shared memory.
+__device__ __forceinline__ void mma_m64n32_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int scale_d = 1) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+// Per-warpgroup register budgets of a warp-specialised kernel (PTX "setmaxnreg"): every warp of the
+// warpgroup executes the same one; the released registers go back to the SM's pool, and an increase
+// waits until the pool has them. kRegs: a multiple of 8 in 24..256.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
 // The 128 fp32 accumulator registers of an m64n256 wgmma: the operand list in the instruction text
 // (%0..%127) and the matching read-write constraints on d[0..127], shared by its two forms below.
 #define K3_WG_D128_TEXT \

@@ -30,8 +30,11 @@ TARGETS="$TESTS k3-op k3-bench"
 ninja -C $B -j16 $TARGETS >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "configure+build: $(( $(date +%s) - t0 )) s"
 cuobjdump --dump-resource-usage $B/lib/libk3_kernels.a 2>/dev/null | grep -E "Function|REG" > "$OUT/resources.txt"
+# TEST_TIMEOUT / BENCH_TIMEOUT (s): a suite or the bench that hangs is stopped there, and the rest of
+# the call still runs.
 for t in $TESTS; do
-  $B/tests/$t 2>&1 | tee -a "$OUT/tests.log" | tail -25
+  timeout "${TEST_TIMEOUT:-1200}" $B/tests/$t 2>&1 | tee -a "$OUT/tests.log" | tail -25
+  [[ ${PIPESTATUS[0]} == 124 ]] && echo "$t: stopped after ${TEST_TIMEOUT:-1200} s" | tee -a "$OUT/tests.log"
 done
 if [[ $REF == 1 || ${CROSSCHECK:-0} == 1 ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/fla_core-*.whl .whl/sgl_flash_mla-*.whl
@@ -56,7 +59,8 @@ fi
 # REF_JSON: reuse reference timings of an earlier run (with --no-ref); default: this run's.
 # BENCH_ARGS: extra k3-bench kernels flags, e.g. "--only kda_decode,mla_decode".
 # shellcheck disable=SC2086
-$B/bin/k3-bench kernels --ref "${REF_JSON:-$OUT/ref.json}" --json "$OUT/ours.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md"
+timeout "${BENCH_TIMEOUT:-3600}" $B/bin/k3-bench kernels --ref "${REF_JSON:-$OUT/ref.json}" --json "$OUT/ours.json" \
+  ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md"
 # Last: fla compiles and tunes its kernels on first use (more than 80 s on an H200: give it 300);
 # the timings above are safe.
 if [[ ${CROSSCHECK:-0} == 1 ]]; then

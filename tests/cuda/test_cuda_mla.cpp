@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.h"
@@ -217,6 +218,18 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
   check_mla_decode_cases(*bk.cpu, *bk.gpu, cases, rng, "mla_decode wgmma t48 by rule");
   cb->set_mla_decode_t48(0);
   REQUIRE_THROWS_WITH(cb->set_mla_decode_t48(3), Catch::Matchers::Contains("t48 mode 3 not in 0..2"));
+  // The block of three warpgroups in fixed roles (mla_decode_roles.cu): forced on for every case, over
+  // its three-stage ring (1 to 79 tiles a block, a last tile of one row, splits), lazy and exact max;
+  // it takes precedence over the 48-head blocks.
+  cb->set_mla_decode_roles(true);
+  for (bool lazy : {true, false}) {
+    cb->set_mla_decode_lazy_rescale(lazy);
+    cb->set_mla_decode_t48(lazy ? 2 : 0);
+    check_mla_decode_cases(*bk.cpu, *bk.gpu, halves_cases, rng,
+                           std::string("mla_decode wgmma roles") + (lazy ? " lazy max" : " exact max"));
+  }
+  cb->set_mla_decode_t48(0);
+  cb->set_mla_decode_roles(false);
   cb->set_mla_decode_lazy_rescale(true);
   cb->set_mla_decode_wgmma(false);
   REQUIRE_THROWS_WITH(cb->set_mla_decode_t32(3), Catch::Matchers::Contains("t32 mode 3 not in 0..2"));
@@ -227,8 +240,8 @@ TEST_CASE("cuda mla_decode wgmma kernel matches cpu", "[cuda]") {
 // halves by default (splits of 8192 tokens or more).
 // Batch-invariant mode cuts contexts into fixed splits, and a block may take several of them in turn
 // (MlaDecodePlan::splits_per_block): every count must give the same bits as a block per split. H = 96
-// (the wgmma kernel's seesaw: two 64-head groups) and H = 16 and 40 (the mma.sync kernel: one 16-head
-// and 48-head blocks), splits of 1024 tokens: a request ending inside a split on an odd tile, one on a
+// (the wgmma kernel's seesaw, and its fixed-role blocks: two 64-head groups) and H = 16 and 40 (the mma.sync kernel:
+// one 16-head and 48-head blocks), splits of 1024 tokens: a request ending inside a split on an odd tile, one on a
 // split boundary, one of a single token (splits past its end: empty partials), one past the others; 1,
 // 2, 3, 5 and 13 splits a block, and the count the backend picks itself. One split a block is checked
 // against the CPU as well.
@@ -239,7 +252,9 @@ TEST_CASE("cuda mla_decode in batch-invariant mode: splits taken several to a bl
   REQUIRE(cb != nullptr);
   std::mt19937 rng(53);
   cb->set_batch_invariant(true);
-  for (const auto& [H, f32_out] : std::vector<std::pair<int64_t, bool>>{{96, false}, {96, true}, {16, false}, {40, true}}) {
+  for (const auto& [H, f32_out, roles] : std::vector<std::tuple<int64_t, bool, bool>>{
+           {96, false, false}, {96, true, false}, {96, false, true}, {16, false, false}, {40, true, false}}) {
+    cb->set_mla_decode_roles(roles);
     const MlaCase c{H, 512, 64, 64, {12 * 1024 + 3 * 64, 4 * 1024, 1, 13 * 1024 - 5}, f32_out};
     const MlaInputs in = mla_inputs(c, rng);
     cb->set_mla_decode_splits_per_block(1);
@@ -250,12 +265,14 @@ TEST_CASE("cuda mla_decode in batch-invariant mode: splits taken several to a bl
       cb->set_mla_decode_splits_per_block(per_block);
       const auto [o, lse] = gpu_mla_decode(*bk.gpu, c, in);
       const Tensor got_o = bk.gpu->to_host(o), got_lse = bk.gpu->to_host(lse);
-      INFO("H " << H << ", splits a block " << per_block << (f32_out ? ", fp32 o" : ", bf16 o"));
+      INFO("H " << H << ", splits a block " << per_block << (f32_out ? ", fp32 o" : ", bf16 o")
+                << (roles ? ", fixed-role blocks" : ""));
       REQUIRE(got_o.nbytes() == want_o.nbytes());
       CHECK(std::memcmp(got_o.data(), want_o.data(), want_o.nbytes()) == 0);
       CHECK(std::memcmp(got_lse.data(), want_lse.data(), want_lse.nbytes()) == 0);
     }
   }
+  cb->set_mla_decode_roles(false);
   cb->set_mla_decode_splits_per_block(0);
   cb->set_batch_invariant(false);
 }
