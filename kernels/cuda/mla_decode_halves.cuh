@@ -166,14 +166,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
   uint32_t parity = 0;       // of the next completion of this warpgroup's stage (WG 0: stage 0, WG 1: 1)
 
   const auto rescale = [&](float c0, float c1) {
-    if (!__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) return;
-#pragma unroll
-    for (int i = 0; i < 128; i += 4) {
-      o[i] *= c0;
-      o[i + 1] *= c0;
-      o[i + 2] *= c1;
-      o[i + 3] *= c1;
-    }
+    if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) rescale_rows(o, c0, c1);
   };
   // After the scores' last commit group: waits, scales to log2 units, masks tokens past `end`;
   // returns the rows' maxima of this tile.
@@ -182,20 +175,6 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
 #pragma unroll
     for (int i = 0; i < 32; ++i) wg::reg_fence(s[i]);
     scale_mask_rowmax<64>(s, t0, end, t4, sl2, x0, x1);
-  };
-  // P = 2^(s - m) in place; returns the rows' sums.
-  const auto exp_p = [&](float mn0, float mn1, float& sum0, float& sum1) {
-    sum0 = 0.f;
-    sum1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      s[4 * j] = fast_exp2(s[4 * j] - mn0);
-      s[4 * j + 1] = fast_exp2(s[4 * j + 1] - mn0);
-      s[4 * j + 2] = fast_exp2(s[4 * j + 2] - mn1);
-      s[4 * j + 3] = fast_exp2(s[4 * j + 3] - mn1);
-      sum0 += s[4 * j] + s[4 * j + 1];
-      sum1 += s[4 * j + 2] + s[4 * j + 3];
-    }
   };
   // O += P V over this warpgroup's half of V: P from registers (local) or from a rope chunk (remote).
   const auto pv_local = [&](const wg::DescBase& v) {
@@ -247,7 +226,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
       scale_a[r1] = c1;
     }
     float sum0, sum1;
-    exp_p(mn0, mn1, sum0, sum1);
+    exp2_rows<64>(s, mn0, mn1, sum0, sum1);
     l0 = l0 * c0 + sum0;
     l1 = l1 * c1 + sum1;
     pack_p(pa, s);
@@ -307,7 +286,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
     }
     arrive(kScaleB);
     float sum0 = 0.f, sum1 = 0.f;
-    if constexpr (kB) exp_p(mn0, mn1, sum0, sum1);
+    if constexpr (kB) exp2_rows<64>(s, mn0, mn1, sum0, sum1);
     l0 = l0 * c0 * d0 + sum0;
     l1 = l1 * c1 * d1 + sum1;
     rescale(c0 * d0, c1 * d1);

@@ -163,16 +163,8 @@ __device__ __forceinline__ void score_role(const Block& k, int ti) {
         // On a split's first half m = -inf and the half's max is finite (t0 < end, and half 1 always
         // follows half 0's finite max), so the factor is 2^(-inf) = 0, never 2^(-inf + inf).
         const float f0 = fast_exp2(m0 - mn0), f1 = fast_exp2(m1 - mn1);
-        float q0 = 0.f, q1 = 0.f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          s[4 * j] = fast_exp2(s[4 * j] - mn0);
-          s[4 * j + 1] = fast_exp2(s[4 * j + 1] - mn0);
-          s[4 * j + 2] = fast_exp2(s[4 * j + 2] - mn1);
-          s[4 * j + 3] = fast_exp2(s[4 * j + 3] - mn1);
-          q0 += s[4 * j] + s[4 * j + 1];
-          q1 += s[4 * j + 2] + s[4 * j + 3];
-        }
+        float q0, q1;
+        exp2_rows<32>(s, mn0, mn1, q0, q1);
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
           pa[2 * h + kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
@@ -247,15 +239,7 @@ __device__ __forceinline__ void output_role(const Block& k, int w, int ti, int s
       const uint32_t use = uint32_t(tile / kStages) & 1u, stage = k.stage(st);
       mbar_wait(k.ready0 + 8 * st, use);
       const float c0 = ld_shared(k.scale_at(st, r0)), c1 = ld_shared(k.scale_at(st, r1));
-      if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
-#pragma unroll
-        for (int i = 0; i < 128; i += 4) {
-          o[i] *= c0;
-          o[i + 1] *= c0;
-          o[i + 2] *= c1;
-          o[i + 3] *= c1;
-        }
-      }
+      if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) rescale_rows(o, c0, c1);
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < kTok / 16; ++kk)

@@ -75,15 +75,7 @@ __device__ __forceinline__ void block(const MlaDecodeArgs& a, int tokens_per_spl
   float l0 = 0.f, l1 = 0.f;              // this thread's share of the row sums of its warpgroup's tiles
   uint32_t full_phase = 0, empty_phase = 0;  // bit s: parity of the next completion of stage s
 
-  const auto rescale = [&](float c0, float c1) {
-#pragma unroll
-    for (int i = 0; i < 128; i += 4) {
-      o[i] *= c0;
-      o[i + 1] *= c0;
-      o[i + 2] *= c1;
-      o[i + 3] *= c1;
-    }
-  };
+  const auto rescale = [&](float c0, float c1) { rescale_rows(o, c0, c1); };
   // O += P V for the stage at kt (whose rope chunk holds P), this warpgroup's 256 dims: issued here,
   // waited for by pv_wait, so the softmax of the other tile can run while the products do.
   const auto pv_issue = [&](uint32_t kt) {

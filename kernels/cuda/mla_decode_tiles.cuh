@@ -230,6 +230,34 @@ __device__ __forceinline__ void scale_mask_rowmax(float (&s)[kN / 2], int t0, in
   x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
 }
 
+// P = 2^(s - m) in place for scores of kN tokens in the m64nN accumulator layout (s[4 j + e]: row r0 +
+// 8 (e >> 1)), m0 / m1 the rows' running max; sum0 / sum1: this thread's share of the rows' sums.
+template <int kN>
+__device__ __forceinline__ void exp2_rows(float (&s)[kN / 2], float m0, float m1, float& sum0, float& sum1) {
+  sum0 = 0.f;
+  sum1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+    s[4 * j] = fast_exp2(s[4 * j] - m0);
+    s[4 * j + 1] = fast_exp2(s[4 * j + 1] - m0);
+    s[4 * j + 2] = fast_exp2(s[4 * j + 2] - m1);
+    s[4 * j + 3] = fast_exp2(s[4 * j + 3] - m1);
+    sum0 += s[4 * j] + s[4 * j + 1];
+    sum1 += s[4 * j + 2] + s[4 * j + 3];
+  }
+}
+
+// An m64n256 output accumulator (o[4 q + e]: row r0 + 8 (e >> 1)) times its rows' factors.
+__device__ __forceinline__ void rescale_rows(float (&o)[128], float c0, float c1) {
+#pragma unroll
+  for (int i = 0; i < 128; i += 4) {
+    o[i] *= c0;
+    o[i + 1] *= c0;
+    o[i + 2] *= c1;
+    o[i + 3] *= c1;
+  }
+}
+
 // The row sums of a 64-head block whose two warpgroups each kept this thread's share (l0: row r0, l1:
 // row r0 + 8) of the tiles they multiplied, relative to the same running max: summed over the quad,
 // then over the warpgroups through sums_s[64]; the block's row sums are then sums_s[r0], sums_s[r0 + 8].
