@@ -9,9 +9,10 @@
 //   WG 1 / WG 2 (output dims 0..255 / 256..511): wait "ready", rescale O by the factors, O += P V
 //        (4 m64n256k16), "empty". When both are done with a stage, WG 1's first warp refills it with
 //        the tile three ahead.
-// So the scores of tile k + 1 run on the tensor cores while the output warpgroups multiply tile k,
-// and WG 0's softmax overlaps their products: no warpgroup's product waits for another's softmax as in
-// the seesaw forms (mla_decode_seesaw.cuh), and a tile has two tiles' time to arrive instead of one.
+// So the scores of tile k + 1 run on the tensor cores while the output warpgroups multiply tile k, and
+// WG 0's softmax of one tile overlaps the products of the tile before (in the seesaw forms,
+// mla_decode_seesaw.cuh, each warpgroup's scores wait for its own products); a tile has two tiles' time
+// to arrive instead of one.
 // The registers are split by setmaxnreg: 184 for WG 0 (Q, S), 160 for each output warpgroup (O), which
 // is what 384 threads of 168 hold; with S of a whole tile (32 accumulators) WG 0 would need about 190.
 // At a split's end WG 0 hands the rows' max and sum to the output warpgroups (named barriers), which
