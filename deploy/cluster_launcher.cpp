@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "common/core/free_port.h"
 #include "deploy/cluster_tools.h"
 #include "deploy/http_probe.h"
 #include "deploy/node_commands.h"
@@ -52,6 +53,23 @@ Result<ChildProcess*> Launcher::spawn(const std::string& name, const std::string
   }
   return supervisor_.start({.name = name, .exe = bin_ + "/" + exe, .args = all, .env = child_env(name),
                             .log_path = log_dir_.empty() ? "" : node_log_path(log_dir_, name), .stops_after = stops_after});
+}
+
+// The ports of the endpoints the launcher pins across restarts (a node comes back in the same place, so
+// its peers reconnect) lie below the kernel's ephemeral range (free_port.h); the nodes do not bind port 0.
+// A node restarted on a pinned port inside that range could find it taken, and for good: its peers'
+// ZeroMQ sockets retry their connects to it every 100 ms from ephemeral local ports, and a retry to a
+// local port nobody listens on can connect to itself (source port = destination port) and hold it. Seen
+// as "Address already in use" on restart, the group given up after five tries. The ports come as one
+// block checked free together, not one by one: a node binds its port seconds after the pick (it loads
+// the model first), and launchers starting at the same time then collide far less often on one block
+// each than on dozens of single picks.
+std::string Launcher::pinned_port() {
+  if (ports_left_ > 0) {
+    --ports_left_;
+    return std::to_string(next_port_++);
+  }
+  return std::to_string(free_tcp_port());
 }
 
 Status Launcher::check_alive() {
@@ -131,10 +149,18 @@ Status Launcher::start() {
   for (const auto& p : spec_.prefill)
     for (int st = 0; st < p.stages; ++st) names.push_back("prefill/" + p.id + "/" + std::to_string(st));
   K3_ASSIGN_OR_RETURN(keys_, transfer::ClusterKeyFiles::write(run_dir_ + "/keys", names));
+  // pinned_port()'s block: the router's two endpoints, a decode rank's control endpoint and metrics, a
+  // group leader's communicator, a member's metrics, a prefill stage's metrics and activation endpoint.
+  int pinned = 2;
+  for (const auto& d : decodes) pinned += 2 + d.group_size();
+  for (const auto& p : spec_.prefill) pinned += 2 * p.stages;
+  next_port_ = free_tcp_ports(pinned);
+  ports_left_ = next_port_ > 0 ? pinned : 0;
 
   // Router first: the nodes connect to its control endpoint (ZeroMQ retries until it is there).
-  std::vector<std::string> rargs = {"--model", spec_.model, "--host", spec_.host, "--port", std::to_string(spec_.port),
-                                    "--cluster-endpoint", "tcp://" + spec_.bind_host + ":*", "--placement", spec_.placement,
+  std::vector<std::string> rargs = {"--model", spec_.model, "--host", spec_.host, "--port",
+                                    spec_.port > 0 ? std::to_string(spec_.port) : pinned_port(), "--cluster-endpoint",
+                                    "tcp://" + spec_.bind_host + ":" + pinned_port(), "--placement", spec_.placement,
                                     "--heartbeat-ms", hb, "--heartbeat-misses", misses,
                                     "--claim-timeout-ms", std::to_string(spec_.claim_ms), "--log-level", log_level_};
   if (!spec_.served_model_name.empty()) rargs.insert(rargs.end(), {"--served-model-name", spec_.served_model_name});
@@ -165,13 +191,15 @@ Status Launcher::start() {
                                      std::to_string(d.rank), "--dp-size", std::to_string(global_ranks), "--max-requests",
                                      std::to_string(d.max_requests), "--threads", threads, "--backend", spec_.backend,
                                      "--heartbeat-ms", hb, "--heartbeat-misses", misses, "--log-level", log_level_,
-                                     "--bind", "tcp://" + spec_.bind_host + ":*", "--interface", spec_.reachable_host(),
-                                     "--metrics-listen", spec_.bind_host + ":0"};
+                                     "--bind", "tcp://" + spec_.bind_host + ":" + pinned_port(), "--interface",
+                                     spec_.reachable_host(), "--metrics-listen", spec_.bind_host + ":" + pinned_port()};
     if (spec_.backend == "cuda") args.insert(args.end(), {"--device", std::to_string(d.device_of(0))});
     args.insert(args.end(), kernels.begin(), kernels.end());
     args.insert(args.end(), advertise.begin(), advertise.end());
     const std::vector<std::string> group = group_args(d);
     args.insert(args.end(), group.begin(), group.end());
+    if (d.group_size() > 1)  // the leader binds the group's communicator there (members connect to it)
+      args.insert(args.end(), {"--group-endpoint", "tcp://" + spec_.reachable_host() + ":" + pinned_port()});
     K3_ASSIGN_OR_RETURN(ChildProcess * c, spawn("decode/" + d.instance, "k3-decode", args));
     std::vector<ChildProcess*> members;
     if (d.group_size() > 1) {
@@ -183,7 +211,7 @@ Status Launcher::start() {
                                           "--backend", spec_.backend, "--max-requests", std::to_string(d.max_requests),
                                           "--log-level", log_level_, "--group-rank", std::to_string(i),
                                           "--group-endpoint", group_ep, "--interface", spec_.reachable_host(),
-                                          "--metrics-listen", spec_.bind_host + ":0"};
+                                          "--metrics-listen", spec_.bind_host + ":" + pinned_port()};
         if (spec_.backend == "cuda") margs.insert(margs.end(), {"--device", std::to_string(d.device_of(i))});
         margs.insert(margs.end(), kernels.begin(), kernels.end());
         margs.insert(margs.end(), group.begin(), group.end());
@@ -224,9 +252,10 @@ Status Launcher::start() {
       args.insert(args.end(), prefix.begin(), prefix.end());
       args.insert(args.end(), stream.begin(), stream.end());
       args.insert(args.end(), region.begin(), region.end());
-      args.insert(args.end(), {"--interface", spec_.reachable_host(), "--metrics-listen", spec_.bind_host + ":0"});
+      args.insert(args.end(),
+                  {"--interface", spec_.reachable_host(), "--metrics-listen", spec_.bind_host + ":" + pinned_port()});
       args.insert(args.end(), advertise.begin(), advertise.end());
-      if (st > 0) args.insert(args.end(), {"--listen", "tcp://" + spec_.bind_host + ":*"});
+      if (st > 0) args.insert(args.end(), {"--listen", "tcp://" + spec_.bind_host + ":" + pinned_port()});
       if (!next.empty()) args.insert(args.end(), {"--next-endpoint", next});
       K3_ASSIGN_OR_RETURN(ChildProcess * c, spawn("prefill/" + p.id + "/" + std::to_string(st), "k3-prefill", args));
       K3_TRY(keep_metrics_port(*c, deadline));

@@ -60,6 +60,9 @@ class Launcher {
   Status keep_metrics_port(ChildProcess& c, std::chrono::steady_clock::time_point deadline);
   Status check_alive();
   void pump_outputs();
+  // The next port of this launcher's block (start() takes one block of free consecutive ports below the
+  // kernel's ephemeral range): where a node binds what the launcher pins across its restarts.
+  std::string pinned_port();
   Status wait_serving(std::chrono::steady_clock::time_point deadline);
 
   ClusterSpec spec_;
@@ -71,6 +74,7 @@ class Launcher {
   bool interrupted_ = false, stopped_ = false;
   Supervisor supervisor_;
   int port_ = 0;
+  int next_port_ = 0, ports_left_ = 0;  // pinned_port()'s block
   std::string run_dir_;
   std::string log_dir_;  // non-empty: every child's output and stderr go to <log_dir>/<node>.log (request_logs.h)
   std::optional<NodeLogFiles> logs_;  // set when log_dir_ is

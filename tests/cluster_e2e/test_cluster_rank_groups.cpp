@@ -347,12 +347,28 @@ void check_direct_transfer(const std::string& log, const std::string& model, int
   if (ep > 1) CHECK(ep_ranks.size() >= 2);
 }
 
+// K3_TEST_LOG_DIR: the launcher's log (every node's lines, --verbose) is copied there as <name>.log
+// when the run ends, failed checks and all (a destructor), before its temporary directory goes: to
+// tell why a run failed.
+struct KeepLog {
+  std::string log, name;
+  ~KeepLog() {
+    const char* dir = std::getenv("K3_TEST_LOG_DIR");
+    if (!dir || !*dir) return;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    std::filesystem::copy_file(log, std::string(dir) + "/" + name + ".log",
+                               std::filesystem::copy_options::overwrite_existing, ec);
+  }
+};
+
 // `dcp` 0: the spec file's.
 void run_dcp(int dcp) {
   k3::test::TempDir dir("cluster-dcp");
   const std::string spec = write_spec("cluster-dcp.json", dir.path(), dcp);
   if (dcp == 0) dcp = 8;
   const std::string log = dir.path() + "/cluster.log";
+  const KeepLog keep{log, "cluster-dcp"};
   k3::test::LaunchedCluster c = k3::test::launch_cluster(spec, 300s, {"--verbose"}, log);
   CHECK(c.pids.size() == static_cast<size_t>(1 + 2 * dcp + 4));  // router, 2 groups of dcp, 2 x PP2 prefill
   check_tokens(c, dir.path() + "/model");
@@ -392,6 +408,7 @@ TEST_CASE("k3-cluster: deploy/cluster-ep.json (DP2 x EP4) == k3-generate; a rank
   k3::test::TempDir dir("cluster-ep");
   const std::string spec = write_spec("cluster-ep.json", dir.path(), 0);
   const std::string log = dir.path() + "/cluster.log";
+  const KeepLog keep{log, "cluster-ep"};
   k3::test::LaunchedCluster c = k3::test::launch_cluster(spec, 300s, {"--verbose"}, log);
   CHECK(c.pids.size() == static_cast<size_t>(1 + 2 * 4 + 4));
   check_tokens(c, dir.path() + "/model");
