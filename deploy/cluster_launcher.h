@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/core/free_port.h"
 #include "deploy/child_process.h"
 #include "deploy/cluster_spec.h"
 #include "deploy/request_logs.h"
@@ -74,7 +75,7 @@ class Launcher {
   bool interrupted_ = false, stopped_ = false;
   Supervisor supervisor_;
   int port_ = 0;
-  int next_port_ = 0, ports_left_ = 0;  // pinned_port()'s block
+  PortBlock ports_;  // pinned_port()'s block
   std::string run_dir_;
   std::string log_dir_;  // non-empty: every child's output and stderr go to <log_dir>/<node>.log (request_logs.h)
   std::optional<NodeLogFiles> logs_;  // set when log_dir_ is

@@ -27,11 +27,12 @@ PortRange ephemeral_range() {
 }
 
 // A TCP socket bound to 127.0.0.1:port (port 0: one the kernel picks), closed when it goes out of
-// scope; not bound when the port is taken. No SO_REUSEADDR: a port with connections still in TIME_WAIT
+// scope; not bound when the port is taken. Close-on-exec: a PortBlock's held ports must not pass to the
+// processes its owner starts, which bind them. No SO_REUSEADDR: a port with connections still in TIME_WAIT
 // counts as taken, which only makes the pick more careful.
 class BoundSocket {
  public:
-  explicit BoundSocket(int port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+  explicit BoundSocket(int port) : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
     if (fd_ < 0) return;
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -51,6 +52,8 @@ class BoundSocket {
   BoundSocket& operator=(BoundSocket&&) = delete;
 
   bool bound() const { return fd_ >= 0; }
+  // Hands the socket over (the caller closes it).
+  int release() { return std::exchange(fd_, -1); }
   int port() const {
     sockaddr_in a{};
     socklen_t len = sizeof a;
@@ -92,6 +95,47 @@ int free_tcp_ports(int count) {
     if (block_is_free(base, count)) return base;
   }
   return 0;
+}
+
+PortBlock PortBlock::reserve(int count) {
+  PortBlock b;
+  const int base = free_tcp_ports(count);
+  if (base == 0) return b;
+  // Bound again now, and kept: another process may have taken one since the check.
+  std::vector<BoundSocket> held;
+  for (int k = 0; k < count; ++k) {
+    held.emplace_back(base + k);
+    if (!held.back().bound()) return b;
+  }
+  b.base_ = base;
+  for (auto& s : held) b.fds_.push_back(s.release());
+  return b;
+}
+
+PortBlock::~PortBlock() { close_all(); }
+
+PortBlock::PortBlock(PortBlock&& o) noexcept : base_(o.base_), next_(o.next_), fds_(std::exchange(o.fds_, {})) {}
+
+PortBlock& PortBlock::operator=(PortBlock&& o) noexcept {
+  if (this != &o) {
+    close_all();
+    base_ = o.base_;
+    next_ = o.next_;
+    fds_ = std::exchange(o.fds_, {});
+  }
+  return *this;
+}
+
+void PortBlock::close_all() {
+  for (size_t k = next_; k < fds_.size(); ++k) ::close(fds_[k]);
+  fds_.clear();
+  next_ = 0;
+}
+
+int PortBlock::take() {
+  if (next_ >= fds_.size()) return 0;
+  ::close(fds_[next_]);
+  return base_ + static_cast<int>(next_++);
 }
 
 int free_tcp_port() {

@@ -61,3 +61,33 @@ TEST_CASE("a port held by a listener is never picked") {
   }
   ::close(fd);
 }
+
+TEST_CASE("a reserved block holds its ports until each is taken, and no other pick gets them") {
+  PortBlock block = PortBlock::reserve(6);
+  REQUIRE(block.left() == 6);
+  const int first = block.take();
+  REQUIRE(first > 0);
+  CHECK(can_listen(first));  // taken: released for its user
+  for (int k = 1; k < 6; ++k) {
+    INFO("port " << first + k);
+    CHECK_FALSE(can_listen(first + k));  // still held
+  }
+  // While held, other picks never overlap the held ports.
+  for (int i = 0; i < 2000; ++i) {
+    const int base = free_tcp_ports(16);
+    REQUIRE(base > 0);
+    REQUIRE((base + 16 <= first + 1 || base >= first + 6));
+  }
+  for (int k = 1; k < 6; ++k) CHECK(block.take() == first + k);
+  CHECK(block.take() == 0);
+  CHECK(block.left() == 0);
+  {
+    PortBlock held = PortBlock::reserve(3);
+    REQUIRE(held.left() == 3);
+    const int base = held.take();
+    PortBlock moved = std::move(held);
+    CHECK(moved.left() == 2);
+    CHECK_FALSE(can_listen(base + 1));
+  }  // destroyed: every port it still held is free again
+  CHECK(PortBlock::reserve(0).left() == 0);
+}
