@@ -65,21 +65,21 @@ class BoundSocket {
   int fd_;
 };
 
-// All `count` ports bound at once, so that none of them is counted free because another was released.
-bool block_is_free(int base, int count) {
+// All `count` ports from `base` bound at once, so that none of them is counted free because another was
+// released; empty when one is taken.
+std::vector<BoundSocket> hold_block(int base, int count) {
   std::vector<BoundSocket> held;
   held.reserve(static_cast<size_t>(count));
   for (int k = 0; k < count; ++k) {
     held.emplace_back(base + k);
-    if (!held.back().bound()) return false;
+    if (!held.back().bound()) return {};
   }
-  return true;
+  return held;
 }
 
-}  // namespace
-
-int free_tcp_ports(int count) {
-  if (count < 1) return 0;
+// A block of `count` free consecutive ports, held; empty when none was found.
+std::vector<BoundSocket> find_block(int count) {
+  if (count < 1) return {};
   const PortRange eph = ephemeral_range();
   // Candidates: [10000, ephemeral lo) where that leaves room, else above the ephemeral range.
   int lo = 10000, hi = eph.lo - count;
@@ -87,27 +87,26 @@ int free_tcp_ports(int count) {
     lo = eph.hi + 1;
     hi = 65536 - count;
   }
-  if (hi <= lo) return 0;
+  if (hi <= lo) return {};
   std::mt19937 rng(std::random_device{}());
   std::uniform_int_distribution<int> pick(lo, hi);
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    const int base = pick(rng);
-    if (block_is_free(base, count)) return base;
-  }
-  return 0;
+  for (int attempt = 0; attempt < 1000; ++attempt)
+    if (auto held = hold_block(pick(rng), count); !held.empty()) return held;
+  return {};
+}
+
+}  // namespace
+
+int free_tcp_ports(int count) {
+  const std::vector<BoundSocket> held = find_block(count);
+  return held.empty() ? 0 : held.front().port();
 }
 
 PortBlock PortBlock::reserve(int count) {
   PortBlock b;
-  const int base = free_tcp_ports(count);
-  if (base == 0) return b;
-  // Bound again now, and kept: another process may have taken one since the check.
-  std::vector<BoundSocket> held;
-  for (int k = 0; k < count; ++k) {
-    held.emplace_back(base + k);
-    if (!held.back().bound()) return b;
-  }
-  b.base_ = base;
+  std::vector<BoundSocket> held = find_block(count);  // kept from the check on: no window to lose one in
+  if (held.empty()) return b;
+  b.base_ = held.front().port();
   for (auto& s : held) b.fds_.push_back(s.release());
   return b;
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/mma.cuh"  // bf2_to_f2, pack_bf16
 
 namespace k3::cuda {
 namespace kda_chunk {
@@ -33,10 +34,6 @@ __device__ __forceinline__ bf16* work_tiles(void* work, int64_t c, int H, int h)
 }
 __device__ __forceinline__ float* work_gc(void* work, int64_t c, int H, int h) {
   return reinterpret_cast<float*>(reinterpret_cast<char*>(work_tiles(work, c, H, h)) + kBf16Per * 2);
-}
-
-__device__ __forceinline__ float2 bf2_to_f2(uint32_t u) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
 }
 
 }  // namespace kda_chunk

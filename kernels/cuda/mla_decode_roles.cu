@@ -63,11 +63,6 @@ __device__ __forceinline__ float ld_shared(uint32_t addr) {
   return v;
 }
 
-// A bf16 pair as packed by pack_bf16 (low half first), back to fp32.
-__device__ __forceinline__ float2 unpack_bf16(uint32_t u) {
-  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-}
-
 // What both roles know of the block: its rows, its splits, and the ring's shared addresses.
 struct Block {
   const MlaDecodeArgs& a;
@@ -182,8 +177,8 @@ __device__ __forceinline__ void score_role(const Block& k, int ti) {
           if (__any_sync(0xffffffffu, f0 != 1.f || f1 != 1.f)) {  // half 1 moved the max: rebase half 0's P
 #pragma unroll
             for (int kk = 0; kk < 2; ++kk) {
-              const float2 a0 = unpack_bf16(pa[kk][0]), a1 = unpack_bf16(pa[kk][1]);
-              const float2 a2 = unpack_bf16(pa[kk][2]), a3 = unpack_bf16(pa[kk][3]);
+              const float2 a0 = bf2_to_f2(pa[kk][0]), a1 = bf2_to_f2(pa[kk][1]);
+              const float2 a2 = bf2_to_f2(pa[kk][2]), a3 = bf2_to_f2(pa[kk][3]);
               pa[kk][0] = pack_bf16(a0.x * f0, a0.y * f0);
               pa[kk][1] = pack_bf16(a1.x * f1, a1.y * f1);
               pa[kk][2] = pack_bf16(a2.x * f0, a2.y * f0);

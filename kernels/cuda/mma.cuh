@@ -23,6 +23,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// One register of two bf16 (as pack_bf16 makes it) -> two floats, lo first.
+__device__ __forceinline__ float2 bf2_to_f2(uint32_t u) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+}
+
 // Two bf16 pairs multiplied elementwise (one instruction), rounded to bf16.
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t x, uint32_t y) {
   const __nv_bfloat162 r =
